@@ -1,0 +1,13 @@
+"""wdsprep: Kaldi data dirs to length-grouped tar shards, and a streaming loader for ASR training.
+
+Importing this package is cheap and safe on CPU-only machines: torch, torchaudio and webdataset
+are imported only by the functions that need them.
+"""
+
+from .pack import pack_data
+from .report import Report, StrictError
+from .shards import decode_key, encode_key, read_index
+
+__version__ = "0.1.0"
+
+__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]

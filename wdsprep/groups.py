@@ -1,0 +1,64 @@
+"""Length groups: ``LO:HI`` keeps utterances with ``LO <= frames < HI``, one folder per group.
+
+Folder names are ``LO_HI``; an open lower end is written ``0`` (frames are never negative, so
+``:10`` and ``0:10`` are the same group) and an open upper end ``inf`` (``1000:`` -> ``1000_inf``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Group:
+    lo: int
+    hi: float  # math.inf when open
+
+    @property
+    def folder(self) -> str:
+        return f"{self.lo}_{'inf' if math.isinf(self.hi) else int(self.hi)}"
+
+    def __str__(self) -> str:
+        return f"{self.lo}:{'' if math.isinf(self.hi) else int(self.hi)}"
+
+
+def parse_group(spec: str) -> Group:
+    """``'10:1000'``, ``':10'`` or ``'1000:'`` -> Group; a clear error otherwise."""
+    lo_s, sep, hi_s = spec.strip().partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        lo = int(lo_s) if lo_s.strip() else 0
+        hi = float(int(hi_s)) if hi_s.strip() else math.inf
+    except ValueError:
+        raise ValueError(f"length group {spec!r}: expected LO:HI in frames, e.g. 10:1000, :10 or 1000:") from None
+    if lo < 0 or hi <= lo:
+        raise ValueError(f"length group {spec!r}: need 0 <= LO < HI")
+    return Group(lo, hi)
+
+
+class Groups:
+    """A set of non-overlapping groups; ``find(frames)`` gives the group an utterance belongs to."""
+
+    def __init__(self, specs: Sequence[str]):
+        groups = sorted((parse_group(s) for s in specs), key=lambda g: g.lo)
+        for a, b in zip(groups, groups[1:]):
+            if b.lo < a.hi:
+                raise ValueError(f"length groups {a} and {b} overlap; an utterance must fall in one group only")
+        self.groups = groups
+        self._los = [g.lo for g in groups]
+
+    def find(self, frames: int) -> Group | None:
+        i = bisect.bisect_right(self._los, frames) - 1
+        if i >= 0 and frames < self.groups[i].hi:
+            return self.groups[i]
+        return None
+
+    def __iter__(self):
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)

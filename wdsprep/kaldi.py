@@ -1,0 +1,118 @@
+"""Reading Kaldi data-dir tables (``text``, ``feats.scp``, ``wav.scp``, ``segments``, ...).
+
+Every error names the file and the line, so a user can open the file and fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+PathLike = str | os.PathLike
+
+
+class KaldiDataError(ValueError):
+    """Bad input in a Kaldi data-dir file; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of a Kaldi table: ``uttid value`` and where it came from."""
+
+    uttid: str
+    value: str
+    file: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[Entry]:
+    """Lines ``uttid<whitespace>value`` of a Kaldi table, UTF-8, blank lines skipped.
+
+    The value is everything after the first run of whitespace, trailing whitespace removed,
+    inner whitespace kept (the Kaldi ``text`` convention).
+    """
+    path = str(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise KaldiDataError(f"{path}: no such file") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise KaldiDataError(
+                    f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start}); convert the file, "
+                    f"e.g. iconv -f GBK -t UTF-8"
+                ) from None
+            line = line.rstrip()
+            if not line.strip():
+                continue
+            parts = line.split(maxsplit=1)
+            uttid = parts[0]
+            value = parts[1] if len(parts) > 1 else ""
+            if not value and not allow_empty_value:
+                raise KaldiDataError(f"{path}:{lineno}: expected 'uttid value', got only {uttid!r}")
+            yield Entry(uttid, value, path, lineno)
+
+
+def read_tables(paths: Sequence[PathLike], what: str, *, allow_empty_value: bool = False) -> dict[str, Entry]:
+    """Merge several tables into one dict; an id given twice is an error naming both places."""
+    table: dict[str, Entry] = {}
+    for path in paths:
+        for e in iter_table(path, allow_empty_value=allow_empty_value):
+            first = table.get(e.uttid)
+            if first is not None:
+                raise KaldiDataError(
+                    f"{e.where}: duplicate {what} id {e.uttid!r} (first at {first.where}); "
+                    f"each utterance may appear once across all {what} inputs"
+                )
+            table[e.uttid] = e
+    return table
+
+
+def read_text(paths: Sequence[PathLike]) -> dict[str, Entry]:
+    """Kaldi ``text`` files: uttid -> transcript (may be empty)."""
+    return read_tables(paths, "text", allow_empty_value=True)
+
+
+# An ark rxfilename with an optional Kaldi range: ``path:offset`` or ``path:offset[r1:r2]``.
+_ARK_OFFSET = re.compile(r"^(?P<path>.+):(?P<offset>\d+)(?P<range>\[[0-9:, ]*\])?$")
+
+
+def ark_path(rxfile: str) -> str | None:
+    """The ark file an scp value points into, or None for a pipe (``cmd |``)."""
+    if rxfile.endswith("|"):
+        return None
+    m = _ARK_OFFSET.match(rxfile)
+    return m.group("path") if m else rxfile
+
+
+def read_feats_scp(paths: Sequence[PathLike]) -> dict[str, Entry]:
+    """``feats.scp`` files: uttid -> ark rxfilename; checks each line parses and its ark exists."""
+    table = read_tables(paths, "feats.scp")
+    seen: dict[str, bool] = {}
+    for e in table.values():
+        if len(e.value.split()) != 1:
+            raise KaldiDataError(f"{e.where}: expected 'uttid ark:offset', got {e.value!r}")
+        ark = ark_path(e.value)
+        if ark is None:
+            continue
+        if not _ARK_OFFSET.match(e.value):
+            raise KaldiDataError(f"{e.where}: expected 'uttid path.ark:offset', got {e.value!r}")
+        exists = seen.get(ark)
+        if exists is None:
+            exists = seen[ark] = Path(ark).is_file()
+        if not exists:
+            raise KaldiDataError(
+                f"{e.where}: ark {ark!r} for utterance {e.uttid!r} does not exist; "
+                f"paths in feats.scp are relative to the directory you run from"
+            )
+    return table

@@ -1,0 +1,126 @@
+"""``pack``: Kaldi ``feats.scp`` + ``text`` -> length-grouped tar shards with an index and a report."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+from typing import Callable, Sequence
+
+import kaldiio
+
+from .groups import Groups
+from .kaldi import read_feats_scp, read_text
+from .parallel import run_chunks
+from .report import Report, StrictError
+from .writer import GroupedSink, SinkResult, finalize, prepare_output, remove_partial
+
+PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def as_list(p: PathOrPaths) -> list[str]:
+    return [str(p)] if isinstance(p, (str, os.PathLike)) else [str(x) for x in p]
+
+
+def check_fmt(fmt: str) -> None:
+    try:
+        name = fmt % 0
+    except (TypeError, ValueError):
+        raise ValueError(f"shard name format {fmt!r} must take one integer, e.g. data-%05d.tar") from None
+    if "/" in name or not name.endswith(".tar") or name.startswith("."):
+        raise ValueError(f"shard name format {fmt!r} must give a plain file name ending in .tar")
+
+
+def pack_data(
+    f_scps: PathOrPaths,
+    f_labels: PathOrPaths,
+    d_out: str | os.PathLike,
+    fmt: str = "data-%05d.tar",
+    filter_group: Sequence[str] | None = None,
+    *,
+    utts_per_shard: int = 2000,
+    layout: str = "cat",
+    dtype: str = "float32",
+    nj: int = 1,
+    strict: bool = False,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> Report:
+    """Pack Kaldi features and transcripts into tar shards, one folder per length group.
+
+    Args:
+        f_scps: one or more ``feats.scp`` (arks may hold Kaldi compressed matrices).
+        f_labels: one or more Kaldi ``text`` files; transcripts are stored as raw UTF-8.
+        d_out: output directory; shards go to ``d_out/LO_HI/`` per group, or ``d_out`` without groups.
+        fmt: shard file name, ``fmt % i``.
+        filter_group: length groups ``"LO:HI"`` in frames (``LO <= frames < HI``; open ends allowed).
+        utts_per_shard: utterances per shard at most.
+        layout: ``"cat"`` (``.npy``/``.txt``) or ``"cat-v3"`` (``.mat.npy``/``.label.txt``).
+        dtype: ``"float32"`` or ``"float16"`` (half the bytes; readers return float32).
+        nj: worker processes.
+        strict: raise :class:`StrictError` (after writing the report) if any utterance was not
+            packed or has an empty transcript.
+        overwrite: replace an earlier pack's output in ``d_out`` instead of refusing.
+        progress: tqdm bar; ``None`` shows it on a terminal only.
+
+    Returns:
+        The report, also written to ``d_out/pack_report.json``.
+    """
+    check_fmt(fmt)
+    groups = Groups(filter_group) if filter_group else None
+    feats = read_feats_scp(as_list(f_scps))
+    labels = read_text(as_list(f_labels))
+    d = prepare_output(d_out, overwrite)
+
+    report = Report()
+    for uttid in labels.keys() - feats.keys():
+        report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
+    items = []
+    for uttid, e in feats.items():
+        label = labels.get(uttid)
+        if label is None:
+            report.drop("missing_label", uttid, f"in {e.where}, in no text file")
+        else:
+            items.append((uttid, e.value, label.value))
+
+    work = partial(_pack_chunk, d_out=d, groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
+    return run_and_finalize(work, items, d, nj=nj, desc="pack", progress=progress, fmt=fmt, layout=layout,
+                            dtype=dtype, groups=groups, report=report, strict=strict)
+
+
+def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
+                     fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
+                     strict: bool) -> Report:
+    """Run ``work`` over ``items`` in ``nj`` processes, then name shards and write index and report."""
+    try:
+        results = run_chunks(work, items, nj, desc=desc, progress=progress)
+        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report)
+    except BaseException:
+        remove_partial(d_out)
+        raise
+    print(report.summary(f"{desc}: wrote {d_out}"))
+    if strict and (report.num_dropped or report.num_flagged):
+        raise StrictError(f"{desc}: {report.counts()} (strict); see {d_out / 'pack_report.json'}")
+    return report
+
+
+def _pack_chunk(chunk: Sequence[tuple[str, str, str]], worker: int, tick: Callable[[int], None], *,
+                d_out: Path, groups: Groups | None, utts_per_shard: int, layout: str, dtype: str) -> SinkResult:
+    sink = GroupedSink(d_out, groups, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
+    fds: dict = {}  # kaldiio keeps each ark open here, so a chunk reads its arks sequentially
+    try:
+        for uttid, rxfile, text in chunk:
+            try:
+                feats = kaldiio.load_mat(rxfile, fd_dict=fds)
+            except Exception as e:  # any failure of the ark reader means this entry is unreadable
+                sink.drop("bad_features", uttid, f"cannot read {rxfile}: {type(e).__name__}: {e}")
+            else:
+                sink.add(uttid, feats, text)
+            tick(1)
+        return sink.close()
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        for f in fds.values():
+            f.close()

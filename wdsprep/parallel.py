@@ -1,0 +1,56 @@
+"""Running a job's chunks in worker processes behind one tqdm progress bar."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Callable, Sequence, TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_counter = None  # a shared integer in worker processes, bumped once per item done
+
+
+def _init_worker(counter) -> None:
+    global _counter
+    _counter = counter
+
+
+def _tick(n: int = 1) -> None:
+    with _counter.get_lock():
+        _counter.value += n
+
+
+def split(items: Sequence[T], n: int) -> list[Sequence[T]]:
+    """``n`` contiguous, nearly equal slices (order kept, so arks are read sequentially)."""
+    return [items[i * len(items) // n:(i + 1) * len(items) // n] for i in range(n)]
+
+
+def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items: Sequence[T], nj: int,
+               desc: str, progress: bool | None = None) -> list[R]:
+    """``fn(chunk, worker_index, tick)`` over ``nj`` contiguous chunks of ``items``; results in chunk order.
+
+    ``nj == 1`` runs in this process.  ``progress=None`` shows the bar only on a terminal.
+    """
+    if nj < 1:
+        raise ValueError("nj must be >= 1")
+    nj = min(nj, max(1, len(items)))
+    chunks = split(items, nj)
+    with tqdm(total=len(items), desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
+        if nj == 1:
+            return [fn(chunks[0], 0, bar.update)]
+        counter = mp.Value("q", 0)
+        # Pool (not ProcessPoolExecutor): leaving the block terminates the other workers when one fails.
+        with mp.Pool(nj, initializer=_init_worker, initargs=(counter,)) as pool:
+            results = [pool.apply_async(fn, (chunk, i, _tick)) for i, chunk in enumerate(chunks)]
+            while not all(r.ready() for r in results):
+                time.sleep(0.2)
+                bar.update(counter.value - bar.n)
+                for r in results:
+                    if r.ready() and not r.successful():
+                        r.get()  # re-raises the worker's exception
+            bar.update(counter.value - bar.n)
+            return [r.get() for r in results]

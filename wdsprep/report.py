@@ -1,0 +1,82 @@
+"""The report of a data job: every utterance not carried through, by reason, and a summary.
+
+Nothing is dropped silently: each job (``pack``, ``fbank``, ``pack-audio``) writes one of these
+next to its output and prints its summary; ``--strict`` turns any drop into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class StrictError(RuntimeError):
+    """Raised under ``strict=True`` when a job dropped or flagged utterances; the report is written."""
+
+
+@dataclass
+class Report:
+    # reason -> [{"uttid": ..., "why": ...}]: utterances not in the output
+    dropped: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    # kind -> [uttid]: utterances in the output but worth a look (e.g. empty transcripts)
+    flagged: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    groups: dict[str, dict] = field(default_factory=dict)
+
+    def drop(self, reason: str, uttid: str, why: str | None = None) -> None:
+        self.dropped[reason].append({"uttid": uttid, "why": why} if why else {"uttid": uttid})
+
+    def note(self, kind: str, uttid: str) -> None:
+        self.flagged[kind].append(uttid)
+
+    def merge(self, other: "Report") -> None:
+        for reason, items in other.dropped.items():
+            self.dropped[reason].extend(items)
+        for kind, ids in other.flagged.items():
+            self.flagged[kind].extend(ids)
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(len(v) for v in self.dropped.values())
+
+    @property
+    def num_flagged(self) -> int:
+        return sum(len(v) for v in self.flagged.values())
+
+    def counts(self) -> dict[str, int]:
+        return {**{k: len(v) for k, v in self.dropped.items()}, **{k: len(v) for k, v in self.flagged.items()}}
+
+    def to_json(self) -> dict:
+        return {
+            "written": {
+                "utterances": sum(g.get("utterances", 0) for g in self.groups.values()),
+                "hours": round(sum(g.get("hours", 0) for g in self.groups.values()), 4),
+            },
+            "groups": self.groups,
+            "not_written": {k: sorted(v, key=lambda d: d["uttid"]) for k, v in sorted(self.dropped.items())},
+            "flagged": {k: sorted(v) for k, v in sorted(self.flagged.items())},
+            "counts": self.counts(),
+        }
+
+    def write(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def summary(self, title: str) -> str:
+        """A few lines a person reads at a glance."""
+        lines = [title]
+        if self.groups:
+            lines.append(f"  {'group':<16}{'utterances':>12}{'hours':>10}{'shards':>8}")
+            for name, g in self.groups.items():
+                lines.append(f"  {name:<16}{g['utterances']:>12,}{g['hours']:>10.2f}{g.get('shards', 0):>8}")
+        for reason, items in sorted(self.dropped.items()):
+            example = items[0]["uttid"]
+            lines.append(f"  not written, {reason}: {len(items):,} (e.g. {example})")
+        for kind, ids in sorted(self.flagged.items()):
+            lines.append(f"  written but flagged, {kind}: {len(ids):,} (e.g. {ids[0]})")
+        return "\n".join(lines)
