@@ -1,0 +1,44 @@
+"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, ``pipe:`` URLs."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Sequence
+
+from braceexpand import braceexpand
+
+URL_SCHEMES = ("pipe:", "http://", "https://", "gs://", "s3://", "ais://")
+
+
+def is_url(s: str) -> bool:
+    return s.startswith(URL_SCHEMES)
+
+
+def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Every shard a pattern (or list of patterns) names, in a stable order.
+
+    ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
+    ``data-0000{0..9}.tar`` is a brace range.  URLs (``pipe:cat ...``, ``http://...``) are
+    brace-expanded only and kept as they are.  A local pattern that matches nothing is an error.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    shards: list[str] = []
+    for pattern in map(str, patterns):
+        for p in braceexpand(pattern):
+            if is_url(p):
+                shards.append(p)
+                continue
+            matches = sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.isfile(p) else [])
+            if not matches:
+                raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no file")
+            shards.extend(matches)
+    seen = set()
+    duplicates = [s for s in shards if s in seen or seen.add(s)]
+    if duplicates:
+        raise ValueError(f"shard {duplicates[0]!r} is named twice by {list(map(str, patterns))}; "
+                         f"each shard may be read once per epoch")
+    if not shards:
+        raise FileNotFoundError(f"no shards in {list(map(str, patterns))}")
+    return shards
