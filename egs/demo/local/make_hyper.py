@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Write a CAT-style ``hyper-p.json`` whose ``train:option.ld`` is a brace pattern over length groups.
+
+    python local/make_hyper.py --shards exp/demo/shards/train --dev-shards exp/demo/shards/dev \\
+        --tokenizer exp/demo/tokenizer.model --out exp/demo/hyper-p.json --set epochs=10 lr=2e-3
+
+Only the group folders that ``wdsprep pack`` actually filled go into the pattern (an empty group
+would make the pattern match nothing); the pattern is expanded once here so a broken one fails now,
+not at the start of training.  With ``--remote 'pipe:curl -s http://host/shards/{shard}'`` the
+pattern names the same shards as URLs on the storage they were copied to.  ``--set KEY=VALUE`` adds or overrides ``train:option`` keys and
+``--model KEY=VALUE`` the model section (values are parsed as JSON when they can be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from wdsprep.shardlist import expand_shards
+
+
+def group_folders(shard_dir: Path) -> list[str]:
+    """Names of the ``LO_HI`` folders under ``shard_dir`` holding at least one shard, by LO."""
+    if not shard_dir.is_dir():
+        raise SystemExit(f"make_hyper: {shard_dir} is not a directory; did the pack stage run?")
+    names = [p.name for p in shard_dir.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
+
+    def lo(name: str) -> float:
+        try:
+            return float(name.split("_", 1)[0])
+        except ValueError:
+            return float("inf")
+    return sorted(names, key=lo)
+
+
+def shard_pattern(shard_dir: Path, fmt_glob: str = "data-*.tar") -> str:
+    """``DIR/{a_b,b_c}/data-*.tar`` over the filled groups, or ``DIR/data-*.tar`` when ungrouped."""
+    groups = group_folders(shard_dir)
+    if not groups:
+        if not any(shard_dir.glob("*.tar")):
+            raise SystemExit(f"make_hyper: no shards under {shard_dir}; did the pack stage run?")
+        return f"{shard_dir}/{fmt_glob}"
+    inner = groups[0] if len(groups) == 1 else "{" + ",".join(groups) + "}"
+    return f"{shard_dir}/{inner}/{fmt_glob}"
+
+
+def remote_pattern(shard_dir: Path, template: str) -> str:
+    """The shards under ``shard_dir`` as one brace pattern of URLs, for shards copied elsewhere.
+
+    ``template`` holds ``{shard}``, replaced by each group's ``LO_HI/data-{00000..000NN}.tar``,
+    e.g. ``pipe:curl -s http://host/shards/{shard}``.  Globs cannot list remote files, so the
+    shard numbers are written out as brace ranges from the local copy.
+    """
+    if "{shard}" not in template:
+        raise SystemExit(f"make_hyper: --remote {template!r} must contain {{shard}}")
+    parts = []
+    for folder in group_folders(shard_dir) or ["."]:
+        d = shard_dir / folder
+        names = sorted(p.name for p in d.glob("*.tar"))
+        if not names:
+            continue
+        parts.append(_name_range(names, "" if folder == "." else f"{folder}/"))
+    if not parts:
+        raise SystemExit(f"make_hyper: no shards under {shard_dir}; did the pack stage run?")
+    inner = parts[0] if len(parts) == 1 else "{" + ",".join(parts) + "}"
+    return template.replace("{shard}", inner)
+
+
+def _name_range(names: list[str], prefix: str) -> str:
+    """``["data-00000.tar", "data-00001.tar"]`` -> ``PREFIXdata-{00000..00001}.tar``."""
+    m = [re.fullmatch(r"(.*?)(\d+)(\.tar)", n) for n in names]
+    if all(m) and len({(x.group(1), x.group(3), len(x.group(2))) for x in m}) == 1:
+        nums = [int(x.group(2)) for x in m]
+        if nums == list(range(nums[0], nums[0] + len(nums))):
+            stem, width, ext = m[0].group(1), len(m[0].group(2)), m[0].group(3)
+            if len(nums) == 1:
+                return f"{prefix}{names[0]}"
+            return f"{prefix}{stem}{{{nums[0]:0{width}d}..{nums[-1]:0{width}d}}}{ext}"
+    return prefix + (names[0] if len(names) == 1 else "{" + ",".join(names) + "}")
+
+
+def parse_kv(items: list[str]) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (JSON values where they parse)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"make_hyper: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", required=True, type=Path, help="train shard dir (pack --out)")
+    ap.add_argument("--dev-shards", type=Path, help="dev shard dir (pack --out)")
+    ap.add_argument("--remote", metavar="TEMPLATE",
+                    help="shards were copied to remote storage: write ld/dev_ld as URLs from this template, "
+                         "e.g. 'pipe:curl -s http://host/shards/train/{shard}' ({shard} = LO_HI/data-{0..N}.tar)")
+    ap.add_argument("--dev-remote", metavar="TEMPLATE", help="as --remote, for the dev shards")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer file (wdsprep tokenizer train --out)")
+    ap.add_argument("--out", required=True, type=Path, help="hyper-p.json to write")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="train:option keys")
+    ap.add_argument("--model", nargs="*", default=[], metavar="KEY=VALUE", help="model keys")
+    ap.add_argument("--data", nargs="*", default=[], metavar="NAME=DIR",
+                    help="source Kaldi data dirs, recorded in the top-level 'data' section as CAT does")
+    args = ap.parse_args(argv)
+
+    ld = remote_pattern(args.shards, args.remote) if args.remote else shard_pattern(args.shards)
+    n_train = len(expand_shards(ld))  # URLs are only brace-expanded: this counts them, reads nothing
+    option: dict[str, Any] = {
+        "ld": ld,
+        "tokenizer": {"file": args.tokenizer},
+        # Frames per step over all ranks (CAT's meaning); each rank batches bucket_size / world.
+        "bucket_size": 20000,
+        "batching_mode": "bucket",
+        "ld_shuffle_buffer": 500,
+        "seed": 0,
+        "epochs": 10,
+        "lr": 2e-3,
+    }
+    if args.dev_shards:
+        option["dev_ld"] = (remote_pattern(args.dev_shards, args.dev_remote) if args.dev_remote
+                            else shard_pattern(args.dev_shards))
+        expand_shards(option["dev_ld"])
+    option.update(parse_kv(args.set))
+    hyper = {
+        "data": parse_kv(args.data),
+        "tokenizer": {"file": args.tokenizer},
+        "model": {"idim": 80, "d_model": 144, "lstm_layers": 2, "lstm_hidden": 160, "dropout": 0.1,
+                  **parse_kv(args.model)},
+        "train": {"bin": "local/train.py", "option": option},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(hyper, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, args.out)
+    print(f"make_hyper: wrote {args.out}: ld={ld} ({n_train} train shards)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

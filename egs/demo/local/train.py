@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Train a small CTC model on wdsprep shards, one process per rank under ``torchrun``.
+
+    torchrun --standalone --nproc_per_node=2 local/train.py --hyper exp/demo/hyper-p.json
+
+Everything the run needs is in the CAT-style ``hyper-p.json``: the loader reads ``train:option``
+(shards ``ld``, ``tokenizer``, ``bucket_size``, ...), this script reads ``model`` and the
+optimisation keys (``epochs``, ``lr``, ``seed``, ...) from the same file.  Run without torchrun it
+trains in a single process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import wdsprep
+
+SUBSAMPLING = 4  # the conv front end's time reduction; the loader's CTC filter must agree
+
+
+# ----------------------------------------------------------------------------------------- model
+class Conv2dSubsampling(nn.Module):
+    """Two stride-2 convolutions over (time, freq): T -> ceil(T / 4).
+
+    Padding 1 keeps ``ceil(T/4) >= T // 4`` output frames, so every utterance the loader keeps
+    under its CTC filter (``frames // 4 > label_len``) has enough frames for its labels.
+    """
+
+    def __init__(self, idim: int, odim: int, channels: int = 32):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+        )
+        fdim = ((idim + 1) // 2 + 1) // 2
+        self.out = nn.Linear(channels * fdim, odim)
+
+    def forward(self, x: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.conv(x.unsqueeze(1))  # [B, C, T', F']
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+        for _ in range(2):
+            lens = (lens + 1) // 2  # ceil(T / 2) per conv, matching padding=1, kernel 3, stride 2
+        return x, lens
+
+
+class CTCModel(nn.Module):
+    """Utterance CMVN -> conv subsampling (x4) -> BiLSTM -> linear to the vocabulary."""
+
+    def __init__(self, idim: int, vocab_size: int, d_model: int = 144, lstm_layers: int = 2,
+                 lstm_hidden: int = 160, dropout: float = 0.1):
+        super().__init__()
+        self.subsample = Conv2dSubsampling(idim, d_model)
+        self.lstm = nn.LSTM(d_model, lstm_hidden, num_layers=lstm_layers, batch_first=True,
+                            bidirectional=True, dropout=dropout if lstm_layers > 1 else 0.0)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * lstm_hidden, vocab_size)
+
+    @staticmethod
+    def normalize(x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """Per-utterance mean/variance normalisation over the real (unpadded) frames.
+
+        Raw log-mel energies are far from zero-mean; normalising here converges much faster than
+        leaving it to the network, and needs no global statistics file.
+        """
+        mask = (torch.arange(x.size(1), device=x.device)[None, :] < lens[:, None]).unsqueeze(-1)
+        n = lens.clamp(min=1).view(-1, 1, 1).to(x.dtype)
+        mean = (x * mask).sum(1, keepdim=True) / n
+        var = (((x - mean) * mask) ** 2).sum(1, keepdim=True) / n
+        return (x - mean) / (var + 1e-5).sqrt() * mask
+
+    def forward(self, feats: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, lens = self.subsample(self.normalize(feats, lens), lens)
+        lens = lens.clamp(max=x.size(1))
+        packed = nn.utils.rnn.pack_padded_sequence(x, lens.cpu(), batch_first=True, enforce_sorted=False)
+        y, _ = self.lstm(packed)
+        y, _ = nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=x.size(1))
+        return self.head(self.dropout(y)).log_softmax(-1), lens
+
+
+# ------------------------------------------------------------------------------------ distributed
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    """Join the process group torchrun describes in the environment (or run alone without it)."""
+    use_cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:
+        return Dist(0, 1, 0, torch.device("cuda" if use_cuda else "cpu"))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    # nccl needs GPUs; gloo runs the same collectives on CPU, which is how this is tested.
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def all_sum(values: list[float], d: Dist) -> list[float]:
+    """Sum a few numbers over all ranks (identity when running alone)."""
+    if d.world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+# ---------------------------------------------------------------------------------------- loading
+def build_loaders(hyper_path: str) -> tuple[Any, Any, Any]:
+    """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``."""
+    train = wdsprep.make_loader_from_hyper(hyper_path)
+    dev = wdsprep.make_loader_from_hyper(hyper_path, dev=True)
+    return train, dev, train.tokenizer
+
+
+def format_stats(stats: Any) -> str:
+    """One short line from the loader's statistics (whatever mapping/dataclass it exposes)."""
+    if stats is None:
+        return ""
+    if hasattr(stats, "summary") and callable(stats.summary):
+        return str(stats.summary())
+    if hasattr(stats, "__dataclass_fields__"):
+        from dataclasses import asdict
+        stats = asdict(stats)
+    if isinstance(stats, dict):
+        return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
+    return str(stats)
+
+
+# ----------------------------------------------------------------------------------------- train
+def ctc_sums(model: nn.Module, batch: Any, ctc: nn.CTCLoss, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(summed CTC loss over the batch, number of label tokens)."""
+    feats = batch.feats.to(device, non_blocking=True)
+    feat_lens = batch.feat_lens.to(device)
+    labels = batch.labels.to(device)
+    label_lens = batch.label_lens.to(device)
+    log_probs, out_lens = model(feats, feat_lens)
+    loss = ctc(log_probs.transpose(0, 1), labels, out_lens, label_lens)
+    return loss, int(label_lens.sum())
+
+
+def lr_at(step: int, base_lr: float, warmup: int) -> float:
+    """Linear warm-up, then constant: enough for a few-minute demo run."""
+    return base_lr * min(1.0, (step + 1) / max(1, warmup))
+
+
+def run_epoch(model: nn.Module, loader: Iterable, ctc: nn.CTCLoss, d: Dist, *, optim: torch.optim.Optimizer | None,
+              step: int, opts: dict, max_steps: int | None) -> tuple[float, int, int]:
+    """One pass; returns (loss per token over all ranks, steps taken, global step after the pass)."""
+    loss_sum, tokens, steps = 0.0, 0, 0
+    train = optim is not None
+    model.train(train)
+    with torch.set_grad_enabled(train):
+        for batch in loader:
+            if train and max_steps is not None and step >= max_steps:
+                # Every rank sees the same step count, so all break here together (no hung collective).
+                break
+            loss, ntok = ctc_sums(model, batch, ctc, d.device)
+            if train:
+                for g in optim.param_groups:
+                    g["lr"] = lr_at(step, opts["lr"], opts["warmup_steps"])
+                optim.zero_grad(set_to_none=True)
+                (loss / max(ntok, 1)).backward()  # per-token loss; DDP averages over ranks
+                nn.utils.clip_grad_norm_(model.parameters(), opts["grad_clip"])
+                optim.step()
+                step += 1
+            loss_sum += float(loss.detach())
+            tokens += ntok
+            steps += 1
+    loss_sum, tokens = all_sum([loss_sum, float(tokens)], d)
+    return (loss_sum / tokens if tokens else math.nan), steps, step
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """Write to a temporary name, then rename: a crash never leaves a half-written checkpoint."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_options(hyper: dict) -> dict:
+    """Optimisation settings from ``train:option`` with defaults that work for the demo."""
+    o = hyper.get("train", {}).get("option", {})
+    return {
+        "epochs": int(o.get("epochs", 10)),
+        "lr": float(o.get("lr", 2e-3)),
+        "weight_decay": float(o.get("weight_decay", 1e-2)),
+        "warmup_steps": int(o.get("warmup_steps", 50)),
+        "grad_clip": float(o.get("grad_clip", 5.0)),
+        "seed": int(o.get("seed", 0)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hyper", required=True, help="CAT-style hyper-p.json")
+    ap.add_argument("--exp-dir", help="where checkpoints and history.json go (default: the hyper file's folder)")
+    ap.add_argument("--epochs", type=int, help="override train:option epochs")
+    ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in total (tests)")
+    args = ap.parse_args(argv)
+
+    hyper = json.loads(Path(args.hyper).read_text(encoding="utf-8"))
+    opts = train_options(hyper)
+    if args.epochs is not None:
+        opts["epochs"] = args.epochs
+    exp_dir = Path(args.exp_dir or Path(args.hyper).parent)
+    d = init_distributed()
+    # One seed for everything random in the model: every rank builds the same initial weights.
+    torch.manual_seed(opts["seed"])
+
+    train_loader, dev_loader, tokenizer = build_loaders(args.hyper)
+    m = hyper.get("model", {})
+    model = CTCModel(idim=int(m.get("idim", 80)), vocab_size=tokenizer.vocab_size,
+                     d_model=int(m.get("d_model", 144)), lstm_layers=int(m.get("lstm_layers", 2)),
+                     lstm_hidden=int(m.get("lstm_hidden", 160)), dropout=float(m.get("dropout", 0.1))).to(d.device)
+    if d.main:
+        nparam = sum(p.numel() for p in model.parameters())
+        print(f"model: {nparam / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, {d.world} rank(s) "
+              f"on {d.device.type}", flush=True)
+    ddp = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None) if d.world > 1 else model
+    optim = torch.optim.AdamW(ddp.parameters(), lr=opts["lr"], weight_decay=opts["weight_decay"])
+    ctc = nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
+
+    history: list[dict] = []
+    step = 0
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    for epoch in range(1, opts["epochs"] + 1):
+        t0 = time.time()
+        train_loader.set_epoch(epoch)
+        train_loss, steps, step = run_epoch(ddp, train_loader, ctc, d, optim=optim, step=step, opts=opts,
+                                            max_steps=args.max_steps)
+        # Dev on the bare module: ranks may hold different numbers of dev batches, and the DDP
+        # wrapper is only needed for gradient sync; the sums are all-reduced afterwards.
+        dev_loss = math.nan
+        if dev_loader is not None:
+            dev_loss, _, _ = run_epoch(model, dev_loader, ctc, d, optim=None, step=step, opts=opts, max_steps=None)
+        stats = format_stats(getattr(train_loader, "stats", None))
+        record = {"epoch": epoch, "train_loss": train_loss, "dev_loss": dev_loss, "steps": steps,
+                  "global_step": step, "seconds": round(time.time() - t0, 1)}
+        history.append(record)
+        if d.main:
+            ckpt = exp_dir / f"epoch{epoch}.pt"
+            save_atomic({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch,
+                         "step": step, "hyper": hyper, "history": history}, ckpt)
+            tmp = exp_dir / ".history.json.tmp"
+            tmp.write_text(json.dumps(history, indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, exp_dir / "history.json")
+            print(f"epoch {epoch} | train loss {train_loss:.3f} | dev loss {dev_loss:.3f} | steps {steps} "
+                  f"| {record['seconds']}s | {ckpt}", flush=True)
+            if stats:
+                print(f"epoch {epoch} | loader: {stats}", flush=True)
+        if args.max_steps is not None and step >= args.max_steps:
+            break
+    if d.world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# wdsprep demo recipe: the bundled corpus -> fbank -> length-grouped shards -> tokenizer -> CTC training.
+#
+# Usage (from anywhere; the recipe runs from egs/demo like a Kaldi recipe):
+#   bash egs/demo/run.sh                         # all stages
+#   NPROC=2 bash egs/demo/run.sh --stage 5       # training only, 2 ranks
+#   bash egs/demo/run.sh --stage 1 --stop-stage 3 --nj 4
+#
+# Stages:
+#   0  check data/{train,dev} and print counts
+#   1  fbank features (80-dim, Kaldi-compatible) for train and dev
+#   2  pack into tar shards by length group (train) and one group (dev)
+#   3  train the tokenizer on the train transcripts
+#   4  write $exp/hyper-p.json (CAT style; `ld` is a brace pattern over the groups)
+#   5  train with torchrun (gloo on CPU, nccl on GPUs)
+#
+# Options (each also settable by the upper-case environment variable):
+#   --stage N --stop-stage M   run stages N..M (default 0..5)
+#   --nproc N    training processes (ranks) on this machine (NPROC, default 2)
+#   --nj N       parallel jobs for fbank and pack (NJ, default 2)
+#   --epochs N   training epochs (EPOCHS, default 12)
+#   --exp DIR    all generated files go here (EXP, default exp/demo)
+#   --max-steps N  stop training after N steps (MAX_STEPS; for quick checks)
+# Generated files never go into data/: that is the committed corpus.
+set -euo pipefail
+
+cd "$(dirname "$0")"  # wav.scp paths are relative to egs/demo, as in a Kaldi recipe
+
+stage=0
+stop_stage=5
+nproc=${NPROC:-2}
+nj=${NJ:-2}
+epochs=${EPOCHS:-12}
+exp=${EXP:-exp/demo}
+max_steps=${MAX_STEPS:-}
+data=data
+# Length groups in frames (10 ms each), chosen from the demo corpus's length distribution so
+# each group holds a useful share of the utterances; see egs/demo/README.md.
+groups=":200 200:400 400:"
+utts_per_shard=100   # small shards so 2 ranks x the shard-level shuffle have something to shuffle
+vocab_kind=char      # see README.md: characters train a CTC model fastest on this small corpus
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks x threads <= cores
+
+. local/parse_options.sh
+
+log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
+
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  log 0 "checking the Kaldi data dirs $data/train $data/dev"
+  python local/check_data.py "$data/train" "$data/dev"
+fi
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  for part in train dev; do
+    log 1 "fbank for $data/$part -> $exp/fbank/$part (nj=$nj)"
+    segments=()
+    [ -f "$data/$part/segments" ] && segments=(--segments "$data/$part/segments")
+    wdsprep fbank --wav-scp "$data/$part/wav.scp" "${segments[@]}" --out-dir "$exp/fbank/$part" \
+      --num-mel-bins 80 --nj "$nj"
+  done
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  log 2 "packing train into length groups [$groups] -> $exp/shards/train"
+  # shellcheck disable=SC2086  # $groups is a list of words on purpose
+  wdsprep pack --scp "$exp/fbank/train/feats.scp" --text "$data/train/text" --out "$exp/shards/train" \
+    --filter-group $groups --utts-per-shard "$utts_per_shard" --nj "$nj" --overwrite
+  # dev: one folder, every utterance (no length limits: validation should see all of it).
+  log 2 "packing dev -> $exp/shards/dev"
+  wdsprep pack --scp "$exp/fbank/dev/feats.scp" --text "$data/dev/text" --out "$exp/shards/dev" \
+    --utts-per-shard "$utts_per_shard" --nj "$nj" --overwrite
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  log 3 "training a $vocab_kind tokenizer on $data/train/text -> $exp/tokenizer.tknz"
+  wdsprep tokenizer train --kind "$vocab_kind" --text "$data/train/text" --out "$exp/tokenizer.tknz"
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  log 4 "writing $exp/hyper-p.json"
+  python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" \
+    --tokenizer "$exp/tokenizer.tknz" --out "$exp/hyper-p.json" \
+    --data train="$data/train" dev="$data/dev" \
+    --set epochs="$epochs" lr=2e-3 seed=0 bucket_size=20000 ld_shuffle_buffer=500
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  log 5 "training on $nproc rank(s): torchrun local/train.py --hyper $exp/hyper-p.json"
+  extra=()
+  [ -n "$max_steps" ] && extra=(--max-steps "$max_steps")
+  # --standalone: a single-node rendezvous on a free port, so two runs never collide.
+  torchrun --standalone --nproc_per_node="$nproc" local/train.py \
+    --hyper "$exp/hyper-p.json" --exp-dir "$exp" "${extra[@]}" 2>&1 | tee "$exp/train.log"
+fi
+
+echo "$0: done (stages $stage..$stop_stage)"
