@@ -73,7 +73,7 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log 3 "training a $vocab_kind tokenizer on $data/train/text -> $exp/tokenizer.tknz"
-  wdsprep tokenizer train --kind "$vocab_kind" --text "$data/train/text" --out "$exp/tokenizer.tknz"
+  wdsprep tokenizer train --kind "$vocab_kind" --text "$data/train/text" --out "$exp/tokenizer.tknz" --overwrite
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then

@@ -112,7 +112,7 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log 3 "training a $kind tokenizer (vocab $vocab_size) on $data/text -> $exp/tokenizer.tknz"
-  wdsprep tokenizer train --kind "$kind" --vocab-size "$vocab_size" --text "$data/text" --out "$exp/tokenizer.tknz"
+  wdsprep tokenizer train --kind "$kind" --vocab-size "$vocab_size" --text "$data/text" --out "$exp/tokenizer.tknz" --overwrite
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then

@@ -1,0 +1,214 @@
+"""The recipes in egs/ run end to end on the bundled corpus: every stage's output is checked.
+
+The demo recipe's data stages (0-4) run once per session into a temporary EXP dir; training runs
+with 2 ranks under torchrun (gloo, CPU) for a few steps inside a subprocess timeout, so a hang
+fails instead of blocking.  Tests marked ``slow`` take tens of seconds each; CI runs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "egs" / "demo"
+LARGE = ROOT / "egs" / "large"
+CORPUS = DEMO / "data"
+DEMO_GROUPS = ("0_200", "200_400", "400_inf")
+
+needs_corpus = pytest.mark.skipif(not (CORPUS / "train" / "wav.scp").is_file(),
+                                  reason="the bundled corpus (egs/demo/data) is not on this branch yet")
+
+
+def recipe_env(**extra: str) -> dict[str, str]:
+    """The environment a user has after activating the venv: its bin first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], *, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """Run a recipe command; on failure show its output (the only way to debug a stage in CI)."""
+    try:
+        p = subprocess.run(cmd, env=recipe_env(**env), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout}s (hang?)\n{e.stdout}\n{e.stderr}")
+    if p.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}")
+    return p
+
+
+def kaldi_ids(path: Path) -> list[str]:
+    return [line.split(maxsplit=1)[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------- option parsing
+def test_parse_options_sets_declared_variables_and_rejects_unknown(tmp_path: Path) -> None:
+    script = tmp_path / "s.sh"
+    script.write_text(f"#!/usr/bin/env bash\n# Usage: s.sh [--stage N]\nset -euo pipefail\nstage=0\nstop_stage=9\n"
+                      f"nj=1\n. {DEMO / 'local' / 'parse_options.sh'}\necho \"$stage $stop_stage $nj $*\"\n")
+    out = subprocess.run(["bash", str(script), "--stage", "3", "--stop-stage=4", "--nj", "7", "rest"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["3", "4", "7", "rest"]
+    bad = subprocess.run(["bash", str(script), "--stgae", "3"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown option --stgae" in bad.stderr
+    helped = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, check=True)
+    assert "Usage: s.sh" in helped.stdout
+
+
+def test_make_hyper_patterns_cover_filled_groups_and_remote_urls(tmp_path: Path) -> None:
+    from wdsprep.shardlist import expand_shards
+
+    shards = tmp_path / "shards"
+    for group, n in (("10_500", 3), ("500_1000", 1), ("1000_1500", 0)):
+        (shards / group).mkdir(parents=True)
+        for i in range(n):
+            (shards / group / f"data-{i:05d}.tar").write_bytes(b"")
+    hyper = tmp_path / "hyper-p.json"
+    cmd = [sys.executable, str(DEMO / "local" / "make_hyper.py"), "--shards", str(shards), "--tokenizer", "t.tknz",
+           "--out", str(hyper), "--set", "epochs=3", "batching_mode=bucket"]
+    run(cmd, timeout=60)
+    option = json.loads(hyper.read_text())["train"]["option"]
+    # The empty group is left out: a pattern naming it would match nothing.
+    assert option["ld"] == f"{shards}/{{10_500,500_1000}}/data-*.tar"
+    assert len(expand_shards(option["ld"])) == 4
+    assert option["epochs"] == 3 and option["tokenizer"] == {"file": "t.tknz"}
+
+    run(cmd + ["--remote", "pipe:curl -s http://host/s/{shard}"], timeout=60)
+    ld = json.loads(hyper.read_text())["train"]["option"]["ld"]
+    assert ld == "pipe:curl -s http://host/s/{10_500/data-{00000..00002}.tar,500_1000/data-00000.tar}"
+    assert expand_shards(ld) == [f"pipe:curl -s http://host/s/10_500/data-0000{i}.tar" for i in range(3)] + \
+        ["pipe:curl -s http://host/s/500_1000/data-00000.tar"]
+
+
+# ------------------------------------------------------------------------ demo recipe, stages 0-4
+@pytest.fixture(scope="module")
+def demo_exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Stages 0-4 of egs/demo/run.sh into a fresh EXP dir (shared by the tests below)."""
+    exp = tmp_path_factory.mktemp("demo") / "exp"
+    p = run(["bash", str(DEMO / "run.sh"), "--stage", "0", "--stop-stage", "4"], timeout=600,
+            EXP=str(exp), NJ="2", EPOCHS="1")
+    for stage in range(5):
+        assert f"[stage {stage}]" in p.stdout, f"stage {stage} did not announce itself:\n{p.stdout}"
+    return exp
+
+
+@needs_corpus
+def test_stage0_rejects_a_broken_data_dir(tmp_path: Path) -> None:
+    bad = tmp_path / "train"
+    bad.mkdir()
+    (bad / "text").write_text("u1 HELLO\nu2 WORLD\n")
+    (bad / "wav.scp").write_text("u1 data/audio/none.flac\n")
+    p = subprocess.run([sys.executable, str(DEMO / "local" / "check_data.py"), str(bad)],
+                       capture_output=True, text=True, env=recipe_env())
+    assert p.returncode == 1 and "u2" in p.stderr
+
+
+@needs_corpus
+def test_stage1_fbank_has_every_utterance(demo_exp: Path) -> None:
+    for part in ("train", "dev"):
+        scp = demo_exp / "fbank" / part / "feats.scp"
+        assert scp.is_file()
+        assert sorted(kaldi_ids(scp)) == sorted(kaldi_ids(CORPUS / part / "wav.scp"))
+
+
+@needs_corpus
+def test_stage2_every_utterance_in_exactly_one_shard_or_the_report(demo_exp: Path) -> None:
+    from wdsprep.shards import decode_key, iter_tar_samples
+
+    train = demo_exp / "shards" / "train"
+    folders = sorted(p.name for p in train.iterdir() if p.is_dir())
+    assert set(folders) <= set(DEMO_GROUPS) and folders, folders
+    seen: list[str] = []
+    for tar in sorted(train.glob("*/data-*.tar")):
+        seen += [decode_key(key) for key, _ in iter_tar_samples(tar)]
+    report = json.loads((train / "pack_report.json").read_text())
+    reported = [d["uttid"] for items in report["not_written"].values() for d in items]
+    assert len(seen) == len(set(seen)), "an utterance is in two shards"
+    assert not set(seen) & set(reported)
+    assert sorted(seen + reported) == sorted(kaldi_ids(CORPUS / "train" / "text"))
+    # Every group the corpus was built for is filled: the groups match its lengths.
+    assert folders == list(DEMO_GROUPS)
+
+
+@needs_corpus
+def test_stage3_tokenizer_covers_the_training_text(demo_exp: Path) -> None:
+    from wdsprep import load_tokenizer
+
+    tok = load_tokenizer(demo_exp / "tokenizer.tknz")
+    texts = [line.split(maxsplit=1)[1] for line in (CORPUS / "train" / "text").read_text("utf-8").splitlines()]
+    for t in texts[:50]:
+        ids = tok.encode(t)
+        assert ids and 0 not in ids and 1 not in ids, t  # no blank, no <unk> on training text
+
+
+@needs_corpus
+def test_stage4_hyper_is_cat_style_and_its_patterns_expand_to_the_shards(demo_exp: Path) -> None:
+    from wdsprep.shardlist import expand_shards
+
+    hyper = json.loads((demo_exp / "hyper-p.json").read_text())
+    option = hyper["train"]["option"]
+    assert option["ld"] == f"{demo_exp}/shards/train/{{{','.join(DEMO_GROUPS)}}}/data-*.tar"
+    assert sorted(expand_shards(option["ld"])) == sorted(map(str, (demo_exp / "shards" / "train").glob("*/*.tar")))
+    assert expand_shards(option["dev_ld"]) == sorted(map(str, (demo_exp / "shards" / "dev").glob("*.tar")))
+    assert Path(option["tokenizer"]["file"]).is_file()
+    for key in ("bucket_size", "batching_mode", "ld_shuffle_buffer", "seed", "epochs", "lr"):
+        assert key in option, key
+
+
+# ---------------------------------------------------------------------------- demo training (DDP)
+@needs_corpus
+@pytest.mark.slow
+def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
+    p = run(["bash", str(DEMO / "run.sh"), "--stage", "5", "--max-steps", "3"], timeout=240,
+            EXP=str(demo_exp), NPROC="2")
+    history = json.loads((demo_exp / "history.json").read_text())
+    assert history[0]["epoch"] == 1 and history[0]["global_step"] == 3
+    assert math.isfinite(history[0]["train_loss"]) and math.isfinite(history[0]["dev_loss"])
+    assert (demo_exp / "epoch1.pt").is_file()
+    assert not list(demo_exp.glob(".*.tmp")), "a temporary checkpoint was left behind"
+    assert "epoch 1 | train loss" in p.stdout
+
+
+@needs_corpus
+@pytest.mark.slow
+def test_training_loss_falls_over_epochs(demo_exp: Path, tmp_path: Path) -> None:
+    """A few short epochs on 2 ranks: the train loss at the end is well below the start."""
+    exp = tmp_path / "exp"
+    shutil.copytree(demo_exp, exp, ignore=shutil.ignore_patterns("*.pt", "history.json", "train.log"))
+    hyper = json.loads((exp / "hyper-p.json").read_text())
+    text = json.dumps(hyper).replace(str(demo_exp), str(exp))  # the copy's own shards
+    (exp / "hyper-p.json").write_text(text)
+    run(["bash", str(DEMO / "run.sh"), "--stage", "5", "--epochs", "4"], timeout=300, EXP=str(exp), NPROC="2")
+    history = json.loads((exp / "history.json").read_text())
+    losses = [h["train_loss"] for h in history]
+    assert len(losses) == 4 and all(map(math.isfinite, losses))
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+# ---------------------------------------------------------------- large recipe on a stand-in corpus
+@needs_corpus
+@pytest.mark.slow
+def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    p = run(["bash", str(LARGE / "run.sh"), "--stage", "0", "--stop-stage", "5"], timeout=600,
+            DATA=str(CORPUS / "train"), DEV=str(CORPUS / "dev"), EXP=str(exp), NJ="2", NPROC="2",
+            KIND="sentencepiece", VOCAB="120", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000")
+    for stage in range(6):
+        assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
+    option = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]
+    # The demo corpus is short: only the first groups fill; the pattern names exactly those.
+    filled = sorted(d.parent.name for d in (exp / "shards" / "train").glob("*/data-00000.tar"))
+    assert option["ld"].startswith(f"{exp}/shards/train/")
+    from wdsprep.shardlist import expand_shards
+    assert sorted(expand_shards(option["ld"])) == sorted(map(str, (exp / "shards" / "train").glob("*/*.tar")))
+    assert filled and set(filled) <= {"10_500", "500_1000"}
