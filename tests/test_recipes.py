@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "egs" / "demo"
 LARGE = ROOT / "egs" / "large"
 CORPUS = DEMO / "data"
-DEMO_GROUPS = ("0_200", "200_400", "400_inf")
+DEMO_GROUPS = ("0_80", "80_200", "200_inf")
 
 needs_corpus = pytest.mark.skipif(not (CORPUS / "train" / "wav.scp").is_file(),
                                   reason="the bundled corpus (egs/demo/data) is not on this branch yet")
