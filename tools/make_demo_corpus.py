@@ -43,7 +43,7 @@ SAMPLE_RATE = 16000
 ESPEAK_RATE = 22050
 BASE_WPM = 175          # espeak-ng default speaking rate (words per minute)
 # Peak-normalise every utterance to -24 dBFS. Quieter audio needs fewer bits: FLAC of this
-# synthetic speech measured ~15.5 KB/s at -18 dBFS and ~13.7 KB/s at -24 dBFS, which is what lets
+# synthetic speech measured ~15.5 KB/s at -18 dBFS and ~13.2 KB/s at -24 dBFS, which is what lets
 # 200+ utterances fit in 3 MB. Speech RMS then sits near -40 dBFS, still ~55 dB above 16-bit
 # quantisation noise; log-mel features are insensitive to the overall level.
 PEAK = 0.0625
