@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .audio import AudioProblem, Utterance, read_utterances
-from .fbank import Fbank, FbankOptions, iter_features, limit_threads_in_worker, resolve_backend
+from .fbank import Fbank, FbankOptions, iter_features, one_torch_thread, resolve_backend
 from .groups import Groups
 from .kaldi import read_text
 from .pack import PathOrPaths, as_list, check_fmt, run_and_finalize
@@ -83,17 +83,17 @@ def pack_audio(
 def _pack_audio_chunk(chunk: Sequence[tuple[Utterance, str]], worker: int, tick: Callable[[int], None], *,
                       d_out: Path, groups: Groups | None, utts_per_shard: int, layout: str, dtype: str,
                       opts: FbankOptions) -> SinkResult:
-    limit_threads_in_worker()
     fbank = Fbank(opts)
     sink = GroupedSink(d_out, groups, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
     try:
         texts = [text for _, text in chunk]
-        for (u, feats), text in zip(iter_features([u for u, _ in chunk], fbank), texts):
-            if isinstance(feats, AudioProblem):
-                sink.drop(feats.reason, u.uttid, feats.detail)
-            else:
-                sink.add(u.uttid, feats, text)
-            tick(1)
+        with one_torch_thread():
+            for (u, feats), text in zip(iter_features([u for u, _ in chunk], fbank), texts):
+                if isinstance(feats, AudioProblem):
+                    sink.drop(feats.reason, u.uttid, feats.detail)
+                else:
+                    sink.add(u.uttid, feats, text)
+                tick(1)
         return sink.close()
     except BaseException:
         sink.abort()
