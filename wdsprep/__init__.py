@@ -4,10 +4,12 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
+from .fbank import compute_fbank
 from .pack import pack_data
+from .pack_audio import pack_audio
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
 
 __version__ = "0.1.0"
 
-__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+__all__ = ["pack_data", "compute_fbank", "pack_audio", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
