@@ -217,3 +217,16 @@ def test_bad_arguments_raise():
         list(bucket_batches([], max_frames=10, rng=rng, length=length, pool_size=0))
     with pytest.raises(ValueError, match="'bad'"):
         list(bucket_batches([("bad", -1)], max_frames=10, rng=rng, length=length))
+
+
+def test_bench_runs_and_checks_completeness(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench_batching.py"
+    spec = importlib.util.spec_from_file_location("bench_batching", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--n", "3000", "--max-frames", "20000", "--pool", "1000", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "CAT stream" in out and "WeNet sort window 500" in out and "ours, pool 1000" in out
