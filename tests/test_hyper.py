@@ -52,3 +52,17 @@ def test_builds_a_working_loader(tmp_path):
     batches = list(loader)
     assert Counter(k for b in batches for k in b.keys) == Counter(utts.keys())
     assert all(len(b.keys) * int(b.feat_lens.max()) <= 3000 for b in batches if len(b.keys) > 1)
+
+
+def test_dry_run_cli_reports_and_dumps_keys(tmp_path, capsys):
+    from wdsprep.cli import main
+
+    out, utts = build(tmp_path, n=50, utts_per_shard=12)
+    tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
+    keys = tmp_path / "keys.tsv"
+    assert main(["dry-run", "--trset", f"{out}/data-*.tar", "--tokenizer", str(tok), "--max-frames", "2000",
+                 "--epochs", "2", "--dump-keys", str(keys)]) == 0
+    report = capsys.readouterr().out
+    assert "epoch 1:" in report and "padding efficiency" in report and "50 utterances" in report
+    lines = [line.split("\t") for line in keys.read_text().splitlines()]
+    assert Counter(k for e, _, k in lines if e == "0") == Counter(utts.keys())
