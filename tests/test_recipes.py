@@ -77,14 +77,14 @@ def test_make_hyper_patterns_cover_filled_groups_and_remote_urls(tmp_path: Path)
     cmd = [sys.executable, str(DEMO / "local" / "make_hyper.py"), "--shards", str(shards), "--tokenizer", "t.tknz",
            "--out", str(hyper), "--set", "epochs=3", "batching_mode=bucket"]
     run(cmd, timeout=60)
-    option = json.loads(hyper.read_text())["train"]["option"]
+    option = json.loads(hyper.read_text())["train:option"]
     # The empty group is left out: a pattern naming it would match nothing.
     assert option["ld"] == f"{shards}/{{10_500,500_1000}}/data-*.tar"
     assert len(expand_shards(option["ld"])) == 4
     assert option["epochs"] == 3 and option["tokenizer"] == {"file": "t.tknz"}
 
     run(cmd + ["--remote", "pipe:curl -s http://host/s/{shard}"], timeout=60)
-    ld = json.loads(hyper.read_text())["train"]["option"]["ld"]
+    ld = json.loads(hyper.read_text())["train:option"]["ld"]
     assert ld == "pipe:curl -s http://host/s/{10_500/data-{00000..00002}.tar,500_1000/data-00000.tar}"
     assert expand_shards(ld) == [f"pipe:curl -s http://host/s/10_500/data-0000{i}.tar" for i in range(3)] + \
         ["pipe:curl -s http://host/s/500_1000/data-00000.tar"]
@@ -156,7 +156,7 @@ def test_stage4_hyper_is_cat_style_and_its_patterns_expand_to_the_shards(demo_ex
     from wdsprep.shardlist import expand_shards
 
     hyper = json.loads((demo_exp / "hyper-p.json").read_text())
-    option = hyper["train"]["option"]
+    option = hyper["train:option"]
     assert option["ld"] == f"{demo_exp}/shards/train/{{{','.join(DEMO_GROUPS)}}}/data-*.tar"
     assert sorted(expand_shards(option["ld"])) == sorted(map(str, (demo_exp / "shards" / "train").glob("*/*.tar")))
     assert expand_shards(option["dev_ld"]) == sorted(map(str, (demo_exp / "shards" / "dev").glob("*.tar")))
@@ -205,7 +205,7 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
             KIND="sentencepiece", VOCAB="120", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000")
     for stage in range(6):
         assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
-    option = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]
+    option = json.loads((exp / "hyper-p.json").read_text())["train:option"]
     # The demo corpus is short: only the first groups fill; the pattern names exactly those.
     filled = sorted(d.parent.name for d in (exp / "shards" / "train").glob("*/data-00000.tar"))
     assert option["ld"].startswith(f"{exp}/shards/train/")

@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizer": {"file": args.tokenizer},
         "model": {"idim": 80, "d_model": 144, "lstm_layers": 2, "lstm_hidden": 160, "dropout": 0.1,
                   **parse_kv(args.model)},
-        "train": {"bin": "local/train.py", "option": option},
+        # The key wdsprep's loader reads (wdsprep.hyper.loader_options); CAT itself nests the same
+        # options as {"train": {"bin": ..., "option": {...}}}.
+        "train:option": option,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")

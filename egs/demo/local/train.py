@@ -128,25 +128,42 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def build_loaders(hyper_path: str) -> tuple[Any, Any, Any]:
-    """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``."""
-    train = wdsprep.make_loader_from_hyper(hyper_path)
-    dev = wdsprep.make_loader_from_hyper(hyper_path, dev=True)
-    return train, dev, train.tokenizer
+def train_option(hyper: dict) -> dict:
+    """``train:option`` of a hyper-p.json (the key wdsprep's loader reads)."""
+    return hyper.get("train:option") or hyper.get("train", {}).get("option", {})
+
+
+def build_loaders(hyper_path: str, hyper: dict, world: int) -> tuple[Any, Any, Any]:
+    """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``.
+
+    Both drop utterances the model cannot align (``frames // 4 <= label_len``): the loader's CTC
+    filter uses the same x4 the conv front end applies, so CTC never sees an impossible target
+    and ``zero_infinity`` stays a safety net instead of silently zeroing real losses.
+    """
+    train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING)
+    tokenizer = train.dataset.tokenizer
+    dev = None
+    dev_ld = train_option(hyper).get("dev_ld")
+    if dev_ld:
+        # Dev mode: no shuffle, each utterance once over all ranks, same per-rank frame budget.
+        from wdsprep.hyper import loader_options
+        max_frames = loader_options(hyper, world_size=world, where=hyper_path).loader_kwargs["max_frames"]
+        dev = wdsprep.make_loader(dev_ld, tokenizer, max_frames=max_frames, train=False,
+                                  ctc_subsampling=SUBSAMPLING)
+    return train, dev, tokenizer
 
 
 def format_stats(stats: Any) -> str:
-    """One short line from the loader's statistics (whatever mapping/dataclass it exposes)."""
+    """The loader numbers worth watching, in one line."""
     if stats is None:
         return ""
-    if hasattr(stats, "summary") and callable(stats.summary):
-        return str(stats.summary())
-    if hasattr(stats, "__dataclass_fields__"):
-        from dataclasses import asdict
-        stats = asdict(stats)
-    if isinstance(stats, dict):
-        return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
-    return str(stats)
+    d = stats.to_dict()
+    parts = [f"utts {d['utterances']}", f"padding efficiency {d['padding_efficiency']:.3f}"]
+    if d.get("discarded_fraction") is not None:
+        parts.append(f"discarded {d['discarded_fraction']:.3f} (DDP early stop)")
+    if d.get("dropped"):
+        parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d["dropped"].items())))
+    return ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------- train
@@ -202,7 +219,7 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 def train_options(hyper: dict) -> dict:
     """Optimisation settings from ``train:option`` with defaults that work for the demo."""
-    o = hyper.get("train", {}).get("option", {})
+    o = train_option(hyper)
     return {
         "epochs": int(o.get("epochs", 10)),
         "lr": float(o.get("lr", 2e-3)),
@@ -230,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     # One seed for everything random in the model: every rank builds the same initial weights.
     torch.manual_seed(opts["seed"])
 
-    train_loader, dev_loader, tokenizer = build_loaders(args.hyper)
+    train_loader, dev_loader, tokenizer = build_loaders(args.hyper, hyper, d.world)
     m = hyper.get("model", {})
     model = CTCModel(idim=int(m.get("idim", 80)), vocab_size=tokenizer.vocab_size,
                      d_model=int(m.get("d_model", 144)), lstm_layers=int(m.get("lstm_layers", 2)),
