@@ -18,7 +18,7 @@
 #   --stage N --stop-stage M   run stages N..M (default 0..5)
 #   --nproc N    training processes (ranks) on this machine (NPROC, default 2)
 #   --nj N       parallel jobs for fbank and pack (NJ, default 2)
-#   --epochs N   training epochs (EPOCHS, default 40)
+#   --epochs N   training epochs (EPOCHS, default 50)
 #   --exp DIR    all generated files go here (EXP, default exp/demo)
 #   --max-steps N  stop training after N steps (MAX_STEPS; for quick checks)
 # Generated files never go into data/: that is the committed corpus.
@@ -30,7 +30,7 @@ stage=0
 stop_stage=5
 nproc=${NPROC:-2}
 nj=${NJ:-2}
-epochs=${EPOCHS:-40}
+epochs=${EPOCHS:-50}
 exp=${EXP:-exp/demo}
 max_steps=${MAX_STEPS:-}
 # Frames per step over all ranks (CAT; each rank gets bucket_size / NPROC). The train set is ~18,000
