@@ -131,7 +131,7 @@ def test_stage2_every_utterance_in_exactly_one_shard_or_the_report(demo_exp: Pat
     assert not set(seen) & set(reported)
     assert sorted(seen + reported) == sorted(kaldi_ids(CORPUS / "train" / "text"))
     # Every group the corpus was built for is filled: the groups match its lengths.
-    assert folders == list(DEMO_GROUPS)
+    assert folders == sorted(DEMO_GROUPS)
 
 
 def test_stage3_tokenizer_covers_the_training_text(demo_exp: Path) -> None:
@@ -171,18 +171,23 @@ def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_training_loss_falls_over_epochs(demo_exp: Path, tmp_path: Path) -> None:
-    """A few short epochs on 2 ranks: the train loss at the end is well below the start."""
+def test_training_loss_falls_below_the_ctc_plateau(demo_exp: Path, tmp_path: Path) -> None:
+    """The full demo recipe, shortened to 34 epochs on 2 ranks (about a minute).
+
+    CTC first drops to an all-blank plateau (~4.2-4.5 per token here) and only then learns to
+    emit characters; reaching well below the plateau shows the whole path (features, shards,
+    loader, tokenizer, DDP) carries real signal.  Seeded: the same machine gives the same curve.
+    """
     exp = tmp_path / "exp"
     shutil.copytree(demo_exp, exp, ignore=shutil.ignore_patterns("*.pt", "history.json", "train.log"))
-    hyper = json.loads((exp / "hyper-p.json").read_text())
-    text = json.dumps(hyper).replace(str(demo_exp), str(exp))  # the copy's own shards
-    (exp / "hyper-p.json").write_text(text)
-    run(["bash", str(DEMO / "run.sh"), "--stage", "5", "--epochs", "4"], timeout=300, EXP=str(exp), NPROC="2")
+    # Stage 4 again so hyper-p.json names this copy's shards; then train.
+    run(["bash", str(DEMO / "run.sh"), "--stage", "4", "--epochs", "34"], timeout=400, EXP=str(exp), NPROC="2")
     history = json.loads((exp / "history.json").read_text())
-    losses = [h["train_loss"] for h in history]
-    assert len(losses) == 4 and all(map(math.isfinite, losses))
-    assert losses[-1] < 0.8 * losses[0], losses
+    train = [h["train_loss"] for h in history]
+    dev = [h["dev_loss"] for h in history]
+    assert len(train) == 34 and all(map(math.isfinite, train + dev))
+    assert train[-1] < 3.6 < 4.2 < train[0], train
+    assert min(dev) < dev[0], dev
 
 
 # ---------------------------------------------------------------- large recipe on a stand-in corpus
@@ -191,7 +196,7 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
     exp = tmp_path / "exp"
     p = run(["bash", str(LARGE / "run.sh"), "--stage", "0", "--stop-stage", "5"], timeout=600,
             DATA=str(CORPUS / "train"), DEV=str(CORPUS / "dev"), EXP=str(exp), NJ="2", NPROC="2",
-            KIND="sentencepiece", VOCAB="120", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000")
+            KIND="sentencepiece", VOCAB="200", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000")
     for stage in range(6):
         assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
     option = json.loads((exp / "hyper-p.json").read_text())["train:option"]

@@ -18,7 +18,8 @@
 #   --stage N --stop-stage M   run stages N..M (default 0..5)
 #   --nproc N    training processes (ranks) on this machine (NPROC, default 2)
 #   --nj N       parallel jobs for fbank and pack (NJ, default 2)
-#   --epochs N   training epochs (EPOCHS, default 50)
+#   --epochs N   training epochs (EPOCHS; default 50, written into hyper-p.json at stage 4;
+#                given with --stage 5 it overrides hyper-p.json)
 #   --exp DIR    all generated files go here (EXP, default exp/demo)
 #   --max-steps N  stop training after N steps (MAX_STEPS; for quick checks)
 # Generated files never go into data/: that is the committed corpus.
@@ -30,7 +31,7 @@ stage=0
 stop_stage=5
 nproc=${NPROC:-2}
 nj=${NJ:-2}
-epochs=${EPOCHS:-50}
+epochs=${EPOCHS:-}  # empty: 50 when writing hyper-p.json; stage 5 then follows hyper-p.json
 exp=${EXP:-exp/demo}
 max_steps=${MAX_STEPS:-}
 # Frames per step over all ranks (CAT; each rank gets bucket_size / NPROC). The train set is ~18,000
@@ -84,13 +85,14 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" \
     --tokenizer "$exp/tokenizer.tknz" --out "$exp/hyper-p.json" \
     --data train="$data/train" dev="$data/dev" --model dropout=0.0 \
-    --set epochs="$epochs" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
+    --set epochs="${epochs:-50}" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   log 5 "training on $nproc rank(s): torchrun local/train.py --hyper $exp/hyper-p.json"
   extra=()
-  [ -n "$max_steps" ] && extra=(--max-steps "$max_steps")
+  [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
+  [ -n "$epochs" ] && extra+=(--epochs "$epochs")  # given explicitly: overrides hyper-p.json
   # --standalone: a single-node rendezvous on a free port, so two runs never collide.
   torchrun --standalone --nproc_per_node="$nproc" local/train.py \
     --hyper "$exp/hyper-p.json" --exp-dir "$exp" "${extra[@]}" 2>&1 | tee "$exp/train.log"
