@@ -286,3 +286,17 @@ def test_cli_mirrors_the_api(corpus):
     strict = subprocess.run(cmd[:-4] + ["--filter-group", "100:", "--overwrite", "--strict"],
                             capture_output=True, text=True, timeout=120)
     assert strict.returncode == 1 and "outside_groups" in strict.stderr
+
+
+def test_webdataset_reads_the_shards(corpus):
+    """The shards are plain webdataset shards: its own reader sees every sample with our keys."""
+    import webdataset as wds
+
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "out", utts_per_shard=20)
+    urls = sorted(str(p) for p in (tmp / "out").glob("*.tar"))
+    ds = wds.WebDataset(urls, shardshuffle=False).decode()  # webdataset's default npy decoder
+    got = {decode_key(s["__key__"]): (s["npy"], s["txt"]) for s in ds}
+    assert set(got) == set(IDS)
+    np.testing.assert_array_equal(got["sp1.1-spk1-utt3"][0], feats["sp1.1-spk1-utt3"])
+    assert got["a.b.c"][1] == texts["a.b.c"]
