@@ -7,7 +7,9 @@ are imported only by the functions that need them.
 from .pack import pack_data
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
+from .tokenizer import SubwordSampling, Tokenizer, load_tokenizer, train_tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index",
+           "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer"]
