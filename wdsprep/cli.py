@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .inspect_shards import DEFAULT_MAX_FRAMES
 from .kaldi import KaldiDataError
 from .report import StrictError
 
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
     p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
-    p.add_argument("--max-frames", nargs="*", type=int, default=[5000, 10000, 20000, 40000, 80000],
+    p.add_argument("--max-frames", nargs="*", type=int, default=list(DEFAULT_MAX_FRAMES),
                    metavar="N", help="max_frames for the padding-efficiency curve; none to skip (default: %(default)s)")
     p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
     p.set_defaults(func=_cmd_inspect)

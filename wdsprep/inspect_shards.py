@@ -442,7 +442,7 @@ def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
         ax.set_title("padding efficiency of bucket_batches", fontsize=10)
         ax.set_xlabel("max_frames (padded frames per batch)")
         ax.set_ylabel("real / padded frames")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="best")
     for ax in axes[panels:]:
         ax.set_visible(False)
     fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
