@@ -4,12 +4,15 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
+from .inspect_shards import InspectResult, inspect_shards
 from .pack import pack_data
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
 from .tokenizer import SubwordSampling, Tokenizer, load_tokenizer, train_tokenizer
+from .verify import VerifyResult, verify_shards
 
 __version__ = "0.1.0"
 
 __all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index",
-           "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer"]
+           "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",
+           "inspect_shards", "InspectResult", "verify_shards", "VerifyResult"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .inspect_shards import DEFAULT_MAX_FRAMES
 from .kaldi import KaldiDataError
 from .report import StrictError
 
@@ -79,6 +80,22 @@ def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect_shards import inspect_shards, write_json
+
+    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames)
+    print(result.format(per_shard=not args.groups_only))
+    if args.json:
+        write_json(result, args.json)
+    return 0 if result.ok else 1
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_shards
+
+    result = verify_shards(args.patterns)
+    print(result.format())
+    return 0 if result.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,17 +107,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pack_options(p)
     p.set_defaults(func=_cmd_pack)
     _add_tokenizer_parser(sub)
+
+    p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument("--max-frames", nargs="*", type=int, default=list(DEFAULT_MAX_FRAMES),
+                   metavar="N", help="max_frames for the padding-efficiency curve; none to skip (default: %(default)s)")
+    p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    p.set_defaults(func=_cmd_verify)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        # A subcommand may return an exit status (1: it ran and found problems).
+        status = args.func(args)
     except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError) as e:
         print(f"wdsprep {args.command}: error: {e}", file=sys.stderr)
         return 2
     except StrictError as e:
         print(f"wdsprep {args.command}: {e}", file=sys.stderr)
         return 1
-    return 0
+    return status or 0
