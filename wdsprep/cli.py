@@ -80,6 +80,8 @@ def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect_shards import inspect_shards, write_json
 
@@ -96,6 +98,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     result = verify_shards(args.patterns)
     print(result.format())
     return 0 if result.ok else 1
+
+
+def _cmd_dry_run(args: argparse.Namespace) -> None:
+    from .dryrun import dry_run
+
+    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
+            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed)
+
+
+def _add_dry_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dry-run", help="iterate the training loader without a model and report (torchrun-safe)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
+    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
+    p.add_argument("--max-frames", type=int, help="padded frames per rank batch (with --trset)")
+    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--dump-keys", metavar="FILE",
+                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
+    p.set_defaults(func=_cmd_dry_run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
     p.set_defaults(func=_cmd_verify)
+
+    _add_dry_run(sub)
     return parser
 
 
