@@ -12,4 +12,5 @@ from .shards import decode_key, encode_key, read_index
 
 __version__ = "0.1.0"
 
-__all__ = ["pack_data", "compute_fbank", "pack_audio", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+__all__ += ["compute_fbank", "pack_audio"]
