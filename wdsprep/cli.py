@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .fbank import BackendUnavailable
 from .inspect_shards import DEFAULT_MAX_FRAMES
 from .kaldi import KaldiDataError
 from .report import StrictError
@@ -26,6 +27,38 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards, indexes and report of an earlier pack in --out")
+
+
+def _add_audio_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``fbank`` and ``pack-audio`` (they compute the same features)."""
+    p.add_argument("--wav-scp", required=True, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
+    p.add_argument("--segments", help="Kaldi segments: 'uttid recid start end [channel]', end -1 = to the end")
+    p.add_argument("--num-mel-bins", type=int, default=80, help="(default: %(default)s)")
+    p.add_argument("--sample-rate", type=int, default=16000,
+                   help="audio at another rate is resampled (default: %(default)s)")
+    p.add_argument("--dither", type=float, default=0.0,
+                   help="Kaldi's default is 1.0; 0 makes features reproducible (default: %(default)s)")
+    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank"], default="auto",
+                   help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
+    p.add_argument("--channel", type=int, default=0,
+                   help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
+
+
+def _cmd_fbank(args: argparse.Namespace) -> None:
+    from .fbank import compute_fbank
+
+    compute_fbank(args.wav_scp, args.out_dir, segments=args.segments, num_mel_bins=args.num_mel_bins,
+                  sample_rate=args.sample_rate, dither=args.dither, backend=args.backend, channel=args.channel,
+                  nj=args.nj, strict=args.strict)
+
+
+def _cmd_pack_audio(args: argparse.Namespace) -> None:
+    from .pack_audio import pack_audio
+
+    pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
+               num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
+               backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
+               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -57,7 +90,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
             print(" ".join(tok.id_to_piece(i) for i in ids) + "\t" + " ".join(map(str, ids)))
 
 
-def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
     p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
@@ -122,16 +155,30 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_dry_run)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wdsprep", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_fbank(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
+    _add_audio_options(p)
+    p.add_argument("--out-dir", required=True, help="gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json")
+    p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
+    p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
+    p.set_defaults(func=_cmd_fbank)
 
+
+def _add_pack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pack", help="feats.scp + text -> length-grouped tar shards")
     p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
     _add_pack_options(p)
     p.set_defaults(func=_cmd_pack)
-    _add_tokenizer_parser(sub)
 
+
+def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text -> shards (fbank on the fly, no ark)")
+    _add_audio_options(p)
+    _add_pack_options(p)
+    p.set_defaults(func=_cmd_pack_audio)
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
     p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
@@ -141,11 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
     p.set_defaults(func=_cmd_inspect)
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
     p.set_defaults(func=_cmd_verify)
 
-    _add_dry_run(sub)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # In data-flow order, so --help reads like the pipeline.
+    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
+                _add_dry_run):
+        add(sub)
     return parser
 
 
@@ -154,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # A subcommand may return an exit status (1: it ran and found problems).
         status = args.func(args)
-    except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError) as e:
+    except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError, BackendUnavailable) as e:
         print(f"wdsprep {args.command}: error: {e}", file=sys.stderr)
         return 2
     except StrictError as e:
