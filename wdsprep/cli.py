@@ -137,7 +137,8 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
     from .dryrun import dry_run
 
     dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
-            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed)
+            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed,
+            stats_json=args.stats_json)
 
 
 def _add_dry_run(sub: argparse._SubParsersAction) -> None:
@@ -152,6 +153,7 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     p.add_argument("--dump-keys", metavar="FILE",
                    help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
+    p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
     p.set_defaults(func=_cmd_dry_run)
 
 
@@ -195,13 +197,27 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_verify)
 
 
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(args.work, nproc=args.nproc, nj=args.nj)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole pipeline on the bundled real-speech corpus, with a summary and plots")
+    p.add_argument("--work", default="exp/demo", help="output directory, replaced on re-runs (default: %(default)s)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-rank dry-run (default: %(default)s)")
+    p.add_argument("--nj", type=int, default=2, help="worker processes for fbank and pack (default: %(default)s)")
+    p.set_defaults(func=_cmd_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
     for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
-                _add_dry_run):
+                _add_dry_run, _add_demo):
         add(sub)
     return parser
 
