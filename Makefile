@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TA_STAMP := $(VENV)/.torchaudio-cpu
 
-.PHONY: test install clean
+.PHONY: demo test install clean
 
 install: $(STAMP) $(TA_STAMP)
 
@@ -24,6 +24,10 @@ $(TA_STAMP): $(STAMP)
 	  $(PY) -c "import pathlib, importlib.util as u; d = pathlib.Path(u.find_spec('torchaudio').origin).parent / 'lib'; [p.unlink() for p in d.glob('*.so')]" && \
 	  $(PY) -c "import torchaudio.compliance.kaldi" || echo "torchaudio unavailable: its fbank backend and tests will be skipped"
 	touch $@
+
+# The main job on the bundled real-speech corpus: fbank -> pack -> tokenizer -> dry-run on 1 and 2 ranks.
+demo: $(STAMP) $(TA_STAMP)
+	$(PY) -m wdsprep demo --work exp/demo
 
 test: $(STAMP) $(TA_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -230,3 +230,24 @@ def test_bench_runs_and_checks_completeness(tmp_path, capsys):
     bench.main(["--n", "3000", "--max-frames", "20000", "--pool", "1000", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "CAT stream" in out and "WeNet sort window 500" in out and "ours, pool 1000" in out
+
+
+def test_lone_long_utterance_not_held_to_the_end():
+    # One long utterance among short ones is always the open batch of its pool; without an age
+    # limit on carrying it would come out only at the end of the epoch.
+    samples = utts([10] * 3999 + [2400] + [10] * 40_000)
+    batches = run(samples, max_frames=5000, pool_size=4000)
+    check_bound_and_complete(samples, batches, 5000)
+    samples_before = sum(len(b) for b in batches[:next(i for i, b in enumerate(batches) if b[0][0] == "u3999")])
+    assert samples_before < 2 * 4000 + 100  # out with the next pool, not after 44,000 samples
+
+
+@pytest.mark.parametrize("max_carry", [0, 1, 3])
+def test_max_carry_bounds_delay(max_carry):
+    samples = utts(lognormal(20_000, seed=6))
+    batches = run(samples, max_frames=20_000, pool_size=1000, max_carry=max_carry)
+    check_bound_and_complete(samples, batches, 20_000)
+    out_pos = {s[0]: i for i, s in enumerate(s for b in batches for s in b)}
+    # A sample leaves at the latest with the pool that is max_carry pools after its own.
+    pool_len = 1000 + 30  # pool plus the carried batch (< 30 samples at these lengths)
+    assert all(out_pos[k] < (int(k[1:]) // 1000 + 1 + max_carry) * pool_len for k in out_pos)

@@ -265,3 +265,19 @@ def test_cli(tmp_path: Path) -> None:
     missing = subprocess.run([*cmd, "--out-dir", str(tmp_path / "out3"), "--segments", str(tmp_path / "nope")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_interrupted_job_leaves_no_output_under_final_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scp = write_scp(tmp_path / "wav.scp", [("a", str(AUDIO / "en_16k.wav")), ("b", str(AUDIO / "en_8k.ogg"))])
+    calls = []
+
+    def fail_on_second(self: Fbank, wave: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return self._fn(wave)
+
+    monkeypatch.setattr(Fbank, "__call__", fail_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        compute_fbank(scp, tmp_path / "out", backend=KNF, progress=False)
+    assert list((tmp_path / "out").iterdir()) == []

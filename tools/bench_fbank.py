@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from wdsprep import compute_fbank, pack_audio  # noqa: E402
 from wdsprep.audio import iter_waveforms, read_utterances  # noqa: E402
-from wdsprep.fbank import BACKENDS, BackendUnavailable, Fbank, FbankOptions, one_torch_thread, resolve_backend  # noqa: E402
+from wdsprep.fbank import (BACKENDS, BackendUnavailable, Fbank, FbankOptions,  # noqa: E402
+                           one_torch_thread, resolve_backend)
 from wdsprep.report import Report  # noqa: E402
 
 

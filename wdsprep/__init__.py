@@ -5,16 +5,19 @@ are imported only by the functions that need them.
 """
 
 from .fbank import compute_fbank
+from .inspect_shards import InspectResult, inspect_shards
 from .pack import pack_data
 from .pack_audio import pack_audio
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
 from .tokenizer import SubwordSampling, Tokenizer, load_tokenizer, train_tokenizer
+from .verify import VerifyResult, verify_shards
 
 __version__ = "0.1.0"
 
-__all__ = ["pack_data", "compute_fbank", "pack_audio", "Report", "StrictError", "encode_key", "decode_key", "read_index",
-           "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer"]
+__all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
+           "encode_key", "decode_key", "read_index", "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",
+           "inspect_shards", "InspectResult", "verify_shards", "VerifyResult"]
 
 # The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.
 _LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "LoaderStats": "loader",

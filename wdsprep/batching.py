@@ -86,54 +86,65 @@ def bucket_batches(
     length: Callable[[S], int] = len_of_first_dim,
     max_batch_size: int | None = None,
     pool_size: int = DEFAULT_POOL_SIZE,
+    max_carry: int = 1,
 ) -> Iterator[list[S]]:
     """Stage: group a (already shuffled) sample stream into batches with ``B * max(length) <= max_frames``.
 
     Every ``pool_size`` samples: sort the pool by length, cut batches greedily, shuffle the batch
     order with ``rng`` and yield.  The last (open, partly filled) batch of a pool is carried into
-    the next pool instead of being emitted small; at the end of the stream everything left is
+    the next pool instead of being emitted small, but a sample is carried at most ``max_carry``
+    times, so no utterance is held back for long; at the end of the stream everything left is
     flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
     called once per sample.  Same ``rng`` state and input -> same batches in the same order.
     """
     _check_args(max_frames, max_batch_size)
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
+    if max_carry < 0:
+        raise ValueError(f"max_carry must be >= 0, got {max_carry!r}")
     pool: list[S] = []
     lens: list[int] = []
+    ages: list[int] = []  # pool[:len(ages)] was carried over, ages[i] times so far
     for s in samples:
         pool.append(s)
         lens.append(_length(length, s))
-        if len(pool) >= pool_size:
-            batches, carry = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, final=False)
+        if len(pool) >= pool_size + len(ages):
+            batches, carry, ages = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry)
             yield from batches
             # The carried open batch joins the next pool, where it can be filled with its peers.
             pool = [pool[i] for i in carry]
             lens = [lens[i] for i in carry]
     if pool:
-        batches, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, final=True)
+        batches, _, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry=0)
         yield from batches
 
 
 def _batches_of_pool(
     pool: list[S], lens: list[int], max_frames: int, max_batch_size: int | None,
-    rng: np.random.Generator, final: bool,
-) -> tuple[list[list[S]], list[int]]:
+    rng: np.random.Generator, ages: list[int], max_carry: int,
+) -> tuple[list[list[S]], list[int], list[int]]:
+    """Batches of one pool in random order, the pool indices to carry over and their new ages."""
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
     order = np.argsort(np.asarray(lens, dtype=np.int64), kind="stable")
     sorted_lens = np.asarray(lens, dtype=np.int64)[order].tolist()
     cuts = _cut(sorted_lens, max_frames, max_batch_size)
     carry: list[int] = []
-    if not final and cuts:
+    new_ages: list[int] = []
+    if max_carry and cuts:
         start, end = cuts[-1]
         size, longest = end - start, sorted_lens[end - 1]
         full = (max_batch_size is not None and size >= max_batch_size) or (size + 1) * longest > max_frames
-        if not full:
-            carry = order[start:end].tolist()
+        carry = order[start:end].tolist()
+        new_ages = [ages[i] + 1 if i < len(ages) else 1 for i in carry]
+        # Without an age limit a lone long utterance would be carried to the end of the epoch.
+        if full or max(new_ages) > max_carry:
+            carry, new_ages = [], []
+        else:
             cuts.pop()
     idx = order.tolist()
     batches = [[pool[i] for i in idx[a:b]] for a, b in cuts]
     # Shuffle the batch order so lengths do not rise within a pool (WeNet's weak spot).
-    return [batches[j] for j in rng.permutation(len(batches))], carry
+    return [batches[j] for j in rng.permutation(len(batches))], carry, new_ages
 
 
 def stream_batches(

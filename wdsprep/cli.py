@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .fbank import BackendUnavailable
+from .inspect_shards import DEFAULT_MAX_FRAMES
 from .kaldi import KaldiDataError
 from .report import StrictError
 
@@ -67,28 +68,6 @@ def _cmd_pack(args: argparse.Namespace) -> None:
               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
 
 
-def _cmd_dry_run(args: argparse.Namespace) -> None:
-    from .dryrun import dry_run
-
-    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
-            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed)
-
-
-def _add_dry_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dry-run", help="iterate the training loader without a model and report (torchrun-safe)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
-    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
-    p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
-    p.add_argument("--max-frames", type=int, help="padded frames per rank batch (with --trset)")
-    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    p.add_argument("--dump-keys", metavar="FILE",
-                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
-    p.set_defaults(func=_cmd_dry_run)
-
-
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     from .tokenizer import train_tokenizer
 
@@ -111,7 +90,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
             print(" ".join(tok.id_to_piece(i) for i in ids) + "\t" + " ".join(map(str, ids)))
 
 
-def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
     p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
@@ -136,15 +115,49 @@ def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_cmd_tokenizer_encode)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wdsprep", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect_shards import inspect_shards, write_json
 
-    p = sub.add_parser("pack", help="feats.scp + text -> length-grouped tar shards")
-    p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
-    _add_pack_options(p)
-    p.set_defaults(func=_cmd_pack)
+    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames)
+    print(result.format(per_shard=not args.groups_only))
+    if args.json:
+        write_json(result, args.json)
+    return 0 if result.ok else 1
 
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_shards
+
+    result = verify_shards(args.patterns)
+    print(result.format())
+    return 0 if result.ok else 1
+
+
+def _cmd_dry_run(args: argparse.Namespace) -> None:
+    from .dryrun import dry_run
+
+    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
+            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed,
+            stats_json=args.stats_json)
+
+
+def _add_dry_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dry-run", help="iterate the training loader without a model and report (torchrun-safe)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
+    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
+    p.add_argument("--max-frames", type=int, help="padded frames per rank batch (with --trset)")
+    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--dump-keys", metavar="FILE",
+                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
+    p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
+    p.set_defaults(func=_cmd_dry_run)
+
+
+def _add_fbank(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
     _add_audio_options(p)
     p.add_argument("--out-dir", required=True, help="gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json")
@@ -152,24 +165,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
     p.set_defaults(func=_cmd_fbank)
 
+
+def _add_pack(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pack", help="feats.scp + text -> length-grouped tar shards")
+    p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
+    _add_pack_options(p)
+    p.set_defaults(func=_cmd_pack)
+
+
+def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text -> shards (fbank on the fly, no ark)")
     _add_audio_options(p)
     _add_pack_options(p)
     p.set_defaults(func=_cmd_pack_audio)
 
-    _add_dry_run(sub)
-    _add_tokenizer_parser(sub)
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument("--max-frames", nargs="*", type=int, default=list(DEFAULT_MAX_FRAMES),
+                   metavar="N", help="max_frames for the padding-efficiency curve; none to skip (default: %(default)s)")
+    p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
+    p.set_defaults(func=_cmd_inspect)
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    p.set_defaults(func=_cmd_verify)
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(args.work, nproc=args.nproc, nj=args.nj)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole pipeline on the bundled real-speech corpus, with a summary and plots")
+    p.add_argument("--work", default="exp/demo", help="output directory, replaced on re-runs (default: %(default)s)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-rank dry-run (default: %(default)s)")
+    p.add_argument("--nj", type=int, default=2, help="worker processes for fbank and pack (default: %(default)s)")
+    p.set_defaults(func=_cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # In data-flow order, so --help reads like the pipeline.
+    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
+                _add_dry_run, _add_demo):
+        add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        # A subcommand may return an exit status (1: it ran and found problems).
+        status = args.func(args)
     except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError, BackendUnavailable) as e:
         print(f"wdsprep {args.command}: error: {e}", file=sys.stderr)
         return 2
     except StrictError as e:
         print(f"wdsprep {args.command}: {e}", file=sys.stderr)
         return 1
-    return 0
+    return status or 0

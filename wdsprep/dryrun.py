@@ -15,8 +15,13 @@ from typing import Any, TextIO
 
 def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None,
             max_frames: int | None = None, epochs: int = 1, dump_keys: str | None = None,
-            num_workers: int = 0, seed: int = 0, out: TextIO | None = None) -> list[dict[str, Any]]:
-    """Iterate ``epochs`` epochs; returns this rank's per-epoch stats (and prints a summary on rank 0)."""
+            num_workers: int = 0, seed: int = 0, stats_json: str | None = None,
+            out: TextIO | None = None) -> list[dict[str, Any]]:
+    """Iterate ``epochs`` epochs; returns this rank's per-epoch stats (and prints a summary on rank 0).
+
+    ``stats_json``: rank 0 writes ``[[stats of rank r for epoch e, ...] for e]`` there, for tools
+    that want the numbers rather than the printout.
+    """
     import sys
 
     import torch.distributed as dist
@@ -41,6 +46,7 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
         dump = open(f"{dump_keys}.rank{rank}" if dump_keys and world > 1 else dump_keys, "w",
                     encoding="utf-8") if dump_keys else None
         results = []
+        every_rank: list[list[dict[str, Any]]] = []
         try:
             for epoch in range(epochs):
                 loader.set_epoch(epoch)
@@ -50,12 +56,17 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
                 st = loader.stats.to_dict()
                 results.append(st)
                 gathered = _gather(st, world)
+                every_rank.append(gathered)
                 if rank == 0:
                     out.write(_summary(epoch, gathered) + "\n")
                     out.flush()
         finally:
             if dump:
                 dump.close()
+        if stats_json and rank == 0:
+            tmp = Path(stats_json + ".tmp")
+            tmp.write_text(json.dumps(every_rank, indent=1), encoding="utf-8")
+            os.replace(tmp, stats_json)
         return results
     finally:
         if started:

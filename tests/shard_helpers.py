@@ -1,0 +1,77 @@
+"""Test data for inspect/verify: Kaldi arks packed by ``pack_data``, and CAT-style tars made with plain ``tarfile``."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Callable
+
+import kaldiio
+import numpy as np
+
+from wdsprep import pack_data
+from wdsprep.shards import LAYOUTS, encode_key
+
+GROUPS = ["0:60", "60:150", "150:"]
+DIMS = 4
+
+
+def kaldi_data(tmp: Path, n: int = 30, seed: int = 0) -> tuple[Path, Path, dict[str, np.ndarray], dict[str, str]]:
+    """feats.scp (+ ark written by kaldiio) and text for ``n`` utterances of 10..299 frames."""
+    rng = np.random.default_rng(seed)
+    feats, texts = {}, {}
+    for i in range(n):
+        # Speed-perturbed style ids (with a '.') and non-ASCII transcripts, as in real recipes.
+        uttid = f"sp1.1-spk{i % 3}-utt{i:03d}" if i % 4 == 0 else f"spk{i % 3}-utt{i:03d}"
+        feats[uttid] = rng.standard_normal((int(rng.integers(10, 300)), DIMS)).astype(np.float32)
+        texts[uttid] = "你好 world " * int(rng.integers(1, 4)) + str(i)
+    tmp.mkdir(parents=True, exist_ok=True)
+    scp, text = tmp / "feats.scp", tmp / "text"
+    kaldiio.save_ark(str(tmp / "feats.ark"), feats, scp=str(scp))
+    text.write_text("".join(f"{u} {t}\n" for u, t in texts.items()), encoding="utf-8")
+    # Expected numbers come from the arks as kaldiio reads them back, not from the arrays we wrote.
+    return scp, text, dict(kaldiio.load_scp(str(scp))), texts
+
+
+def packed(tmp: Path, layout: str = "cat") -> tuple[Path, dict[str, np.ndarray], dict[str, str]]:
+    """Shards written by ``pack_data`` in three length groups, 4 utterances per shard."""
+    scp, text, feats, texts = kaldi_data(tmp / "kaldi")
+    d = tmp / "shards"
+    pack_data(scp, text, d, filter_group=GROUPS, utts_per_shard=4, layout=layout, progress=False)
+    return d, feats, texts
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A plain POSIX tar with the given (name, data) members, as CAT's webdataset writer produces."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def npy(a: np.ndarray, allow_pickle: bool = False) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=allow_pickle)
+    return buf.getvalue()
+
+
+def cat_members(feats: dict[str, np.ndarray], texts: dict[str, str], layout: str) -> list[tuple[str, bytes]]:
+    feat_ext, text_ext = LAYOUTS[layout]
+    out = []
+    for uttid, m in feats.items():
+        key = encode_key(uttid)
+        out += [(f"{key}.{feat_ext}", npy(m)), (f"{key}.{text_ext}", texts[uttid].encode("utf-8"))]
+    return out
+
+
+def tar_members(path: Path) -> list[tuple[str, bytes]]:
+    with tarfile.open(path) as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf if m.isfile()]
+
+
+def rewrite_tar(path: Path, edit: Callable[[list[tuple[str, bytes]]], list[tuple[str, bytes]]]) -> None:
+    """Rewrite a shard with its members changed by ``edit`` (to plant one specific fault)."""
+    write_tar(path, edit(tar_members(path)))

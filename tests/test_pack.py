@@ -1,0 +1,302 @@
+"""``pack``: Kaldi arks written by kaldiio -> shards, read back with plain tarfile + numpy."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from urllib.parse import unquote
+
+import kaldiio
+import numpy as np
+import pytest
+
+from wdsprep import StrictError, pack_data
+from wdsprep.kaldi import KaldiDataError
+from wdsprep.shards import decode_key, encode_key, read_index
+
+# Ids a real Kaldi data dir has, plus the awkward ones keys must survive.
+IDS = [f"spk{i % 4}-utt{i:03d}" for i in range(40)] + [
+    "sp1.1-spk1-utt3", "sp0.9-spk2-utt7", "a.b.c", "100%-sure", "dir/like", "中文-utt1",
+]
+
+
+def write_ark(path: Path, feats: dict[str, np.ndarray], compress: bool = False) -> Path:
+    """An ark + scp written by kaldiio; returns the scp."""
+    scp = path.with_suffix(".scp")
+    kaldiio.save_ark(str(path), feats, scp=str(scp), compression_method=2 if compress else None)
+    return scp
+
+
+def write_text(path: Path, texts: dict[str, str]) -> Path:
+    path.write_text("".join(f"{k} {v}\n" for k, v in texts.items()), encoding="utf-8")
+    return path
+
+
+def read_shard(path: Path) -> dict[str, dict[str, bytes]]:
+    """key -> {ext: bytes}, with nothing but the standard library."""
+    out: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tf:
+        for m in tf.getmembers():
+            key, _, ext = m.name.partition(".")
+            out.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return out
+
+
+def load_npy(b: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(b), allow_pickle=False)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Two uncompressed + one compressed ark, two text files in other orders."""
+    rng = np.random.default_rng(0)
+    feats = {u: rng.standard_normal((int(rng.integers(3, 400)), 13)).astype(np.float32) for u in IDS}
+    texts = {u: f"transcript of {u}  with  inner spaces" for u in IDS}
+    ids = list(feats)
+    scps = [
+        write_ark(tmp_path / "a.ark", {u: feats[u] for u in ids[:20]}),
+        write_ark(tmp_path / "b.ark", {u: feats[u] for u in ids[20:35]}),
+        write_ark(tmp_path / "c.ark", {u: feats[u] for u in ids[35:]}, compress=True),
+    ]
+    # The compressed ark holds what kaldiio decompresses, so compare against that.
+    feats.update(kaldiio.load_scp(str(scps[2])))
+    rev = ids[::-1]
+    txts = [write_text(tmp_path / "t1", {u: texts[u] for u in rev[:25]}),
+            write_text(tmp_path / "t2", {u: texts[u] for u in rev[25:]})]
+    return tmp_path, scps, txts, feats, texts
+
+
+def all_samples(out: Path) -> dict[str, tuple[str, dict[str, bytes]]]:
+    """uttid -> (folder, members) over every shard under out; fails on a duplicate."""
+    found: dict[str, tuple[str, dict[str, bytes]]] = {}
+    for shard in sorted(out.rglob("*.tar")):
+        for key, members in read_shard(shard).items():
+            uttid = unquote(key)
+            assert uttid not in found, f"{uttid} in two shards"
+            found[uttid] = (shard.parent.name, members)
+    return found
+
+
+def test_every_utterance_packed_in_its_group_and_readable_without_wdsprep(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    out = tmp / "out"
+    report = pack_data(scps, txts[::-1], out, filter_group=["10:100", "100:250", "250:"], utts_per_shard=7)
+
+    found = all_samples(out)
+    lost = {d["uttid"] for d in report.dropped["outside_groups"]}
+    assert lost == {u for u, f in feats.items() if f.shape[0] < 10}
+    assert set(found) | lost == set(IDS) and not set(found) & lost
+    for uttid, (folder, members) in found.items():
+        n = feats[uttid].shape[0]
+        expected = "10_100" if n < 100 else "100_250" if n < 250 else "250_inf"
+        assert folder == expected
+        assert set(members) == {"npy", "txt"}
+        np.testing.assert_array_equal(load_npy(members["npy"]), feats[uttid])
+        assert members["txt"].decode("utf-8") == texts[uttid]
+    for shard in out.rglob("*.tar"):
+        assert len(read_shard(shard)) <= 7
+    report_json = json.loads((out / "pack_report.json").read_text())
+    assert report_json["written"]["utterances"] == len(found)
+    assert {d["uttid"] for d in report_json["not_written"]["outside_groups"]} == lost
+
+
+def test_index_matches_the_tars(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    out = tmp / "out"
+    pack_data(scps, txts, out, filter_group=[":100", "100:"], utts_per_shard=5)
+    for folder in ("0_100", "100_inf"):
+        index = read_index(out / folder)
+        assert index.layout == "cat" and index.dims == 13
+        assert [s.name for s in index.shards] == sorted(p.name for p in (out / folder).glob("*.tar"))
+        for info in index.shards:
+            members = read_shard(out / folder / info.name)
+            assert info.keys == list(members)
+            assert info.frames == [feats[decode_key(k)].shape[0] for k in info.keys]
+            assert info.text_lens == [len(texts[decode_key(k)]) for k in info.keys]
+            assert info.num_frames == sum(info.frames)
+
+
+def test_keys_round_trip_and_never_collide():
+    for uttid in IDS + ["x%2E", "x.", "x%", "a_b", "a-b", "ü"]:
+        key = encode_key(uttid)
+        assert unquote(key) == uttid
+        assert "." not in key and "/" not in key
+    assert encode_key("x.") != encode_key("x%2E")
+    assert len({encode_key(u) for u in IDS}) == len(IDS)
+
+
+def test_cat_v3_layout_and_no_groups(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    out = tmp / "out"
+    pack_data(scps, txts, out, layout="cat-v3")
+    shards = list(out.glob("*.tar"))
+    assert shards and not [p for p in out.iterdir() if p.is_dir()]
+    found = all_samples(out)
+    assert set(found) == set(IDS)
+    members = found["sp1.1-spk1-utt3"][1]
+    assert set(members) == {"mat.npy", "label.txt"}
+    np.testing.assert_array_equal(load_npy(members["mat.npy"]), feats["sp1.1-spk1-utt3"])
+
+
+def test_float16_halves_bytes(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "f32")
+    pack_data(scps, txts, tmp / "f16", dtype="float16")
+    f16 = all_samples(tmp / "f16")
+    x = load_npy(f16["spk1-utt001"][1]["npy"])
+    assert x.dtype == np.float16
+    np.testing.assert_allclose(x.astype(np.float32), feats["spk1-utt001"], atol=4e-3)
+    size = lambda d: sum(p.stat().st_size for p in d.glob("*.tar"))  # noqa: E731
+    assert size(tmp / "f16") < 0.6 * size(tmp / "f32")
+    assert read_index(tmp / "f16").dtype == "float16"
+
+
+def test_two_jobs_pack_the_same_utterances_as_one(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "nj1", filter_group=[":200", "200:"], utts_per_shard=6, progress=False)
+    pack_data(scps, txts, tmp / "nj2", filter_group=[":200", "200:"], utts_per_shard=6, nj=2, progress=False)
+    one, two = all_samples(tmp / "nj1"), all_samples(tmp / "nj2")
+    assert set(one) == set(two) == set(IDS)
+    for u in IDS:
+        assert one[u][0] == two[u][0]
+        assert one[u][1] == two[u][1]
+    assert not list((tmp / "nj2").rglob(".w*")), "hidden worker shards left behind"
+
+
+def test_missing_labels_features_and_empty_text_are_reported(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    text = write_text(tmp / "partial", {**{u: texts[u] for u in IDS[5:]}, "ghost-utt": "no features", IDS[6]: ""})
+    out = tmp / "out"
+    report = pack_data(scps, [text], out)
+    got = json.loads((out / "pack_report.json").read_text())
+    assert {d["uttid"] for d in got["not_written"]["missing_label"]} == set(IDS[:5])
+    assert [d["uttid"] for d in got["not_written"]["missing_features"]] == ["ghost-utt"]
+    assert got["flagged"]["empty_text"] == [IDS[6]]
+    assert read_shard_text(out, IDS[6]) == ""
+    assert report.num_dropped == 6
+
+
+def read_shard_text(out: Path, uttid: str) -> str:
+    return all_samples(out)[uttid][1]["txt"].decode()
+
+
+def test_bad_features_are_reported_not_packed(tmp_path):
+    good = np.ones((20, 4), np.float32)
+    nan = good.copy()
+    nan[3, 1] = np.nan
+    scp = write_ark(tmp_path / "a.ark", {"good": good, "nan": nan, "vector": np.ones(5, np.float32), "inf": good * np.inf})
+    # An entry pointing past the end of the ark: what a truncated copy looks like.
+    with open(scp, "a") as f:
+        f.write(f"cut {tmp_path / 'a.ark'}:999999\n")
+    text = write_text(tmp_path / "text", {u: "x" for u in ["good", "nan", "vector", "inf", "cut"]})
+    report = pack_data([scp], [text], tmp_path / "out")
+    bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
+    assert set(bad) == {"nan", "vector", "inf", "cut"}
+    assert "2-D" in bad["vector"] and "NaN" in bad["nan"] and "cannot read" in bad["cut"]
+    assert set(all_samples(tmp_path / "out")) == {"good"}
+
+
+def test_strict_fails_after_writing_the_report(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    with pytest.raises(StrictError, match="outside_groups"):
+        pack_data(scps, txts, tmp / "out", filter_group=["50:"], strict=True)
+    assert (tmp / "out" / "pack_report.json").is_file()
+
+
+@pytest.mark.parametrize("case", ["dup_scp", "dup_text", "bad_line", "not_utf8", "no_ark"])
+def test_bad_input_names_file_and_line(tmp_path, case):
+    scp = write_ark(tmp_path / "a.ark", {"u1": np.ones((5, 2), np.float32), "u2": np.ones((6, 2), np.float32)})
+    text = write_text(tmp_path / "text", {"u1": "a", "u2": "b"})
+    scps, texts = [scp], [text]
+    if case == "dup_scp":
+        scps = [scp, write_ark(tmp_path / "b.ark", {"u2": np.ones((3, 2), np.float32)})]
+        where = f"{tmp_path / 'b.scp'}:1"
+    elif case == "dup_text":
+        texts = [text, write_text(tmp_path / "text2", {"x": "y", "u1": "again"})]
+        where = f"{tmp_path / 'text2'}:2"
+    elif case == "bad_line":
+        scp.write_text(scp.read_text() + "u3\n")
+        where = f"{scp}:3"
+    elif case == "not_utf8":
+        text.write_bytes(text.read_bytes() + "u3 中文\n".encode("gbk"))
+        where = f"{text}:3"
+    else:
+        scp.write_text(scp.read_text() + "u3 /no/such.ark:15\n")
+        where = f"{scp}:3"
+    with pytest.raises(KaldiDataError) as e:
+        pack_data(scps, texts, tmp_path / "out")
+    assert where in str(e.value)
+
+
+def test_refuses_non_empty_output_unless_overwrite(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    out = tmp / "out"
+    pack_data(scps, txts, out, filter_group=[":100", "100:"])
+    with pytest.raises(FileExistsError, match="overwrite"):
+        pack_data(scps, txts, out)
+    (out / "notes.md").write_text("mine")
+    pack_data(scps, txts, out, filter_group=[":250", "250:"], overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["0_250", "250_inf", "notes.md", "pack_report.json"]
+
+
+def test_interrupted_pack_leaves_no_shard_under_a_final_name(corpus, monkeypatch):
+    from wdsprep import writer
+
+    tmp, scps, txts, feats, texts = corpus
+    calls = {"n": 0}
+    real_add = writer.GroupedSink.add
+
+    def add_then_die(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        real_add(self, *args)
+
+    monkeypatch.setattr(writer.GroupedSink, "add", add_then_die)
+    out = tmp / "out"
+    with pytest.raises(KeyboardInterrupt):
+        pack_data(scps, txts, out, filter_group=[":200", "200:"], utts_per_shard=4)
+    leftovers = [p for p in out.rglob("*") if p.is_file()]
+    assert leftovers == [], leftovers
+
+
+def test_groups_must_not_overlap(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    with pytest.raises(ValueError, match="overlap"):
+        pack_data(scps, txts, tmp / "out", filter_group=["10:100", "50:200"])
+    with pytest.raises(ValueError, match="LO:HI"):
+        pack_data(scps, txts, tmp / "out", filter_group=["10-100"])
+
+
+def test_cli_mirrors_the_api(corpus):
+    tmp, scps, txts, feats, texts = corpus
+    out = tmp / "out"
+    cmd = [sys.executable, "-m", "wdsprep", "pack", "--scp", *map(str, scps), "--text", *map(str, txts),
+           "--out", str(out), "--filter-group", ":100", "100:", "--utts-per-shard", "9", "--nj", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "0_100" in r.stdout and "100_inf" in r.stdout
+    assert set(all_samples(out)) == set(IDS)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "not empty" in again.stderr
+    strict = subprocess.run(cmd[:-4] + ["--filter-group", "100:", "--overwrite", "--strict"],
+                            capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 1 and "outside_groups" in strict.stderr
+
+
+def test_webdataset_reads_the_shards(corpus):
+    """The shards are plain webdataset shards: its own reader sees every sample with our keys."""
+    import webdataset as wds
+
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "out", utts_per_shard=20)
+    urls = sorted(str(p) for p in (tmp / "out").glob("*.tar"))
+    ds = wds.WebDataset(urls, shardshuffle=False).decode()  # webdataset's default npy decoder
+    got = {decode_key(s["__key__"]): (s["npy"], s["txt"]) for s in ds}
+    assert set(got) == set(IDS)
+    np.testing.assert_array_equal(got["sp1.1-spk1-utt3"][0], feats["sp1.1-spk1-utt3"])
+    assert got["a.b.c"][1] == texts["a.b.c"]

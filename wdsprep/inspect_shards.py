@@ -1,0 +1,463 @@
+"""``inspect``: what is in a set of shards, per length group and per shard, at a glance.
+
+For each shard: utterances, hours, frames min/median/max, transcript length min/median/max and
+layout.  Where a folder has an ``index.json`` the numbers come from it and the tars are never
+opened, so inspecting 100,000 hours takes seconds.  Shards without an index (e.g. written by CAT)
+and shards their folder's index does not list are read: the frame count comes from the ``.npy``
+header alone (the matrix is skipped), the transcript length from the text member.
+
+The padding-efficiency curve answers "how much of a batch is padding at this ``max_frames``?"
+by running the loader's own ``bucket_batches`` over the (shuffled) lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
+
+import numpy as np
+
+from .shardlist import expand_shards, is_url
+from .shards import LAYOUTS, TMP_SUFFIX, ShardInfo, read_index
+
+FRAMES_PER_SECOND = 100  # 10 ms frame shift
+FRAMES_PER_HOUR = FRAMES_PER_SECOND * 3600
+DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
+# bucket_batches is pure Python; beyond this many utterances the curve is computed on a seeded
+# random subset, which changes the efficiency only in the third decimal.
+MAX_CURVE_UTTS = 100_000
+ALL = "all"  # name of the curve over every selected shard together (what one loader sees)
+
+# (member suffix, layout, role), longest suffix first so "x.mat.npy" is not read as cat's "x.mat" + ".npy".
+_SUFFIXES: list[tuple[str, str, str]] = sorted(
+    ((f".{ext}", layout, role) for layout, exts in LAYOUTS.items() for ext, role in zip(exts, ("feats", "text"))),
+    key=lambda t: -len(t[0]),
+)
+
+
+def member_kind(name: str) -> tuple[str, str, str] | None:
+    """``(key, layout, role)`` of a tar member name (role ``feats`` or ``text``), None if no layout has it.
+
+    The key is what precedes the layout's suffix, so a key with a dot in it (which webdataset
+    would cut at the dot) is still recognised here and can be reported by ``verify``.
+    """
+    for suffix, layout, role in _SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)], layout, role
+    return None
+
+
+def read_npy_header(fp: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from the header of an ``.npy`` stream, reading only the header bytes.
+
+    Never unpickles: an object array is reported by its dtype (``hasobject``), not loaded.
+    """
+    version = np.lib.format.read_magic(fp)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+    else:  # 3.0 only differs for non-latin1 field names, which a feature matrix never has
+        raise ValueError(f"npy format version {version[0]}.{version[1]}, expected 1.0 or 2.0")
+    return tuple(int(n) for n in shape), dtype
+
+
+def tar_end_problem(path: str | os.PathLike, members: Sequence[tarfile.TarInfo]) -> str | None:
+    """Why a tar does not end cleanly after its last member, or None.
+
+    ``tarfile`` stops silently at a header cut at a block boundary or a corrupt header, so a
+    truncated shard would look like a shorter good one.  A complete tar has a zero
+    end-of-archive block right after the last member's data; check that it is there.
+    """
+    end = 0
+    if members:
+        last = members[-1]
+        end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    with open(path, "rb") as f:
+        f.seek(end)
+        block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and not any(block):
+        return None
+    after = f"after member {members[-1].name!r}" if members else "before the first member"
+    what = "the file ends" if len(block) < tarfile.BLOCKSIZE else "a corrupt member header follows"
+    return (f"no end-of-archive block at byte {end} ({after}): {what}, so the shard is truncated or damaged "
+            f"and anything after that point is lost; copy the shard again or repack it")
+
+
+@dataclass
+class ShardScan:
+    """What reading a tar (without an index) found: complete samples, layout(s), problems."""
+
+    info: ShardInfo
+    layouts: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
+
+
+def scan_shard_lengths(path: str | os.PathLike) -> ShardScan:
+    """Keys, frames and transcript lengths of a tar, reading only ``.npy`` headers and text members.
+
+    A sample missing a member or with an unreadable member is left out and reported in
+    ``problems`` (``verify`` gives the full diagnosis).
+    """
+    path = str(path)
+    scan = ShardScan(ShardInfo(os.path.basename(path)))
+    samples: dict[str, dict[str, int]] = {}  # key -> {"feats": frames, "text": length}
+    members: list[tarfile.TarInfo] = []
+    try:
+        with tarfile.open(path, "r:") as tf:
+            for m in tf:
+                if not m.isfile():
+                    continue
+                members.append(m)
+                kind = member_kind(m.name)
+                if kind is None:
+                    scan.problems.append(f"{path}: member {m.name!r}: not a member of a known layout {sorted(LAYOUTS)}")
+                    continue
+                key, layout, role = kind
+                scan.layouts.add(layout)
+                fp = tf.extractfile(m)
+                try:
+                    if role == "feats":
+                        shape, dtype = read_npy_header(fp)
+                        if len(shape) != 2:
+                            raise ValueError(f"features have shape {shape}, expected 2-D (frames x dims)")
+                        value = shape[0]
+                    else:
+                        value = len(fp.read().decode("utf-8"))
+                except (ValueError, UnicodeDecodeError) as e:
+                    scan.problems.append(f"{path}: member {m.name!r}: {e}")
+                    continue
+                samples.setdefault(key, {})[role] = value
+    except (tarfile.TarError, EOFError, OSError) as e:
+        scan.problems.append(f"{path}: cannot read the tar ({type(e).__name__}: {e}); run `wdsprep verify` on it")
+    else:
+        end = tar_end_problem(path, members)
+        if end:
+            scan.problems.append(f"{path}: {end}")
+    for key, s in samples.items():
+        if "feats" in s and "text" in s:
+            scan.info.keys.append(key)
+            scan.info.frames.append(s["feats"])
+            scan.info.text_lens.append(s["text"])
+        else:
+            missing = "transcript" if "feats" in s else "features"
+            scan.problems.append(f"{path}: key {key!r}: no {missing} member; sample left out")
+    return scan
+
+
+def _min_med_max(x: np.ndarray) -> tuple[float, float, float] | None:
+    return (int(x.min()), float(np.median(x)), int(x.max())) if len(x) else None
+
+
+@dataclass
+class ShardStats:
+    """Numbers for one shard; ``source`` says whether they came from the index or from the tar."""
+
+    path: str
+    group: str
+    layout: str
+    source: str  # "index" or "tar"
+    frames: np.ndarray = field(repr=False)
+    text_lens: np.ndarray = field(repr=False)
+
+    @property
+    def utts(self) -> int:
+        return len(self.frames)
+
+    @property
+    def hours(self) -> float:
+        return float(self.frames.sum()) / FRAMES_PER_HOUR
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "group": self.group, "layout": self.layout, "source": self.source,
+                **_length_json(self.frames, self.text_lens)}
+
+
+@dataclass
+class GroupStats:
+    """One length group: the shards of one folder."""
+
+    name: str
+    folder: str
+    shards: list[ShardStats]
+
+    @property
+    def frames(self) -> np.ndarray:
+        return np.concatenate([s.frames for s in self.shards]) if self.shards else np.zeros(0, np.int64)
+
+    @property
+    def text_lens(self) -> np.ndarray:
+        return np.concatenate([s.text_lens for s in self.shards]) if self.shards else np.zeros(0, np.int64)
+
+    @property
+    def utts(self) -> int:
+        return sum(s.utts for s in self.shards)
+
+    @property
+    def hours(self) -> float:
+        return sum(s.hours for s in self.shards)
+
+    @property
+    def layout(self) -> str:
+        return "+".join(sorted({s.layout for s in self.shards}))
+
+    @property
+    def source(self) -> str:
+        return "+".join(sorted({s.source for s in self.shards}))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "folder": self.folder, "num_shards": len(self.shards), "layout": self.layout,
+                "source": self.source, **_length_json(self.frames, self.text_lens),
+                "shards": [s.to_json() for s in self.shards]}
+
+
+def _length_json(frames: np.ndarray, text_lens: np.ndarray) -> dict:
+    f, t = _min_med_max(frames), _min_med_max(text_lens)
+    return {"utterances": int(len(frames)), "frames": int(frames.sum()),
+            "hours": round(float(frames.sum()) / FRAMES_PER_HOUR, 4),
+            "frames_min_median_max": list(f) if f else None, "text_len_min_median_max": list(t) if t else None}
+
+
+@dataclass
+class InspectResult:
+    """Per-group and per-shard numbers, the padding-efficiency curves and anything that could not be read."""
+
+    groups: list[GroupStats]
+    efficiency: dict[str, dict[int, float]]  # curve name (group or "all") -> max_frames -> real/padded frames
+    problems: list[str] = field(default_factory=list)
+    plot: str | None = None
+
+    @property
+    def shards(self) -> list[ShardStats]:
+        return [s for g in self.groups for s in g.shards]
+
+    @property
+    def utts(self) -> int:
+        return sum(g.utts for g in self.groups)
+
+    @property
+    def hours(self) -> float:
+        return sum(g.hours for g in self.groups)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {"utterances": self.utts, "hours": round(self.hours, 4), "groups": [g.to_json() for g in self.groups],
+                "padding_efficiency": {k: {str(mf): v for mf, v in c.items()} for k, c in self.efficiency.items()},
+                "problems": self.problems, "plot": self.plot}
+
+    def format(self, per_shard: bool = True) -> str:
+        """The table a person reads: one line per group, its shards indented below it."""
+        head = f"{'group / shard':<28} {'utts':>9} {'hours':>9}  {'frames min/median/max':>23}  " \
+               f"{'text min/median/max':>20}  layout  from"
+        lines = [head, "-" * len(head)]
+
+        def row(name: str, utts: int, hours: float, frames: np.ndarray, text: np.ndarray, layout: str,
+                source: str) -> str:
+            return (f"{name:<28} {utts:>9,} {hours:>9.2f}  {_fmt3(_min_med_max(frames)):>23}  "
+                    f"{_fmt3(_min_med_max(text)):>20}  {layout:<6}  {source}")
+
+        for g in self.groups:
+            lines.append(row(f"{g.name} ({len(g.shards)} shards)", g.utts, g.hours, g.frames, g.text_lens,
+                             g.layout, g.source))
+            if per_shard:
+                for s in g.shards:
+                    lines.append(row("  " + os.path.basename(s.path), s.utts, s.hours, s.frames, s.text_lens,
+                                     s.layout, s.source))
+        lines.append("-" * len(head))
+        lines.append(f"{'total':<28} {self.utts:>9,} {self.hours:>9.2f}")
+        if self.efficiency:
+            mfs = sorted({mf for c in self.efficiency.values() for mf in c})
+            lines.append("")
+            lines.append("padding efficiency (real / padded frames) of bucket_batches at max_frames:")
+            lines.append(f"  {'':<26}" + "".join(f"{_k(mf):>8}" for mf in mfs))
+            for name, curve in self.efficiency.items():
+                lines.append(f"  {name:<26}" + "".join(f"{curve.get(mf, math.nan):>8.3f}" for mf in mfs))
+        if self.plot:
+            lines.append(f"\nplot: {self.plot}")
+        if self.problems:
+            lines.append(f"\n{len(self.problems)} problem(s); the numbers above leave out what could not be read "
+                         f"(run `wdsprep verify` for a full check):")
+            lines.extend("  " + p for p in self.problems)
+        return "\n".join(lines)
+
+
+def _fmt3(t: tuple[float, float, float] | None) -> str:
+    return "-" if t is None else f"{t[0]} / {t[1]:g} / {t[2]}"
+
+
+def _k(n: int) -> str:
+    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
+def inspect_shards(
+    patterns: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    plot: str | os.PathLike | None = None,
+    max_frames_list: Sequence[int] = DEFAULT_MAX_FRAMES,
+    seed: int = 0,
+) -> InspectResult:
+    """Statistics of the shards a pattern names, per length group (parent folder) and per shard.
+
+    Args:
+        patterns: shard pattern(s), e.g. ``DIR/{10_1000,1000_2000}/data-*.tar`` (see ``expand_shards``).
+        plot: write a PNG with a length histogram per group and the padding-efficiency curve.
+        max_frames_list: ``max_frames`` values for the padding-efficiency curve; empty to skip it.
+        seed: seeds the shuffle of lengths (and subset) the curve is computed on.
+
+    Shards whose folder has an ``index.json`` listing them are not opened.  Unreadable shards or
+    samples do not stop the run: they are left out of the numbers and listed in ``problems``.
+    """
+    paths = expand_shards(patterns)
+    urls = [p for p in paths if is_url(p)]
+    if urls:
+        raise ValueError(f"inspect reads local shards only, got {urls[0]!r}; copy the shards or mount them")
+
+    by_folder: dict[str, list[str]] = {}
+    for p in paths:
+        by_folder.setdefault(os.path.dirname(os.path.abspath(p)), []).append(p)
+    names = _group_names(list(by_folder))
+
+    problems: list[str] = []
+    groups = []
+    for folder, shard_paths in by_folder.items():
+        try:
+            index = read_index(folder)
+        except ValueError as e:
+            problems.append(f"{e}; its shards were read instead")
+            index = None
+        listed = {s.name: s for s in index.shards} if index else {}
+        stats = []
+        for p in shard_paths:
+            name = os.path.basename(p)
+            if name in listed:
+                stats.append(_stats(p, names[folder], index.layout, "index", listed[name]))
+                continue
+            if index is not None:
+                problems.append(f"{p}: not listed in {Path(folder) / 'index.json'} (stale index?); read from the tar")
+            scan = scan_shard_lengths(p)
+            problems.extend(scan.problems)
+            layout = "+".join(sorted(scan.layouts)) or "-"
+            stats.append(_stats(p, names[folder], layout, "tar", scan.info))
+        groups.append(GroupStats(names[folder], folder, stats))
+    groups.sort(key=_group_order)
+
+    result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems)
+    if plot is not None:
+        result.plot = str(plot)
+        plot_inspect(result, plot)
+    return result
+
+
+def _stats(path: str, group: str, layout: str, source: str, info: ShardInfo) -> ShardStats:
+    return ShardStats(path, group, layout, source, np.asarray(info.frames, dtype=np.int64),
+                      np.asarray(info.text_lens, dtype=np.int64))
+
+
+def _group_order(g: GroupStats) -> tuple:
+    """Length groups by their lower bound (``60_150`` before ``150_inf``), other folders by name after them."""
+    lo, sep, hi = os.path.basename(g.folder).partition("_")
+    if sep and lo.isdigit() and (hi.isdigit() or hi == "inf"):
+        return (0, int(lo), g.name)
+    return (1, 0, g.name)
+
+
+def _group_names(folders: list[str]) -> dict[str, str]:
+    """Folder -> short display name: its own name (``10_1000``) unless two folders share it."""
+    base = [os.path.basename(f) or f for f in folders]
+    if len(set(base)) == len(base):
+        return dict(zip(folders, base))
+    common = os.path.commonpath(folders)
+    return {f: os.path.relpath(f, os.path.dirname(common)) for f in folders}
+
+
+def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int], seed: int = 0) -> dict[str, dict[int, float]]:
+    """Padding efficiency ``bucket_batches`` reaches per group and over all groups, at each ``max_frames``.
+
+    Lengths are shuffled first with a seeded generator, since the loader sees them shuffled; the
+    packing order (by length group and source file) would flatter the batcher.
+    """
+    if not max_frames_list:
+        return {}
+    curves: dict[str, np.ndarray] = {g.name: g.frames for g in groups if g.utts}
+    if len(curves) > 1:
+        curves[ALL] = np.concatenate(list(curves.values()))
+    return {name: padding_curve(lengths, max_frames_list, np.random.default_rng([seed, i]))
+            for i, (name, lengths) in enumerate(curves.items())}
+
+
+def padding_curve(lengths: np.ndarray, max_frames_list: Sequence[int], rng: np.random.Generator) -> dict[int, float]:
+    """``{max_frames: real / padded frames}`` of ``bucket_batches`` over ``lengths`` shuffled by ``rng``."""
+    from .batching import bucket_batches, padding_efficiency  # the loader's batcher, not a re-implementation
+
+    lengths = np.asarray(lengths)
+    if len(lengths) > MAX_CURVE_UTTS:
+        lengths = rng.choice(lengths, MAX_CURVE_UTTS, replace=False)
+    order = rng.permutation(lengths).tolist()
+    return {int(mf): padding_efficiency(bucket_batches(order, max_frames=int(mf), rng=rng, length=int))
+            for mf in sorted(max_frames_list)}
+
+
+def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
+    """One PNG: a frame-length histogram per group and the padding-efficiency curves; written atomically."""
+    # The object API with the Agg canvas: no pyplot, so a caller's interactive backend is left alone.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    groups = [g for g in result.groups if g.utts]
+    panels = len(groups) + (1 if result.efficiency else 0)
+    if panels == 0:
+        raise ValueError("nothing to plot: the shards hold no readable utterances")
+    ncols = min(3, panels)
+    nrows = -(-panels // ncols)
+    fig = Figure(figsize=(5.2 * ncols, 3.9 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, g in zip(axes, groups):
+        ax.hist(g.frames, bins=min(50, max(5, int(np.sqrt(g.utts)))), color="tab:blue", edgecolor="white")
+        ax.set_title(f"{g.name}: {g.utts:,} utts, {g.hours:.2f} h", fontsize=10)
+        ax.set_xlabel("frames (10 ms)")
+        ax.set_ylabel("utterances")
+        sec = ax.secondary_xaxis("top", functions=(lambda f: f / FRAMES_PER_SECOND, lambda s: s * FRAMES_PER_SECOND))
+        sec.set_xlabel("seconds", fontsize=9)
+    if result.efficiency:
+        ax = axes[len(groups)]
+        for name, curve in result.efficiency.items():
+            mfs = sorted(curve)
+            ax.plot(mfs, [curve[m] for m in mfs], marker="o", label=name,
+                    linewidth=2.5 if name == ALL else 1.2, color="black" if name == ALL else None)
+        ax.set_xscale("log")
+        mfs = sorted({m for c in result.efficiency.values() for m in c})
+        ax.set_xticks(mfs, [_k(m) for m in mfs])
+        ax.minorticks_off()
+        ax.set_ylim(top=1.005)
+        ax.grid(True, alpha=0.3)
+        ax.set_title("padding efficiency of bucket_batches", fontsize=10)
+        ax.set_xlabel("max_frames (padded frames per batch)")
+        ax.set_ylabel("real / padded frames")
+        ax.legend(fontsize=8, loc="best")
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(result: InspectResult, path: str | os.PathLike) -> None:
+    """``result.to_json()`` to ``path``, atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    tmp.write_text(json.dumps(result.to_json(), indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
