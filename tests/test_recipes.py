@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -196,7 +197,8 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
     exp = tmp_path / "exp"
     p = run(["bash", str(LARGE / "run.sh"), "--stage", "0", "--stop-stage", "5"], timeout=600,
             DATA=str(CORPUS / "train"), DEV=str(CORPUS / "dev"), EXP=str(exp), NJ="2", NPROC="2",
-            KIND="sentencepiece", VOCAB="200", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000")
+            KIND="sentencepiece", VOCAB="200", LEN_GROUPS="10:500 500:1000 1000:1500 1500:2000 2000:3000",
+            BUCKET_SIZE="4000")
     for stage in range(6):
         assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
     option = json.loads((exp / "hyper-p.json").read_text())["train:option"]
@@ -218,3 +220,22 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
     p = run([sys.executable, "-m", "wdsprep", "dry-run", "--hyper", str(remote)], timeout=120)
     packed = json.loads((exp / "shards" / "train" / "pack_report.json").read_text())["written"]["utterances"]
     assert f"{packed} utterances on 1 rank(s)" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_multinode_launcher_trains_through_a_c10d_rendezvous(demo_exp: Path, tmp_path: Path) -> None:
+    """local/launch_multinode.sh as one node of one: the c10d rendezvous path, 2 ranks, 2 steps."""
+    with socket.socket() as s:  # a free port, so parallel test runs never share a rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exp = tmp_path / "exp"
+    run([sys.executable, str(DEMO / "local" / "make_hyper.py"), "--shards", str(demo_exp / "shards" / "train"),
+         "--dev-shards", str(demo_exp / "shards" / "dev"), "--tokenizer", str(demo_exp / "tokenizer.tknz"),
+         "--out", str(exp / "hyper-p.json"), "--set", "bucket_size=2000"], timeout=60)
+    p = run(["bash", str(LARGE / "local" / "launch_multinode.sh"), "--max-steps", "2", "--epochs", "1"], timeout=240,
+            NNODES="1", GPUS="2", MASTER="127.0.0.1", PORT=str(port), JOB_ID=f"test{port}",
+            HYPER=str(exp / "hyper-p.json"))
+    assert "--rdzv-backend=c10d" in p.stdout
+    history = json.loads((exp / "history.json").read_text())
+    assert history[0]["global_step"] == 2 and math.isfinite(history[0]["train_loss"])
+    assert (exp / "epoch1.pt").is_file()
