@@ -25,8 +25,6 @@
 # Generated files never go into data/: that is the committed corpus.
 set -euo pipefail
 
-cd "$(dirname "$0")"  # wav.scp paths are relative to egs/demo, as in a Kaldi recipe
-
 stage=0
 stop_stage=5
 nproc=${NPROC:-2}
@@ -45,9 +43,17 @@ utts_per_shard=16    # small shards so 2+ ranks each get several and the shard-l
 vocab_kind=char      # see README.md: characters train a CTC model fastest on this small corpus
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks x threads <= cores
 
-. local/parse_options.sh
+. "$(dirname "$0")/local/parse_options.sh"
+# Run from egs/demo like a Kaldi recipe: wav.scp paths (and relative --exp paths) start there.
+cd "$(dirname "$0")"
 
 log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
+# The stages call `wdsprep`, `python` and `torchrun` from the environment wdsprep is installed in.
+if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
+  echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \
+    "'make install && . .venv/bin/activate'" >&2
+  exit 1
+fi
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   log 0 "checking the Kaldi data dirs $data/train $data/dev"

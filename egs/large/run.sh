@@ -22,7 +22,7 @@
 #   --feats SCP    existing train feats.scp to pack instead of computing fbank (FEATS)
 #   --root DIR     directory that relative paths in wav.scp/feats.scp are relative to
 #                  (ROOT; default: two levels above DATA, i.e. the Kaldi recipe dir)
-#   --exp DIR      output dir (EXP, default exp/large)
+#   --exp DIR      output dir (EXP, default egs/large/exp/large)
 #   --nj N         parallel jobs for fbank and pack (NJ, default 8)
 #   --nproc N      ranks per node for dry run and training (NPROC, default 2)
 #   --kind K --vocab-size N   tokenizer (KIND default sentencepiece, VOCAB default 5000)
@@ -39,7 +39,7 @@ data=${DATA:-}
 dev=${DEV:-}
 feats=${FEATS:-}
 root=${ROOT:-}
-exp=${EXP:-exp/large}
+exp=${EXP:-}  # default: egs/large/exp/large
 nj=${NJ:-8}
 nproc=${NPROC:-2}
 kind=${KIND:-sentencepiece}
@@ -55,6 +55,12 @@ max_steps=${MAX_STEPS:-}
 
 log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
 die() { echo "$0: error: $*" >&2; exit 1; }
+# The stages call `wdsprep`, `python` and `torchrun` from the environment wdsprep is installed in.
+if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
+  echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \
+    "'make install && . .venv/bin/activate'" >&2
+  exit 1
+fi
 
 [ -n "$data" ] || die "set DATA=/path/to/kaldi/data/train (or --data); see $0 --help"
 [ -d "$data" ] || die "DATA=$data is not a directory"
@@ -64,8 +70,9 @@ data=$(realpath "$data")
 [ -n "$dev" ] && dev=$(realpath "$dev")
 [ -n "$root" ] || root=$(dirname "$(dirname "$data")")
 root=$(realpath "$root")
+# Like DATA, a given EXP is relative to where you ran the script; the default is in the recipe.
+if [ -n "$exp" ]; then exp=$(realpath -m "$exp"); else exp="$recipe_dir/exp/large"; fi
 cd "$recipe_dir"
-exp=$(realpath -m "$exp")
 mkdir -p "$exp"
 parts=(train); [ -n "$dev" ] && parts+=(dev)
 dir_of() { if [ "$1" = train ]; then echo "$data"; else echo "$dev"; fi; }

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import wdsprep
+from wdsprep.hyper import loader_options
 
 SUBSAMPLING = 4  # the conv front end's time reduction; the loader's CTC filter must agree
 
@@ -143,12 +144,13 @@ def build_loaders(hyper_path: str, hyper: dict, world: int) -> tuple[Any, Any, A
     and ``zero_infinity`` stays a safety net instead of silently zeroing real losses.
     """
     train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING)
+    # The loader's own tokenizer object: the labels it makes and the output layer's size can
+    # never come from two different files.
     tokenizer = train.dataset.tokenizer
     dev = None
     dev_ld = train_option(hyper).get("dev_ld")
     if dev_ld:
         # Dev mode: no shuffle, each utterance once over all ranks, same per-rank frame budget.
-        from wdsprep.hyper import loader_options
         max_frames = loader_options(hyper, world_size=world, where=hyper_path).loader_kwargs["max_frames"]
         dev = wdsprep.make_loader(dev_ld, tokenizer, max_frames=max_frames, train=False,
                                   ctc_subsampling=SUBSAMPLING)
