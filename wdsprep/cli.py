@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from .kaldi import KaldiDataError
@@ -34,6 +35,12 @@ def _cmd_pack(args: argparse.Namespace) -> None:
               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
 
 
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import run_cli
+
+    run_cli(args, " ".join(["wdsprep", *map(shlex.quote, sys.argv[1:])]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wdsprep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
     _add_pack_options(p)
     p.set_defaults(func=_cmd_pack)
+
+    from .bench import add_arguments as add_bench_arguments  # stdlib + numpy only: cheap
+
+    p = sub.add_parser("bench", help="benchmark the loader against raw reads, webdataset and kaldiio")
+    add_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 
