@@ -1,0 +1,318 @@
+"""Dynamic batching by frame count: batches whose padded size ``B * max(length)`` fits ``max_frames``.
+
+``bucket_batches`` is the stage the loader uses.  It collects a pool of samples from an already
+shuffled stream, sorts the pool by length, cuts batches greedily from the sorted pool and yields
+them in a random order.  Sorting keeps lengths within a batch close (little padding); shuffling the
+batches of a pool keeps the order the trainer sees random (no rising-length runs as with a plain
+sort window).  A sample longer than ``max_frames`` is a batch of its own; nothing is dropped.
+
+Two baselines are here for comparison (``tools/bench_batching.py``):
+
+- ``stream_batches``: CAT's streaming batcher -- fill in arrival order, no sorting.
+- ``sort_window_batches``: WeNet's -- sort each window of N samples by length, then fill.
+
+Pure numpy/Python: this module never imports torch, so it runs in any worker.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import numpy as np
+
+S = TypeVar("S")
+
+# 4,000 samples give >= 0.97 real/padded frames on realistic ASR lengths (lognormal, median 600)
+# at max_frames 10k-50k; see docs/batching.md for the measured trade-off (memory vs padding).
+DEFAULT_POOL_SIZE = 4000
+
+
+def len_of_first_dim(sample: Any) -> int:
+    """Frames of a ``(key, features, ...)`` sample: the first dimension of ``sample[1]``."""
+    return int(sample[1].shape[0])
+
+
+def _check_args(max_frames: int, max_batch_size: int | None) -> None:
+    if not (isinstance(max_frames, (int, np.integer)) and max_frames > 0):
+        raise ValueError(f"max_frames must be a positive int, got {max_frames!r}")
+    if max_batch_size is not None and not (isinstance(max_batch_size, (int, np.integer)) and max_batch_size > 0):
+        raise ValueError(f"max_batch_size must be None or a positive int, got {max_batch_size!r}")
+
+
+def _length(length: Callable[[S], int], sample: S) -> int:
+    n = int(length(sample))
+    if n < 0:
+        # A negative length would let a batch pass the B * max <= max_frames check wrongly.
+        raise ValueError(f"sample length must be >= 0, got {n} for sample {_describe(sample)}")
+    return n
+
+
+def _describe(sample: Any) -> str:
+    # Samples are usually (key, features, ...): name the key so the user can find the utterance.
+    if isinstance(sample, (tuple, list)) and sample and isinstance(sample[0], str):
+        return repr(sample[0])
+    return f"of type {type(sample).__name__}"
+
+
+def _cut(lengths: Sequence[int], max_frames: int, max_batch_size: int | None) -> list[tuple[int, int]]:
+    """Greedy ``[start, end)`` cuts of a length sequence in the given order.
+
+    A batch is closed when the next sample would break ``(B + 1) * max <= max_frames`` or
+    ``max_batch_size``; an oversize sample therefore ends up alone.  The last cut is the open batch.
+    """
+    cap = max_batch_size or len(lengths) + 1
+    cuts: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        longest_if_added = n if n > longest else longest
+        size = i - start
+        if size and (size >= cap or (size + 1) * longest_if_added > max_frames):
+            cuts.append((start, i))
+            start, longest = i, n
+        else:
+            longest = longest_if_added
+    if start < len(lengths):
+        cuts.append((start, len(lengths)))
+    return cuts
+
+
+def bucket_batches(
+    samples: Iterable[S],
+    *,
+    max_frames: int,
+    rng: np.random.Generator,
+    length: Callable[[S], int] = len_of_first_dim,
+    max_batch_size: int | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_carry: int = 1,
+) -> Iterator[list[S]]:
+    """Stage: group a (already shuffled) sample stream into batches with ``B * max(length) <= max_frames``.
+
+    Every ``pool_size`` samples: sort the pool by length, cut batches greedily, shuffle the batch
+    order with ``rng`` and yield.  The last (open, partly filled) batch of a pool is carried into
+    the next pool instead of being emitted small, but a sample is carried at most ``max_carry``
+    times, so no utterance is held back for long; at the end of the stream everything left is
+    flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
+    called once per sample.  Same ``rng`` state and input -> same batches in the same order.
+    """
+    _check_args(max_frames, max_batch_size)
+    if pool_size < 1:
+        raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
+    if max_carry < 0:
+        raise ValueError(f"max_carry must be >= 0, got {max_carry!r}")
+    pool: list[S] = []
+    lens: list[int] = []
+    ages: list[int] = []  # pool[:len(ages)] was carried over, ages[i] times so far
+    for s in samples:
+        pool.append(s)
+        lens.append(_length(length, s))
+        if len(pool) >= pool_size + len(ages):
+            batches, carry, ages = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry)
+            yield from batches
+            # The carried open batch joins the next pool, where it can be filled with its peers.
+            pool = [pool[i] for i in carry]
+            lens = [lens[i] for i in carry]
+    if pool:
+        batches, _, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry=0)
+        yield from batches
+
+
+def _batches_of_pool(
+    pool: list[S], lens: list[int], max_frames: int, max_batch_size: int | None,
+    rng: np.random.Generator, ages: list[int], max_carry: int,
+) -> tuple[list[list[S]], list[int], list[int]]:
+    """Batches of one pool in random order, the pool indices to carry over and their new ages."""
+    # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
+    order = np.argsort(np.asarray(lens, dtype=np.int64), kind="stable")
+    sorted_lens = np.asarray(lens, dtype=np.int64)[order].tolist()
+    cuts = _cut(sorted_lens, max_frames, max_batch_size)
+    carry: list[int] = []
+    new_ages: list[int] = []
+    if max_carry and cuts:
+        start, end = cuts[-1]
+        size, longest = end - start, sorted_lens[end - 1]
+        full = (max_batch_size is not None and size >= max_batch_size) or (size + 1) * longest > max_frames
+        carry = order[start:end].tolist()
+        new_ages = [ages[i] + 1 if i < len(ages) else 1 for i in carry]
+        # Without an age limit a lone long utterance would be carried to the end of the epoch.
+        if full or max(new_ages) > max_carry:
+            carry, new_ages = [], []
+        else:
+            cuts.pop()
+    idx = order.tolist()
+    batches = [[pool[i] for i in idx[a:b]] for a, b in cuts]
+    # Shuffle the batch order so lengths do not rise within a pool (WeNet's weak spot).
+    return [batches[j] for j in rng.permutation(len(batches))], carry, new_ages
+
+
+def stream_batches(
+    samples: Iterable[S],
+    *,
+    max_frames: int,
+    length: Callable[[S], int] = len_of_first_dim,
+    max_batch_size: int | None = None,
+) -> Iterator[list[S]]:
+    """Baseline (CAT's streaming batcher): fill in arrival order until the next sample would exceed
+    ``max_frames`` padded frames; no sorting.  Unlike CAT we flush the last batch instead of dropping
+    it, and an oversize sample comes out alone instead of failing an assertion."""
+    _check_args(max_frames, max_batch_size)
+    cap = max_batch_size or math.inf
+    buf: list[S] = []
+    longest = 0
+    for s in samples:
+        n = _length(length, s)
+        longest_if_added = max(longest, n)
+        if buf and (len(buf) >= cap or (len(buf) + 1) * longest_if_added > max_frames):
+            yield buf
+            buf, longest = [s], n
+        else:
+            buf.append(s)
+            longest = longest_if_added
+    if buf:
+        yield buf
+
+
+def sort_window(samples: Iterable[S], *, window: int, length: Callable[[S], int] = len_of_first_dim) -> Iterator[S]:
+    """Stage: sort each consecutive window of ``window`` samples by length (ascending), as WeNet does."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window!r}")
+    buf: list[tuple[int, int, S]] = []
+    for s in samples:
+        # The arrival index breaks ties so samples themselves are never compared.
+        buf.append((_length(length, s), len(buf), s))
+        if len(buf) >= window:
+            buf.sort(key=lambda t: (t[0], t[1]))
+            yield from (t[2] for t in buf)
+            buf = []
+    buf.sort(key=lambda t: (t[0], t[1]))
+    yield from (t[2] for t in buf)
+
+
+def sort_window_batches(
+    samples: Iterable[S],
+    *,
+    max_frames: int,
+    window: int = 500,
+    length: Callable[[S], int] = len_of_first_dim,
+    max_batch_size: int | None = None,
+) -> Iterator[list[S]]:
+    """Baseline (WeNet): sort within windows of ``window`` samples, then fill batches in that order.
+
+    As in WeNet, batches may straddle window boundaries and come out in rising length within a window.
+    """
+    _check_args(max_frames, max_batch_size)
+    yield from stream_batches(sort_window(samples, window=window, length=length),
+                              max_frames=max_frames, length=length, max_batch_size=max_batch_size)
+
+
+def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
+    """``sum(lengths) / sum(B * max(lengths))`` over batches of lengths; NaN when there are no frames."""
+    real = padded = 0
+    for b in batches:
+        if len(b):
+            real += int(sum(b))
+            padded += len(b) * int(max(b))
+    return real / padded if padded else math.nan
+
+
+@dataclass
+class BatchStats:
+    """Running totals of batches the loader can report (``stats.add(lengths)`` per batch)."""
+
+    batches: int = 0
+    utterances: int = 0
+    real_frames: int = 0
+    padded_frames: int = 0
+    # Batches holding a single sample longer than max_frames (known only when max_frames is given).
+    oversize: int = 0
+
+    def add(self, lengths: Sequence[int], max_frames: int | None = None) -> None:
+        if not len(lengths):
+            return
+        longest = int(max(lengths))
+        self.batches += 1
+        self.utterances += len(lengths)
+        self.real_frames += int(sum(lengths))
+        self.padded_frames += len(lengths) * longest
+        if max_frames is not None and longest > max_frames:
+            self.oversize += 1
+
+    def merge(self, other: "BatchStats") -> None:
+        """Add another worker's or rank's totals."""
+        self.batches += other.batches
+        self.utterances += other.utterances
+        self.real_frames += other.real_frames
+        self.padded_frames += other.padded_frames
+        self.oversize += other.oversize
+
+    @property
+    def efficiency(self) -> float:
+        """Real / padded frames; NaN before any frames were seen."""
+        return self.real_frames / self.padded_frames if self.padded_frames else math.nan
+
+    def summary(self) -> str:
+        return (f"{self.batches:,} batches, {self.utterances:,} utterances, {self.real_frames:,} real / "
+                f"{self.padded_frames:,} padded frames (efficiency {self.efficiency:.4f}), "
+                f"{self.oversize:,} oversize")
+
+
+def batch_stats(batches: Iterable[Sequence[int]], max_frames: int | None = None) -> BatchStats:
+    """``BatchStats`` of batches given as sequences of lengths."""
+    stats = BatchStats()
+    for b in batches:
+        stats.add(b, max_frames)
+    return stats
+
+
+def count_batches(
+    batches: Iterable[list[S]], stats: BatchStats, *, length: Callable[[S], int] = len_of_first_dim,
+    max_frames: int | None = None,
+) -> Iterator[list[S]]:
+    """Stage: pass batches through unchanged, adding each to ``stats``."""
+    for b in batches:
+        stats.add([length(s) for s in b], max_frames)
+        yield b
+
+
+def order_randomness(batch_means: Sequence[float]) -> dict[str, float]:
+    """How random the order of batches is, from their mean lengths in output order.
+
+    - ``spearman``: rank correlation of position and mean length over the whole stream (~0 if random;
+      blind to a sawtooth of many sorted windows, hence the next two).
+    - ``lag1``: rank correlation of consecutive batches' mean lengths (~0 if random, ~1 if sorted runs).
+    - ``longest_rise``: longest run of strictly rising mean lengths (random order: ~log n / log log n).
+    """
+    x = np.asarray(batch_means, dtype=np.float64)
+    n = len(x)
+    out = {"spearman": math.nan, "lag1": math.nan, "longest_rise": float(min(n, 1))}
+    if n < 3:
+        return out
+    out["spearman"] = _rank_corr(np.arange(n), x)
+    out["lag1"] = _rank_corr(x[:-1], x[1:])
+    rises = np.diff(x) > 0
+    longest = run = 0
+    for r in rises.tolist():
+        run = run + 1 if r else 0
+        longest = max(longest, run)
+    out["longest_rise"] = float(longest + 1)
+    return out
+
+
+def _rank_corr(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    sa, sb = ra.std(), rb.std()
+    if sa == 0 or sb == 0:
+        return 0.0
+    return float(((ra - ra.mean()) * (rb - rb.mean())).mean() / (sa * sb))
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    # Average ranks for ties, so equal mean lengths do not fake a correlation.
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    return sums[inv] / counts[inv]
