@@ -31,7 +31,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[bench.Results, str
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     argv = ["--work", str(work / "corpus"), "--utts", "200", "--utts-per-shard", "40", "--repeat", "1",
-            "--vocab-size", "60", "--max-frames", "6000", "--plot", str(work / "b.png"),
+            "--vocab-size", "60", "--max-frames", "6000", "--nj", "1", "--plot", str(work / "b.png"),
             "--markdown", str(work / "b.md")]
     args = p.parse_args(argv)
     res = bench.run_bench(args, "bench " + " ".join(argv), log=lambda s: None)
@@ -73,12 +73,13 @@ def test_numbers_are_sane(result: tuple[bench.Results, str]) -> None:
 @pytest.mark.skipif(not HAVE_BATCHING, reason="wdsprep.batching not merged yet")
 def test_padding_rows(result: tuple[bench.Results, str]) -> None:
     res, _ = result
-    assert len(res.padding) == 3
+    assert [p.name for p in res.padding] == [bench.BATCHERS[0], *bench.BATCHERS[1:] * 2]
     for p in res.padding:
         assert p.efficiency is not None and 0 < p.efficiency <= 1, p
         assert p.displacement is not None and p.displacement >= 0
     stream = res.padding[0]
     assert stream.displacement == 0  # the streaming batcher keeps the order it is given
+    assert all(p.efficiency >= stream.efficiency for p in res.padding)  # sorting can only reduce padding
 
 
 @pytest.mark.skipif(not HAVE_LOADER, reason="wdsprep.loader not merged yet")
@@ -93,7 +94,7 @@ def test_padding_stats_on_known_batches() -> None:
     import numpy as np
 
     lens = np.array([10, 10, 5, 5])
-    eff, disp, _corr, nb = bench._padding_stats([[0, 1], [2, 3]], lens)
-    assert (eff, disp, nb) == (1.0, 0.0, 2)
-    eff, disp, _corr, _ = bench._padding_stats([[0, 2], [1, 3]], lens)
+    eff, disp, means, nb = bench._padding_stats([[0, 1], [2, 3]], lens)
+    assert (eff, disp, means, nb) == (1.0, 0.0, [10.0, 5.0], 2)
+    eff, disp, _means, _ = bench._padding_stats([[0, 2], [1, 3]], lens)
     assert eff == 30 / 40 and disp == 0.5  # positions 0,2,1,3 vs 0,1,2,3
