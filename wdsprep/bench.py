@@ -814,7 +814,14 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
     run_rounds(contenders, args.repeat, log=log)
 
     log("[bench] padding efficiency")
-    padding = padding_rows(c.lengths, max_frames=args.max_frames, seed=args.seed, windows=args.windows)
+    windows = args.windows
+    if windows is None:
+        try:
+            from .batching import DEFAULT_POOL_SIZE
+        except ImportError:
+            DEFAULT_POOL_SIZE = 4000
+        windows = [500, DEFAULT_POOL_SIZE]
+    padding = padding_rows(c.lengths, max_frames=args.max_frames, seed=args.seed, windows=windows)
 
     log("[bench] peak RSS of the loader for N and 4N utterances")
     rss = loader_rss([("N", [str(p) for p in c.shards32]), ("4N", x4_shards(c))], tok, args.max_frames)
@@ -841,9 +848,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians reported (default: %(default)s)")
     p.add_argument("--max-frames", type=int, default=20_000, help="padded frames per batch (default: %(default)s)")
     p.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="loader workers (default: 0 2)")
-    p.add_argument("--windows", type=int, nargs="+", default=[500, 4000],
-                   help="WeNet sort windows, each paired with our bucket pool of that size; put the loader's "
-                   "pool last (default: 500 4000)")
+    p.add_argument("--windows", type=int, nargs="+", default=None,
+                   help="WeNet sort windows, each paired with our bucket pool of that size; the last one is "
+                   "taken as the loader's pool (default: 500 and the loader's default pool size)")
     p.add_argument("--vocab-size", type=int, default=200, help="SentencePiece vocabulary (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nj", type=int, default=2, help="pack processes when generating (default: %(default)s)")
