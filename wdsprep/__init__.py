@@ -11,3 +11,19 @@ from .shards import decode_key, encode_key, read_index
 __version__ = "0.1.0"
 
 __all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+
+# The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.
+_LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "LoaderStats": "loader",
+         "make_loader_from_hyper": "hyper"}
+__all__ += list(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wdsprep' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,460 @@
+"""The training loader: shards -> padded, length-bucketed batches, deterministic and DDP-safe.
+
+The data flow, composed in :meth:`ShardStream.stages` (read it first)::
+
+    shard list -> split by rank/worker -> per-epoch shard shuffle -> read + decode
+      -> sample shuffle buffer -> tokenize -> filter -> bucket + batch -> collate -> Batch
+
+Every stage is a plain generator function.  Randomness comes only from generators seeded with
+(seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
+for bit, with any ``num_workers`` layout kept equal.
+
+Under DDP (training mode) the main process all-reduces a "no more batches" flag before every
+step, so all ranks end the epoch at the same step as soon as one runs dry; what that early stop
+discards is reported in :attr:`Loader.stats`.  Dev mode (``train=False``) reads each utterance
+exactly once across ranks, without shuffling and without the all-reduce: ranks just end, and may
+run a different number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .batching import DEFAULT_POOL_SIZE, bucket_batches
+from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
+from .reader import iter_decoded
+from .shardlist import expand_shards
+from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
+
+LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
+_STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent
+
+
+class Batch(NamedTuple):
+    """One rank's batch.  The first four unpack like CAT's collate: ``xs, x_lens, ys, y_lens = batch[:4]``.
+
+    ``feats`` float32 [B, T, D], zero-padded; ``feat_lens`` int64 [B]; ``labels`` int64 [B, U]
+    padded with :data:`LABEL_PAD` (0); ``label_lens`` int64 [B]; ``keys`` the utterance ids.
+    Utterances are sorted by length, longest first (what ``pack_padded_sequence`` wants).
+    """
+
+    feats: torch.Tensor
+    feat_lens: torch.Tensor
+    labels: torch.Tensor
+    label_lens: torch.Tensor
+    keys: list[str]
+
+
+class Sample:
+    """One utterance on its way through the stages."""
+
+    __slots__ = ("uttid", "feats", "text", "labels")
+
+    def __init__(self, uttid: str, feats: np.ndarray, text: str) -> None:
+        self.uttid = uttid
+        self.feats = feats
+        self.text = text
+        self.labels: list[int] = []
+
+
+def num_frames(s: Sample) -> int:
+    return s.feats.shape[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages: plain generators.  ``counts`` is the worker's Counter of dropped/read samples.
+
+
+def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: str, counts: Counter,
+                cursor: list[int]) -> Iterator[Sample]:
+    """Decode every sample of every shard in order; a corrupt shard's unread rest is counted.
+
+    ``cursor`` is updated in place to [shards finished, samples read from the current shard]:
+    with (seed, epoch, rank, worker) it is the worker's position in the epoch.
+    """
+    for i, (shard, expected) in enumerate(zip(shards, utts)):
+        cursor[0], cursor[1] = i, 0
+        corrupt: list[str] = []
+        for uttid, feats, text in iter_decoded(shard, on_error=on_error, float32=False,
+                                               on_corrupt=lambda url, key, why: corrupt.append(url)):
+            cursor[1] += 1
+            counts["read"] += 1
+            yield Sample(uttid, feats, text)
+        if corrupt:
+            counts["corrupt_shards"] += 1
+            # Without an index the number of samples lost is unknown; the shard is still counted.
+            if expected is not None:
+                counts["dropped:corrupt_shard"] += max(0, expected - cursor[1])
+            else:
+                counts["corrupt_shards_without_index"] += 1
+    cursor[0], cursor[1] = len(shards), 0
+
+
+def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Generator) -> Iterator[Sample]:
+    """Reservoir-style shuffle: keep ``size`` samples, emit a random one for each new arrival."""
+    if size <= 1:
+        yield from samples
+        return
+    buf: list[Sample] = []
+    for s in samples:
+        if len(buf) < size:
+            buf.append(s)
+            continue
+        j = int(rng.integers(size))
+        buf[j], s = s, buf[j]
+        yield s
+    for j in rng.permutation(len(buf)):
+        yield buf[j]
+
+
+def tokenize(samples: Iterator[Sample], tokenizer: Tokenizer, *, sampling: SubwordSampling | None,
+             group: int) -> Iterator[Sample]:
+    """Labels from raw text, ``group`` transcripts per ``encode_batch`` call (one C++ call for spm)."""
+    pending: list[Sample] = []
+    for s in samples:
+        pending.append(s)
+        if len(pending) >= group:
+            yield from _encode(pending, tokenizer, sampling)
+            pending = []
+    yield from _encode(pending, tokenizer, sampling)
+
+
+def _encode(samples: list[Sample], tokenizer: Tokenizer, sampling: SubwordSampling | None) -> list[Sample]:
+    if samples:
+        for s, ids in zip(samples, tokenizer.encode_batch([s.text for s in samples], sampling=sampling)):
+            s.labels = ids
+    return samples
+
+
+def filter_samples(samples: Iterator[Sample], *, min_frames: int | None, max_utt_frames: int | None,
+                   ctc_subsampling: int | None, counts: Counter) -> Iterator[Sample]:
+    """Drop what the model cannot use; every drop is counted by reason."""
+    for s in samples:
+        t = s.feats.shape[0]
+        if min_frames is not None and t < min_frames:
+            counts["dropped:too_short"] += 1
+        elif max_utt_frames is not None and t > max_utt_frames:
+            counts["dropped:too_long"] += 1
+        elif ctc_subsampling is not None and t // ctc_subsampling <= len(s.labels):
+            # CTC needs at least one output frame per label (CAT's filter: T // sub > U).
+            counts["dropped:ctc_too_short"] += 1
+        else:
+            yield s
+
+
+def collate(batch: list[Sample]) -> Batch:
+    """Pad into preallocated arrays (one copy per utterance; float16 becomes float32 here)."""
+    batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
+    lens = np.fromiter((s.feats.shape[0] for s in batch), np.int64, len(batch))
+    label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, len(batch))
+    dims = batch[0].feats.shape[1]
+    feats = np.zeros((len(batch), int(lens[0]), dims), np.float32)
+    labels = np.full((len(batch), int(label_lens.max(initial=0))), LABEL_PAD, np.int64)
+    for i, s in enumerate(batch):
+        if s.feats.shape[1] != dims:
+            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
+                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
+        feats[i, :lens[i]] = s.feats
+        labels[i, :label_lens[i]] = s.labels
+    return Batch(torch.from_numpy(feats), torch.from_numpy(lens), torch.from_numpy(labels),
+                 torch.from_numpy(label_lens), [s.uttid for s in batch])
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoaderConfig:
+    """Everything that decides the batches besides the shards, the tokenizer and the epoch."""
+
+    max_frames: int
+    seed: int = 0
+    shuffle_buffer: int = 2000
+    max_batch_size: int | None = None
+    min_frames: int | None = None
+    max_utt_frames: int | None = None
+    ctc_subsampling: int | None = None
+    train: bool = True
+    on_error: str = "warn"
+    subword_sampling: SubwordSampling | None = None
+    pool_size: int = DEFAULT_POOL_SIZE
+    tokenize_group: int = 256
+
+
+class ShardStream(IterableDataset):
+    """The stages for one (rank, worker) and epoch; yields ``(Batch | None, counts, cursor)``.
+
+    The counts are deltas since the previous item, so the main process can add them up even when
+    the worker lives in another process; a final ``None`` batch carries the worker's last counts.
+    """
+
+    def __init__(self, shards: list[str], tokenizer: Tokenizer, cfg: LoaderConfig, *, rank: int,
+                 world_size: int, num_workers: int) -> None:
+        self.shards = shards
+        self.sizes = shard_sizes(shards)
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self.epoch = 0
+        # Fail in the main process, before workers start, when there are too few shards.
+        self.plan(0)
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        """Shard indices per worker of this rank for ``epoch``."""
+        cfg = self.cfg
+        return assign_shards(self.sizes.weights, world_size=self.world_size, rank=self.rank,
+                             num_workers=self.num_workers, seed=cfg.seed, epoch=epoch, shuffle=cfg.train,
+                             names=self.shards, allow_idle_ranks=not cfg.train)
+
+    def assigned_utts(self, epoch: int) -> int | None:
+        """Utterances in this rank's shards this epoch, when the index knows them."""
+        counts = [self.sizes.utts[i] for w in self.plan(epoch) for i in w]
+        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
+
+    def stages(self, worker: int, counts: Counter, cursor: list[int]) -> Iterator[list[Sample]]:
+        """The data flow of one worker for one epoch, in order."""
+        cfg, epoch = self.cfg, self.epoch
+        mine = self.plan(epoch)[worker]  # split by rank/worker + per-epoch shard shuffle
+        shards = [self.shards[i] for i in mine]
+        utts = [self.sizes.utts[i] for i in mine]
+        rng = np.random.default_rng([cfg.seed, epoch, self.rank, worker, _STREAM_SHUFFLE])
+        batch_rng = np.random.default_rng([cfg.seed, epoch, self.rank, worker, _STREAM_BATCH])
+        self.tokenizer.seed(derive_seed(cfg.seed, epoch, self.rank, worker))  # subword sampling
+
+        samples = read_shards(shards, utts, on_error=cfg.on_error, counts=counts, cursor=cursor)
+        if cfg.train:
+            samples = shuffle_buffer(samples, size=cfg.shuffle_buffer, rng=rng)
+        samples = tokenize(samples, self.tokenizer, sampling=cfg.subword_sampling if cfg.train else None,
+                           group=cfg.tokenize_group)
+        samples = filter_samples(samples, min_frames=cfg.min_frames, max_utt_frames=cfg.max_utt_frames,
+                                 ctc_subsampling=cfg.ctc_subsampling, counts=counts)
+        return bucket_batches(samples, max_frames=cfg.max_frames, rng=batch_rng, length=num_frames,
+                              max_batch_size=cfg.max_batch_size, pool_size=cfg.pool_size)
+
+    def __iter__(self) -> Iterator[tuple[Batch | None, dict[str, int], tuple[int, int, int]]]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        counts: Counter = Counter()
+        cursor = [0, 0]
+        for batch in self.stages(worker, counts, cursor):
+            out = collate(batch)
+            delta = dict(counts)
+            counts.clear()
+            yield out, delta, (worker, cursor[0], cursor[1])
+        yield None, dict(counts), (worker, cursor[0], cursor[1])
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+@dataclass
+class LoaderStats:
+    """What one epoch of this rank did so far; ``dropped`` holds every sample not in a batch, by reason."""
+
+    epoch: int = 0
+    steps: int = 0
+    utterances: int = 0  # in yielded batches
+    read: int = 0  # decoded from shards (includes samples later dropped or still buffered)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> samples
+    corrupt_shards: int = 0
+    real_frames: int = 0
+    padded_frames: int = 0
+    oversize_batches: int = 0
+    assigned: int | None = None  # utterances in this rank's shards (known with an index)
+    # After a DDP training epoch: utterances of the whole epoch that no rank put into a batch or
+    # dropped by a filter, because the epoch stopped when the first rank ran dry.
+    discarded: int | None = None
+    discarded_fraction: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real / padded frames over the batches yielded (NaN before the first)."""
+        return self.real_frames / self.padded_frames if self.padded_frames else math.nan
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "padding_efficiency": self.padding_efficiency}
+
+
+class Loader:
+    """Iterate for one epoch of :class:`Batch`; call :meth:`set_epoch` before each epoch."""
+
+    def __init__(self, dataset: ShardStream, *, num_workers: int, sync: bool, prefetch_factor: int | None = None,
+                 pin_memory: bool = False) -> None:
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.sync = sync  # all-reduce the quit flag each step (DDP training)
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.epoch = 0
+        self.stats = LoaderStats()
+        self._cursors: dict[int, tuple[int, int]] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: the shard order, the assignment and every shuffle derive from it."""
+        self.epoch = int(epoch)
+
+    def state(self) -> dict[str, Any]:
+        """The loader's position as a few numbers.
+
+        (seed, epoch, world size, num_workers) determine every batch; ``step`` batches of this
+        epoch were yielded; ``cursors[w] = (shards finished, samples read in the current shard)``
+        of each worker (the reader runs ahead of ``step`` by the shuffle buffer and prefetch).
+        """
+        ds = self.dataset
+        return {"seed": ds.cfg.seed, "epoch": self.epoch, "rank": ds.rank, "world_size": ds.world_size,
+                "num_workers": self.num_workers, "step": self.stats.steps,
+                "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
+
+    def _dataloader(self) -> DataLoader:
+        kw: dict[str, Any] = {}
+        if self.num_workers > 0 and self.prefetch_factor is not None:
+            kw["prefetch_factor"] = self.prefetch_factor
+        return DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+                          persistent_workers=False, pin_memory=self.pin_memory, **kw)
+
+    def _batches(self) -> Iterator[Batch]:
+        """This rank's batches with the workers' counts folded into :attr:`stats`."""
+        st = self.stats
+        dropped: Counter = Counter()
+        for batch, delta, (worker, shard_i, sample_i) in self._dataloader():
+            self._cursors[worker] = (shard_i, sample_i)
+            for k, v in delta.items():
+                if k == "read":
+                    st.read += v
+                elif k == "corrupt_shards":
+                    st.corrupt_shards += v
+                elif k.startswith("dropped:"):
+                    dropped[k[len("dropped:"):]] += v
+                else:
+                    dropped[k] += v
+            st.dropped = dict(dropped)
+            if batch is not None:
+                yield batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        ds = self.dataset
+        ds.epoch = self.epoch
+        self.stats = st = LoaderStats(epoch=self.epoch, assigned=ds.assigned_utts(self.epoch))
+        self._cursors = {}
+        start = time.perf_counter()
+        batches = self._batches()
+        try:
+            while True:
+                batch = next(batches, None)  # prefetch one: the flag says whether this rank has a batch
+                if self.sync:
+                    if any_rank_done(batch is None):
+                        break
+                elif batch is None:
+                    break
+                lens = batch.feat_lens
+                st.steps += 1
+                st.utterances += len(lens)
+                st.real_frames += int(lens.sum())
+                st.padded_frames += len(lens) * int(lens[0])
+                st.oversize_batches += int(lens[0]) > ds.cfg.max_frames
+                st.seconds = time.perf_counter() - start
+                yield batch
+        finally:
+            batches.close()  # shuts the workers down when the epoch stops early
+        st.seconds = time.perf_counter() - start
+        self._account_discarded()
+
+    def _account_discarded(self) -> None:
+        """How much of the epoch no rank used: all-reduced so every rank reports the same."""
+        st, ds = self.stats, self.dataset
+        total = ds.sizes.total_utts
+        used = [st.utterances, st.num_dropped]
+        if self.sync:
+            used = all_sum(used)  # every rank reaches this after the same (last) step
+        if total is None:
+            return
+        st.discarded = max(0, total - sum(used)) if (self.sync or ds.world_size == 1) else None
+        if st.discarded is not None:
+            st.discarded_fraction = st.discarded / total if total else 0.0
+
+
+def make_loader(
+    trset: str | os.PathLike | Sequence[str | os.PathLike],
+    tokenizer: Tokenizer | str | os.PathLike,
+    *,
+    max_frames: int,
+    seed: int = 0,
+    shuffle_buffer: int = 2000,
+    num_workers: int = 0,
+    max_batch_size: int | None = None,
+    min_frames: int | None = None,
+    max_utt_frames: int | None = None,
+    ctc_subsampling: int | None = None,
+    train: bool = True,
+    on_error: str = "warn",
+    subword_sampling: SubwordSampling | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    tokenize_group: int = 256,
+    rank: int | None = None,
+    world_size: int | None = None,
+    prefetch_factor: int | None = None,
+    pin_memory: bool = False,
+) -> Loader:
+    """The training (or, with ``train=False``, dev) loader over tar shards.
+
+    Args:
+        trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
+            URLs (``pipe:...``).  A pattern matching nothing is an error.
+        tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
+        max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
+            utterance becomes a batch of its own.
+        seed: with the epoch (and world size), decides every shuffle and so every batch.
+        shuffle_buffer: samples held by the shuffle buffer (per worker).
+        num_workers: DataLoader worker processes per rank; shards are split among them.
+        max_batch_size: optional cap on utterances per batch.
+        min_frames, max_utt_frames: drop utterances outside these lengths (counted in stats).
+        ctc_subsampling: drop utterances with ``frames // ctc_subsampling <= label length``.
+        train: False for dev/validation: no shuffle, no early stop, each utterance once.
+        on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
+        subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
+        pool_size: samples sorted together by the bucketing stage (see ``wdsprep.batching``).
+        tokenize_group: transcripts per ``encode_batch`` call.
+        rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
+    """
+    if max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+    if on_error not in ("warn", "raise"):
+        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    if ctc_subsampling is not None and ctc_subsampling < 1:
+        raise ValueError(f"ctc_subsampling must be >= 1, got {ctc_subsampling}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    d_rank, d_world = dist_info()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    cfg = LoaderConfig(max_frames=max_frames, seed=seed, shuffle_buffer=shuffle_buffer, max_batch_size=max_batch_size,
+                       min_frames=min_frames, max_utt_frames=max_utt_frames, ctc_subsampling=ctc_subsampling,
+                       train=train, on_error=on_error, subword_sampling=subword_sampling, pool_size=pool_size,
+                       tokenize_group=tokenize_group)
+    dataset = ShardStream(expand_shards(trset), tokenizer, cfg, rank=rank, world_size=world_size,
+                          num_workers=num_workers)
+    # The per-step all-reduce needs a process group; explicit rank/world without one just split shards.
+    import torch.distributed as dist
+
+    sync = train and world_size > 1 and dist.is_available() and dist.is_initialized()
+    return Loader(dataset, num_workers=num_workers, sync=sync, prefetch_factor=prefetch_factor,
+                  pin_memory=pin_memory)
