@@ -4,7 +4,9 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
+from .fbank import compute_fbank
 from .pack import pack_data
+from .pack_audio import pack_audio
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
 
@@ -27,3 +29,6 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+__all__ += ["compute_fbank", "pack_audio"]

@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from .fbank import BackendUnavailable
 from .kaldi import KaldiDataError
 from .report import StrictError
 
@@ -26,6 +27,38 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards, indexes and report of an earlier pack in --out")
+
+
+def _add_audio_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``fbank`` and ``pack-audio`` (they compute the same features)."""
+    p.add_argument("--wav-scp", required=True, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
+    p.add_argument("--segments", help="Kaldi segments: 'uttid recid start end [channel]', end -1 = to the end")
+    p.add_argument("--num-mel-bins", type=int, default=80, help="(default: %(default)s)")
+    p.add_argument("--sample-rate", type=int, default=16000,
+                   help="audio at another rate is resampled (default: %(default)s)")
+    p.add_argument("--dither", type=float, default=0.0,
+                   help="Kaldi's default is 1.0; 0 makes features reproducible (default: %(default)s)")
+    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank"], default="auto",
+                   help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
+    p.add_argument("--channel", type=int, default=0,
+                   help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
+
+
+def _cmd_fbank(args: argparse.Namespace) -> None:
+    from .fbank import compute_fbank
+
+    compute_fbank(args.wav_scp, args.out_dir, segments=args.segments, num_mel_bins=args.num_mel_bins,
+                  sample_rate=args.sample_rate, dither=args.dither, backend=args.backend, channel=args.channel,
+                  nj=args.nj, strict=args.strict)
+
+
+def _cmd_pack_audio(args: argparse.Namespace) -> None:
+    from .pack_audio import pack_audio
+
+    pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
+               num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
+               backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
+               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -50,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pack_options(p)
     p.set_defaults(func=_cmd_pack)
 
+    p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
+    _add_audio_options(p)
+    p.add_argument("--out-dir", required=True, help="gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json")
+    p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
+    p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
+    p.set_defaults(func=_cmd_fbank)
+
+    p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text -> shards (fbank on the fly, no ark)")
+    _add_audio_options(p)
+    _add_pack_options(p)
+    p.set_defaults(func=_cmd_pack_audio)
+
     from .bench import add_arguments as add_bench_arguments  # stdlib + numpy only: cheap
 
     p = sub.add_parser("bench", help="benchmark the loader against raw reads, webdataset and kaldiio")
@@ -62,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError) as e:
+    except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError, BackendUnavailable) as e:
         print(f"wdsprep {args.command}: error: {e}", file=sys.stderr)
         return 2
     except StrictError as e:

@@ -1,0 +1,119 @@
+"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``, without an ark on disk."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from wdsprep import compute_fbank, pack_audio, pack_data, read_index
+from wdsprep.shards import decode_key, iter_tar_samples
+
+AUDIO = Path(__file__).parent / "data" / "audio"
+KNF = "kaldi-native-fbank"
+GROUPS = ["0:200", "200:"]
+
+
+def data_dir(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """wav.scp (files, a pipe, a failing pipe), segments and text with English and Mandarin speech."""
+    wav = tmp_path / "wav.scp"
+    wav.write_text(
+        f"long {AUDIO / 'en_zh_16k.flac'}\n"
+        f"zh22 {AUDIO / 'zh_22k.wav'}\n"
+        f"pipe cat {AUDIO / 'en_16k.wav'} |\n"
+        f"st {AUDIO / 'stereo_16k.wav'}\n"
+        f"ogg {AUDIO / 'en_8k.ogg'}\n"
+        "broken false |\n"
+    )
+    seg = tmp_path / "segments"
+    seg.write_text(
+        "long-en long 0.0 2.9\n"
+        "long-zh long 2.9 -1\n"
+        "long-far long 3.5 5.0\n"
+        "zh22-1 zh22 0 -1\n"
+        "pipe-1 pipe 0.1 -1\n"
+        "st-r st 0 -1 1\n"
+        "ogg-1 ogg 0 2.0\n"
+        "broken-1 broken 0 1\n"
+        "lost-1 lost 0 1\n"
+    )
+    text = tmp_path / "text"
+    text.write_text(
+        "long-en the quick brown fox jumps over the lazy dog\n"
+        "long-zh 你好 世界\n"
+        "long-far too far\n"
+        "zh22-1 你好 世界\n"
+        "pipe-1 seven shards\n"
+        "st-r speech recognition\n"
+        "ogg-1 speech recognition needs a lot of data\n"
+        "broken-1 never read\n"
+        "lost-1 no recording\n"
+        "only-text nothing to hear\n"
+    )
+    return wav, seg, text
+
+
+def shard_contents(d: Path) -> dict[str, tuple[np.ndarray, str]]:
+    out = {}
+    for tar in sorted(d.glob("*/*.tar")) + sorted(d.glob("*.tar")):
+        for key, members in iter_tar_samples(tar):
+            out[decode_key(key)] = (np.load(io.BytesIO(members["npy"]), allow_pickle=False),
+                                    members["txt"].decode("utf-8"))
+    return out
+
+
+def dropped(d: Path) -> dict[str, set[str]]:
+    rep = json.loads((d / "pack_report.json").read_text())
+    return {reason: {x["uttid"] for x in items} for reason, items in rep["not_written"].items()}
+
+
+def test_pack_audio_equals_fbank_then_pack(tmp_path: Path) -> None:
+    wav, seg, text = data_dir(tmp_path)
+    compute_fbank(wav, tmp_path / "feats", segments=seg, backend=KNF, progress=False)
+    pack_data(tmp_path / "feats" / "feats.scp", [text], tmp_path / "two", filter_group=GROUPS, utts_per_shard=2,
+              progress=False)
+    pack_audio(wav, [text], tmp_path / "one", filter_group=GROUPS, segments=seg, backend=KNF, utts_per_shard=2,
+               progress=False)
+
+    one, two = shard_contents(tmp_path / "one"), shard_contents(tmp_path / "two")
+    assert sorted(one) == sorted(two) == sorted(["long-en", "long-zh", "zh22-1", "pipe-1", "st-r", "ogg-1"])
+    for k in one:
+        np.testing.assert_array_equal(one[k][0], two[k][0])
+        assert one[k][1] == two[k][1]
+    for group in ("0_200", "200_inf"):
+        assert read_index(tmp_path / "one" / group).to_json() == read_index(tmp_path / "two" / group).to_json()
+        tars = [sorted((tmp_path / d / group).glob("*.tar")) for d in ("one", "two")]
+        for a, b in zip(*tars):
+            assert a.read_bytes() == b.read_bytes(), f"{a.name} differs"
+    assert not list((tmp_path / "one").rglob("*.ark")), "pack-audio must not write arks"
+
+    # every utterance not packed is in the report, with the audio reasons pack alone cannot know
+    assert dropped(tmp_path / "one") == {
+        "bad_segment": {"long-far"},
+        "bad_audio": {"broken-1"},
+        "missing_recording": {"lost-1"},
+        "missing_audio": {"only-text"},
+    }
+    rep = json.loads((tmp_path / "one" / "pack_report.json").read_text())
+    assert "exit 1" in rep["not_written"]["bad_audio"][0]["why"]  # the failing pipe, reported not fatal
+
+
+def test_pack_audio_in_parallel_and_from_the_cli(tmp_path: Path) -> None:
+    wav, seg, text = data_dir(tmp_path)
+    pack_audio(wav, [text], tmp_path / "nj1", segments=seg, backend=KNF, progress=False)
+    cmd = [sys.executable, "-m", "wdsprep", "pack-audio", "--wav-scp", str(wav), "--segments", str(seg),
+           "--text", str(text), "--out", str(tmp_path / "nj2"), "--nj", "2", "--backend", KNF, "--strict"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    # --strict: everything is written, then the exit status says utterances were dropped
+    assert run.returncode == 1 and "strict" in run.stderr, run.stderr
+    assert "bad_audio: 1" in run.stdout
+    one, two = shard_contents(tmp_path / "nj1"), shard_contents(tmp_path / "nj2")
+    assert list(one) == list(two)
+    for k in one:
+        np.testing.assert_array_equal(one[k][0], two[k][0])
+        assert one[k][1] == two[k][1]
+    assert dropped(tmp_path / "nj1") == dropped(tmp_path / "nj2")

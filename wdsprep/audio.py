@@ -1,0 +1,205 @@
+"""Reading the audio of a Kaldi data dir: ``wav.scp`` entries, pipes, ``segments``, channels, resampling.
+
+Conventions follow Kaldi so features match ``compute-fbank-feats``:
+
+* Samples are scaled to the int16 range (a 16-bit file gives its integer sample values), which is
+  what Kaldi's wave reader hands to feature extraction.
+* A ``wav.scp`` value ending in ``|`` is a shell command whose stdout is a WAV (Kaldi's extended
+  filename); anything else is a path soundfile reads (WAV, FLAC, OGG, MP3, ...).
+* ``segments`` lines are ``uttid recid start end [channel]``; ``end`` of ``-1`` means to the end of
+  the recording. Start and end become sample indices by truncation, a segment ending past its
+  recording by less than :data:`MAX_OVERSHOOT` seconds is truncated, one ending further out, starting
+  past the end or shorter than :data:`MIN_SEGMENT_LENGTH` is rejected, as in Kaldi's
+  ``extract-segments``.
+* Multi-channel audio: the channel of the segments line, else the job's ``channel`` (0 by default,
+  what ``compute-fbank-feats`` falls back to).
+
+Every problem becomes an :class:`AudioProblem` naming the utterance, the file (and line) and what
+to do; the job records it in its report instead of stopping.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+from dataclasses import dataclass
+from math import gcd
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .kaldi import KaldiDataError, read_tables
+from .report import Report
+
+MAX_OVERSHOOT = 0.5  # seconds; Kaldi extract-segments --max-overshoot default
+MIN_SEGMENT_LENGTH = 0.1  # seconds; Kaldi extract-segments --min-segment-length default
+INT16_SCALE = 32768.0  # soundfile's float range [-1, 1) back to Kaldi's int16 sample values
+_STDERR_TAIL = 300  # characters of a failing pipe's stderr kept in the report
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One utterance to extract: a whole recording, or a segment of one."""
+
+    uttid: str
+    recid: str
+    rxfile: str  # the wav.scp value: a path, or a command ending in '|'
+    where: str  # file:line of the entry that defines the utterance (segments, else wav.scp)
+    start: float = 0.0
+    end: float = -1.0  # seconds; -1 means to the end of the recording
+    channel: int | None = None  # from the segments line; None means the job's channel
+
+
+@dataclass(frozen=True)
+class AudioProblem:
+    """Why an utterance has no waveform: a report reason and a sentence for the person fixing it."""
+
+    reason: str  # bad_audio | bad_segment | too_short
+    detail: str
+
+
+class AudioReadError(Exception):
+    """A recording cannot be read; the message says which file and why."""
+
+
+def read_utterances(wav_scp: PathLike, segments: PathLike | None, report: Report) -> list[Utterance]:
+    """The utterances of a data dir, in processing order; segments naming no recording go to ``report``.
+
+    Order: without segments, ``wav.scp`` order. With segments, grouped by recording (recordings
+    in order of first appearance in ``segments``, segments in file order within one), so each
+    recording is read once; for a sorted Kaldi ``segments`` file this is exactly the file order.
+    """
+    wavs = read_tables([wav_scp], "wav.scp")
+    if segments is None:
+        return [Utterance(e.uttid, e.uttid, e.value, e.where) for e in wavs.values()]
+    by_rec: dict[str, list[Utterance]] = {}
+    for e in read_tables([segments], "segments").values():
+        fields = e.value.split()
+        if len(fields) not in (3, 4):
+            raise KaldiDataError(f"{e.where}: expected 'uttid recid start end [channel]', got {e.uttid} {e.value!r}")
+        recid = fields[0]
+        try:
+            start, end = float(fields[1]), float(fields[2])
+            channel = int(fields[3]) if len(fields) == 4 else None
+        except ValueError:
+            raise KaldiDataError(
+                f"{e.where}: start and end must be seconds and channel an integer, got {e.value!r}"
+            ) from None
+        wav = wavs.get(recid)
+        if wav is None:
+            report.drop("missing_recording", e.uttid,
+                        f"{e.where}: recording {recid!r} is not in {wav_scp}; add it there or remove the segment")
+            continue
+        by_rec.setdefault(recid, []).append(Utterance(e.uttid, recid, wav.value, e.where, start, end, channel))
+    return [u for utts in by_rec.values() for u in utts]
+
+
+def load_recording(rxfile: str) -> tuple[np.ndarray, int]:
+    """(samples x channels float32 in the int16 range, sample rate) of a ``wav.scp`` value."""
+    import soundfile as sf
+
+    if rxfile.rstrip().endswith("|"):
+        cmd = rxfile.rstrip()[:-1]
+        try:
+            proc = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise AudioReadError(f"cannot run pipe {cmd!r}: {e}") from None
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip()[-_STDERR_TAIL:]
+            raise AudioReadError(f"pipe {cmd!r} failed (exit {proc.returncode}): {err or 'no stderr'}")
+        source: object = io.BytesIO(proc.stdout)
+        what = f"output of pipe {cmd!r}"
+    else:
+        source = rxfile
+        what = repr(rxfile)
+        if not os.path.isfile(rxfile):
+            raise AudioReadError(f"{rxfile!r}: no such file (paths in wav.scp are relative to where you run)")
+    try:
+        data, rate = sf.read(source, dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises LibsndfileError, RuntimeError, TypeError... for bad data
+        raise AudioReadError(f"{what} is not readable audio: {type(e).__name__}: {e}") from None
+    if data.shape[0] == 0:
+        raise AudioReadError(f"{what} has no samples")
+    data *= INT16_SCALE
+    return data, int(rate)
+
+
+def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
+    """Band-limited resampling of a 1-D signal with scipy's polyphase filter (Kaiser window).
+
+    scipy rather than ``torchaudio.functional.resample``: it works whatever backend is chosen
+    (torchaudio may not import), so both backends see identical waveforms.
+    """
+    if orig == new:
+        return x
+    from scipy.signal import resample_poly
+
+    g = gcd(orig, new)
+    return resample_poly(x, new // g, orig // g).astype(np.float32, copy=False)
+
+
+def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int = 16000, channel: int = 0,
+                   min_samples: int = 1) -> Iterator[tuple[Utterance, np.ndarray | AudioProblem]]:
+    """(utterance, 1-D float32 waveform at ``sample_rate`` or the problem) for each utterance, in order.
+
+    Consecutive utterances of one recording share a single read (and resampling per channel).
+    ``min_samples``: shorter waveforms are reported ``too_short`` (e.g. less than one window).
+    """
+    cur_rec: str | None = None
+    loaded: tuple[np.ndarray, int] | AudioReadError | None = None
+    per_channel: dict[int, np.ndarray] = {}
+    for u in utts:
+        if u.recid != cur_rec:
+            cur_rec, per_channel = u.recid, {}
+            try:
+                loaded = load_recording(u.rxfile)
+            except AudioReadError as e:
+                loaded = e
+        if isinstance(loaded, AudioReadError):
+            yield u, AudioProblem("bad_audio", f"recording {u.recid!r}: {loaded}")
+            continue
+        data, rate = loaded
+        ch = channel if u.channel is None else u.channel
+        if not 0 <= ch < data.shape[1]:
+            src = f"{u.where} asks for" if u.channel is not None else "--channel"
+            yield u, AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
+                                  f"recording {u.recid!r} has {data.shape[1]} channel(s); {src} channel {ch}")
+            continue
+        wave = per_channel.get(ch)
+        if wave is None:
+            wave = per_channel[ch] = resample(np.ascontiguousarray(data[:, ch]), rate, sample_rate)
+        piece = cut_segment(u, wave, sample_rate)
+        if isinstance(piece, AudioProblem):
+            yield u, piece
+        elif len(piece) < min_samples:
+            yield u, AudioProblem("too_short", f"{len(piece)} samples at {sample_rate} Hz, fewer than the "
+                                               f"{min_samples} of one analysis window; no frame to compute")
+        else:
+            yield u, piece
+
+
+def cut_segment(u: Utterance, wave: np.ndarray, rate: int) -> np.ndarray | AudioProblem:
+    """The samples of a segment, with Kaldi ``extract-segments``' checks and truncation."""
+    if u.start == 0.0 and u.end == -1.0:
+        return wave
+    n = len(wave)
+    where = f"{u.where}: segment {u.start}..{u.end} s of recording {u.recid!r} ({n / rate:.3f} s)"
+    if u.start < 0 or (u.end != -1.0 and u.end <= u.start):
+        return AudioProblem("bad_segment", f"{where}: start must be >= 0 and end > start (or -1)")
+    start = int(u.start * rate)  # truncation, as Kaldi converts seconds to samples
+    end = n if u.end == -1.0 else int(u.end * rate)
+    if start >= n:
+        return AudioProblem("bad_segment", f"{where}: starts past the end of the recording")
+    if end > n:
+        if end >= n + int(MAX_OVERSHOOT * rate):
+            return AudioProblem("bad_segment", f"{where}: ends {(end - n) / rate:.3f} s past the recording, more "
+                                               f"than Kaldi's {MAX_OVERSHOOT} s tolerance; fix the segment times")
+        end = n  # a small overshoot (rounding in the segmenter) is truncated, as Kaldi does
+    if end <= start + int(MIN_SEGMENT_LENGTH * rate):
+        return AudioProblem("bad_segment", f"{where}: shorter than Kaldi's {MIN_SEGMENT_LENGTH} s minimum "
+                                           f"segment length")
+    return wave[start:end]
