@@ -585,19 +585,48 @@ def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: st
 
 
 def demo_corpus_shards(repo: Path, work: Path, log: Callable[[str], None]) -> tuple[list[Path], list[Path]] | None:
-    """Pack the bundled demo corpus (``egs/demo/data/*/feats.scp``) as float32 and float16, if it is there."""
+    """Pack the bundled demo corpus as float32 and float16, or None when it is not in this checkout.
+
+    ``egs/demo/data/*`` holds ``wav.scp`` + ``text`` (paths relative to ``egs/demo``); features
+    come from ``wdsprep.fbank`` (80-bin, dither 0) unless a split already has a ``feats.scp``.
+    """
     from .pack import pack_data
 
-    scps = sorted((repo / "egs" / "demo" / "data").glob("*/feats.scp"))
-    scps = [s for s in scps if (s.parent / "text").is_file()]
+    root = repo / "egs" / "demo"
+    splits = sorted(d for d in (root / "data").glob("*") if (d / "text").is_file())
+    if not splits:
+        return None
+    scps = []
+    for d in splits:
+        if (d / "feats.scp").is_file():
+            scps.append(d / "feats.scp")
+            continue
+        if not (d / "wav.scp").is_file():
+            continue
+        out = work / "demo-fbank" / d.name
+        if not (out / "feats.scp").is_file():
+            try:
+                from .fbank import compute_fbank
+            except ImportError:
+                return None
+            log(f"[bench] fbank of the demo corpus {d} -> {out}")
+            cwd = os.getcwd()
+            os.chdir(root)  # wav.scp paths are relative to egs/demo
+            try:
+                compute_fbank(d / "wav.scp", out, nj=1, progress=False)
+            finally:
+                os.chdir(cwd)
+        scps.append(out / "feats.scp")
     if not scps:
         return None
+    texts = [s.parent / "text" if s.parent.parent.name != "demo-fbank" else root / "data" / s.parent.name / "text"
+             for s in scps]
     out = []
     for dtype in ("float32", "float16"):
         d = work / f"demo-{dtype}"
         if not (d / "pack_report.json").is_file():
-            log(f"[bench] packing the demo corpus ({', '.join(map(str, scps))}) as {dtype}")
-            pack_data(scps, [s.parent / "text" for s in scps], d, dtype=dtype, overwrite=True, progress=False)
+            log(f"[bench] packing the demo corpus as {dtype}")
+            pack_data(scps, texts, d, dtype=dtype, overwrite=True, progress=False)
         out.append(sorted(d.rglob("data-*.tar")))
     return out[0], out[1]
 
@@ -613,7 +642,7 @@ class Results:
     contenders: list[Contender]
     padding: list[PaddingRow]
     rss: list[RssRow]
-    f16: F16Result | None
+    f16: list[F16Result]
     f16_note: str
     max_frames: int
     repeat: int
@@ -713,17 +742,16 @@ def to_markdown(res: Results) -> str:
         lines.append(f"| {r.label}{note} | {r.shards} | {_fmt(r.utts, ',')} | {_fmt(r.base_mb, '.0f')} | "
                      f"{_fmt(r.peak_mb, '.0f')} |")
     lines += [""]
-    if res.f16 is not None:
-        f = res.f16
-        raw32, raw16 = res.row("raw read, shards [cold]"), res.row("raw read, float16 shards [cold]")
-        l32, l16 = res.row(f"{LOADER} [warm]"), res.row(f"{LOADER}, float16 shards [warm]")
-        t_raw = None if _ratio(raw32, raw16) is None else _ratio(raw32, raw16)
-        t_ld = None if _ratio(l32, l16) is None else _ratio(l32, l16)
-        lines += [f"float16 storage ({f.corpus}; {f.utts:,} utterances): shard bytes float16 ÷ float32 = "
-                  f"**{f.bytes16 / f.bytes32:.3f}** ({f.bytes16 / 1e9:.3f} / {f.bytes32 / 1e9:.3f} GB); max abs error "
-                  f"read back as float32 = **{f.max_abs_err:.2e}** (max relative {f.max_rel_err:.1e}); cold raw "
-                  f"read time float16 ÷ float32 = **{_fmt(t_raw, '.2f')}**; loader warm epoch time float16 ÷ "
-                  f"float32 = **{_fmt(t_ld, '.2f')}**. {res.f16_note}".rstrip()]
+    raw32, raw16 = res.row("raw read, shards [cold]"), res.row("raw read, float16 shards [cold]")
+    l32, l16 = res.row(f"{LOADER} [warm]"), res.row(f"{LOADER}, float16 shards [warm]")
+    lines += ["float16 storage (`pack --dtype float16`; the loader returns float32):", "",
+              "| corpus | utterances | shard bytes f16 ÷ f32 | max abs error as float32 | max relative error |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for f in res.f16:
+        lines.append(f"| {f.corpus} | {f.utts:,} | {f.bytes16 / f.bytes32:.3f} ({f.bytes16 / 1e6:,.0f} / "
+                     f"{f.bytes32 / 1e6:,.0f} MB) | {f.max_abs_err:.2e} | {f.max_rel_err:.1e} |")
+    lines += ["", f"Time float16 ÷ float32 (generated corpus): cold raw read {_fmt(_ratio(raw32, raw16), '.2f')}, "
+              f"loader warm epoch {_fmt(_ratio(l32, l16), '.2f')}. {res.f16_note}", ""]
     if res.loader_note:
         lines += ["", res.loader_note]
     return "\n".join(lines) + "\n"
@@ -864,14 +892,13 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
 
     log("[bench] float16 error")
     repo = Path(__file__).resolve().parent.parent
+    f16 = [float16_error(c.shards32, c.shards16, "generated corpus, values ≈ N(4…14, 2²)")]
     demo = demo_corpus_shards(repo, c.work, log)
     if demo is not None and demo[0]:
-        f16 = float16_error(demo[0], demo[1], "bundled demo corpus egs/demo/data")
+        f16.append(float16_error(demo[0], demo[1], "bundled demo corpus egs/demo/data, 80-bin fbank"))
         f16_note = "Read times are on the generated corpus (the demo corpus is too small to time)."
     else:
-        f16 = float16_error(c.shards32, c.shards16, "generated corpus")
-        f16_note = ("The bundled demo corpus (egs/demo/data) was not in this checkout, so size and error are "
-                    "measured on the generated fbank-like features (values ≈ N(4…14, 2²)).")
+        f16_note = "The bundled demo corpus (egs/demo/data) was not in this checkout; generated corpus only."
     return Results(command, c, contenders, padding, rss, f16, f16_note, args.max_frames, args.repeat, loader_note)
 
 
@@ -910,7 +937,7 @@ def run_cli(args: argparse.Namespace, command: str) -> int:
                        for c in res.contenders},
             "padding": [asdict(p) for p in res.padding],
             "rss": [asdict(r) for r in res.rss],
-            "float16": asdict(res.f16) if res.f16 else None,
+            "float16": [asdict(f) for f in res.f16],
         }, indent=1), encoding="utf-8")
     if args.plot:
         plot(res, Path(args.plot))
