@@ -31,7 +31,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[bench.Results, str
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     argv = ["--work", str(work / "corpus"), "--utts", "200", "--utts-per-shard", "40", "--repeat", "1",
-            "--vocab-size", "60", "--max-frames", "6000", "--nj", "1", "--plot", str(work / "b.png"),
+            "--vocab-size", "60", "--max-frames", "6000", "--nj", "1", "--skip-demo",
+            "--plot", str(work / "b.png"),
             "--markdown", str(work / "b.md")]
     args = p.parse_args(argv)
     res = bench.run_bench(args, "bench " + " ".join(argv), log=lambda s: None)

@@ -741,7 +741,14 @@ def to_markdown(res: Results) -> str:
         note = f" ({r.note})" if r.note else ""
         lines.append(f"| {r.label}{note} | {r.shards} | {_fmt(r.utts, ',')} | {_fmt(r.base_mb, '.0f')} | "
                      f"{_fmt(r.peak_mb, '.0f')} |")
-    lines += [""]
+    try:
+        from .batching import DEFAULT_POOL_SIZE as pool
+    except ImportError:
+        pool = 4000
+    held = (2000 + pool) * sum(map(os.path.getsize, c.shards32)) / spec.utts / MB
+    lines += ["", f"Designed working set: shuffle buffer 2,000 + bucket pool {pool:,} decoded utterances × "
+              f"{sum(map(os.path.getsize, c.shards32)) / spec.utts / 1e3:.0f} kB mean ≈ {held:,.0f} MB, "
+              "plus one shard being read.", ""]
     raw32, raw16 = res.row("raw read, shards [cold]"), res.row("raw read, float16 shards [cold]")
     l32, l16 = res.row(f"{LOADER} [warm]"), res.row(f"{LOADER}, float16 shards [warm]")
     lines += ["float16 storage (`pack --dtype float16`; the loader returns float32):", "",
@@ -893,7 +900,7 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
     log("[bench] float16 error")
     repo = Path(__file__).resolve().parent.parent
     f16 = [float16_error(c.shards32, c.shards16, "generated corpus, values ≈ N(4…14, 2²)")]
-    demo = demo_corpus_shards(repo, c.work, log)
+    demo = None if args.skip_demo else demo_corpus_shards(repo, c.work, log)
     if demo is not None and demo[0]:
         f16.append(float16_error(demo[0], demo[1], "bundled demo corpus egs/demo/data, 80-bin fbank"))
         f16_note = "Read times are on the generated corpus (the demo corpus is too small to time)."
@@ -918,6 +925,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nj", type=int, default=2, help="pack processes when generating (default: %(default)s)")
     p.add_argument("--cold-webdataset", action="store_true", help="also time webdataset with a cold cache")
+    p.add_argument("--skip-demo", action="store_true", help="float16 check on the generated corpus only")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
     p.add_argument("--json", metavar="FILE", help="also write raw pass times here")
     p.add_argument("--plot", metavar="FILE.png", help="bar charts of throughput and padding efficiency")
