@@ -9,10 +9,12 @@ from .pack import pack_data
 from .pack_audio import pack_audio
 from .report import Report, StrictError
 from .shards import decode_key, encode_key, read_index
+from .tokenizer import SubwordSampling, Tokenizer, load_tokenizer, train_tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index"]
+__all__ = ["pack_data", "Report", "StrictError", "encode_key", "decode_key", "read_index",
+           "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer"]
 
 # The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.
 _LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "LoaderStats": "loader",

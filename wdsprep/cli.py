@@ -74,6 +74,53 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     run_cli(args, " ".join(["wdsprep", *map(shlex.quote, sys.argv[1:])]))
 
 
+def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
+    from .tokenizer import train_tokenizer
+
+    tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
+                          user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
+                          character_coverage=args.character_coverage, overwrite=args.overwrite)
+    print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
+
+
+def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    lines = args.texts if args.texts else (line.rstrip("\n") for line in sys.stdin)
+    for text in lines:
+        ids = tok.encode(text)
+        if args.ids_only:
+            print(" ".join(map(str, ids)))
+        else:
+            print(" ".join(tok.id_to_piece(i) for i in ids) + "\t" + " ".join(map(str, ids)))
+
+
+def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
+    tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
+    p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
+    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char"], required=True)
+    p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
+                   "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
+    p.add_argument("--model-type", choices=["unigram", "bpe", "char"], default="unigram",
+                   help="sentencepiece model type (default: %(default)s)")
+    p.add_argument("--character-coverage", type=float, default=0.9995,
+                   help="sentencepiece: share of characters covered, rarer ones become <unk> (default: %(default)s)")
+    p.add_argument("--user-dict", help="jieba: user dictionary, lines 'word [freq] [tag]'; stored in the output")
+    p.add_argument("--drop-spaces", action="store_true",
+                   help="char: drop whitespace instead of a <space> token (e.g. word-segmented Mandarin)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_tokenizer_train)
+    p = tsub.add_parser("encode", help="print pieces and ids of TEXT (or of each stdin line)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer file from 'wdsprep tokenizer train'")
+    p.add_argument("--ids-only", action="store_true", help="print only the ids")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
+    p.set_defaults(func=_cmd_tokenizer_encode)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wdsprep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark the loader against raw reads, webdataset and kaldiio")
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    _add_tokenizer_parser(sub)
     return parser
 
 

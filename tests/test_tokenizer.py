@@ -1,0 +1,269 @@
+"""Tokenizers: training on Kaldi text, the one-file JSON format, CAT ids, sampling, jieba user dicts, CLI."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wdsprep.kaldi import KaldiDataError
+from wdsprep.tokenizer import (SubwordSampling, Tokenizer, TokenizerFileError, derive_seed, load_tokenizer,
+                               train_tokenizer)
+
+ENGLISH = ["the quick brown fox jumps over the lazy dog", "speech recognition with subword units",
+           "recognition of speech in noisy rooms", "the dog recognised the speaker",
+           "units of speech are called phones", "a lazy speaker jumps over noisy units"]
+MANDARIN = ["我们今天去北京开会", "今天天气很好 我们去公园", "语音识别是一个有趣的问题", "我爱 hello world 语音识别",
+            "北京的天气今天很好"]
+SPM_OPTS = dict(vocab_size=80, character_coverage=1.0, spm_options={"hard_vocab_limit": False})
+KINDS = ["char", "jieba", "sentencepiece"]
+STDERR_SPAM = ("trainer_interface", "Building prefix dict", "Loading model cost", "unigram_model_trainer")
+
+
+def transcripts() -> list[str]:
+    # Word-order variations give SentencePiece enough text to learn subwords, deterministically.
+    out = list(ENGLISH) + list(MANDARIN)
+    for a, b in itertools.permutations(ENGLISH[:5], 2):
+        out.append(f"{a} {b}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "text"
+    lines = [f"utt{i:03d} {t}" for i, t in enumerate(transcripts())]
+    lines.insert(3, "utt_empty")  # an empty transcript is legal in Kaldi text and must be skipped
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def toks(text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tokenizer]:
+    out = tmp_path_factory.mktemp("tok")
+    return {
+        "char": train_tokenizer("char", [text_file], out / "char.json"),
+        "jieba": train_tokenizer("jieba", [text_file], out / "jieba.json"),
+        "sentencepiece": train_tokenizer("sentencepiece", [text_file], out / "spm.json", **SPM_OPTS),
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cat_id_convention_and_unknowns(toks: dict[str, Tokenizer], kind: str) -> None:
+    tok = toks[kind]
+    assert tok.kind == kind
+    assert (tok.id_to_piece(0), tok.id_to_piece(1)) == ("<s>", "<unk>")
+    for t in transcripts():
+        ids = tok.encode(t)
+        assert ids and 0 not in ids and 1 not in ids, (t, ids)  # training text is fully in-vocabulary
+        assert all(0 <= i < tok.vocab_size for i in ids)
+    # Characters never seen in training ("火星", a snowman) must map to <unk>, never to a real id.
+    assert 1 in tok.encode("火星 ☃")
+    assert tok.encode("") == [] and tok.encode("   ") == []
+    assert tok.encode_batch(["", "the dog"])[0] == []
+
+
+@pytest.mark.parametrize("kind", ["char", "sentencepiece"])
+def test_round_trip(toks: dict[str, Tokenizer], kind: str) -> None:
+    tok = toks[kind]
+    for t in transcripts():
+        assert tok.decode(tok.encode(t)) == " ".join(t.split())
+    assert tok.decode([0, *tok.encode("the dog"), 0]) == "the dog"  # the blank carries no text
+
+
+def test_jieba_words_spaces_and_latin(toks: dict[str, Tokenizer]) -> None:
+    tok = toks["jieba"]
+    pieces = [tok.id_to_piece(i) for i in tok.encode("我爱 hello world 语音识别")]
+    assert "hello" in pieces and "world" in pieces  # Latin words stay whole
+    assert not any(p.isspace() for p in pieces)
+    # Documented decode rule: a space only between two Latin/digit edges.
+    assert tok.decode(tok.encode("我爱 hello world 语音识别")) == "我爱hello world语音识别"
+    assert tok.decode(tok.encode("speech recognition with subword units")) == "speech recognition with subword units"
+    # A space is a word boundary jieba never cuts across, but never a token itself.
+    assert [tok.id_to_piece(i) for i in tok.encode("今天 天气")] == ["今天", "天气"]
+
+
+def test_vocab_size_caps_char_and_jieba(text_file: Path, tmp_path: Path) -> None:
+    for kind in ("char", "jieba"):
+        tok = train_tokenizer(kind, [text_file], tmp_path / f"{kind}.json", vocab_size=12)
+        assert tok.vocab_size == 12
+        ids = [i for t in transcripts() for i in tok.encode(t)]
+        assert 1 in ids and max(ids) < 12  # rare pieces fell out and became <unk>
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_tokenizer("sentencepiece", [text_file], tmp_path / "s.json")
+    with pytest.raises(ValueError, match="too high"):
+        train_tokenizer("sentencepiece", [text_file], tmp_path / "s.json", vocab_size=5000)
+
+
+def test_char_drop_spaces(text_file: Path, tmp_path: Path) -> None:
+    tok = train_tokenizer("char", [text_file], tmp_path / "c.json", keep_spaces=False)
+    assert "<space>" not in {tok.id_to_piece(i) for i in range(tok.vocab_size)}
+    assert tok.decode(tok.encode("今天天气很好 我们去公园")) == "今天天气很好我们去公园"
+
+
+def test_spm_bpe_and_char_model_types(text_file: Path, tmp_path: Path) -> None:
+    for mt, kw in (("bpe", SPM_OPTS), ("char", dict(character_coverage=1.0))):
+        tok = train_tokenizer("sentencepiece", [text_file], tmp_path / f"{mt}.json", model_type=mt, **kw)
+        assert (tok.id_to_piece(0), tok.id_to_piece(1)) == ("<s>", "<unk>")
+        for t in transcripts():
+            assert tok.decode(tok.encode(t)) == " ".join(t.split())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_saved_file_is_json_and_reloads(toks: dict[str, Tokenizer], tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "t.json"
+    toks[kind].save(path)
+    raw = path.read_bytes()
+    doc = json.loads(raw)
+    assert raw[:1] == b"{" and doc["format"] == "wdsprep-tokenizer" and doc["kind"] == kind
+    with pytest.raises(pickle.UnpicklingError):
+        pickle.loads(raw)
+    loaded = load_tokenizer(path)
+    assert loaded.vocab_size == toks[kind].vocab_size == doc["vocab_size"]
+    assert [loaded.encode(t) for t in transcripts()] == [toks[kind].encode(t) for t in transcripts()]
+    with pytest.raises(FileExistsError, match="overwrite"):
+        toks[kind].save(path)
+    # In-memory pickling (DataLoader workers started with spawn) must work too.
+    clone = pickle.loads(pickle.dumps(loaded))
+    assert clone.encode("我们今天去北京") == loaded.encode("我们今天去北京")
+
+
+def test_load_errors(toks: dict[str, Tokenizer], tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such tokenizer file"):
+        load_tokenizer(tmp_path / "missing.json")
+    pkl = tmp_path / "cat.tknz"
+    pkl.write_bytes(pickle.dumps({"vocab": [1, 2]}))
+    with pytest.raises(TokenizerFileError, match="pickle"):
+        load_tokenizer(pkl)
+    good = tmp_path / "spm.json"
+    toks["sentencepiece"].save(good)
+    doc = json.loads(good.read_text(encoding="utf-8"))
+    cases = {
+        "not a wdsprep tokenizer": {"hello": 1},
+        "unknown tokenizer kind": {**doc, "kind": "wordpiece"},
+        "version": {**doc, "version": 99},
+        "damaged": {**doc, "model": base64.b64encode(b"not a model proto").decode()},
+        "lacks the 'model' field": {k: v for k, v in doc.items() if k != "model"},
+    }
+    for expected, bad in cases.items():
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad), encoding="utf-8")
+        with pytest.raises(TokenizerFileError, match=expected) as err:
+            load_tokenizer(path)
+        assert str(path) in str(err.value)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        toks["char"].decode([toks["char"].vocab_size])
+
+
+def test_training_text_errors_name_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "text"
+    bad.write_bytes("utt1 你好\n".encode() + "utt2 你好\n".encode("gbk"))
+    for kind in KINDS:
+        with pytest.raises(KaldiDataError, match=f"{bad}:2"):
+            train_tokenizer(kind, [bad], tmp_path / f"{kind}.json", vocab_size=50)
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        train_tokenizer("bytes", [bad], tmp_path / "x.json")
+
+
+def _segmentations(tok: Tokenizer, texts: list[str], sampling: SubwordSampling, calls: int) -> list[tuple[int, ...]]:
+    return [tuple(ids) for _ in range(calls) for ids in tok.encode_batch(texts, sampling=sampling)]
+
+
+def test_subword_sampling_is_seeded(toks: dict[str, Tokenizer]) -> None:
+    tok = toks["sentencepiece"]
+    texts = ["speech recognition with subword units", "the lazy dog recognised the speaker"] * 4
+    sampling = SubwordSampling(alpha=0.5)
+    tok.seed(derive_seed(1, 0, 0, 0))
+    first = _segmentations(tok, texts, sampling, calls=3)
+    tok.seed(derive_seed(1, 0, 0, 0))
+    assert _segmentations(tok, texts, sampling, calls=3) == first  # same seed, same segmentations
+    tok.seed(derive_seed(1, 1, 0, 0))
+    assert _segmentations(tok, texts, sampling, calls=3) != first  # next epoch differs
+    # Sampling really samples: one sentence gets several segmentations, across items and across calls.
+    assert len({s for s, t in zip(first, texts * 3) if t == texts[0]}) > 2
+    assert len(set(first[: len(texts)]) | set(first[len(texts):])) > len(set(first[: len(texts)]))
+    # Every sample is a valid segmentation of its text; without sampling, batch == per-item encode.
+    assert all(tok.decode(s) == t for s, t in zip(first, texts * 3))
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+def test_sampling_validation(toks: dict[str, Tokenizer]) -> None:
+    for kind in ("char", "jieba"):
+        with pytest.raises(ValueError, match="sentencepiece"):
+            toks[kind].encode_batch(["the dog"], sampling=SubwordSampling())
+        toks[kind].seed(3)  # a no-op, but callable for every kind
+        assert toks[kind].encode_batch(["the dog"]) == [toks[kind].encode("the dog")]
+    for bad in (dict(nbest_size=1), dict(nbest_size=0), dict(alpha=0.0)):
+        with pytest.raises(ValueError):
+            SubwordSampling(**bad)
+
+
+def test_jieba_user_dict_changes_segmentation_and_is_embedded(text_file: Path, tmp_path: Path) -> None:
+    import jieba
+
+    ud = tmp_path / "user.dict"
+    ud.write_text("语音识别 100 n\n有趣的问题 50\n", encoding="utf-8")
+    with_ud = train_tokenizer("jieba", [text_file], tmp_path / "ud.json", user_dict=str(ud))
+    # Trained after: the user dictionary must not leak into other tokenizers in the process.
+    plain = train_tokenizer("jieba", [text_file], tmp_path / "plain.json")
+    text = "语音识别是一个有趣的问题"
+    assert [plain.id_to_piece(i) for i in plain.encode(text)] != [with_ud.id_to_piece(i) for i in with_ud.encode(text)]
+    assert "语音识别" in [with_ud.id_to_piece(i) for i in with_ud.encode(text)]
+    ud.unlink()  # the dictionary lives inside the tokenizer file
+    reloaded = load_tokenizer(tmp_path / "ud.json")
+    assert reloaded.encode(text) == with_ud.encode(text)
+    # Nor into jieba's global tokenizer.
+    assert "语音识别" not in jieba.dt.FREQ
+    bad = tmp_path / "bad.dict"
+    bad.write_text("好词 10 n\n坏 行 多 了\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{bad}:2"):
+        train_tokenizer("jieba", [text_file], tmp_path / "x.json", user_dict=str(bad))
+
+
+def test_training_is_quiet(text_file: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    train_tokenizer("sentencepiece", [text_file], tmp_path / "s.json", **SPM_OPTS)
+    train_tokenizer("jieba", [text_file], tmp_path / "j.json")
+    err = capfd.readouterr().err
+    assert not any(s in err for s in STDERR_SPAM), err
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wdsprep", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_train_and_encode(text_file: Path, toks: dict[str, Tokenizer], tmp_path: Path) -> None:
+    ud = tmp_path / "user.dict"
+    ud.write_text("语音识别 100\n", encoding="utf-8")
+    out = tmp_path / "jieba.json"
+    # A fresh process builds jieba's prefix dict: the place its log line would appear.
+    r = _cli("tokenizer", "train", "--kind", "jieba", "--text", str(text_file), "--out", str(out),
+             "--user-dict", str(ud))
+    assert r.returncode == 0, r.stderr
+    assert not any(s in r.stderr for s in STDERR_SPAM), r.stderr
+    jtok = load_tokenizer(out)
+    r = _cli("tokenizer", "encode", "--tokenizer", str(out), stdin="我爱语音识别\nthe dog\n")
+    assert r.returncode == 0 and not any(s in r.stderr for s in STDERR_SPAM), r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    pieces, ids = lines[0].split("\t")
+    assert "语音识别" in pieces.split()  # --user-dict reached the tokenizer
+    assert list(map(int, ids.split())) == jtok.encode("我爱语音识别")
+    assert pieces.split() == [jtok.id_to_piece(i) for i in jtok.encode("我爱语音识别")]
+
+    spm_path = tmp_path / "spm.json"
+    toks["sentencepiece"].save(spm_path)
+    r = _cli("tokenizer", "encode", "--tokenizer", str(spm_path), "--ids-only", "the lazy dog", "语音识别")
+    assert r.returncode == 0, r.stderr
+    assert [list(map(int, line.split())) for line in r.stdout.splitlines()] == [
+        toks["sentencepiece"].encode("the lazy dog"), toks["sentencepiece"].encode("语音识别")]
+
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tmp_path / "nope.json"), "x")
+    assert r.returncode == 2 and "nope.json" in r.stderr
+    with pytest.raises(FileExistsError, match="overwrite"):
+        train_tokenizer("char", [text_file], out)
