@@ -121,6 +121,28 @@ def _add_tokenizer_parser(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_cmd_tokenizer_encode)
 
 
+def _cmd_dry_run(args: argparse.Namespace) -> None:
+    from .dryrun import dry_run
+
+    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
+            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed)
+
+
+def _add_dry_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dry-run", help="iterate the training loader without a model and report (torchrun-safe)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
+    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
+    p.add_argument("--max-frames", type=int, help="padded frames per rank batch (with --trset)")
+    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--dump-keys", metavar="FILE",
+                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
+    p.set_defaults(func=_cmd_dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wdsprep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     _add_tokenizer_parser(sub)
+    _add_dry_run(sub)
     return parser
 
 

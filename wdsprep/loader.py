@@ -224,7 +224,8 @@ class ShardStream(IterableDataset):
 
     def stages(self, worker: int, counts: Counter, cursor: list[int]) -> Iterator[list[Sample]]:
         """The data flow of one worker for one epoch, in order."""
-        cfg, epoch = self.cfg, self.epoch
+        cfg = self.cfg
+        epoch = self.epoch if cfg.train else 0  # dev mode: the same batches every epoch
         mine = self.plan(epoch)[worker]  # split by rank/worker + per-epoch shard shuffle
         shards = [self.shards[i] for i in mine]
         utts = [self.sizes.utts[i] for i in mine]

@@ -160,9 +160,8 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
     pending: dict[str, str] = {}  # overrides from a pax/GNU header for the next member
     while True:
         if pos + BLOCK > n:
-            # A tar ends with zero blocks; running out of bytes before them means truncation.
-            if pos == n and members and not pending:
-                return None
+            # A tar ends with zero blocks; running out of bytes before them means truncation,
+            # even at a member boundary (the cut may have split a sample's members).
             return f"truncated at byte {pos} (file has {n} bytes)"
         header = bytes(view[pos:pos + BLOCK])
         if header[0] == 0 and header == _ZERO_BLOCK:
@@ -277,12 +276,20 @@ def iter_shard_samples(
     if problem is not None:
         if on_corrupt is not None:
             on_corrupt(url, bad_key, problem)
-        where = f" (at or after key {bad_key!r})" if bad_key else ""
+        where = f" (at or after utterance {_uttid(bad_key)!r})" if bad_key else ""
         msg = (f"shard {url}: {problem}{where}; {len(groups)} samples read, the rest of the shard skipped. "
                f"Re-create the shard (wdsprep pack) or remove it from the shard list")
         if on_error == "raise":
             raise ShardError(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
+
+
+def _uttid(key: str) -> str:
+    """The utterance id for messages; the raw key when it does not decode."""
+    try:
+        return decode_key(key)
+    except UnicodeDecodeError:
+        return key
 
 
 def _parse_npy_header(text: str) -> tuple[str, bool, tuple[int, ...]]:
@@ -365,7 +372,7 @@ def iter_decoded(
             problem = f"sample cannot be decoded ({e})"
             if on_corrupt is not None:
                 on_corrupt(url, key, problem)
-            msg = (f"shard {url}: key {key!r}: {problem}; the rest of the shard skipped. "
+            msg = (f"shard {url}: utterance {_uttid(key)!r}: {problem}; the rest of the shard skipped. "
                    f"Re-create the shard (wdsprep pack) or remove it from the shard list")
             if on_error == "raise":
                 raise ShardError(msg) from e

@@ -1,0 +1,201 @@
+"""The single-process loader: coverage, labels, determinism, reshuffling, bounds, filters, corruption."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from shardsets import build, strip_index, train_char_tokenizer
+from wdsprep.distributed import assign_shards
+from wdsprep.loader import LABEL_PAD, Batch, make_loader
+from wdsprep.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    out, utts = build(root, n=240, utts_per_shard=20, groups=["0:150", "150:"])
+    tok = train_char_tokenizer(root, root / "kaldi-cat-0" / "text")
+    return root, out, utts, tok
+
+
+def run(loader, epoch=0):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def keys_of(batches):
+    return [k for b in batches for k in b.keys]
+
+
+def check_batches(batches, utts, tok_path, max_frames=None):
+    """Every utterance once, features and labels right for its key, padding as documented."""
+    tok = load_tokenizer(tok_path)
+    keys = keys_of(batches)
+    assert Counter(keys) == Counter(utts.keys())
+    for b in batches:
+        assert isinstance(b, Batch) and b.feats.dtype.is_floating_point and str(b.feats.dtype) == "torch.float32"
+        assert str(b.labels.dtype) == "torch.int64" and str(b.feat_lens.dtype) == "torch.int64"
+        xs, x_lens, ys, y_lens = b[:4]  # unpacks like CAT's collate
+        assert xs.shape[:2] == (len(b.keys), int(x_lens.max()))
+        if max_frames is not None and len(b.keys) > 1:
+            assert len(b.keys) * int(x_lens.max()) <= max_frames
+        for i, k in enumerate(b.keys):
+            feats, text = utts[k]
+            n, u = int(x_lens[i]), int(y_lens[i])
+            np.testing.assert_array_equal(xs[i, :n].numpy(), feats.astype(np.float32))
+            assert (xs[i, n:] == 0).all()
+            assert ys[i, :u].tolist() == tok.encode(text)
+            assert (ys[i, u:] == LABEL_PAD).all()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_utterance_once_with_right_labels(data, workers):
+    _, out, utts, tok = data
+    loader = make_loader(f"{out}/{{0_150,150_inf}}/data-*.tar", tok, max_frames=1500, num_workers=workers)
+    batches = run(loader)
+    check_batches(batches, utts, tok, max_frames=1500)
+    st = loader.stats
+    assert st.utterances == st.read == len(utts) and st.num_dropped == 0
+    assert st.discarded == 0 and st.steps == len(batches)
+    assert st.padding_efficiency > 0.85
+
+
+@pytest.mark.parametrize("layout,dtype", [("cat-v3", "float32"), ("cat", "float16")])
+def test_other_layout_and_float16(tmp_path, data, layout, dtype):
+    _, _, _, tok = data
+    out, utts = build(tmp_path, n=60, utts_per_shard=17, layout=layout, dtype=dtype, seed=3)
+    if dtype == "float16":
+        utts = {k: (f.astype(np.float16), t) for k, (f, t) in utts.items()}
+    check_batches(run(make_loader(f"{out}/data-*.tar", tok, max_frames=2000)), utts, tok)
+
+
+def test_without_index(tmp_path, data):
+    _, out, utts, tok = data
+    bare = strip_index(out, tmp_path / "bare")
+    loader = make_loader([f"{bare}/0_150/data-*.tar", f"{bare}/150_inf/data-*.tar"], tok, max_frames=1500)
+    check_batches(run(loader), utts, tok)
+    assert loader.stats.discarded is None  # unknown without an index, not guessed
+
+
+def test_same_seed_same_batches_and_new_epoch_reshuffles(data):
+    _, out, _, tok = data
+    pattern = f"{out}/*/data-*.tar"
+    a = run(make_loader(pattern, tok, max_frames=1500, seed=3), epoch=2)
+    b = run(make_loader(pattern, tok, max_frames=1500, seed=3), epoch=2)
+    assert [x.keys for x in a] == [x.keys for x in b]
+    assert all(x.feats.equal(y.feats) and x.labels.equal(y.labels) for x, y in zip(a, b))
+    c = run(make_loader(pattern, tok, max_frames=1500, seed=3), epoch=3)
+    assert keys_of(a) != keys_of(c) and sorted(keys_of(a)) == sorted(keys_of(c))
+
+
+def test_shard_order_changes_every_epoch():
+    """webdataset's shard shuffle repeats its order each epoch; ours is drawn from (seed, epoch)."""
+    orders = {tuple(assign_shards([1] * 20, world_size=1, rank=0, num_workers=1, seed=0, epoch=e,
+                                  shuffle=True)[0]) for e in range(5)}
+    assert len(orders) == 5
+
+
+def test_assignment_balances_frames_across_ranks():
+    rng = np.random.default_rng(0)
+    weights = rng.integers(1000, 50000, 64).tolist()
+    for epoch in range(3):
+        loads = [sum(weights[i] for w in assign_shards(weights, world_size=4, rank=r, num_workers=2, seed=0,
+                                                        epoch=epoch, shuffle=True) for i in w) for r in range(4)]
+        assert max(loads) - min(loads) <= max(weights)
+        assert sum(loads) == sum(weights)
+
+
+def test_oversize_utterance_is_its_own_batch_not_dropped(data):
+    _, out, utts, tok = data
+    longest = max(f.shape[0] for f, _ in utts.values())
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=longest - 1)
+    batches = run(loader)
+    assert Counter(keys_of(batches)) == Counter(utts.keys())
+    over = [b for b in batches if int(b.feat_lens.max()) > longest - 1]
+    assert over and all(len(b.keys) == 1 for b in over)
+    assert loader.stats.oversize_batches == len(over)
+
+
+def test_filters_count_every_drop(data):
+    _, out, utts, tok = data
+    t = load_tokenizer(tok)
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=3000, min_frames=50, max_utt_frames=350,
+                         ctc_subsampling=8, max_batch_size=4)
+    batches = run(loader)
+    expect = Counter()
+    for f, text in utts.values():
+        n = f.shape[0]
+        expect["too_short" if n < 50 else "too_long" if n > 350 else
+               "ctc_too_short" if n // 8 <= len(t.encode(text)) else "kept"] += 1
+    kept = expect.pop("kept")
+    assert loader.stats.dropped == dict(expect) and len(keys_of(batches)) == kept
+    assert all(len(b.keys) <= 4 for b in batches)
+    assert loader.stats.discarded == 0  # dropped samples are accounted, not discarded
+
+
+def test_dev_mode_no_shuffle_once(data):
+    _, out, utts, tok = data
+    a = run(make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, train=False), epoch=0)
+    b = run(make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, train=False), epoch=5)
+    assert Counter(keys_of(a)) == Counter(utts.keys()) and keys_of(a) == keys_of(b)
+
+
+def test_corrupt_shard_warns_counts_and_can_raise(tmp_path, data):
+    _, out, utts, tok = data
+    bad = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(out / "150_inf", bad)
+    victim = sorted(bad.glob("data-*.tar"))[1]
+    raw = victim.read_bytes()
+    victim.write_bytes(raw[: len(raw) // 3])
+    loader = make_loader(f"{bad}/data-*.tar", tok, max_frames=2000)
+    with pytest.warns(RuntimeWarning, match=victim.name):
+        batches = run(loader)
+    st = loader.stats
+    assert st.corrupt_shards == 1 and st.dropped["corrupt_shard"] > 0
+    assert st.utterances + st.dropped["corrupt_shard"] == st.assigned  # nothing unaccounted
+    assert len(set(keys_of(batches))) == st.utterances
+    with pytest.raises(Exception, match=victim.name):
+        run(make_loader(f"{bad}/data-*.tar", tok, max_frames=2000, on_error="raise"))
+
+
+def test_pattern_matching_nothing_is_an_error(data, tmp_path):
+    _, _, _, tok = data
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        make_loader(f"{tmp_path}/nothing-*.tar", tok, max_frames=100)
+
+
+def test_too_few_shards_for_ranks_is_an_error(data):
+    _, out, _, tok = data
+    with pytest.raises(ValueError, match="--utts-per-shard"):
+        make_loader(f"{out}/0_150/data-00000.tar", tok, max_frames=100, rank=0, world_size=2)
+
+
+def test_more_workers_than_shards_is_handled(data):
+    _, out, utts, tok = data
+    shards = sorted(out.glob("0_150/data-*.tar"))[:1]  # one shard, two workers: one worker idles
+    loader = make_loader([str(s) for s in shards], tok, max_frames=2000, num_workers=2)
+    got = keys_of(run(loader))
+    assert len(got) == len(set(got)) == loader.stats.assigned > 0
+
+
+def test_state_is_a_few_numbers(data):
+    _, out, _, tok = data
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, seed=5)
+    loader.set_epoch(1)
+    it = iter(loader)
+    next(it), next(it)
+    s = loader.state()
+    assert (s["seed"], s["epoch"], s["step"], s["world_size"]) == (5, 1, 2, 1)
+    assert all(len(c) == 2 for c in s["cursors"].values())
+
+
+def test_import_wdsprep_does_not_import_torch():
+    code = "import sys, wdsprep; assert 'torch' not in sys.modules; wdsprep.make_loader; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
