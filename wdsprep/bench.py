@@ -155,8 +155,9 @@ def prepare(spec: DataSpec, work: Path, *, nj: int = 2, log: Callable[[str], Non
         from .pack import pack_data
 
         log(f"[bench] generating {spec.utts} utterances into {work} (reused on the next run)")
-        for sub in ("kaldi", "shards-f32", "shards-f16", "x4", "tokenizer.json"):
-            p = work / sub
+        # Everything derived from the generated corpus (the demo-* dirs are not, and are kept).
+        for p in [*(work / sub for sub in ("kaldi", "shards-f32", "shards-f16", "x4")),
+                  *work.glob("tokenizer-spm*.json")]:
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         marker.unlink(missing_ok=True)
         t0 = time.perf_counter()
