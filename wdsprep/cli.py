@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from .fbank import BackendUnavailable
@@ -211,13 +212,27 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import run_cli
+
+    run_cli(args, " ".join(["wdsprep", *map(shlex.quote, sys.argv[1:])]))
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .bench import add_arguments  # stdlib + numpy only: cheap
+
+    p = sub.add_parser("bench", help="benchmark the loader against raw reads, webdataset and kaldiio")
+    add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
     for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
-                _add_dry_run, _add_demo):
+                _add_dry_run, _add_demo, _add_bench):
         add(sub)
     return parser
 

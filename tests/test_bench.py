@@ -1,0 +1,101 @@
+"""Smoke test of the benchmark on a tiny corpus: every row is there and the numbers are sane.
+
+Nothing here asserts on speed (shared CI machines are noisy); only on completeness and plausibility.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+
+import pytest
+
+from wdsprep import bench
+
+
+def _have(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+HAVE_LOADER = _have("wdsprep.loader") and _have("wdsprep.tokenizer")
+HAVE_BATCHING = _have("wdsprep.batching")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[bench.Results, str]:
+    work = tmp_path_factory.mktemp("bench")
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    argv = ["--work", str(work / "corpus"), "--utts", "200", "--utts-per-shard", "40", "--repeat", "1",
+            "--vocab-size", "60", "--max-frames", "6000", "--nj", "1", "--skip-demo",
+            "--plot", str(work / "b.png"),
+            "--markdown", str(work / "b.md")]
+    args = p.parse_args(argv)
+    res = bench.run_bench(args, "bench " + " ".join(argv), log=lambda s: None)
+    bench.plot(res, work / "b.png")
+    assert (work / "b.png").stat().st_size > 10_000
+    return res, bench.to_markdown(res)
+
+
+def test_every_row_is_in_the_table(result: tuple[bench.Results, str]) -> None:
+    res, md = result
+    for name in ["raw read, shards", "raw read, float16 shards", "webdataset .decode()",
+                 "kaldiio load_scp, random", "kaldiio random + loader's tokenize/bucket/collate",
+                 "wdsprep loader, nw=0", "wdsprep loader, nw=2",
+                 "wdsprep loader, nw=0, float16 shards"]:
+        assert f"| {name} |" in md, name
+    for name in ["CAT stream (no sort)", "WeNet sort window", "wdsprep bucket_batches"]:
+        assert f"| {name}" in md
+    assert md.count("| N") == 1 and "| 4N" in md
+    assert "float16 storage" in md
+    assert md.startswith("```sh\nbench --work")
+
+
+def test_numbers_are_sane(result: tuple[bench.Results, str]) -> None:
+    res, _ = result
+    for c in res.contenders:
+        if c.run is None:  # only the rows that need the loader may be pending
+            assert not HAVE_LOADER and c.utts_per_s is None, c.key
+            continue
+        assert c.utts == 200, c.key
+        assert c.utts_per_s is not None and c.utts_per_s > 0 and math.isfinite(c.utts_per_s), c.key
+        assert c.mb_per_s is not None and c.mb_per_s > 0
+        assert len(c.seconds) == 1
+    assert res.f16 and res.f16[0].utts == 200
+    for f in res.f16:
+        assert 0.45 < f.bytes16 / f.bytes32 < 0.6
+        assert 0 < f.max_abs_err < 0.05 and f.max_rel_err < 1e-3  # float16 has an 11-bit significand
+
+
+@pytest.mark.skipif(not HAVE_BATCHING, reason="wdsprep.batching not merged yet")
+def test_padding_rows(result: tuple[bench.Results, str]) -> None:
+    res, _ = result
+    assert [p.name for p in res.padding] == [bench.BATCHERS[0], *bench.BATCHERS[1:] * 2]
+    for p in res.padding:
+        assert p.efficiency is not None and 0 < p.efficiency <= 1, p
+        assert p.displacement is not None and p.displacement >= 0
+    stream = res.padding[0]
+    assert stream.displacement == 0  # the streaming batcher keeps the order it is given
+    assert all(p.efficiency >= stream.efficiency for p in res.padding)  # sorting can only reduce padding
+
+
+@pytest.mark.skipif(not HAVE_LOADER, reason="wdsprep.loader not merged yet")
+def test_rss_rows(result: tuple[bench.Results, str]) -> None:
+    res, _ = result
+    n, n4 = res.rss
+    assert n.utts == 200 and n4.utts == 800
+    assert 0 < n.base_mb <= n.peak_mb and 0 < n4.peak_mb
+
+
+def test_padding_stats_on_known_batches() -> None:
+    import numpy as np
+
+    lens = np.array([10, 10, 5, 5])
+    eff, disp, means, nb = bench._padding_stats([[0, 1], [2, 3]], lens)
+    assert (eff, disp, means, nb) == (1.0, 0.0, [10.0, 5.0], 2)
+    eff, disp, _means, _ = bench._padding_stats([[0, 2], [1, 3]], lens)
+    assert eff == 30 / 40 and disp == 0.5  # positions 0,2,1,3 vs 0,1,2,3

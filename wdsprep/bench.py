@@ -1,0 +1,965 @@
+"""``wdsprep bench``: does the shard loader earn its keep? One run, the same utterances for everyone.
+
+Generates a synthetic corpus (lognormal lengths, 80-dim fbank-like features, random transcripts),
+writes it once as a Kaldi data dir (ark + scp + text) and packs it with :func:`wdsprep.pack_data`
+into float32 and float16 shards. Then times, interleaved over ``--repeat`` rounds (median reported):
+
+- the read limit (plain ``read`` of the shard bytes), warm and cold page cache;
+- webdataset's default path ``WebDataset(...).decode().to_tuple("npy", "txt")``;
+- the map-style loader being replaced: kaldiio ``load_scp`` in random order, warm and cold;
+- wdsprep's loader (SentencePiece on the fly, ``max_frames`` batching), warm and cold, 0 and 2 workers;
+
+and measures padding efficiency of three batchers at a comparable shuffle strength, the loader's
+peak RSS for N and 4N utterances, and what float16 storage costs and saves.
+
+Only the standard library and numpy are imported at module level (``wdsprep bench --help`` and
+``import wdsprep.cli`` stay cheap); torch, webdataset, kaldiio and matplotlib are imported by the
+pass that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import mmap
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+MB = 1e6
+GROUPS = ("0:500", "500:")  # two length groups of about equal size at median 500 frames
+GROUP_DIRS = ("0_500", "500_inf")
+SPEC_FILE = "bench_spec.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# The corpus
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything the generated corpus depends on; a work dir is reused only if this matches."""
+
+    utts: int = 20_000
+    dims: int = 80
+    seed: int = 0
+    median_frames: float = 500.0
+    sigma: float = 0.5
+    min_frames: int = 20
+    max_frames: int = 3000
+    utts_per_shard: int = 2000
+    arks: int = 4  # Kaldi writes one ark per feature-extraction job; 4 is a small recipe
+    groups: tuple[str, ...] = GROUPS
+    vocab_words: int = 600
+    version: int = 1  # bump when generation changes
+
+    def lengths(self) -> np.ndarray:
+        """Frames per utterance: lognormal around the median, clipped."""
+        rng = np.random.default_rng([self.seed, 1])
+        x = rng.lognormal(math.log(self.median_frames), self.sigma, self.utts)
+        return np.clip(np.rint(x), self.min_frames, self.max_frames).astype(np.int64)
+
+
+@dataclass
+class Corpus:
+    """Paths and sizes of a prepared work dir."""
+
+    work: Path
+    spec: DataSpec
+    lengths: np.ndarray
+    scp: Path
+    text: Path
+    arks: list[Path]
+    shards32: list[Path]
+    shards16: list[Path]
+    tokenizer: Path | None = None
+
+    @property
+    def pattern32(self) -> str:
+        return f"{self.work}/shards-f32/{{{','.join(GROUP_DIRS)}}}/data-*.tar"
+
+    @property
+    def pattern16(self) -> str:
+        return f"{self.work}/shards-f16/{{{','.join(GROUP_DIRS)}}}/data-*.tar"
+
+    @property
+    def hours(self) -> float:
+        return float(self.lengths.sum()) / 100 / 3600  # 10 ms frames
+
+
+def _vocabulary(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` distinct pronounceable pseudo-words (1-3 CV syllables), so SentencePiece has structure to learn."""
+    cons, vows = "bdfgklmnprstvz", "aeiou"
+    words: set[str] = set()
+    while len(words) < n:
+        k = int(rng.integers(1, 4))
+        words.add("".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(k)))
+    return sorted(words)
+
+
+def generate_kaldi(spec: DataSpec, d: Path) -> None:
+    """Write ``d/{feats.scp,text,utt2num_frames,feats.N.ark}`` for ``spec``."""
+    import kaldiio
+
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([spec.seed, 2])
+    lens = spec.lengths()
+    vocab = np.array(_vocabulary(rng, spec.vocab_words))
+    # Zipf-ish word frequencies, like real text; speaking rate ~2.5 words/s.
+    p = 1.0 / np.arange(1, len(vocab) + 1)
+    p /= p.sum()
+    # fbank-like: per-dim mean rising over the mel bins, unit-ish spread; float32 as Kaldi writes it.
+    mu = np.linspace(4.0, 14.0, spec.dims, dtype=np.float32)
+    ids = [f"spk{i % 97:03d}-utt{i:06d}" for i in range(spec.utts)]
+    scp_lines: list[str] = []
+    per_ark = math.ceil(spec.utts / spec.arks)
+    with open(d / "text", "w", encoding="utf-8") as ftext, open(d / "utt2num_frames", "w") as fnf:
+        for a in range(spec.arks):
+            lo, hi = a * per_ark, min(spec.utts, (a + 1) * per_ark)
+            ark, scp = d / f"feats.{a + 1}.ark", d / f"feats.{a + 1}.scp"
+            with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
+                for i in range(lo, hi):
+                    t = int(lens[i])
+                    feats = rng.standard_normal((t, spec.dims), dtype=np.float32) * 2.0 + mu
+                    w(ids[i], feats)
+                    nw = max(1, int(rng.poisson(t / 100 * 2.5)))
+                    ftext.write(f"{ids[i]} {' '.join(rng.choice(vocab, nw, p=p))}\n")
+                    fnf.write(f"{ids[i]} {t}\n")
+            scp_lines.append(scp.read_text())
+    (d / "feats.scp").write_text("".join(scp_lines))
+
+
+def _tar_list(root: Path) -> list[Path]:
+    return sorted(p for g in GROUP_DIRS for p in (root / g).glob("data-*.tar"))
+
+
+def prepare(spec: DataSpec, work: Path, *, nj: int = 2, log: Callable[[str], None] = print) -> Corpus:
+    """Generate and pack the corpus into ``work``, or reuse it when ``work`` holds the same spec."""
+    work = work.resolve()
+    spec_json = json.dumps(asdict(spec), sort_keys=True)
+    marker = work / SPEC_FILE
+    kd = work / "kaldi"
+    if not (marker.is_file() and marker.read_text() == spec_json):
+        from .pack import pack_data
+
+        log(f"[bench] generating {spec.utts} utterances into {work} (reused on the next run)")
+        # Everything derived from the generated corpus (the demo-* dirs are not, and are kept).
+        for p in [*(work / sub for sub in ("kaldi", "shards-f32", "shards-f16", "x4")),
+                  *work.glob("tokenizer-spm*.json")]:
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        generate_kaldi(spec, kd)
+        log(f"[bench] kaldi data dir written in {time.perf_counter() - t0:.1f} s")
+        for dtype, out in (("float32", "shards-f32"), ("float16", "shards-f16")):
+            t0 = time.perf_counter()
+            pack_data(kd / "feats.scp", kd / "text", work / out, filter_group=list(spec.groups),
+                      utts_per_shard=spec.utts_per_shard, dtype=dtype, nj=nj, progress=False)
+            log(f"[bench] packed {dtype} in {time.perf_counter() - t0:.1f} s")
+        marker.write_text(spec_json)  # last: an interrupted preparation is redone
+    c = Corpus(work, spec, spec.lengths(), kd / "feats.scp", kd / "text", sorted(kd.glob("feats.*.ark")),
+               _tar_list(work / "shards-f32"), _tar_list(work / "shards-f16"))
+    if not c.shards32 or len(c.shards32) != len(c.shards16):
+        raise RuntimeError(f"{work}: shards missing; delete {marker} to regenerate")
+    return c
+
+
+def x4_shards(c: Corpus) -> list[str]:
+    """4N utterances without 4x the disk: four folders of symlinks to the same shards (+ indexes)."""
+    root = c.work / "x4"
+    out: list[str] = []
+    for k in range(4):
+        for g in GROUP_DIRS:
+            d = root / f"copy{k}" / g
+            d.mkdir(parents=True, exist_ok=True)
+            src = c.work / "shards-f32" / g
+            for p in [*src.glob("data-*.tar"), src / "index.json"]:
+                link = d / p.name
+                if p.exists() and not link.exists():
+                    link.symlink_to(p)
+            out.extend(str(p) for p in sorted(d.glob("data-*.tar")))
+    return out
+
+
+def train_tokenizer_once(c: Corpus, vocab_size: int) -> Path:
+    """SentencePiece on the corpus transcripts, cached in the work dir."""
+    from .tokenizer import train_tokenizer
+
+    out = c.work / f"tokenizer-spm{vocab_size}.json"
+    if not out.is_file():
+        train_tokenizer("sentencepiece", [c.text], out, vocab_size=vocab_size)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Page cache control
+
+
+def evict(files: Sequence[os.PathLike | str]) -> None:
+    """Drop ``files`` from the page cache (no root needed). Dirty pages cannot be dropped, so sync first."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_files(files: Sequence[os.PathLike | str], bufsize: int = 1 << 20) -> int:
+    """Read every byte of ``files`` into one reused buffer; the I/O floor for any shard reader."""
+    buf = bytearray(bufsize)
+    mv = memoryview(buf)
+    total = 0
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while n := fh.readinto(mv):
+                total += n
+    return total
+
+
+def resident_fraction(files: Sequence[os.PathLike | str]) -> float | None:
+    """Fraction of the files' pages in the page cache (``mincore``), to check eviction worked; None if unknown."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        res = tot = 0
+        for f in files:
+            size = os.path.getsize(f)
+            if size == 0:
+                continue
+            with open(f, "rb") as fh:
+                # ACCESS_COPY gives a writable buffer ctypes can take an address of; nothing is written.
+                mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+                try:
+                    npages = (size + page - 1) // page
+                    vec = (ctypes.c_ubyte * npages)()
+                    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+                    if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                        return None
+                    res += sum(v & 1 for v in bytes(vec))
+                    tot += npages
+                    del addr
+                finally:
+                    try:
+                        mm.close()
+                    except BufferError:  # a ctypes view still alive; the GC closes it
+                        pass
+        return res / tot if tot else None
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The passes. Each reads the whole corpus once and returns the number of utterances it delivered.
+
+
+def pass_webdataset(shards: Sequence[Path]) -> Callable[[], int]:
+    def run() -> int:
+        import webdataset as wds
+
+        # The default decode path as users write it. Its .npy decoder is numpy.lib.format.read_array
+        # (allow_pickle=False), and these shards hold only .npy/.txt, so nothing is unpickled.
+        ds = wds.WebDataset([str(s) for s in shards], shardshuffle=False, empty_check=False).decode()
+        n = 0
+        for feats, text in ds.to_tuple("npy", "txt"):
+            n += 1
+        return n
+
+    return run
+
+
+def pass_kaldiio(scp: Path, seed: int) -> Callable[[], int]:
+    state = {"round": 0}
+
+    def run() -> int:
+        import kaldiio
+
+        d = kaldiio.load_scp(str(scp))  # lazy: each access opens the ark, seeks, reads one matrix
+        keys = list(d.keys())
+        rng = np.random.default_rng([seed, 3, state["round"]])
+        state["round"] += 1
+        n = 0
+        for i in rng.permutation(len(keys)):
+            d[keys[i]]
+            n += 1
+        return n
+
+    return run
+
+
+def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_frames: int,
+                          seed: int) -> Callable[[], int]:
+    """The map-style loader doing the loader's work: random-order ``load_scp``, then the loader's own
+    tokenize, ``bucket_batches`` and collate stages. Same work per utterance, only the read differs."""
+    state = {"round": 0}
+
+    def run() -> int:
+        import kaldiio
+
+        from .batching import bucket_batches
+        from .kaldi import read_text
+        from .loader import Sample, collate, num_frames, tokenize
+        from .tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_path)
+        texts = {k: e.value for k, e in read_text([str(text)]).items()}
+        d = kaldiio.load_scp(str(scp))
+        keys = list(d.keys())
+        rng = np.random.default_rng([seed, 6, state["round"]])
+        state["round"] += 1
+        samples = (Sample(keys[i], d[keys[i]], texts[keys[i]]) for i in rng.permutation(len(keys)))
+        samples = tokenize(samples, tok, sampling=None, group=256)
+        n = 0
+        for b in bucket_batches(samples, max_frames=max_frames, rng=rng, length=num_frames):
+            n += len(collate(b).keys)
+        return n
+
+    return run
+
+
+def pass_loader(pattern: str | list[str], tokenizer_path: Path, *, max_frames: int, num_workers: int,
+                seed: int, check_dtype: bool = True) -> Callable[[], int]:
+    state = {"epoch": 0}
+
+    def run() -> int:
+        from .loader import make_loader
+        from .tokenizer import load_tokenizer
+
+        loader = make_loader(pattern, load_tokenizer(tokenizer_path), max_frames=max_frames, seed=seed,
+                             num_workers=num_workers)
+        loader.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        n = 0
+        for b in loader:
+            if check_dtype and n == 0:
+                if str(b.feats.dtype) != "torch.float32":
+                    raise AssertionError(f"loader returned {b.feats.dtype}, expected float32")
+            n += len(b.keys)
+        return n
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Running passes: interleaved rounds, warm or cold cache, medians
+
+
+@dataclass
+class Contender:
+    """One row of the throughput table."""
+
+    name: str
+    cache: str  # "warm" | "cold"
+    files: list[Path]  # what it reads: warmed or evicted before each pass
+    nbytes: int  # feature bytes it reads (for MB/s)
+    run: Callable[[], int] | None  # None: pending (component not available yet)
+    expect_utts: int
+    note: str = ""
+    seconds: list[float] = field(default_factory=list)
+    resident: list[float] = field(default_factory=list)  # page-cache fraction just before each pass
+    utts: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.name} [{self.cache}]"
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.seconds) if self.seconds else None
+
+    @property
+    def utts_per_s(self) -> float | None:
+        m = self.median_s
+        return self.utts / m if m else None
+
+    @property
+    def mb_per_s(self) -> float | None:
+        m = self.median_s
+        return self.nbytes / MB / m if m else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the pass times: how noisy this row was."""
+        if len(self.seconds) < 2:
+            return None
+        return (max(self.seconds) - min(self.seconds)) / statistics.median(self.seconds)
+
+
+def run_rounds(contenders: list[Contender], repeat: int, log: Callable[[str], None] = print) -> None:
+    """``repeat`` rounds; each round runs every contender once, order rotated so drift hits all alike."""
+    active = [c for c in contenders if c.run is not None]
+    for r in range(repeat):
+        order = active[r % len(active):] + active[:r % len(active)] if active else []
+        for c in order:
+            if c.cache == "cold":
+                evict(c.files)
+            else:
+                read_files(c.files)  # untimed: make sure the bytes are in the page cache
+            frac = resident_fraction(c.files)
+            if frac is not None:
+                c.resident.append(frac)
+            t0 = time.perf_counter()
+            n = c.run()
+            dt = time.perf_counter() - t0
+            if n != c.expect_utts:
+                raise RuntimeError(f"{c.key}: delivered {n} utterances, expected {c.expect_utts}")
+            c.utts = n
+            c.seconds.append(dt)
+            log(f"[bench] round {r + 1}/{repeat} {c.key:<44} {dt:7.2f} s  {n / dt:9.0f} utt/s"
+                + (f"  (cached before: {frac:.0%})" if frac is not None else ""))
+
+
+# ----------------------------------------------------------------------------------------------
+# Padding efficiency and shuffle strength
+
+
+@dataclass
+class PaddingRow:
+    name: str
+    window: str
+    efficiency: float | None
+    displacement: float | None  # mean |output position - input position|, in samples
+    order_corr: float | None  # lag-1 rank corr. of batch mean lengths: ~0 random, ->1 sorted runs
+    batches: int = 0
+    note: str = ""
+
+
+def _padding_stats(batches: list[list[int]], lens: np.ndarray) -> tuple[float, float, list[float], int]:
+    """(padding efficiency, mean displacement, batch mean lengths in output order, #batches)."""
+    real = padded = 0
+    out_order: list[int] = []
+    means: list[float] = []
+    for b in batches:
+        ls = lens[b]
+        real += int(ls.sum())
+        padded += int(ls.max()) * len(b)
+        means.append(float(ls.mean()))
+        out_order.extend(b)
+    # The input stream is 0..N-1 (indices in shuffled order), so a sample's input position is its value.
+    out = np.asarray(out_order)
+    disp = float(np.abs(out - np.arange(len(out))).mean())
+    return real / padded, disp, means, len(batches)
+
+
+BATCHERS = ("CAT stream (no sort)", "WeNet sort window", "wdsprep bucket_batches")
+
+
+def padding_rows(lengths: np.ndarray, *, max_frames: int, seed: int,
+                 windows: Sequence[int] = (500, 4000)) -> list[PaddingRow]:
+    """The three batchers on one fully shuffled stream of the corpus lengths.
+
+    Comparable shuffle strength: each WeNet sort window W is paired with our pool of W samples,
+    and the strength is measured, not assumed -- the mean displacement of a sample between the
+    input stream and the batch stream (how far the batcher moves samples) -- next to the lag-1
+    rank correlation of consecutive batches' mean lengths (how much order it puts back).
+    """
+    rng = np.random.default_rng([seed, 4])
+    lens = lengths[rng.permutation(len(lengths))]  # the shuffled stream every batcher sees
+    try:
+        from . import batching as B
+    except ImportError as e:
+        return [PaddingRow(n, "-", None, None, None, note="pending" if i else f"pending: {e}")
+                for i, n in enumerate(BATCHERS)]
+    length = lens.__getitem__
+    samples = range(len(lens))
+    runs: list[tuple[str, str, Callable[[], Any]]] = [
+        (BATCHERS[0], "-", lambda: B.stream_batches(iter(samples), max_frames=max_frames, length=length))]
+    for w in windows:
+        runs.append((BATCHERS[1], str(w), lambda w=w: B.sort_window_batches(
+            iter(samples), max_frames=max_frames, length=length, window=w)))
+        runs.append((BATCHERS[2], str(w), lambda w=w: B.bucket_batches(
+            iter(samples), max_frames=max_frames, length=length, rng=np.random.default_rng([seed, 5]), pool_size=w)))
+    rows = []
+    for name, w, fn in runs:
+        try:
+            batches = [list(b) for b in fn()]
+        except TypeError as e:  # API differs from the spec we were given
+            rows.append(PaddingRow(name, w, None, None, None, note=f"pending: {e}"))
+            continue
+        eff, disp, means, nb = _padding_stats(batches, lens)
+        rows.append(PaddingRow(name, w, eff, disp, B.order_randomness(means)["lag1"], nb))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Peak RSS of the loader, in a fresh process per dataset size
+
+_RSS_CHILD = r"""
+import json, sys, time
+args = json.loads(sys.argv[1])
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+from wdsprep.loader import make_loader
+from wdsprep.tokenizer import load_tokenizer
+loader = make_loader(args["shards"], load_tokenizer(args["tokenizer"]), max_frames=args["max_frames"],
+                     seed=0, num_workers=0)
+loader.set_epoch(0)
+base = hwm()
+t0 = time.perf_counter()
+n = 0
+for b in loader:
+    n += len(b.keys)
+print(json.dumps({"utts": n, "base": base, "peak": hwm(), "seconds": time.perf_counter() - t0}))
+"""
+
+
+@dataclass
+class RssRow:
+    label: str
+    shards: int
+    utts: int | None
+    base_mb: float | None
+    peak_mb: float | None
+    note: str = ""
+
+
+def loader_rss(sizes: list[tuple[str, list[str]]], tokenizer: Path | None, max_frames: int) -> list[RssRow]:
+    """Peak RSS (VmHWM) of a fresh process running one loader epoch (num_workers=0) per shard list."""
+    rows = []
+    for label, shards in sizes:
+        if tokenizer is None:
+            rows.append(RssRow(label, len(shards), None, None, None, "pending: loader/tokenizer not available"))
+            continue
+        arg = json.dumps({"shards": shards, "tokenizer": str(tokenizer), "max_frames": max_frames})
+        p = subprocess.run([sys.executable, "-c", _RSS_CHILD, arg], capture_output=True, text=True)
+        if p.returncode != 0:
+            rows.append(RssRow(label, len(shards), None, None, None, f"failed: {p.stderr.strip()[-300:]}"))
+            continue
+        d = json.loads(p.stdout.strip().splitlines()[-1])
+        rows.append(RssRow(label, len(shards), d["utts"], d["base"] / MB, d["peak"] / MB))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# float16 storage
+
+
+@dataclass
+class F16Result:
+    corpus: str
+    bytes32: int
+    bytes16: int
+    max_abs_err: float
+    max_rel_err: float
+    utts: int
+
+
+def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: str) -> F16Result:
+    """Size ratio and max error of float16 shards read back as float32, sample by sample.
+
+    Uses the stdlib reference reader (``iter_tar_samples``) and ``np.load(allow_pickle=False)``,
+    independent of the loader under test.
+    """
+    import io
+
+    from .shards import iter_tar_samples
+
+    err = rel = 0.0
+    n = 0
+    for a, b in zip(shards32, shards16, strict=True):
+        for (ka, ma), (kb, mb) in zip(iter_tar_samples(a), iter_tar_samples(b), strict=True):
+            if ka != kb:
+                raise RuntimeError(f"{a} and {b} disagree: sample {ka} vs {kb}")
+            x = np.load(io.BytesIO(ma["npy"]), allow_pickle=False)
+            y = np.load(io.BytesIO(mb["npy"]), allow_pickle=False).astype(np.float32)
+            d = np.abs(x - y)
+            err = max(err, float(d.max()))
+            rel = max(rel, float((d / np.maximum(np.abs(x), 1e-6)).max()))
+            n += 1
+    return F16Result(corpus, sum(os.path.getsize(p) for p in shards32), sum(os.path.getsize(p) for p in shards16),
+                     err, rel, n)
+
+
+def demo_corpus_shards(repo: Path, work: Path, log: Callable[[str], None]) -> tuple[list[Path], list[Path]] | None:
+    """Pack the bundled demo corpus as float32 and float16, or None when it is not in this checkout.
+
+    ``egs/demo/data/*`` holds ``wav.scp`` + ``text`` (paths relative to ``egs/demo``); features
+    come from ``wdsprep.fbank`` (80-bin, dither 0) unless a split already has a ``feats.scp``.
+    """
+    from .pack import pack_data
+
+    root = repo / "egs" / "demo"
+    splits = sorted(d for d in (root / "data").glob("*") if (d / "text").is_file())
+    if not splits:
+        return None
+    scps = []
+    for d in splits:
+        if (d / "feats.scp").is_file():
+            scps.append(d / "feats.scp")
+            continue
+        if not (d / "wav.scp").is_file():
+            continue
+        out = work / "demo-fbank" / d.name
+        if not (out / "feats.scp").is_file():
+            try:
+                from .fbank import compute_fbank
+            except ImportError:
+                return None
+            log(f"[bench] fbank of the demo corpus {d} -> {out}")
+            cwd = os.getcwd()
+            os.chdir(root)  # wav.scp paths are relative to egs/demo
+            try:
+                compute_fbank(d / "wav.scp", out, nj=1, progress=False)
+            finally:
+                os.chdir(cwd)
+        scps.append(out / "feats.scp")
+    if not scps:
+        return None
+    texts = [s.parent / "text" if s.parent.parent.name != "demo-fbank" else root / "data" / s.parent.name / "text"
+             for s in scps]
+    out = []
+    for dtype in ("float32", "float16"):
+        d = work / f"demo-{dtype}"
+        if not (d / "pack_report.json").is_file():
+            log(f"[bench] packing the demo corpus as {dtype}")
+            pack_data(scps, texts, d, dtype=dtype, overwrite=True, progress=False)
+        out.append(sorted(d.rglob("data-*.tar")))
+    return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class Results:
+    command: str
+    corpus: Corpus
+    contenders: list[Contender]
+    padding: list[PaddingRow]
+    rss: list[RssRow]
+    f16: list[F16Result]
+    f16_note: str
+    max_frames: int
+    repeat: int
+    loader_note: str = ""
+
+    def row(self, key: str) -> Contender | None:
+        return next((c for c in self.contenders if c.key == key), None)
+
+
+def _fmt(x: float | None, spec: str = ",.0f", none: str = "pending") -> str:
+    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _ratio(a: Contender | None, b: Contender | None) -> float | None:
+    """a's rate / b's rate."""
+    if a is None or b is None or a.utts_per_s is None or b.utts_per_s is None:
+        return None
+    return a.utts_per_s / b.utts_per_s
+
+
+LOADER = "wdsprep loader, nw=0"
+
+
+def targets(res: Results) -> list[tuple[str, float | None, float, str]]:
+    """(target, measured, required, how measured) for every ratio target of the issue."""
+    L = lambda cache: res.row(f"{LOADER} [{cache}]")  # noqa: E731
+    ours = [p for p in res.padding if p.name == BATCHERS[2] and p.efficiency is not None]
+    eff = ours[-1].efficiency if ours else None  # the largest pool: the loader's default
+    rss = [r for r in res.rss if r.peak_mb is not None]
+    growth = (rss[1].peak_mb - rss[0].peak_mb) if len(rss) == 2 else None
+    allow = 0.10 * rss[0].peak_mb + 5 if rss else 0.0
+    return [
+        ("loader ÷ webdataset default decode (warm)", _ratio(L("warm"), res.row("webdataset .decode() [warm]")), 5.0,
+         "utt/s ratio"),
+        ("loader ÷ kaldiio load_scp random (warm)", _ratio(L("warm"), res.row("kaldiio load_scp, random [warm]")), 1.5,
+         "utt/s ratio"),
+        ("loader ÷ kaldiio load_scp random (cold)", _ratio(L("cold"), res.row("kaldiio load_scp, random [cold]")), 2.0,
+         "utt/s ratio"),
+        ("loader ÷ raw read of the shard bytes (warm)", _ratio(L("warm"), res.row("raw read, shards [warm]")), 0.5,
+         "utt/s ratio"),
+        ("loader ÷ raw read of the shard bytes (cold)", _ratio(L("cold"), res.row("raw read, shards [cold]")), 0.5,
+         "utt/s ratio"),
+        (f"padding efficiency, bucket_batches, pool {ours[-1].window if ours else '?'}", eff, 0.97,
+         "real / padded frames"),
+        ("peak RSS growth N → 4N (MB; need ≤ 10% + 5 MB)", growth, allow, "VmHWM difference"),
+    ]
+
+
+def to_markdown(res: Results) -> str:
+    c = res.corpus
+    spec = c.spec
+    lines = [
+        "```sh", res.command, "```", "",
+        f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, "
+        f"{platform.machine()}. Corpus: {spec.utts:,} utterances, {c.hours:.1f} h, {spec.dims}-dim, lengths "
+        f"lognormal (median {spec.median_frames:.0f}, σ {spec.sigma}, clipped [{spec.min_frames}, {spec.max_frames}]), "
+        f"{len(c.shards32)} float32 shards ({sum(map(os.path.getsize, c.shards32)) / 1e9:.2f} GB, "
+        f"≤{spec.utts_per_shard} utts, groups {', '.join(spec.groups)}), the same utterances in {len(c.arks)} "
+        f"Kaldi arks ({sum(map(os.path.getsize, c.arks)) / 1e9:.2f} GB). Median of {res.repeat} interleaved "
+        f"rounds; spread = (max − min) / median. Loader: SentencePiece tokenization, max_frames={res.max_frames}.",
+        "",
+        "| pass | cache | utt/s | MB/s | loader nw=0 ÷ this (same cache) | spread | cached before |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in res.contenders:
+        ref = res.row(f"{LOADER} [{x.cache}]") or res.row(f"{LOADER} [warm]")
+        r = _ratio(ref, x)  # > 1: the loader is that many times faster than this pass
+        res_frac = statistics.median(x.resident) if x.resident else None
+        note = f" ({x.note})" if x.note else ""
+        lines.append(f"| {x.name}{note} | {x.cache} | {_fmt(x.utts_per_s)} | {_fmt(x.mb_per_s)} | "
+                     f"{_fmt(r, '.2f')} | {_fmt(x.spread, '.0%', '-')} | {_fmt(res_frac, '.0%', '-')} |")
+    lines += ["", "| target | measured | need | met |", "| --- | ---: | ---: | --- |"]
+    for name, got, need, _how in targets(res):
+        if name.startswith("peak RSS"):
+            met = None if got is None else got <= need
+            lines.append(f"| {name} | {_fmt(got, '+.1f')} | ≤ {_fmt(need if got is not None else None, '.1f')} | "
+                         f"{_met(met)} |")
+        else:
+            met = None if got is None else got >= need
+            lines.append(f"| {name} | {_fmt(got, '.2f')} | ≥ {need:g} | {_met(met)} |")
+    lines += ["", "Padding efficiency on one fully shuffled stream of the corpus lengths "
+              f"(max_frames={res.max_frames}). Shuffle strength: mean displacement = how many samples a sample "
+              "moves between the input stream and the batch stream; batch-order corr = lag-1 rank correlation of "
+              "consecutive batches' mean length (`batching.order_randomness`; ≈0: batch order random, →1: "
+              "sorted runs). Each WeNet window is paired with our pool of the same size.", "",
+              "| batcher | window | padding efficiency | mean displacement (samples) | batch-order corr | batches |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for p in res.padding:
+        note = f" ({p.note})" if p.note else ""
+        lines.append(f"| {p.name}{note} | {p.window} | {_fmt(p.efficiency, '.3f')} | {_fmt(p.displacement, '.0f')} | "
+                     f"{_fmt(p.order_corr, '+.2f')} | {p.batches or '-'} |")
+    lines += ["", "Peak RSS (VmHWM) of one loader epoch, num_workers=0, fresh process each "
+              "(4N = the same shards listed four times through symlinks):", "",
+              "| dataset | shards | utterances | RSS after setup (MB) | peak RSS (MB) |", "| --- | ---: | ---: | ---: | ---: |"]
+    for r in res.rss:
+        note = f" ({r.note})" if r.note else ""
+        lines.append(f"| {r.label}{note} | {r.shards} | {_fmt(r.utts, ',')} | {_fmt(r.base_mb, '.0f')} | "
+                     f"{_fmt(r.peak_mb, '.0f')} |")
+    try:
+        from .batching import DEFAULT_POOL_SIZE as pool
+    except ImportError:
+        pool = 4000
+    held = (2000 + pool) * sum(map(os.path.getsize, c.shards32)) / spec.utts / MB
+    lines += ["", f"Designed working set: shuffle buffer 2,000 + bucket pool {pool:,} decoded utterances × "
+              f"{sum(map(os.path.getsize, c.shards32)) / spec.utts / 1e3:.0f} kB mean ≈ {held:,.0f} MB, "
+              "plus one shard being read.", ""]
+    raw32, raw16 = res.row("raw read, shards [cold]"), res.row("raw read, float16 shards [cold]")
+    l32, l16 = res.row(f"{LOADER} [warm]"), res.row(f"{LOADER}, float16 shards [warm]")
+    lines += ["float16 storage (`pack --dtype float16`; the loader returns float32):", "",
+              "| corpus | utterances | shard bytes f16 ÷ f32 | max abs error as float32 | max relative error |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for f in res.f16:
+        lines.append(f"| {f.corpus} | {f.utts:,} | {f.bytes16 / f.bytes32:.3f} ({f.bytes16 / 1e6:,.0f} / "
+                     f"{f.bytes32 / 1e6:,.0f} MB) | {f.max_abs_err:.2e} | {f.max_rel_err:.1e} |")
+    lines += ["", f"Time float16 ÷ float32 (generated corpus): cold raw read {_fmt(_ratio(raw32, raw16), '.2f')}, "
+              f"loader warm epoch {_fmt(_ratio(l32, l16), '.2f')}. {res.f16_note}", ""]
+    if res.loader_note:
+        lines += ["", res.loader_note]
+    return "\n".join(lines) + "\n"
+
+
+def _met(m: bool | None) -> str:
+    return "pending" if m is None else ("yes" if m else "**no**")
+
+
+def plot(res: Results, path: Path) -> None:
+    """Throughput per contender (warm/cold) and padding efficiency per batcher, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [2.2, 1]})
+    names = list(dict.fromkeys(c.name for c in res.contenders))
+    y = np.arange(len(names))
+    h = 0.38
+    for off, cache, color in ((-h / 2, "warm", "#d95f02"), (h / 2, "cold", "#1b9e77")):
+        vals = [(res.row(f"{n} [{cache}]").utts_per_s or 0) if res.row(f"{n} [{cache}]") else 0 for n in names]
+        bars = ax1.barh(y + off, vals, h, label=f"{cache} page cache", color=color)
+        for b, v in zip(bars, vals):
+            if v:
+                ax1.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {v:,.0f}", va="center", fontsize=8)
+    ax1.set_yticks(y, names)
+    ax1.invert_yaxis()
+    ax1.set_xscale("log")  # the warm raw read is ~20x everything else; log keeps the rest readable
+    ax1.set_xlabel("utterances / s, log scale (median; higher is better)")
+    ax1.set_title(f"One pass over {res.corpus.spec.utts:,} utterances")
+    ax1.legend(loc="lower right")
+    ax1.margins(x=0.25)
+    pr = [p for p in res.padding if p.efficiency is not None]
+    if pr:
+        colors = {BATCHERS[0]: "#7570b3", BATCHERS[1]: "#e7298a", BATCHERS[2]: "#66a61e"}
+        bars = ax2.bar(range(len(pr)), [p.efficiency for p in pr], color=[colors[p.name] for p in pr])
+        for b, p in zip(bars, pr):
+            ax2.text(b.get_x() + b.get_width() / 2, b.get_height(),
+                     f"{p.efficiency:.3f}\nlag1 {p.order_corr:+.2f}", ha="center", va="bottom", fontsize=7)
+        labels = {BATCHERS[0]: "CAT\nstream", BATCHERS[1]: "WeNet\nsort {w}", BATCHERS[2]: "ours\npool {w}"}
+        ax2.set_xticks(range(len(pr)), [labels[p.name].format(w=p.window) for p in pr], fontsize=8)
+        ax2.axhline(0.97, ls="--", color="grey", lw=1)
+        ax2.set_ylim(min(0.5, min(p.efficiency for p in pr) - 0.05), 1.05)
+    else:
+        ax2.text(0.5, 0.5, "batching pending", ha="center", transform=ax2.transAxes)
+    ax2.set_ylabel("padding efficiency (real / padded frames)")
+    ax2.set_title("Padding (dashed: target 0.97)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Putting it together
+
+
+def _available(module: str, attr: str) -> str | None:
+    """None if ``wdsprep.module.attr`` imports, else why not."""
+    import importlib
+
+    try:
+        getattr(importlib.import_module(f"wdsprep.{module}"), attr)
+        return None
+    except (ImportError, AttributeError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None] = print) -> Results:
+    """Prepare the corpus, run every pass and measurement, return the results."""
+    quick = args.quick
+    spec = DataSpec(utts=args.utts or (1000 if quick else 20_000), seed=args.seed,
+                    utts_per_shard=args.utts_per_shard or (100 if quick else 2000))
+    c = prepare(spec, Path(args.work), nj=args.nj, log=log)
+    n = spec.utts
+    b32 = sum(map(os.path.getsize, c.shards32))
+    b16 = sum(map(os.path.getsize, c.shards16))
+    bark = sum(map(os.path.getsize, c.arks))
+
+    missing_loader = _available("loader", "make_loader") or _available("tokenizer", "load_tokenizer")
+    tok: Path | None = None
+    loader_note = ""
+    if missing_loader is None:
+        tok = train_tokenizer_once(c, args.vocab_size)
+    else:
+        loader_note = f"Loader rows pending: {missing_loader}."
+
+    def lp(pattern: str, nw: int) -> Callable[[], int] | None:
+        if tok is None:
+            return None
+        return pass_loader(pattern, tok, max_frames=args.max_frames, num_workers=nw, seed=args.seed)
+
+    def raw(files: list[Path]) -> Callable[[], int]:
+        return lambda: (read_files(files), n)[1]
+
+    C = Contender
+    contenders = [
+        C("raw read, shards", "warm", c.shards32, b32, raw(c.shards32), n),
+        C("raw read, shards", "cold", c.shards32, b32, raw(c.shards32), n),
+        C("raw read, float16 shards", "cold", c.shards16, b16, raw(c.shards16), n),
+        C("webdataset .decode()", "warm", c.shards32, b32, pass_webdataset(c.shards32), n),
+        C("kaldiio load_scp, random", "warm", c.arks, bark, pass_kaldiio(c.scp, args.seed), n),
+        C("kaldiio load_scp, random", "cold", c.arks, bark, pass_kaldiio(c.scp, args.seed), n),
+    ]
+    contenders += [C("kaldiio random + loader's tokenize/bucket/collate", cache, c.arks, bark,
+                     None if tok is None else pass_kaldiio_pipeline(c.scp, c.text, tok, max_frames=args.max_frames,
+                                                                    seed=args.seed), n)
+                   for cache in ("warm", "cold")]
+    for nw in args.num_workers:
+        name = f"wdsprep loader, nw={nw}"
+        contenders += [C(name, "warm", c.shards32, b32, lp(c.pattern32, nw), n),
+                       C(name, "cold", c.shards32, b32, lp(c.pattern32, nw), n)]
+    contenders.append(C(f"{LOADER}, float16 shards", "warm", c.shards16, b16, lp(c.pattern16, 0), n))
+    if args.cold_webdataset:
+        contenders.append(C("webdataset .decode()", "cold", c.shards32, b32, pass_webdataset(c.shards32), n))
+
+    # Import once, untimed: module import is a per-process cost, not a per-epoch one.
+    import kaldiio  # noqa: F401
+    import webdataset  # noqa: F401
+    if tok is not None:
+        import torch  # noqa: F401
+
+        from . import loader  # noqa: F401
+    run_rounds(contenders, args.repeat, log=log)
+
+    log("[bench] padding efficiency")
+    windows = args.windows
+    if windows is None:
+        try:
+            from .batching import DEFAULT_POOL_SIZE
+        except ImportError:
+            DEFAULT_POOL_SIZE = 4000
+        windows = [500, DEFAULT_POOL_SIZE]
+    padding = padding_rows(c.lengths, max_frames=args.max_frames, seed=args.seed, windows=windows)
+
+    log("[bench] peak RSS of the loader for N and 4N utterances")
+    rss = loader_rss([("N", [str(p) for p in c.shards32]), ("4N", x4_shards(c))], tok, args.max_frames)
+
+    log("[bench] float16 error")
+    repo = Path(__file__).resolve().parent.parent
+    f16 = [float16_error(c.shards32, c.shards16, "generated corpus, values ≈ N(4…14, 2²)")]
+    demo = None if args.skip_demo else demo_corpus_shards(repo, c.work, log)
+    if demo is not None and demo[0]:
+        f16.append(float16_error(demo[0], demo[1], "bundled demo corpus egs/demo/data, 80-bin fbank"))
+        f16_note = "Read times are on the generated corpus (the demo corpus is too small to time)."
+    else:
+        f16_note = "The bundled demo corpus (egs/demo/data) was not in this checkout; generated corpus only."
+    return Results(command, c, contenders, padding, rss, f16, f16_note, args.max_frames, args.repeat, loader_note)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work", default="/tmp/wdsprep-bench", help="corpus dir, reused when the parameters match "
+                   "(default: %(default)s)")
+    p.add_argument("--utts", type=int, default=None, help="utterances (default: 20000; 1000 with --quick)")
+    p.add_argument("--utts-per-shard", type=int, default=None, help="(default: 2000; 100 with --quick)")
+    p.add_argument("--quick", action="store_true", help="small corpus for a smoke test")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians reported (default: %(default)s)")
+    p.add_argument("--max-frames", type=int, default=20_000, help="padded frames per batch (default: %(default)s)")
+    p.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="loader workers (default: 0 2)")
+    p.add_argument("--windows", type=int, nargs="+", default=None,
+                   help="WeNet sort windows, each paired with our bucket pool of that size; the last one is "
+                   "taken as the loader's pool (default: 500 and the loader's default pool size)")
+    p.add_argument("--vocab-size", type=int, default=200, help="SentencePiece vocabulary (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nj", type=int, default=2, help="pack processes when generating (default: %(default)s)")
+    p.add_argument("--cold-webdataset", action="store_true", help="also time webdataset with a cold cache")
+    p.add_argument("--skip-demo", action="store_true", help="float16 check on the generated corpus only")
+    p.add_argument("--markdown", metavar="FILE", help="also write the Markdown table here")
+    p.add_argument("--json", metavar="FILE", help="also write raw pass times here")
+    p.add_argument("--plot", metavar="FILE.png", help="bar charts of throughput and padding efficiency")
+
+
+def run_cli(args: argparse.Namespace, command: str) -> int:
+    res = run_bench(args, command)
+    md = to_markdown(res)
+    print()
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md, encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "command": command,
+            "passes": {c.key: {"seconds": c.seconds, "utts": c.utts, "bytes": c.nbytes, "resident": c.resident}
+                       for c in res.contenders},
+            "padding": [asdict(p) for p in res.padding],
+            "rss": [asdict(r) for r in res.rss],
+            "float16": [asdict(f) for f in res.f16],
+        }, indent=1), encoding="utf-8")
+    if args.plot:
+        plot(res, Path(args.plot))
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "python tools/bench.py") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    argv = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(argv)
+    return run_cli(args, " ".join([prog, *map(shlex.quote, argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m wdsprep.bench"))
