@@ -328,7 +328,7 @@ class ShardStream(IterableDataset):
         counts: Counter = Counter()
         cursor = [0, 0]
         for batch in self.stages(worker, counts, cursor):
-            out = collate(batch, shared=False)
+            out = collate(batch, shared=info is not None)
             delta = dict(counts)
             counts.clear()
             yield out, delta, (worker, cursor[0], cursor[1])
