@@ -162,6 +162,12 @@ def rss_child(d: Path, nshards: int, workers: int, max_frames: int) -> None:
                       "hwm_mb": _status("self").get("VmHWM", 0) / 1024}))
 
 
+def peak_rss(d: Path, nshards: int, workers: int, max_frames: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--data", str(d), "--max-frames", str(max_frames),
+                          "--_rss", str(nshards), str(workers)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--utts", type=int, default=20000)
