@@ -199,3 +199,49 @@ def test_state_is_a_few_numbers(data):
 def test_import_wdsprep_does_not_import_torch():
     code = "import sys, wdsprep; assert 'torch' not in sys.modules; wdsprep.make_loader; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _samples(seed=0, n=7):
+    from wdsprep.loader import Sample
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        dtype = np.float16 if i % 2 else np.float32
+        raw = rng.standard_normal((int(rng.integers(1, 30)), 3)).astype(dtype).tobytes()
+        s = Sample(f"u{i}", np.frombuffer(raw, dtype).reshape(-1, 3), "x")  # a read-only view, like the reader's
+        s.labels = rng.integers(2, 50, int(rng.integers(0, 6))).tolist()
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_collate_one_buffer_padded_right(shared):
+    from wdsprep.loader import collate, unpack
+
+    samples = _samples()
+    p = collate(samples, shared=shared)
+    b = unpack(p)
+    assert p.buf.untyped_storage().is_shared() == shared  # shared: a worker sends a handle, not a copy
+    for t in b[:4]:
+        assert t.untyped_storage().data_ptr() == p.buf.untyped_storage().data_ptr()
+    by_key = {s.uttid: s for s in samples}
+    assert sorted(b.keys) == sorted(by_key) and list(b.feat_lens) == sorted(b.feat_lens.tolist(), reverse=True)
+    for i, k in enumerate(b.keys):
+        s, n, u = by_key[k], int(b.feat_lens[i]), int(b.label_lens[i])
+        np.testing.assert_array_equal(b.feats[i, :n].numpy(), s.feats.astype(np.float32))
+        assert (b.feats[i, n:] == 0).all() and b.labels[i, :u].tolist() == s.labels
+        assert (b.labels[i, u:] == LABEL_PAD).all()
+
+
+def test_shuffle_buffer_detaches_long_waiting_samples():
+    from wdsprep.loader import shuffle_buffer
+
+    samples = _samples(n=200)
+    want = {s.uttid: s.feats.copy() for s in samples}
+    out = list(shuffle_buffer(iter(samples), size=8, rng=np.random.default_rng(0)))
+    assert sorted(s.uttid for s in out) == sorted(want)
+    for s in out:
+        np.testing.assert_array_equal(s.feats, want[s.uttid])
+    copied = sum(s.feats.base is None for s in out)  # copied out of their "shard"
+    assert 0 < copied < len(out) // 2

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from wdsprep.reader import ShardError, decode_npy, iter_decoded, iter_shard_samples
+from wdsprep.reader import ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
 
 
@@ -108,3 +108,61 @@ def test_missing_file_is_reported_not_crashing(tmp_path):
         warnings.simplefilter("always")
         assert list(iter_decoded(str(tmp_path / "nope.tar"))) == []
     assert "nope.tar" in str(w[0].message)
+
+
+def _mapped(path) -> bool:
+    """Whether this process has ``path`` memory-mapped (Linux /proc)."""
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().endswith(str(path)) for line in f)
+
+
+@pytest.mark.parametrize("layout", ["cat", "cat-v3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_mmap_path_equals_read_path(tmp_path, layout, dtype):
+    write_shard(tmp_path / "a.tar", n=20, layout=layout, dtype=dtype)
+    for float32 in (True, False):
+        mapped = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32))
+        read = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32, use_mmap=False))
+        assert [(u, t) for u, _, t in mapped] == [(u, t) for u, _, t in read]
+        for (_, a, _), (_, b, _) in zip(mapped, read):
+            assert a.dtype == b.dtype and a.flags.writeable == b.flags.writeable  # views are read-only
+            np.testing.assert_array_equal(a, b)
+
+
+def test_mmap_is_released_with_the_last_array(tmp_path):
+    """Samples keep their shard mapped while alive (shuffle buffer); nothing stays mapped after."""
+    path = tmp_path / "a.tar"
+    write_shard(path, n=6)
+    got = list(iter_decoded(str(path)))
+    assert _mapped(path)
+    kept = got[3][1]
+    del got
+    assert _mapped(path)  # one array still views the map
+    np.testing.assert_array_equal(kept, kept.copy())
+    del kept
+    assert not _mapped(path)
+    # A consumer stopping half-way releases the map too.
+    it = iter_decoded(str(path))
+    next(it)
+    it.close()
+    assert not _mapped(path)
+
+
+def test_mmap_truncated_and_empty_shards_are_reported_like_read(tmp_path):
+    utts = write_shard(tmp_path / "a.tar", n=12)
+    data = (tmp_path / "a.tar").read_bytes()
+    (tmp_path / "t.tar").write_bytes(data[: len(data) // 2])
+    (tmp_path / "e.tar").write_bytes(b"")
+    for name in ("t.tar", "e.tar"):
+        for use_mmap in (True, False):
+            with pytest.warns(RuntimeWarning, match=rf"{name}.*truncated"):
+                got = [u for u, _, _ in iter_decoded(str(tmp_path / name), use_mmap=use_mmap)]
+            assert got == list(utts)[: len(got)]
+
+
+def test_prefetch_shard_is_harmless(tmp_path):
+    write_shard(tmp_path / "a.tar", n=3)
+    prefetch_shard(str(tmp_path / "a.tar"))
+    prefetch_shard(str(tmp_path / "missing.tar"))  # reported later, when the shard is read
+    prefetch_shard(f"pipe:cat {tmp_path / 'a.tar'}")
+    assert len(list(iter_decoded(str(tmp_path / "a.tar")))) == 3

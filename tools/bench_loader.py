@@ -1,107 +1,284 @@
 #!/usr/bin/env python
-"""Loader throughput and padding, as ratios against references measured in the same run.
+"""Loader throughput against references measured in the same run, interleaved, median of N passes.
 
-Writes a synthetic shard set with realistic lengths (lognormal frames, median ~400, 80 dims),
-then times, warm page cache, one process:
-  raw        reading every shard's bytes (the I/O limit)
-  webdataset wds.WebDataset(...).decode() -- the default path CAT used
-  loader     wdsprep.make_loader (read, decode, shuffle, tokenize, bucket, collate)
-and prints utterances/s, the ratios and the loader's padding efficiency.
+Generates once (and reuses, under ``--data``) a realistic set: 80-dim float32 features with
+lognormal lengths (median ~500 frames), transcripts of ~frames/40 words, cat-layout shards with
+an index, the same features as a Kaldi ark + scp, and a SentencePiece (unigram) tokenizer.  Then,
+in rounds (contender order rotated every round, so slow spells of a shared machine hit all):
 
-    python tools/bench_loader.py [--utts 1500] [--max-frames 20000] [--workers 0] [--dtype float32]
+  raw            read every shard file's bytes (1 MiB readinto, like ``cat > /dev/null``), warm
+  loader w0/w2   make_loader(..., max_frames, num_workers=0/2): read, decode, shuffle,
+                 SentencePiece tokenize, bucket by max_frames, collate, the whole epoch
+  webdataset     wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("npy", "txt")
+  kaldiio        load_scp random access (shuffled keys), what the map-style loader did
+  *-cold         the same after posix_fadvise(DONTNEED) of every file read (page cache evicted)
+
+and prints utterances/s (median), the target ratios and peak RSS for half and all of the shards
+(sampled from /proc in a fresh process).
+
+    python tools/bench_loader.py [--utts 20000] [--per-shard 2000] [--repeat 3] [--data DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+DIMS = 80
 
-def write_set(d: Path, n: int, per_shard: int, dtype: str, seed: int = 0) -> tuple[list[str], Path]:
+
+def make_set(d: Path, n: int, per_shard: int, seed: int = 0) -> None:
+    """Shards + index, ark + scp and text with the same utterances, and an spm tokenizer."""
+    import kaldiio
+
     from wdsprep.shards import FolderIndex, ShardWriter, write_index
+    from wdsprep.tokenizer import train_tokenizer
 
     rng = np.random.default_rng(seed)
-    frames = np.clip(rng.lognormal(np.log(400), 0.5, n), 50, 2000).astype(int)
-    words = ["alpha", "beta", "gamma", "delta", "speech", "shard", "frame", "token"]
-    shards, infos, texts = [], [], []
+    frames = np.clip(rng.lognormal(np.log(500), 0.5, n), 50, 3000).astype(int)
+    syll = ["ka", "to", "ri", "mu", "sen", "da", "lo", "pi", "ne", "ha", "zu", "wo", "chi", "ba", "ge"]
+    vocab = sorted({"".join(rng.choice(syll, int(rng.integers(1, 4)))) for _ in range(3000)})
+    (d / "shards").mkdir(parents=True, exist_ok=True)
+    texts, infos = [], []
     w = None
-    for i, t in enumerate(frames):
-        if i % per_shard == 0:
-            if w is not None:
-                infos.append(w.close())
-            shards.append(str(d / f"data-{len(shards):05d}.tar"))
-            w = ShardWriter(shards[-1], mtime=0.0)
-        text = " ".join(rng.choice(words, 12))
-        texts.append(f"utt{i} {text}\n")
-        w.write(f"utt{i}", rng.standard_normal((int(t), 80)).astype(dtype), text)
+    with kaldiio.WriteHelper(f"ark,scp:{d / 'feats.ark'},{d / 'feats.scp'}") as ark:
+        for i, t in enumerate(frames):
+            if i % per_shard == 0:
+                if w is not None:
+                    infos.append(w.close())
+                w = ShardWriter(d / "shards" / f"data-{i // per_shard:05d}.tar", mtime=0.0)
+            uttid = f"spk{i % 97:02d}-utt{i:06d}"
+            feats = rng.standard_normal((int(t), DIMS), dtype=np.float32)
+            text = " ".join(rng.choice(vocab, max(1, int(t) // 40)))
+            w.write(uttid, feats, text)
+            ark(uttid, feats)
+            texts.append(f"{uttid} {text}\n")
     infos.append(w.close())
-    write_index(d, FolderIndex("cat", 80, dtype, infos))
+    write_index(d / "shards", FolderIndex("cat", DIMS, "float32", infos))
     (d / "text").write_text("".join(texts))
-    return shards, d / "text"
+    train_tokenizer("sentencepiece", [d / "text"], d / "tok.json", vocab_size=500, overwrite=True)
 
 
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def ensure_set(d: Path, n: int, per_shard: int) -> None:
+    stamp = d / "params.json"
+    want = {"utts": n, "per_shard": per_shard, "dims": DIMS, "version": 1}
+    if stamp.exists() and json.loads(stamp.read_text()) == want:
+        return
+    print(f"writing {n} utterances to {d} (once; reused by later runs)...", file=sys.stderr)
+    make_set(d, n, per_shard)
+    stamp.write_text(json.dumps(want))
+
+
+def shard_paths(d: Path) -> list[str]:
+    return sorted(str(p) for p in (d / "shards").glob("data-*.tar"))
+
+
+def evict(paths: list[str]) -> None:
+    """Drop files from the page cache (no root needed); the next read comes from the disk."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def raw_read(shards: list[str]) -> int:
+    buf = bytearray(1 << 20)
+    total = 0
+    for s in shards:
+        with open(s, "rb", buffering=0) as f:
+            while k := f.readinto(buf):
+                total += k
+    return total
+
+
+def run_loader(loader, epoch: int = 0) -> int:
+    loader.set_epoch(epoch)
+    for _ in loader:
+        pass
+    return loader.stats.utterances
+
+
+def _status(pid: int | str) -> dict[str, int]:
+    """VmRSS, RssAnon, VmHWM... of a process in kB (Linux /proc)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS", "RssAnon", "VmHWM")):
+                    k, v = line.split(":")
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def rss_child(d: Path, nshards: int, workers: int, max_frames: int) -> None:
+    """One epoch over the first ``nshards`` shards; prints peak RSS (MB) of this process + workers.
+
+    ru_maxrss survives exec (it would report the parent bench's peak), so a thread samples /proc
+    every 10 ms: the total counts the shards' page-cache pages mapped by the reader (shared,
+    reclaimable) and shared-memory batches once per process; anon is private memory.
+    """
+    import threading
+
+    from wdsprep.loader import make_loader
+
+    peak = {"total": 0, "anon": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        me = os.getpid()
+        while not done.wait(0.01):
+            try:
+                kids = [int(p) for t in os.listdir(f"/proc/{me}/task")
+                        for p in open(f"/proc/{me}/task/{t}/children").read().split()]
+            except OSError:
+                kids = []
+            stats = [_status(me)] + [_status(k) for k in kids]
+            peak["total"] = max(peak["total"], sum(s.get("VmRSS", 0) for s in stats))
+            peak["anon"] = max(peak["anon"], sum(s.get("RssAnon", 0) for s in stats))
+
+    loader = make_loader(shard_paths(d)[:nshards], str(d / "tok.json"), max_frames=max_frames,
+                         num_workers=workers)
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    n = run_loader(loader)
+    done.set()
+    th.join()
+    print(json.dumps({"utts": n, "total_mb": peak["total"] / 1024, "anon_mb": peak["anon"] / 1024,
+                      "hwm_mb": _status("self").get("VmHWM", 0) / 1024}))
+
+
+def peak_rss(d: Path, nshards: int, workers: int, max_frames: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--data", str(d), "--max-frames", str(max_frames),
+                          "--_rss", str(nshards), str(workers)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--utts", type=int, default=1500)
-    ap.add_argument("--per-shard", type=int, default=150)
+    ap.add_argument("--utts", type=int, default=20000)
+    ap.add_argument("--per-shard", type=int, default=2000)
     ap.add_argument("--max-frames", type=int, default=20000)
-    ap.add_argument("--workers", type=int, default=0)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
-    ap.add_argument("--repeat", type=int, default=3, help="best of N for each path")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
+    ap.add_argument("--data", type=Path, default=None, help="where the set is generated/reused "
+                    "(default: /tmp/wdsprep-bench-loader-<utts>-<per-shard>)")
+    ap.add_argument("--only", default=None, help="comma-separated contenders to run (default: all)")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    ap.add_argument("--_rss", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    d = args.data or Path(f"/tmp/wdsprep-bench-loader-{args.utts}-{args.per_shard}")
+    if args._rss:
+        rss_child(d, args._rss[0], args._rss[1], args.max_frames)
+        return
+    ensure_set(d, args.utts, args.per_shard)
+
+    import kaldiio
+    import webdataset as wds
 
     from wdsprep.loader import make_loader
-    from wdsprep.tokenizer import train_tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        shards, text = write_set(d, args.utts, args.per_shard, args.dtype)
-        tok = train_tokenizer("char", [text], d / "tok.json")
-        n = args.utts
+    shards = shard_paths(d)
+    ark = [str(d / "feats.ark")]
+    n = args.utts
+    keys = [line.split(None, 1)[0] for line in (d / "feats.scp").read_text().splitlines()]
+    order = np.random.default_rng(1).permutation(len(keys))
+    loaders = {w: make_loader(shards, str(d / "tok.json"), max_frames=args.max_frames, num_workers=w)
+               for w in (0, 2)}
 
-        def raw() -> None:
-            for s in shards:
-                with open(s, "rb") as f:
-                    f.read()
+    def wds_default() -> int:
+        ds = wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode().to_tuple("npy", "txt")
+        return sum(1 for _ in ds)
 
-        def wds_default() -> None:
-            import webdataset as wds
+    def kaldiio_random() -> int:
+        table = kaldiio.load_scp(str(d / "feats.scp"))
+        for i in order:
+            table[keys[i]]
+        return len(order)
 
-            for _ in wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode():
-                pass
+    def cold(paths: list[str], fn: Callable[[], int]) -> Callable[[], tuple[int, float]]:
+        def run() -> tuple[int, float]:
+            evict(paths)
+            t = time.perf_counter()
+            return fn(), time.perf_counter() - t
+        return run
 
-        loader = make_loader(shards, tok, max_frames=args.max_frames, num_workers=args.workers)
+    def warm(fn: Callable[[], int]) -> Callable[[], tuple[int, float]]:
+        def run() -> tuple[int, float]:
+            t = time.perf_counter()
+            return fn(), time.perf_counter() - t
+        return run
 
-        def ours() -> None:
-            loader.set_epoch(0)
-            for _ in loader:
-                pass
+    contenders: dict[str, Callable[[], tuple[int, float]]] = {
+        "raw": warm(lambda: raw_read(shards) and n),
+        "loader w0": warm(lambda: run_loader(loaders[0])),
+        "loader w2": warm(lambda: run_loader(loaders[2])),
+        "webdataset": warm(wds_default),
+        "kaldiio": warm(kaldiio_random),
+        "raw cold": cold(shards, lambda: raw_read(shards) and n),
+        "loader w0 cold": cold(shards, lambda: run_loader(loaders[0])),
+        "kaldiio cold": cold(ark, kaldiio_random),
+    }
+    if args.only:
+        contenders = {k: v for k, v in contenders.items() if k in args.only.split(",")}
+    raw_read(shards + ark)  # warm the page cache
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for r in range(args.repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got, secs = contenders[name]()
+            assert got == n, (name, got, n)
+            times[name].append(secs)
+            if not name.endswith("cold"):
+                continue
+            raw_read(shards + ark)  # re-warm for the warm contenders
+    rate = {k: n / statistics.median(v) for k, v in times.items()}
 
-        raw()  # warm the page cache
-        t_raw = min(timed(raw) for _ in range(args.repeat))
-        t_wds = min(timed(wds_default) for _ in range(max(1, args.repeat - 1)))
-        t_ours = min(timed(ours) for _ in range(args.repeat))
-        st = loader.stats
-        assert st.utterances == n, st
-        mb = sum(Path(s).stat().st_size for s in shards) / 1e6
-        print(f"{n} utterances, {len(shards)} shards, {mb:.0f} MB ({args.dtype}), max_frames {args.max_frames}, "
-              f"workers {args.workers}")
-        print(f"  raw read          {n / t_raw:10,.0f} utts/s")
-        print(f"  webdataset decode {n / t_wds:10,.0f} utts/s")
-        print(f"  wdsprep loader    {n / t_ours:10,.0f} utts/s")
-        print(f"  loader / raw read      {t_raw / t_ours:.2f}x  (target >= 0.5)")
-        print(f"  loader / webdataset    {t_wds / t_ours:.2f}x  (target >= 5)")
-        print(f"  padding efficiency     {st.padding_efficiency:.4f}  (target >= 0.97), {st.steps} batches")
+    mb = sum(Path(s).stat().st_size for s in shards) / 1e6
+    st = loaders[0].stats
+    print(f"{n} utterances, {len(shards)} shards, {mb:,.0f} MB float32 x {DIMS}, max_frames {args.max_frames}, "
+          f"spm unigram 500, median of {args.repeat} interleaved rounds, {os.cpu_count()} cores, "
+          f"load avg {os.getloadavg()[0]:.1f}")
+    print()
+    print("| path | utts/s (median) | passes (s) |")
+    print("| --- | ---: | --- |")
+    for k, v in times.items():
+        print(f"| {k} | {rate[k]:,.0f} | {' '.join(f'{x:.2f}' for x in v)} |")
+    print()
+    print("| target | ratio | goal | met |")
+    print("| --- | ---: | ---: | --- |")
+
+    def ratio(label: str, a: str, b: str, goal: float) -> None:
+        if a in rate and b in rate:
+            x = rate[a] / rate[b]
+            print(f"| {label} | {x:.2f}x | >= {goal}x | {'yes' if x >= goal else 'NO'} |")
+
+    ratio("loader w0 / raw read (warm)", "loader w0", "raw", 0.5)
+    ratio("loader w0 / webdataset", "loader w0", "webdataset", 5)
+    ratio("loader w0 / kaldiio random (warm)", "loader w0", "kaldiio", 1.5)
+    ratio("loader w0 / kaldiio random (cold)", "loader w0 cold", "kaldiio cold", 2)
+    ratio("loader w2 / loader w0", "loader w2", "loader w0", 1.0)
+    if "loader w0" in times:
+        print(f"\npadding efficiency {st.padding_efficiency:.4f}, {st.steps} batches per epoch (w0)")
+    if not args.no_rss:
+        half = max(1, len(shards) // 2)
+        for w in (0, 2):
+            a, b = peak_rss(d, half, w, args.max_frames), peak_rss(d, len(shards), w, args.max_frames)
+            print(f"peak RSS w{w} (main + workers): {half} shards {a['total_mb']:,.0f} MB "
+                  f"(anon {a['anon_mb']:,.0f}), {len(shards)} shards {b['total_mb']:,.0f} MB (anon {b['anon_mb']:,.0f})")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ run a different number of steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -31,12 +32,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import iter_decoded
+from .reader import iter_decoded, prefetch_shard
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
 _STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent
+_DRAWS = 1024  # shuffle-buffer random numbers drawn per numpy call
+_NEVER = np.iinfo(np.int64).max
 
 
 class Batch(NamedTuple):
@@ -83,6 +86,8 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
     """
     for i, (shard, expected) in enumerate(zip(shards, utts)):
         cursor[0], cursor[1] = i, 0
+        if i + 1 < len(shards):
+            prefetch_shard(shards[i + 1])  # a cold next shard streams in while this one is decoded
         corrupt: list[str] = []
         for uttid, feats, text in iter_decoded(shard, on_error=on_error, float32=False,
                                                on_corrupt=lambda url, key, why: corrupt.append(url)):
@@ -100,18 +105,39 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
 
 
 def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Generator) -> Iterator[Sample]:
-    """Reservoir-style shuffle: keep ``size`` samples, emit a random one for each new arrival."""
+    """Reservoir-style shuffle: keep ``size`` samples, emit a random one for each new arrival.
+
+    Features are views on their shard's memory map, so one sample left in the buffer would keep
+    its whole shard mapped; a few stay for many shards (the wait is geometric), which made peak
+    RSS grow with the data set.  Every ``size`` arrivals, samples that waited more than
+    ``2 * size`` arrivals (~14% of them) get their features copied out, so only the last few
+    shards stay mapped.
+    """
     if size <= 1:
         yield from samples
         return
     buf: list[Sample] = []
+    born = np.zeros(size, np.int64)  # arrival number of each slot's sample
+    picks = np.empty(0, np.int64)
+    arrivals = 0
     for s in samples:
+        arrivals += 1
         if len(buf) < size:
+            born[len(buf)] = arrivals
             buf.append(s)
             continue
-        j = int(rng.integers(size))
+        k = (arrivals - size - 1) % _DRAWS
+        if k == 0:  # random numbers in blocks: one numpy call per sample cost more than the shuffle
+            picks = rng.integers(size, size=_DRAWS)
+        j = int(picks[k])
         buf[j], s = s, buf[j]
+        born[j] = arrivals
         yield s
+        if arrivals % size == 0:
+            for j in np.flatnonzero(born < arrivals - 2 * size).tolist():
+                if buf[j].feats.base is not None:  # still a view on its shard
+                    buf[j].feats = np.array(buf[j].feats)  # same values, own memory
+                born[j] = _NEVER
     for j in rng.permutation(len(buf)):
         yield buf[j]
 
@@ -151,22 +177,75 @@ def filter_samples(samples: Iterator[Sample], *, min_frames: int | None, max_utt
             yield s
 
 
-def collate(batch: list[Sample]) -> Batch:
-    """Pad into preallocated arrays (one copy per utterance; float16 becomes float32 here)."""
+class Packed(NamedTuple):
+    """A collated batch as one flat byte buffer plus its shape: what a worker sends.
+
+    A :class:`Batch` has four tensors; sent from a worker, each would cost its own file
+    descriptor hand-over.  All four are views on ``buf``, so one hand-over carries the batch.
+    """
+
+    buf: torch.Tensor  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
+    shape: tuple[int, int, int, int]  # B, T, D, U
+    keys: list[str]
+
+
+def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
+    """An uninitialized uint8 buffer; ``shared``: in shared memory from the start.
+
+    DataLoader workers send tensors through shared memory and copy every tensor that is not
+    already there; allocating the batch there directly makes sending it a handle, not a copy.
+    ``_new_shared`` is what torch's own ``default_collate`` uses in workers for the same reason.
+    """
+    if shared:
+        storage = torch.UntypedStorage._new_shared(max(1, nbytes))
+        return torch.empty(0, dtype=torch.uint8).set_(storage)[:nbytes]
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def collate(batch: list[Sample], *, shared: bool = False) -> Packed:
+    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
+
+    Only the padding is zeroed: ``np.zeros`` wrote every byte twice (zero, then copy).
+    """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
-    lens = np.fromiter((s.feats.shape[0] for s in batch), np.int64, len(batch))
-    label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, len(batch))
+    n = len(batch)
+    lens = np.fromiter((s.feats.shape[0] for s in batch), np.int64, n)
+    label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, n)
     dims = batch[0].feats.shape[1]
-    feats = np.zeros((len(batch), int(lens[0]), dims), np.float32)
-    labels = np.full((len(batch), int(label_lens.max(initial=0))), LABEL_PAD, np.int64)
+    t, u = int(lens[0]), int(label_lens.max(initial=0))
+    buf = _alloc(8 * (2 * n + n * u) + 4 * n * t * dims, shared)
+    v_lens, v_label_lens, v_labels, v_feats = _views(buf, n, t, dims, u)
+    v_lens[:] = lens
+    v_label_lens[:] = label_lens
+    # Labels in one go: the row-major True cells of the mask are exactly the concatenated labels.
+    v_labels[...] = LABEL_PAD
+    v_labels[np.arange(u) < label_lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
     for i, s in enumerate(batch):
         if s.feats.shape[1] != dims:
             raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
                              f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
-        feats[i, :lens[i]] = s.feats
-        labels[i, :label_lens[i]] = s.labels
-    return Batch(torch.from_numpy(feats), torch.from_numpy(lens), torch.from_numpy(labels),
-                 torch.from_numpy(label_lens), [s.uttid for s in batch])
+        k = int(lens[i])
+        v_feats[i, :k] = s.feats
+        v_feats[i, k:] = 0
+    return Packed(buf, (n, t, dims, u), [s.uttid for s in batch])
+
+
+def _views(buf: torch.Tensor, n: int, t: int, dims: int, u: int) -> tuple[np.ndarray, ...]:
+    """numpy views (lens, label_lens, labels, feats) on a packed buffer; int64 parts first (aligned)."""
+    a = buf.numpy()
+    o1, o2, o3 = 8 * n, 16 * n, 16 * n + 8 * n * u
+    return (a[:o1].view(np.int64), a[o1:o2].view(np.int64), a[o2:o3].view(np.int64).reshape(n, u),
+            a[o3:o3 + 4 * n * t * dims].view(np.float32).reshape(n, t, dims))
+
+
+def unpack(p: Packed) -> Batch:
+    """The :class:`Batch` whose four tensors are views on the packed buffer (no copy)."""
+    n, t, dims, u = p.shape
+    o1, o2, o3 = 8 * n, 16 * n, 16 * n + 8 * n * u
+    b = p.buf
+    return Batch(b[o3:o3 + 4 * n * t * dims].view(torch.float32).view(n, t, dims), b[:o1].view(torch.int64),
+                 b[o2:o3].view(torch.int64).view(n, u), b[o1:o2].view(torch.int64), p.keys)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +270,7 @@ class LoaderConfig:
 
 
 class ShardStream(IterableDataset):
-    """The stages for one (rank, worker) and epoch; yields ``(Batch | None, counts, cursor)``.
+    """The stages for one (rank, worker) and epoch; yields ``(Packed | None, counts, cursor)``.
 
     The counts are deltas since the previous item, so the main process can add them up even when
     the worker lives in another process; a final ``None`` batch carries the worker's last counts.
@@ -243,13 +322,13 @@ class ShardStream(IterableDataset):
         return bucket_batches(samples, max_frames=cfg.max_frames, rng=batch_rng, length=num_frames,
                               max_batch_size=cfg.max_batch_size, pool_size=cfg.pool_size)
 
-    def __iter__(self) -> Iterator[tuple[Batch | None, dict[str, int], tuple[int, int, int]]]:
+    def __iter__(self) -> Iterator[tuple[Packed | None, dict[str, int], tuple[int, int, int]]]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
         counts: Counter = Counter()
         cursor = [0, 0]
         for batch in self.stages(worker, counts, cursor):
-            out = collate(batch)
+            out = collate(batch, shared=info is not None)
             delta = dict(counts)
             counts.clear()
             yield out, delta, (worker, cursor[0], cursor[1])
@@ -334,7 +413,7 @@ class Loader:
         """This rank's batches with the workers' counts folded into :attr:`stats`."""
         st = self.stats
         dropped: Counter = Counter()
-        for batch, delta, (worker, shard_i, sample_i) in self._dataloader():
+        for packed, delta, (worker, shard_i, sample_i) in self._dataloader():
             self._cursors[worker] = (shard_i, sample_i)
             for k, v in delta.items():
                 if k == "read":
@@ -346,8 +425,8 @@ class Loader:
                 else:
                     dropped[k] += v
             st.dropped = dict(dropped)
-            if batch is not None:
-                yield batch
+            if packed is not None:
+                yield unpack(packed)
 
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
