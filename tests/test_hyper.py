@@ -12,8 +12,8 @@ from wdsprep.hyper import NO_FRAME_BOUND, loader_options, make_loader_from_hyper
 
 
 def test_current_keys_bucket_mode_split_across_ranks():
-    h = {"train:option": {"ld": "d/*/data-*.tar", "tokenizer": {"file": "t.json"}, "batching_mode": "bucket",
-                          "bucket_size": 40000, "ld_shuffle_buffer": 500, "check_freq": 100, "amp": True}}
+    h = {"train": {"option": {"ld": "d/*/data-*.tar", "tokenizer": {"file": "t.json"}, "batching_mode": "bucket",
+                          "bucket_size": 40000, "ld_shuffle_buffer": 500, "check_freq": 100, "amp": True}}}
     o = loader_options(h, world_size=4)
     assert (o.trset, o.tokenizer) == ("d/*/data-*.tar", "t.json")
     assert o.loader_kwargs == {"max_frames": 10000, "shuffle_buffer": 500}
@@ -22,22 +22,31 @@ def test_current_keys_bucket_mode_split_across_ranks():
 
 def test_old_keys_and_top_level_tokenizer_batch_mode():
     h = {"tokenizer": {"file": "exp/tokenizer.json"},
-         "train:option": {"large_dataset": "true", "trset": "x/{a,b}/*.tar", "batch_size": 128}}
+         "train": {"option": {"large_dataset": "true", "trset": "x/{a,b}/*.tar", "batch_size": 128}}}
     o = loader_options(h, world_size=2)
     assert (o.trset, o.tokenizer) == ("x/{a,b}/*.tar", "exp/tokenizer.json")
     assert o.loader_kwargs == {"max_batch_size": 64, "max_frames": NO_FRAME_BOUND}
+
+
+def test_cat_nested_layout_and_flat_key_read_alike():
+    option = {"ld": "d/*.tar", "tokenizer": "t.json", "bucket_size": 900}
+    nested = loader_options({"train": {"bin": "cat.ctc.train", "option": option}}, world_size=3)
+    flat = loader_options({"train:option": option}, world_size=3)
+    assert nested.loader_kwargs == flat.loader_kwargs == {"max_frames": 300}
+    with pytest.raises(ValueError, match="no train:option"):
+        loader_options({"train": {"bin": "cat.ctc.train"}}, world_size=1)
 
 
 def test_false_string_is_false():
     assert parse_bool("false", "k") is False and parse_bool("True", "k") is True and parse_bool(0, "k") is False
     with pytest.raises(ValueError, match="boolean"):
         parse_bool("maybe", "k")
-    h = {"train:option": {"large_dataset": "false", "trset": "x/*.tar", "tokenizer": "t", "batch_size": 8}}
+    h = {"train": {"option": {"large_dataset": "false", "trset": "x/*.tar", "tokenizer": "t", "batch_size": 8}}}
     with pytest.raises(ValueError, match="names no shards"):
         loader_options(h, world_size=1)
     with pytest.warns(UserWarning, match="padded frames"):
-        loader_options({"train:option": {"ld": "x", "tokenizer": "t", "bucket_size": 100,
-                                          "ld_bucket_count_padding": "false"}}, world_size=1)
+        loader_options({"train": {"option": {"ld": "x", "tokenizer": "t", "bucket_size": 100,
+                                          "ld_bucket_count_padding": "false"}}}, world_size=1)
 
 
 def test_builds_a_working_loader(tmp_path):
@@ -45,8 +54,8 @@ def test_builds_a_working_loader(tmp_path):
     tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
     hp = tmp_path / "hyper-p.json"
     hp.write_text(json.dumps({"tokenizer": {"file": str(tok)},
-                              "train:option": {"ld": f"{out}/data-*.tar", "batching_mode": "bucket",
-                                               "bucket_size": 3000, "ld_bucket_count_padding": True}}))
+                              "train": {"option": {"ld": f"{out}/data-*.tar", "batching_mode": "bucket",
+                                               "bucket_size": 3000, "ld_bucket_count_padding": True}}}))
     loader = make_loader_from_hyper(hp)
     loader.set_epoch(0)
     batches = list(loader)

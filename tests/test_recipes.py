@@ -75,14 +75,14 @@ def test_make_hyper_patterns_cover_filled_groups_and_remote_urls(tmp_path: Path)
     cmd = [sys.executable, str(DEMO / "local" / "make_hyper.py"), "--shards", str(shards), "--tokenizer", "t.tknz",
            "--out", str(hyper), "--set", "epochs=3", "batching_mode=bucket"]
     run(cmd, timeout=60)
-    option = json.loads(hyper.read_text())["train:option"]
+    option = json.loads(hyper.read_text())["train"]["option"]
     # The empty group is left out: a pattern naming it would match nothing.
     assert option["ld"] == f"{shards}/{{10_500,500_1000}}/data-*.tar"
     assert len(expand_shards(option["ld"])) == 4
     assert option["epochs"] == 3 and option["tokenizer"] == {"file": "t.tknz"}
 
     run(cmd + ["--remote", "pipe:curl -s http://host/s/{shard}"], timeout=60)
-    ld = json.loads(hyper.read_text())["train:option"]["ld"]
+    ld = json.loads(hyper.read_text())["train"]["option"]["ld"]
     assert ld == "pipe:curl -s http://host/s/{10_500/data-{00000..00002}.tar,500_1000/data-00000.tar}"
     assert expand_shards(ld) == [f"pipe:curl -s http://host/s/10_500/data-0000{i}.tar" for i in range(3)] + \
         ["pipe:curl -s http://host/s/500_1000/data-00000.tar"]
@@ -138,7 +138,7 @@ def test_stage2_every_utterance_in_exactly_one_shard_or_the_report(demo_exp: Pat
 def test_stage3_tokenizer_covers_the_training_text(demo_exp: Path) -> None:
     from wdsprep import load_tokenizer
 
-    tok = load_tokenizer(demo_exp / "tokenizer.tknz")
+    tok = load_tokenizer(demo_exp / "tokenizer.json")
     texts = [line.split(maxsplit=1)[1] for line in (CORPUS / "train" / "text").read_text("utf-8").splitlines()]
     for t in texts[:50]:
         ids = tok.encode(t)
@@ -149,7 +149,7 @@ def test_stage4_hyper_is_cat_style_and_its_patterns_expand_to_the_shards(demo_ex
     from wdsprep.shardlist import expand_shards
 
     hyper = json.loads((demo_exp / "hyper-p.json").read_text())
-    option = hyper["train:option"]
+    option = hyper["train"]["option"]
     assert option["ld"] == f"{demo_exp}/shards/train/{{{','.join(DEMO_GROUPS)}}}/data-*.tar"
     assert sorted(expand_shards(option["ld"])) == sorted(map(str, (demo_exp / "shards" / "train").glob("*/*.tar")))
     assert expand_shards(option["dev_ld"]) == sorted(map(str, (demo_exp / "shards" / "dev").glob("*.tar")))
@@ -201,7 +201,7 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
             BUCKET_SIZE="4000")
     for stage in range(6):
         assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
-    option = json.loads((exp / "hyper-p.json").read_text())["train:option"]
+    option = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]
     # The demo corpus is short: only the first groups fill; the pattern names exactly those.
     filled = sorted(d.parent.name for d in (exp / "shards" / "train").glob("*/data-00000.tar"))
     assert option["ld"].startswith(f"{exp}/shards/train/")
@@ -213,9 +213,9 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
     # make_hyper writes explicit brace ranges and the loader reads through the pipe.
     remote = exp / "hyper-remote.json"
     run([sys.executable, str(LARGE / "local" / "make_hyper.py"), "--shards", str(exp / "shards" / "train"),
-         "--tokenizer", str(exp / "tokenizer.tknz"), "--out", str(remote), "--set", "bucket_size=4000",
+         "--tokenizer", str(exp / "tokenizer.json"), "--out", str(remote), "--set", "bucket_size=4000",
          "--remote", f"pipe:cat {exp}/shards/train/{{shard}}"], timeout=60)
-    ld = json.loads(remote.read_text())["train:option"]["ld"]
+    ld = json.loads(remote.read_text())["train"]["option"]["ld"]
     assert ld.startswith(f"pipe:cat {exp}/shards/train/") and "*" not in ld
     p = run([sys.executable, "-m", "wdsprep", "dry-run", "--hyper", str(remote)], timeout=120)
     packed = json.loads((exp / "shards" / "train" / "pack_report.json").read_text())["written"]["utterances"]
@@ -230,7 +230,7 @@ def test_multinode_launcher_trains_through_a_c10d_rendezvous(demo_exp: Path, tmp
         port = s.getsockname()[1]
     exp = tmp_path / "exp"
     run([sys.executable, str(DEMO / "local" / "make_hyper.py"), "--shards", str(demo_exp / "shards" / "train"),
-         "--dev-shards", str(demo_exp / "shards" / "dev"), "--tokenizer", str(demo_exp / "tokenizer.tknz"),
+         "--dev-shards", str(demo_exp / "shards" / "dev"), "--tokenizer", str(demo_exp / "tokenizer.json"),
          "--out", str(exp / "hyper-p.json"), "--set", "bucket_size=2000"], timeout=60)
     p = run(["bash", str(LARGE / "local" / "launch_multinode.sh"), "--max-steps", "2", "--epochs", "1"], timeout=240,
             NNODES="1", GPUS="2", MASTER="127.0.0.1", PORT=str(port), JOB_ID=f"test{port}",

@@ -59,11 +59,21 @@ class HyperOptions:
     passthrough: dict[str, Any] = field(default_factory=dict)
 
 
+def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mapping[str, Any]:
+    """``train:option``: CAT nests it as ``{"train": {"bin": ..., "option": {...}}}``.
+
+    A flat ``"train:option"`` key (written by early wdsprep recipes) is read too.
+    """
+    train = hyper.get("train")
+    opt = train.get("option") if isinstance(train, Mapping) else hyper.get("train:option")
+    if not isinstance(opt, Mapping):
+        raise ValueError(f"{where}: no train:option; CAT writes it as {{\"train\": {{\"option\": {{...}}}}}}")
+    return opt
+
+
 def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "hyper-p.json") -> HyperOptions:
     """Resolve CAT's keys to :func:`wdsprep.make_loader` arguments (pure: no files are opened)."""
-    opt = hyper.get("train:option")
-    if not isinstance(opt, Mapping):
-        raise ValueError(f"{where}: no 'train:option' object")
+    opt = train_option(hyper, where)
     if "ld" in opt and opt["ld"]:
         trset = opt["ld"]
     elif "large_dataset" in opt and parse_bool(opt["large_dataset"], "large_dataset"):

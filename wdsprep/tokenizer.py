@@ -501,7 +501,7 @@ def load_tokenizer(path: PathLike, *, num_threads: int = 1) -> Tokenizer:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        hint = " (it looks like a pickle, e.g. CAT's tokenizer.tknz; wdsprep never unpickles)" if raw[:1] == b"\x80" else ""
+        hint = " (it looks like a pickle, e.g. CAT's tokenizer.json; wdsprep never unpickles)" if raw[:1] == b"\x80" else ""
         raise TokenizerFileError(f"{path}: not a wdsprep tokenizer file, it is not JSON{hint}; "
                                  f"train one with wdsprep tokenizer train") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

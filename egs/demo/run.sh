@@ -82,14 +82,14 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log 3 "training a $vocab_kind tokenizer on $data/train/text -> $exp/tokenizer.tknz"
-  wdsprep tokenizer train --kind "$vocab_kind" --text "$data/train/text" --out "$exp/tokenizer.tknz" --overwrite
+  log 3 "training a $vocab_kind tokenizer on $data/train/text -> $exp/tokenizer.json"
+  wdsprep tokenizer train --kind "$vocab_kind" --text "$data/train/text" --out "$exp/tokenizer.json" --overwrite
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log 4 "writing $exp/hyper-p.json"
   python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" \
-    --tokenizer "$exp/tokenizer.tknz" --out "$exp/hyper-p.json" \
+    --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" \
     --data train="$data/train" dev="$data/dev" --model dropout=0.0 \
     --set epochs="${epochs:-50}" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
 fi

@@ -118,8 +118,8 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log 3 "training a $kind tokenizer (vocab $vocab_size) on $data/text -> $exp/tokenizer.tknz"
-  wdsprep tokenizer train --kind "$kind" --vocab-size "$vocab_size" --text "$data/text" --out "$exp/tokenizer.tknz" --overwrite
+  log 3 "training a $kind tokenizer (vocab $vocab_size) on $data/text -> $exp/tokenizer.json"
+  wdsprep tokenizer train --kind "$kind" --vocab-size "$vocab_size" --text "$data/text" --out "$exp/tokenizer.json" --overwrite
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
@@ -129,7 +129,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   # To train from shards copied to shared or remote storage, add e.g.
   #   --remote 'pipe:curl -s http://HOST/shards/train/{shard}'   (see README.md)
   python local/make_hyper.py --shards "$exp/shards/train" "${dev_args[@]}" \
-    --tokenizer "$exp/tokenizer.tknz" --out "$exp/hyper-p.json" \
+    --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" \
     --data "${data_args[@]}" \
     --set bucket_size="$bucket_size" ld_shuffle_buffer=2000 epochs=30 lr=1e-3 warmup_steps=2000 seed=0 \
     --model d_model=256 lstm_layers=4 lstm_hidden=320

@@ -137,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizer": {"file": args.tokenizer},
         "model": {"idim": 80, "d_model": 144, "lstm_layers": 2, "lstm_hidden": 160, "dropout": 0.1,
                   **parse_kv(args.model)},
-        # The key wdsprep's loader reads (wdsprep.hyper.loader_options); CAT itself nests the same
-        # options as {"train": {"bin": ..., "option": {...}}}.
-        "train:option": option,
+        # CAT's layout: wdsprep.make_loader_from_hyper reads train.option, as CAT's trainer does.
+        "train": {"bin": "local/train.py", "option": option},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")

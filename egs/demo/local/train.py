@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import wdsprep
-from wdsprep.hyper import loader_options
+from wdsprep.hyper import loader_options, train_option
 
 SUBSAMPLING = 4  # the conv front end's time reduction; the loader's CTC filter must agree
 
@@ -131,11 +131,6 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def train_option(hyper: dict) -> dict:
-    """``train:option`` of a hyper-p.json (the key wdsprep's loader reads)."""
-    return hyper.get("train:option") or hyper.get("train", {}).get("option", {})
-
-
 def build_loaders(hyper_path: str, hyper: dict, world: int) -> tuple[Any, Any, Any]:
     """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``.
 
