@@ -6,10 +6,12 @@
 Generates ``--utts`` utterances of 80-dim float32 fbank-like features (lognormal lengths, median
 ~500 frames) into kaldiio arks once, then times, interleaved over ``--repeat`` rounds:
 
-- ``read arks``: ``kaldiio.load_scp_sequential`` over the same scp (the floor any packer pays);
+- ``read arks``: ``kaldiio.load_scp_sequential`` over the same scp (the floor for reading);
+- ``copy arks``: ``shutil.copyfile`` of the arks into the output dir (the floor for writing the
+  same bytes: pack has to read and write every feature byte);
 - ``pack --nj 1`` and ``pack --nj 2``.
 
-Prints utterances/s, MB/s of feature data and each pack's ratio to the plain read (medians).
+Prints utterances/s, MB/s of feature data and each row's time against both floors (medians).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def time_read(scp: Path) -> float:
     return time.perf_counter() - t
 
 
+def time_copy(work: Path, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t = time.perf_counter()
+    for ark in work.glob("*.ark"):
+        shutil.copyfile(ark, out / ark.name)
+    return time.perf_counter() - t
+
+
 def time_pack(scp: Path, text: Path, out: Path, nj: int) -> float:
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
@@ -70,17 +81,19 @@ def main() -> None:
 
     scp, text = make_data(args.work, args.utts)
     mb = feature_bytes(scp) / 1e6
-    times: dict[str, list[float]] = {"read arks (kaldiio sequential)": [], "pack --nj 1": [], "pack --nj 2": []}
+    read, copy = "read arks (kaldiio sequential)", "copy arks (shutil.copyfile)"
+    times: dict[str, list[float]] = {read: [], copy: [], "pack --nj 1": [], "pack --nj 2": []}
     for _ in range(args.repeat):  # interleaved, so drift in machine speed hits every row alike
-        times["read arks (kaldiio sequential)"].append(time_read(scp))
+        times[read].append(time_read(scp))
+        times[copy].append(time_copy(args.work, args.work / "out"))
         times["pack --nj 1"].append(time_pack(scp, text, args.work / "out", 1))
         times["pack --nj 2"].append(time_pack(scp, text, args.work / "out", 2))
-    ref = statistics.median(times["read arks (kaldiio sequential)"])
+    t_read, t_copy = statistics.median(times[read]), statistics.median(times[copy])
     print(f"\n{args.utts} utterances, {mb:.0f} MB of float32 features, median of {args.repeat} rounds")
-    print("| path | utts/s | MB/s | time / plain read |\n|---|---|---|---|")
+    print("| path | utts/s | MB/s | time / read | time / copy |\n|---|---|---|---|---|")
     for name, ts in times.items():
         t = statistics.median(ts)
-        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / ref:.2f} |")
+        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / t_read:.2f} | {t / t_copy:.2f} |")
 
 
 if __name__ == "__main__":
