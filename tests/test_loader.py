@@ -245,3 +245,37 @@ def test_shuffle_buffer_detaches_long_waiting_samples():
         np.testing.assert_array_equal(s.feats, want[s.uttid])
     copied = sum(s.feats.base is None for s in out)  # copied out of their "shard"
     assert 0 < copied < len(out) // 2
+
+
+def test_worker_buffers_recycled_only_after_the_trainer_drops_them(data):
+    """Batches kept by the trainer stay intact while the workers recycle the dropped ones."""
+    _, out, utts, tok = data
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, num_workers=2)
+    loader.set_epoch(0)
+    kept, copies = [], []
+    for i, b in enumerate(loader):
+        copies.append(Batch(*(t.clone() for t in b[:4]), b.keys))
+        if i % 3 == 0:
+            kept.append((i, b))
+    check_batches(copies, utts, tok, max_frames=1500)
+    for i, b in kept:
+        assert b.keys == copies[i].keys and all(x.equal(y) for x, y in zip(b[:4], copies[i][:4]))
+
+
+def test_shm_pool_reuses_a_slot_only_when_freed():
+    import torch.multiprocessing as mp
+
+    from wdsprep.loader import POOL_SLOTS, ShmPool
+
+    flags = mp.RawArray("b", 2 * POOL_SLOTS)
+    pool = ShmPool(flags, worker=1)
+    bufs = [pool.alloc(1000) for _ in range(POOL_SLOTS)]
+    assert [j for _, j in bufs] == list(range(POOL_SLOTS)) and list(flags[POOL_SLOTS:]) == [1] * POOL_SLOTS
+    extra, j = pool.alloc(1000)  # all busy: a fresh unpooled buffer, no waiting
+    assert j == -1 and extra.untyped_storage().is_shared()
+    flags[POOL_SLOTS + 2] = 0  # the main process hands slot 2 back
+    again, j = pool.alloc(900)
+    assert j == 2 and again.data_ptr() == bufs[2][0].data_ptr() and again.numel() == 900
+    flags[POOL_SLOTS + 2] = 0
+    bigger, j = pool.alloc(5000)  # too small: that slot grows
+    assert j == 2 and bigger.numel() == 5000 and list(flags[:POOL_SLOTS]) == [0] * POOL_SLOTS

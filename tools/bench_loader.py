@@ -9,6 +9,7 @@ in rounds (contender order rotated every round, so slow spells of a shared machi
   raw            read every shard file's bytes (1 MiB readinto, like ``cat > /dev/null``), warm
   loader w0/w2   make_loader(..., max_frames, num_workers=0/2): read, decode, shuffle,
                  SentencePiece tokenize, bucket by max_frames, collate, the whole epoch
+  loader w0 f16  the same over float16 copies of the shards (written once, only when selected)
   webdataset     wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("npy", "txt")
   kaldiio        load_scp random access (shuffled keys), what the map-style loader did
   *-cold         the same after posix_fadvise(DONTNEED) of every file read (page cache evicted)
@@ -69,6 +70,25 @@ def make_set(d: Path, n: int, per_shard: int, seed: int = 0) -> None:
     train_tokenizer("sentencepiece", [d / "text"], d / "tok.json", vocab_size=500, overwrite=True)
 
 
+def make_f16(d: Path) -> None:
+    """float16 copies of the float32 shards (same utterances, same order), under ``d/shards-f16``, once."""
+    from wdsprep.reader import iter_decoded
+    from wdsprep.shards import FolderIndex, ShardWriter, write_index
+
+    out = d / "shards-f16"
+    if (out / "index.json").exists():
+        return
+    print(f"writing float16 copies of the shards to {out} (once)...", file=sys.stderr)
+    out.mkdir(exist_ok=True)
+    infos = []
+    for s in shard_paths(d):
+        w = ShardWriter(out / Path(s).name, mtime=0.0)
+        for uttid, feats, text in iter_decoded(s):
+            w.write(uttid, feats.astype(np.float16), text)
+        infos.append(w.close())
+    write_index(out, FolderIndex("cat", DIMS, "float16", infos))
+
+
 def ensure_set(d: Path, n: int, per_shard: int) -> None:
     stamp = d / "params.json"
     want = {"utts": n, "per_shard": per_shard, "dims": DIMS, "version": 1}
@@ -79,8 +99,8 @@ def ensure_set(d: Path, n: int, per_shard: int) -> None:
     stamp.write_text(json.dumps(want))
 
 
-def shard_paths(d: Path) -> list[str]:
-    return sorted(str(p) for p in (d / "shards").glob("data-*.tar"))
+def shard_paths(d: Path, sub: str = "shards") -> list[str]:
+    return sorted(str(p) for p in (d / sub).glob("data-*.tar"))
 
 
 def evict(paths: list[str]) -> None:
@@ -198,6 +218,11 @@ def main() -> None:
     order = np.random.default_rng(1).permutation(len(keys))
     loaders = {w: make_loader(shards, str(d / "tok.json"), max_frames=args.max_frames, num_workers=w)
                for w in (0, 2)}
+    want_f16 = args.only is None or "loader w0 f16" in args.only.split(",")
+    if want_f16:
+        make_f16(d)
+        loaders["f16"] = make_loader(shard_paths(d, "shards-f16"), str(d / "tok.json"),
+                                     max_frames=args.max_frames, num_workers=0)
 
     def wds_default() -> int:
         ds = wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode().to_tuple("npy", "txt")
@@ -226,6 +251,7 @@ def main() -> None:
         "raw": warm(lambda: raw_read(shards) and n),
         "loader w0": warm(lambda: run_loader(loaders[0])),
         "loader w2": warm(lambda: run_loader(loaders[2])),
+        "loader w0 f16": warm(lambda: run_loader(loaders["f16"])),
         "webdataset": warm(wds_default),
         "kaldiio": warm(kaldiio_random),
         "raw cold": cold(shards, lambda: raw_read(shards) and n),
@@ -234,7 +260,7 @@ def main() -> None:
     }
     if args.only:
         contenders = {k: v for k, v in contenders.items() if k in args.only.split(",")}
-    raw_read(shards + ark)  # warm the page cache
+    raw_read(shards + ark + (shard_paths(d, "shards-f16") if want_f16 else []))  # warm the page cache
     times: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(args.repeat):
@@ -271,6 +297,7 @@ def main() -> None:
     ratio("loader w0 / kaldiio random (warm)", "loader w0", "kaldiio", 1.5)
     ratio("loader w0 / kaldiio random (cold)", "loader w0 cold", "kaldiio cold", 2)
     ratio("loader w2 / loader w0", "loader w2", "loader w0", 1.0)
+    ratio("loader w0 float16 / float32 shards", "loader w0 f16", "loader w0", 1.0)
     if "loader w0" in times:
         print(f"\npadding efficiency {st.padding_efficiency:.4f}, {st.steps} batches per epoch (w0)")
     if not args.no_rss:

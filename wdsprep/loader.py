@@ -22,12 +22,15 @@ import itertools
 import math
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
+import torch.multiprocessing as mp
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
@@ -40,6 +43,11 @@ LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use l
 _STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent
 _DRAWS = 1024  # shuffle-buffer random numbers drawn per numpy call
 _NEVER = np.iinfo(np.int64).max
+# Shared-memory batch buffers each worker recycles (see ShmPool): in flight at once are the
+# DataLoader's prefetch (2 per worker by default), the batch the trainer holds and the one the
+# main process releases a step late; a spare keeps the worker from falling back to fresh memory.
+POOL_SLOTS = 6
+_FREE, _BUSY = 0, 1
 
 
 class Batch(NamedTuple):
@@ -187,6 +195,39 @@ class Packed(NamedTuple):
     buf: torch.Tensor  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
     shape: tuple[int, int, int, int]  # B, T, D, U
     keys: list[str]
+    slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
+
+
+class ShmPool:
+    """A worker's reusable shared-memory batch buffers; the main process hands them back.
+
+    A fresh shared segment per batch cost a worker ~13% of its time to create and ~40% to fill
+    (a page fault and a zeroed page per 4 KiB).  A pooled buffer is mapped and faulted in once.
+
+    ``flags`` (shared with the main process, one byte per slot of every worker) says who owns a
+    slot: the worker marks it busy when it fills it; the main process marks it free only once
+    nothing references the batch any more (every tensor of a :class:`Batch` is a view on the
+    buffer, so a weak reference to its storage expires exactly then, see ``Loader._batches``).
+    A batch the trainer still holds is therefore never overwritten.  With no free slot (the
+    trainer keeps many batches) the worker allocates a fresh, unpooled buffer: it never waits.
+    """
+
+    def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS) -> None:
+        self.flags = flags
+        self.base = worker * slots
+        self.bufs: list[torch.Tensor | None] = [None] * slots
+
+    def alloc(self, nbytes: int) -> tuple[torch.Tensor, int]:
+        """A shared uint8 buffer of ``nbytes`` and its slot (-1 when unpooled)."""
+        for j, buf in enumerate(self.bufs):
+            if self.flags[self.base + j] == _FREE:
+                if buf is None or buf.numel() < nbytes:
+                    # Batches are bounded by max_frames, so capacities settle after a few batches;
+                    # the headroom saves regrowing for a slightly larger one.
+                    buf = self.bufs[j] = _alloc(nbytes + nbytes // 8, True)
+                self.flags[self.base + j] = _BUSY
+                return buf[:nbytes], j
+        return _alloc(nbytes, True), -1
 
 
 def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
@@ -202,10 +243,12 @@ def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def collate(batch: list[Sample], *, shared: bool = False) -> Packed:
-    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
+def collate(batch: list[Sample], *, shared: bool = False,
+            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
+    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
 
-    Only the padding is zeroed: ``np.zeros`` wrote every byte twice (zero, then copy).
+    Only the padding is zeroed: ``np.zeros`` wrote every byte twice (zero, then copy).  Every
+    byte of the returned view is written, so a recycled ``alloc`` buffer never leaks old data.
     """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
     n = len(batch)
@@ -213,7 +256,8 @@ def collate(batch: list[Sample], *, shared: bool = False) -> Packed:
     label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, n)
     dims = batch[0].feats.shape[1]
     t, u = int(lens[0]), int(label_lens.max(initial=0))
-    buf = _alloc(8 * (2 * n + n * u) + 4 * n * t * dims, shared)
+    nbytes = 8 * (2 * n + n * u) + 4 * n * t * dims
+    buf, slot = alloc(nbytes) if alloc is not None else (_alloc(nbytes, shared), -1)
     v_lens, v_label_lens, v_labels, v_feats = _views(buf, n, t, dims, u)
     v_lens[:] = lens
     v_label_lens[:] = label_lens
@@ -221,14 +265,24 @@ def collate(batch: list[Sample], *, shared: bool = False) -> Packed:
     v_labels[...] = LABEL_PAD
     v_labels[np.arange(u) < label_lens[:, None]] = np.fromiter(
         itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
-    for i, s in enumerate(batch):
-        if s.feats.shape[1] != dims:
-            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
-                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
-        k = int(lens[i])
-        v_feats[i, :k] = s.feats
-        v_feats[i, k:] = 0
-    return Packed(buf, (n, t, dims, u), [s.uttid for s in batch])
+    t_feats = torch.from_numpy(v_feats)
+    with warnings.catch_warnings():
+        # from_numpy warns that a read-only array (a view on the shard's map) is not writable;
+        # the tensor is only ever read here.
+        warnings.simplefilter("ignore", UserWarning)
+        for i, s in enumerate(batch):
+            if s.feats.shape[1] != dims:
+                raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
+                                 f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
+            k = int(lens[i])
+            if s.feats.dtype == np.float32:
+                v_feats[i, :k] = s.feats  # numpy's call overhead is lower than torch's for a plain copy
+            else:
+                # numpy converts float16 element by element (~10x slower than the copy); torch's
+                # conversion is vectorized, and writes straight into the batch.
+                t_feats[i, :k].copy_(torch.from_numpy(s.feats))
+            v_feats[i, k:] = 0
+    return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
 
 
 def _views(buf: torch.Tensor, n: int, t: int, dims: int, u: int) -> tuple[np.ndarray, ...]:
@@ -286,6 +340,7 @@ class ShardStream(IterableDataset):
         self.world_size = world_size
         self.num_workers = num_workers
         self.epoch = 0
+        self.pool_flags: Any = None  # set by the Loader per epoch when workers run: see ShmPool
         # Fail in the main process, before workers start, when there are too few shards.
         self.plan(0)
 
@@ -327,8 +382,9 @@ class ShardStream(IterableDataset):
         worker = 0 if info is None else info.id
         counts: Counter = Counter()
         cursor = [0, 0]
+        pool = ShmPool(self.pool_flags, worker) if info is not None and self.pool_flags is not None else None
         for batch in self.stages(worker, counts, cursor):
-            out = collate(batch, shared=info is not None)
+            out = collate(batch, shared=info is not None, alloc=pool.alloc if pool is not None else None)
             delta = dict(counts)
             counts.clear()
             yield out, delta, (worker, cursor[0], cursor[1])
@@ -413,7 +469,17 @@ class Loader:
         """This rank's batches with the workers' counts folded into :attr:`stats`."""
         st = self.stats
         dropped: Counter = Counter()
+        flags = self.dataset.pool_flags
+        held: list[tuple[int, StorageWeakRef]] = []  # pooled batches handed out: flag index, storage
         for packed, delta, (worker, shard_i, sample_i) in self._dataloader():
+            if held:  # hand back the buffers nothing references any more (the trainer moved on)
+                still = []
+                for i, ref in held:
+                    if ref.expired():
+                        flags[i] = _FREE
+                    else:
+                        still.append((i, ref))
+                held = still
             self._cursors[worker] = (shard_i, sample_i)
             for k, v in delta.items():
                 if k == "read":
@@ -426,11 +492,18 @@ class Loader:
                     dropped[k] += v
             st.dropped = dict(dropped)
             if packed is not None:
-                yield unpack(packed)
+                if packed.slot >= 0:
+                    held.append((worker * POOL_SLOTS + packed.slot, StorageWeakRef(packed.buf.untyped_storage())))
+                batch = unpack(packed)
+                del packed  # only the yielded Batch may keep the buffer alive
+                yield batch
+                del batch
 
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
         ds.epoch = self.epoch
+        # Fresh flags every epoch: the previous epoch's workers (and their pools) are gone.
+        ds.pool_flags = mp.RawArray("b", self.num_workers * POOL_SLOTS) if self.num_workers > 0 else None
         self.stats = st = LoaderStats(epoch=self.epoch, assigned=ds.assigned_utts(self.epoch))
         self._cursors = {}
         start = time.perf_counter()
@@ -451,6 +524,7 @@ class Loader:
                 st.oversize_batches += int(lens[0]) > ds.cfg.max_frames
                 st.seconds = time.perf_counter() - start
                 yield batch
+                batch = lens = None  # so the buffer is handed back as soon as the trainer drops it
         finally:
             batches.close()  # shuts the workers down when the epoch stops early
         st.seconds = time.perf_counter() - start
