@@ -26,7 +26,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from .shardlist import is_url
-from .shards import LAYOUTS, decode_key
+from .shards import LAYOUTS, decode_key, split_name
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -43,10 +43,6 @@ _MTIME_ONLY = re.compile(rb"\A\d+ mtime=[0-9.]+\n\Z")
 # The header numpy itself writes; a regex is ~10x faster than literal_eval, which remains the fallback.
 _NPY_HEADER_RE = re.compile(
     r"^\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), 'shape': \(((?:\d+, ?)*\d*)\), \}")
-
-# member extension -> role, for both layouts ("mat.npy" must win over "npy" for cat-v3).
-FEATURE_EXTS = tuple(feat for feat, _ in LAYOUTS.values())
-TEXT_EXTS = tuple(text for _, text in LAYOUTS.values())
 
 
 class ShardError(ValueError):
@@ -268,13 +264,6 @@ def scan_tarfile(buf: bytes | bytearray | memoryview) -> tuple[list[Member], str
     except tarfile.TarError as e:
         return members, f"{type(e).__name__}: {e}"
     return members, None
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """(key, extension) of a member name the way webdataset splits it: the key ends at the first dot."""
-    dirname, _, base = name.rpartition("/")
-    key, _, ext = base.partition(".")
-    return (f"{dirname}/{key}" if dirname else key), ext
 
 
 def iter_shard_samples(

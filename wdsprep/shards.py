@@ -208,11 +208,18 @@ class ShardWriter:
             self.tmp_path.unlink(missing_ok=True)
 
 
+def split_name(name: str) -> tuple[str, str]:
+    """(key, extension) of a member name the way webdataset splits it: the key ends at the first dot."""
+    dirname, _, base = name.rpartition("/")
+    key, _, ext = base.partition(".")
+    return (f"{dirname}/{key}" if dirname else key), ext
+
+
 def iter_tar_samples(path: str | os.PathLike) -> Iterable[tuple[str, dict[str, bytes]]]:
     """(key, {ext: bytes}) for each sample of a tar, read with the standard library.
 
-    The reference reader: slow but independent of webdataset and of our fast reader, used by
-    ``verify``, tests and as the fallback for tars with exotic headers.
+    The reference reader: slow but independent of webdataset and of the fast reader
+    (``wdsprep.reader``), which tests and the benchmark check against it.
     """
     current: str | None = None
     members: dict[str, bytes] = {}
@@ -220,10 +227,7 @@ def iter_tar_samples(path: str | os.PathLike) -> Iterable[tuple[str, dict[str, b
         for m in tf:
             if not m.isfile():
                 continue
-            base = os.path.basename(m.name)
-            dirname = os.path.dirname(m.name)
-            key, _, ext = base.partition(".")
-            key = f"{dirname}/{key}" if dirname else key
+            key, ext = split_name(m.name)
             data = tf.extractfile(m).read()
             if key != current:
                 if current is not None:
