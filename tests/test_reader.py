@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from wdsprep.reader import ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
+from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
 
 
@@ -110,53 +112,68 @@ def test_missing_file_is_reported_not_crashing(tmp_path):
     assert "nope.tar" in str(w[0].message)
 
 
-def _mapped(path) -> bool:
-    """Whether this process has ``path`` memory-mapped (Linux /proc)."""
-    with open("/proc/self/maps") as f:
-        return any(line.rstrip().endswith(str(path)) for line in f)
+def _open(path) -> bool:
+    """Whether this process has ``path`` open (Linux /proc)."""
+    fds = Path("/proc/self/fd")
+    return any(os.path.realpath(fds / fd) == os.path.realpath(path) for fd in os.listdir(fds))
 
 
 @pytest.mark.parametrize("layout", ["cat", "cat-v3"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_mmap_path_equals_read_path(tmp_path, layout, dtype):
+def test_positional_reads_equal_reading_the_whole_shard(tmp_path, layout, dtype):
     write_shard(tmp_path / "a.tar", n=20, layout=layout, dtype=dtype)
     for float32 in (True, False):
-        mapped = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32))
-        read = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32, use_mmap=False))
-        assert [(u, t) for u, _, t in mapped] == [(u, t) for u, _, t in read]
-        for (_, a, _), (_, b, _) in zip(mapped, read):
-            assert a.dtype == b.dtype and a.flags.writeable == b.flags.writeable  # views are read-only
+        whole = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32, whole=True))
+        pread = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32))
+        lazy = list(iter_decoded(str(tmp_path / "a.tar"), float32=float32, lazy=True))
+        assert [(u, t) for u, _, t in whole] == [(u, t) for u, _, t in pread] == [(u, t) for u, _, t in lazy]
+        for (_, a, _), (_, b, _), (_, c, _) in zip(whole, pread, lazy):
+            assert isinstance(c, FileFeats) and c.dtype == dtype and c.shape == a.shape  # stays on disk
+            assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(np.asarray(c, a.dtype), a)
 
 
-def test_mmap_is_released_with_the_last_array(tmp_path):
-    """Samples keep their shard mapped while alive (shuffle buffer); nothing stays mapped after."""
+def test_shard_stays_open_while_a_lazy_sample_needs_it(tmp_path):
+    """Samples in the shuffle buffer keep their shard open; nothing stays open after."""
     path = tmp_path / "a.tar"
-    write_shard(path, n=6)
-    got = list(iter_decoded(str(path)))
-    assert _mapped(path)
-    kept = got[3][1]
+    utts = write_shard(path, n=6)
+    got = list(iter_decoded(str(path), lazy=True))
+    assert _open(path)
+    uttid, kept, _ = got[3]
     del got
-    assert _mapped(path)  # one array still views the map
-    np.testing.assert_array_equal(kept, kept.copy())
+    assert _open(path)
+    np.testing.assert_array_equal(kept.read(), utts[uttid][0])
     del kept
-    assert not _mapped(path)
-    # A consumer stopping half-way releases the map too.
-    it = iter_decoded(str(path))
+    assert not _open(path)
+    # A consumer stopping half-way releases the file too, and eager reads never keep it.
+    it = iter_decoded(str(path), lazy=True)
     next(it)
     it.close()
-    assert not _mapped(path)
+    assert not _open(path)
+    eager = list(iter_decoded(str(path)))
+    assert len(eager) == 6 and not _open(path)
 
 
-def test_mmap_truncated_and_empty_shards_are_reported_like_read(tmp_path):
+def test_shard_truncated_after_the_walk_names_shard_and_utterance(tmp_path):
+    path = tmp_path / "a.tar"
+    write_shard(path, n=6)
+    got = list(iter_decoded(str(path), lazy=True))
+    os.truncate(path, got[-1][1].offset + 8)  # the last sample's features are cut
+    np.testing.assert_array_equal(got[0][1].read().shape, got[0][1].shape)  # earlier ones still read
+    with pytest.raises(ShardError, match=rf"a\.tar.*{got[-1][0]}.*truncated"):
+        got[-1][1].read()
+
+
+def test_truncated_and_empty_shards_are_reported_on_both_paths(tmp_path):
     utts = write_shard(tmp_path / "a.tar", n=12)
     data = (tmp_path / "a.tar").read_bytes()
     (tmp_path / "t.tar").write_bytes(data[: len(data) // 2])
     (tmp_path / "e.tar").write_bytes(b"")
     for name in ("t.tar", "e.tar"):
-        for use_mmap in (True, False):
+        for whole in (True, False):
             with pytest.warns(RuntimeWarning, match=rf"{name}.*truncated"):
-                got = [u for u, _, _ in iter_decoded(str(tmp_path / name), use_mmap=use_mmap)]
+                got = [u for u, _, _ in iter_decoded(str(tmp_path / name), whole=whole)]
             assert got == list(utts)[: len(got)]
 
 

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import iter_decoded, prefetch_shard
+from .reader import FileFeats, iter_decoded, prefetch_shard
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
@@ -66,15 +66,21 @@ class Batch(NamedTuple):
 
 
 class Sample:
-    """One utterance on its way through the stages."""
+    """One utterance on its way through the stages.
+
+    ``feats`` is a :class:`~wdsprep.reader.FileFeats` for local shards (the features stay on disk
+    until the collate reads them into the batch) or an array (pipe/URL shards, tests).
+    """
 
     __slots__ = ("uttid", "feats", "text", "labels")
 
-    def __init__(self, uttid: str, feats: np.ndarray, text: str) -> None:
+    def __init__(self, uttid: str, feats: np.ndarray | FileFeats, text: str) -> None:
         self.uttid = uttid
         self.feats = feats
         self.text = text
-        self.labels: list[int] = []
+        # A tuple, not the tokenizer's list: the GC stops tracking a tuple of ints, and samples
+        # live long in the buffers (see reader.Member for why that matters).
+        self.labels: tuple[int, ...] = ()
 
 
 def num_frames(s: Sample) -> int:
@@ -97,7 +103,7 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
         if i + 1 < len(shards):
             prefetch_shard(shards[i + 1])  # a cold next shard streams in while this one is decoded
         corrupt: list[str] = []
-        for uttid, feats, text in iter_decoded(shard, on_error=on_error, float32=False,
+        for uttid, feats, text in iter_decoded(shard, on_error=on_error, float32=False, lazy=True,
                                                on_corrupt=lambda url, key, why: corrupt.append(url)):
             cursor[1] += 1
             counts["read"] += 1
@@ -115,11 +121,11 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
 def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Generator) -> Iterator[Sample]:
     """Reservoir-style shuffle: keep ``size`` samples, emit a random one for each new arrival.
 
-    Features are views on their shard's memory map, so one sample left in the buffer would keep
-    its whole shard mapped; a few stay for many shards (the wait is geometric), which made peak
-    RSS grow with the data set.  Every ``size`` arrivals, samples that waited more than
-    ``2 * size`` arrivals (~14% of them) get their features copied out, so only the last few
-    shards stay mapped.
+    Features of a pipe or URL shard are views on the shard's bytes in memory, so one sample left
+    in the buffer would keep the whole shard alive; a few stay for many shards (the wait is
+    geometric), which made peak RSS grow with the data set.  Every ``size`` arrivals, such samples
+    that waited more than ``2 * size`` arrivals (~14% of them) get their features copied out, so
+    only the last few shards stay in memory.  (Local shards' features are still on disk.)
     """
     if size <= 1:
         yield from samples
@@ -143,7 +149,7 @@ def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Gener
         yield s
         if arrivals % size == 0:
             for j in np.flatnonzero(born < arrivals - 2 * size).tolist():
-                if buf[j].feats.base is not None:  # still a view on its shard
+                if isinstance(buf[j].feats, np.ndarray) and buf[j].feats.base is not None:  # a view
                     buf[j].feats = np.array(buf[j].feats)  # same values, own memory
                 born[j] = _NEVER
     for j in rng.permutation(len(buf)):
@@ -165,7 +171,7 @@ def tokenize(samples: Iterator[Sample], tokenizer: Tokenizer, *, sampling: Subwo
 def _encode(samples: list[Sample], tokenizer: Tokenizer, sampling: SubwordSampling | None) -> list[Sample]:
     if samples:
         for s, ids in zip(samples, tokenizer.encode_batch([s.text for s in samples], sampling=sampling)):
-            s.labels = ids
+            s.labels = tuple(ids)
     return samples
 
 
@@ -247,7 +253,8 @@ def collate(batch: list[Sample], *, shared: bool = False,
             alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
 
-    Only the padding is zeroed: ``np.zeros`` wrote every byte twice (zero, then copy).  Every
+    float32 features still in their shard are read straight into their row (``preadv``): the only
+    copy of those bytes.  Only the padding is zeroed: ``np.zeros`` wrote every byte twice.  Every
     byte of the returned view is written, so a recycled ``alloc`` buffer never leaks old data.
     """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
@@ -275,12 +282,16 @@ def collate(batch: list[Sample], *, shared: bool = False,
                 raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
                                  f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
             k = int(lens[i])
-            if s.feats.dtype == np.float32:
-                v_feats[i, :k] = s.feats  # numpy's call overhead is lower than torch's for a plain copy
+            f = s.feats
+            if f.dtype == np.float32:
+                if type(f) is FileFeats:
+                    f.read_into(v_feats[i, :k])
+                else:
+                    v_feats[i, :k] = f  # numpy's call overhead is lower than torch's for a plain copy
             else:
                 # numpy converts float16 element by element (~10x slower than the copy); torch's
                 # conversion is vectorized, and writes straight into the batch.
-                t_feats[i, :k].copy_(torch.from_numpy(s.feats))
+                t_feats[i, :k].copy_(torch.from_numpy(f.read() if type(f) is FileFeats else f))
             v_feats[i, k:] = 0
     return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
 

@@ -1,11 +1,16 @@
-"""Fast shard reading: a whole tar in memory, ustar headers parsed here, ``.npy`` decoded by hand.
+"""Fast shard reading: tar headers walked with positional reads, features read straight into the batch.
 
 Python's ``tarfile`` plus ``np.load`` (webdataset's default path) spends ~10x longer than reading
-the same bytes.  Shards are tens to a few hundred MB, so reading one into memory at once is cheap;
-members are then sliced out as memoryviews (no copy) and features come out of ``np.frombuffer``.
+the same bytes.  Here a local shard is never read as a whole: the walk reads each 512-byte header
+together with the first bytes of its member (enough for the ``.npy`` header and most transcripts),
+one ``pread`` per member, and a sample's features stay on disk as a :class:`FileFeats` (shard,
+offset, shape) until the collate reads them with one ``preadv`` into their row of the batch.  That
+is the only copy of the feature bytes, and samples waiting in the shuffle and bucketing buffers
+cost a few hundred bytes each, whatever the size of the data set.
 
-Anything unusual about a tar (pax or GNU long-name headers, sparse files...) falls back to
-``tarfile`` over the same in-memory bytes, so the fast path never has to be complete.
+Shards from pipes and URLs are read into memory whole and sliced the same way.  Anything unusual
+about a tar (sparse files, pax records beyond path/size...) falls back to ``tarfile``, so the fast
+path never has to be complete.
 
 Nothing is ever unpickled: ``.npy`` headers are parsed with :func:`ast.literal_eval` (literals
 only) and only little-endian float dtypes are accepted.
@@ -14,14 +19,14 @@ only) and only little-endian float dtypes are accepted.
 from __future__ import annotations
 
 import ast
+import functools
 import io
-import mmap
 import os
 import re
 import subprocess
 import tarfile
 import warnings
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator, Union
 
 import numpy as np
 
@@ -29,9 +34,10 @@ from .shardlist import is_url
 from .shards import LAYOUTS, decode_key, split_name
 
 BLOCK = 512
+# Member bytes read together with each header: a .npy header (128 bytes as numpy writes it) and
+# transcripts up to this size come with the header's pread instead of needing their own.
+PEEK = 512
 _ZERO_BLOCK = bytes(BLOCK)
-# Map every page up front: one call instead of a fault per 64 KiB when the decoder walks the shard.
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 # Type flags of members that carry data ('0', and '\0' from pre-POSIX writers) or nothing to read.
 _REGULAR = (b"0", b"\0", b"7")
 _SKIP = (b"5", b"1", b"2", b"3", b"4", b"6")  # directories, links, devices, fifos
@@ -49,17 +55,84 @@ class ShardError(ValueError):
     """A shard (or one of its samples) cannot be read; the message names the shard and key."""
 
 
-class Member(NamedTuple):
-    """One regular file in a tar: its name and where its bytes are.
+# One regular file in a tar: (name, offset of its data, size, its first PEEK bytes).  A plain
+# tuple, not a NamedTuple or dataclass: a shard's members stay alive while it is read, and the
+# GC stops tracking exact tuples of plain values only.  Tracked objects that live long (members,
+# samples waiting in the buffers) are what drives CPython's full collections, which cost the
+# loader ~15% of its time before.
+Member = tuple[str, int, int, bytes]
 
-    A tuple, not a dataclass: a shard has thousands of members alive until it is done, and
-    CPython's GC stops tracking tuples of plain values (dataclass instances made the loader
-    spend ~20% of its time in full collections).
+
+class ShardFile:
+    """A local shard open for positional reads; slicing it reads those bytes (one ``pread``).
+
+    Closed when the last object using it is gone: the samples of a shard waiting in the loader's
+    buffers each hold it, so it stays open exactly as long as one of them needs its features.
     """
 
-    name: str
-    offset: int
-    size: int
+    __slots__ = ("url", "fd", "size", "__weakref__")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fd = -1
+        self.fd = os.open(url, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, s: slice) -> bytes:
+        # Callers slice with 0 <= start; pread itself stops at the end of the file.
+        return os.pread(self.fd, s.stop - s.start, s.start) if s.stop > s.start else b""
+
+    def readinto(self, out: np.ndarray, offset: int, what: str) -> None:
+        """Fill ``out`` (C-contiguous) with the bytes at ``offset``; ShardError naming ``what`` when short."""
+        view = memoryview(out).cast("B")
+        done = os.preadv(self.fd, [view], offset)
+        while done < len(view):  # regular files only read short at the end of the file
+            more = os.preadv(self.fd, [view[done:]], offset + done)
+            if more == 0:
+                raise ShardError(f"shard {self.url}: {what}: needs {len(view)} bytes at byte {offset}, "
+                                 f"the file ends after {done}: was it changed or truncated while training "
+                                 f"read it? Re-create it (wdsprep pack) or remove it from the shard list")
+            done += more
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+Source = Union[bytes, bytearray, memoryview, ShardFile]
+
+
+class FileFeats:
+    """A feature matrix left in its shard: the collate reads it straight into the batch.
+
+    Has ``shape`` and ``dtype`` like the array it stands for; ``np.asarray`` reads it.
+    """
+
+    __slots__ = ("file", "offset", "shape", "dtype", "key")
+
+    def __init__(self, file: ShardFile, offset: int, shape: tuple[int, int], dtype: np.dtype, key: str) -> None:
+        self.file = file
+        self.offset = offset
+        self.shape = shape
+        self.dtype = dtype
+        self.key = key
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Fill ``out``, a C-contiguous array of this shape and dtype."""
+        self.file.readinto(out, self.offset, f"utterance {_uttid(self.key)!r}")
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        self.read_into(out)
+        return out
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        out = self.read()
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def read_shard_bytes(url: str) -> bytes | bytearray:
@@ -77,28 +150,25 @@ def read_shard_bytes(url: str) -> bytes | bytearray:
         with gopen(url, "rb") as f:
             return f.read()
     with open(url, "rb") as f:
-        # One read() of the whole file: faster than readinto a zeroed bytearray.  Arrays sliced
-        # from these bytes are read-only, which is fine: the collate copies them into the batch.
         return f.read()
 
 
-def map_shard(url: str) -> bytes | mmap.mmap:
-    """A local shard mapped read-only (a pipe or URL is read into memory instead).
+def open_shard(url: str, *, whole: bool = False) -> Source:
+    """A local shard as a :class:`ShardFile` (or, with ``whole``, its bytes); a pipe or URL as its bytes.
 
-    ``read()`` copies the file out of the page cache into freshly allocated memory, and the
-    first touch of every fresh page is a page fault: that copy was most of the reader's time.
-    The mapping shares the page cache; decoded arrays are views on it and the collate makes
-    the one copy.  Nothing closes the map explicitly: it is unmapped when the last array
-    viewing it is gone (so samples in the shuffle buffer keep only their own shard mapped).
+    Opening a local shard also asks the kernel to read it ahead (see :func:`prefetch_shard`): the
+    walk reads one header every few hundred KB, and those reads would each wait for the disk.
     """
-    if url.startswith("pipe:") or is_url(url):
+    if whole or url.startswith("pipe:") or is_url(url):
         return read_shard_bytes(url)
-    with open(url, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return b""  # mmap refuses empty files; the scan reports the missing end blocks
-        m = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ)
-    return m
+    f = ShardFile(url)
+    _willneed(f.fd)
+    return f
+
+
+def _willneed(fd: int) -> None:
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
 
 
 def prefetch_shard(url: str) -> None:
@@ -106,14 +176,14 @@ def prefetch_shard(url: str) -> None:
 
     Called for the next shard while the current one is decoded, so a cold read overlaps the work.
     """
-    if url.startswith("pipe:") or is_url(url) or not hasattr(os, "posix_fadvise"):
+    if url.startswith("pipe:") or is_url(url):
         return
     try:
         fd = os.open(url, os.O_RDONLY)
     except OSError:
         return  # reported when the shard itself is read
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        _willneed(fd)
     finally:
         os.close(fd)
 
@@ -142,20 +212,19 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
-def _first_bad_checksum(buf: bytes | bytearray | memoryview, positions: list[int]) -> int | None:
-    """Index (into ``positions``) of the first header whose checksum is wrong, or None.
+def _first_bad_checksum(headers: list[bytes]) -> int | None:
+    """Index of the first header whose checksum is wrong, or None.
 
     Vectorized over all headers at once: a Python ``sum`` per header cost more than the rest of
     the scan.  The checksum is the byte sum of the header with its checksum field read as spaces.
     """
-    if not positions:
+    if not headers:
         return None
-    blocks = np.frombuffer(buf, np.uint8, count=len(buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
-    headers = blocks[np.asarray(positions) // BLOCK]
-    actual = headers[:, :148].sum(1, dtype=np.int64) + headers[:, 156:].sum(1, dtype=np.int64) + 8 * 32
-    stored = np.full(len(positions), -1, np.int64)
-    for i, pos in enumerate(positions):
-        field = bytes(buf[pos + 148:pos + 156]).rstrip(b" \0")
+    blocks = np.frombuffer(b"".join(headers), np.uint8).reshape(-1, BLOCK)
+    actual = blocks[:, :148].sum(1, dtype=np.int64) + blocks[:, 156:].sum(1, dtype=np.int64) + 8 * 32
+    stored = np.full(len(headers), -1, np.int64)
+    for i, h in enumerate(headers):
+        field = h[148:156].rstrip(b" \0")
         try:
             stored[i] = int(field, 8)
         except ValueError:
@@ -164,24 +233,25 @@ def _first_bad_checksum(buf: bytes | bytearray | memoryview, positions: list[int
     return int(bad[0]) if len(bad) else None
 
 
-def scan_ustar(buf: bytes | bytearray | memoryview) -> tuple[list[Member], str | None]:
-    """Walk the 512-byte headers of a tar held in memory.
+def scan_ustar(src: Source) -> tuple[list[Member], str | None]:
+    """Walk the 512-byte headers of a tar (a :class:`ShardFile` or bytes in memory).
 
     Handles ustar, pax extended headers (``x``: path/size overrides; Python's tarfile writes one
     per member when mtime is a float, as webdataset's TarWriter does) and GNU long names (``L``).
     Returns the members found and, when the tar is corrupt or truncated, a description of the
     problem (the members before it are good).  Raises ``_Exotic`` for headers left to tarfile.
     """
-    positions: list[int] = []  # every header walked, checksummed together at the end
+    headers: list[bytes] = []  # every header walked, checksummed together at the end
+    positions: list[int] = []
     owners: list[int] = []  # number of members complete before each header
     members: list[Member] = []
     problem: str | None = None
     exotic: bytes | None = None
     try:
-        problem = _walk(buf, positions, owners, members)
+        problem = _walk(src, headers, positions, owners, members)
     except _Exotic as e:
         exotic = e.args[0]
-    bad = _first_bad_checksum(buf, positions)
+    bad = _first_bad_checksum(headers)
     if bad is not None:
         # The walk trusted that header's size field, so nothing from it on can be trusted.
         return members[:owners[bad]], f"header checksum mismatch at byte {positions[bad]}"
@@ -190,10 +260,9 @@ def scan_ustar(buf: bytes | bytearray | memoryview) -> tuple[list[Member], str |
     return members, problem
 
 
-def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: list[int],
+def _walk(src: Source, headers: list[bytes], positions: list[int], owners: list[int],
           members: list[Member]) -> str | None:
-    view = memoryview(buf)
-    n = len(view)
+    n = len(src)
     pos = 0
     pending: dict[str, str] = {}  # overrides from a pax/GNU header for the next member
     while True:
@@ -201,9 +270,11 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
             # A tar ends with zero blocks; running out of bytes before them means truncation,
             # even at a member boundary (the cut may have split a sample's members).
             return f"truncated at byte {pos} (file has {n} bytes)"
-        header = bytes(view[pos:pos + BLOCK])
+        chunk = bytes(src[pos:pos + BLOCK + PEEK])  # one read: the header and the start of its member
+        header = chunk[:BLOCK]
         if header[0] == 0 and header == _ZERO_BLOCK:
             return None
+        headers.append(header)
         positions.append(pos)
         owners.append(len(members))
         typeflag = header[156:157]
@@ -217,7 +288,7 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
         if data + size > n:
             return f"member at byte {pos} needs {size} bytes, only {n - data} left (truncated)"
         if typeflag == b"x":
-            record = bytes(view[data:data + size])
+            record = chunk[BLOCK:BLOCK + size] if size <= PEEK else bytes(src[data:data + size])
             # tarfile writes an mtime-only record per member for a float mtime (webdataset's
             # TarWriter does): nothing the reader needs, and skipping its parse halves the scan.
             if not _MTIME_ONLY.match(record):
@@ -228,7 +299,8 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
                 if pending.keys() - _PAX_KNOWN:
                     raise _Exotic(b"x")  # e.g. sparse-file or charset records: tarfile knows them
         elif typeflag == b"L":
-            pending["path"] = bytes(view[data:data + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            raw = chunk[BLOCK:BLOCK + size] if size <= PEEK else bytes(src[data:data + size])
+            pending["path"] = raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif typeflag in _REGULAR:
             if "path" in pending:
                 name = pending["path"]
@@ -242,7 +314,7 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
                     name = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     raise _Exotic(b"name") from None
-            members.append(Member(name, data, size))
+            members.append((name, data, size, chunk[BLOCK:BLOCK + size]))
             pending = {}
         elif typeflag in _SKIP:
             pending = {}
@@ -251,74 +323,67 @@ def _walk(buf: bytes | bytearray | memoryview, positions: list[int], owners: lis
         pos = data + (size + BLOCK - 1) // BLOCK * BLOCK
 
 
-def scan_tarfile(buf: bytes | bytearray | memoryview) -> tuple[list[Member], str | None]:
+def scan_tarfile(src: Source) -> tuple[list[Member], str | None]:
     """The fallback: tarfile finds the members (pax, GNU long names...), we still slice the bytes."""
     members: list[Member] = []
+    fileobj = open(src.url, "rb") if isinstance(src, ShardFile) else io.BytesIO(src)
     try:
-        with tarfile.open(fileobj=io.BytesIO(buf), mode="r:") as tf:
+        with fileobj, tarfile.open(fileobj=fileobj, mode="r:") as tf:
             for m in tf:
                 if m.isfile():
-                    if m.offset_data + m.size > len(buf):
+                    if m.offset_data + m.size > len(src):
                         return members, f"member {m.name!r} truncated"
-                    members.append(Member(m.name, m.offset_data, m.size))
+                    head = bytes(src[m.offset_data:m.offset_data + min(m.size, PEEK)])
+                    members.append((m.name, m.offset_data, m.size, head))
     except tarfile.TarError as e:
         return members, f"{type(e).__name__}: {e}"
     return members, None
 
 
-def iter_shard_samples(
-    url: str,
-    *,
-    on_error: str = "warn",
-    on_corrupt: Callable[[str, str | None, str], None] | None = None,
-    use_mmap: bool = True,
-) -> Iterator[tuple[str, dict[str, memoryview]]]:
-    """(key, {extension: bytes}) for every sample of a shard, members sliced from one map or read.
+def member_bytes(src: Source, m: Member) -> bytes:
+    """All bytes of a member (no read when the walk already has them)."""
+    _, offset, size, head = m
+    return head if size <= PEEK else bytes(src[offset:offset + size])
 
-    ``use_mmap=False`` reads local files with one ``read()`` instead of mapping them (same result).
 
-    A corrupt or truncated shard yields its complete samples before the damage, then (with
-    ``on_error="warn"``) warns naming the shard and the first key not read and stops; with
-    ``on_error="raise"`` it raises :class:`ShardError`.  ``on_corrupt(url, key, why)`` is called
-    either way so the caller can count it.
-    """
+def _shard_samples(url: str, *, on_error: str, on_corrupt: Callable[[str, str | None, str], None] | None,
+                   whole: bool) -> Iterator[tuple[Source, str, dict[str, Member]]]:
+    """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
     if on_error not in ("warn", "raise"):
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    src: Source
     try:
-        buf = map_shard(url) if use_mmap else read_shard_bytes(url)
+        src = open_shard(url, whole=whole)
     except (OSError, ValueError, ShardError) as e:
-        members, problem, buf = [], f"cannot read: {e}", b""
+        members, problem, src = [], f"cannot read: {e}", b""
     else:
         try:
-            members, problem = scan_ustar(buf)
+            members, problem = scan_ustar(src)
         except _Exotic:
-            members, problem = scan_tarfile(buf)
-    view = memoryview(buf)
-    del buf  # the views keep the map alive exactly as long as a sample needs it
+            members, problem = scan_tarfile(src)
 
     # Group consecutive members by key, one sample at a time (a list of all groups would keep
     # thousands of dicts alive for the GC to walk).  When the tar is damaged the last group may
     # be missing members (e.g. the .npy arrived but not the .txt), so it is reported, not yielded.
     key: str | None = None
-    group: dict[str, memoryview] = {}
+    group: dict[str, Member] = {}
     count = 0
     for m in members:
-        k, ext = split_name(m.name)
+        k, ext = split_name(m[0])
         if k != key:
             if key is not None:
                 count += 1
-                yield key, group
+                yield src, key, group
             key, group = k, {}
-        group[ext] = view[m.offset:m.offset + m.size]
-    del view, members
+        group[ext] = m
+    del members
     bad_key: str | None = None
     if key is not None:
         if problem is None:
             count += 1
-            yield key, group
+            yield src, key, group
         else:
             bad_key = key
-    group = {}
     if problem is not None:
         if on_corrupt is not None:
             on_corrupt(url, bad_key, problem)
@@ -330,14 +395,35 @@ def iter_shard_samples(
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
 
 
-def _uttid(key: str) -> str:
+def iter_shard_samples(
+    url: str,
+    *,
+    on_error: str = "warn",
+    on_corrupt: Callable[[str, str | None, str], None] | None = None,
+    whole: bool = False,
+) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {extension: bytes}) for every sample of a shard.
+
+    ``whole=True`` reads a local file into memory at once instead of by positional reads (same result).
+
+    A corrupt or truncated shard yields its complete samples before the damage, then (with
+    ``on_error="warn"``) warns naming the shard and the first key not read and stops; with
+    ``on_error="raise"`` it raises :class:`ShardError`.  ``on_corrupt(url, key, why)`` is called
+    either way so the caller can count it.
+    """
+    for src, key, group in _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole):
+        yield key, {ext: member_bytes(src, m) for ext, m in group.items()}
+
+
+def _uttid(key: str | None) -> str | None:
     """The utterance id for messages; the raw key when it does not decode."""
     try:
-        return decode_key(key)
+        return decode_key(key) if key else key
     except UnicodeDecodeError:
         return key
 
 
+@functools.lru_cache(maxsize=4096)  # one header per distinct shape: most repeat within a corpus
 def _parse_npy_header(text: str) -> tuple[str, bool, tuple[int, ...]]:
     m = _NPY_HEADER_RE.match(text)
     if m:
@@ -349,6 +435,43 @@ def _parse_npy_header(text: str) -> tuple[str, bool, tuple[int, ...]]:
     return d["descr"], bool(d["fortran_order"]), tuple(int(x) for x in d["shape"])
 
 
+def _npy_header_end(head: bytes) -> int:
+    """Where the data of an ``.npy`` starts, from its first 12 bytes."""
+    if head[:6] != _NPY_MAGIC:
+        raise ValueError("not an .npy file (bad magic)")
+    major = head[6] if len(head) > 6 else 0
+    if major == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    if major in (2, 3):
+        return 12 + int.from_bytes(head[8:12], "little")
+    raise ValueError(f"unsupported .npy version {major}")
+
+
+def _npy_layout(head: bytes, size: int) -> tuple[np.dtype, bool, tuple[int, int], int]:
+    """(dtype, fortran order, shape, data offset) of an ``.npy`` of ``size`` bytes; ``head`` holds its header."""
+    end = _npy_header_end(head)
+    start = 10 if head[6] == 1 else 12
+    descr, fortran, shape = _parse_npy_header(head[start:end].decode("latin1"))
+    dtype = _NPY_DTYPES.get(descr)
+    if dtype is None:
+        raise ValueError(f"feature dtype {descr!r} refused: only little-endian float16/32/64 are read "
+                         f"(object arrays would need unpickling)")
+    if len(shape) != 2:
+        raise ValueError(f"features must be 2-D (frames x dims), got shape {shape}")
+    need = shape[0] * shape[1] * dtype.itemsize
+    if end + need > size:
+        raise ValueError(f"npy data truncated: shape {shape} needs {need} bytes, {size - end} present")
+    return dtype, fortran, shape, end  # type: ignore[return-value]
+
+
+def _as_features(flat: np.ndarray, shape: tuple[int, int], fortran: bool, float32: bool) -> np.ndarray:
+    """The 2-D matrix from its flat data: float64 (and with ``float32`` float16) become float32."""
+    arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    if flat.dtype.itemsize == 8 or (float32 and flat.dtype.itemsize == 2) or fortran:
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    return arr
+
+
 def decode_npy(buf: bytes | bytearray | memoryview, *, float32: bool = True) -> np.ndarray:
     """A 2-D feature matrix from ``.npy`` bytes, without pickle and without copying float32 data.
 
@@ -357,36 +480,28 @@ def decode_npy(buf: bytes | bytearray | memoryview, *, float32: bool = True) -> 
     fewer); float64 is always converted.  The result may be a read-only view of ``buf``.
     """
     view = memoryview(buf)
-    if bytes(view[:6]) != _NPY_MAGIC:
-        raise ValueError("not an .npy file (bad magic)")
-    major = view[6]
-    if major == 1:
-        hlen, start = int.from_bytes(view[8:10], "little"), 10
-    elif major in (2, 3):
-        hlen, start = int.from_bytes(view[8:12], "little"), 12
-    else:
-        raise ValueError(f"unsupported .npy version {major}")
-    descr, fortran, shape = _parse_npy_header(bytes(view[start:start + hlen]).decode("latin1"))
-    dtype = _NPY_DTYPES.get(descr)
-    if dtype is None:
-        raise ValueError(f"feature dtype {descr!r} refused: only little-endian float16/32/64 are read "
-                         f"(object arrays would need unpickling)")
-    if len(shape) != 2:
-        raise ValueError(f"features must be 2-D (frames x dims), got shape {shape}")
+    dtype, fortran, shape, start = _npy_layout(bytes(view[:_npy_header_end(bytes(view[:12]))]), len(view))
+    flat = np.frombuffer(view, dtype=dtype, count=shape[0] * shape[1], offset=start)
+    return _as_features(flat, shape, fortran, float32)
+
+
+def _features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
+    _, offset, size, head = m
+    end = _npy_header_end(head)
+    if end > len(head):  # a header longer than numpy writes: read all of it
+        head = bytes(src[offset:offset + end])
+    dtype, fortran, shape, start = _npy_layout(head, size)
     count = shape[0] * shape[1]
-    offset = start + hlen
-    if offset + count * dtype.itemsize > len(view):
-        raise ValueError(f"npy data truncated: shape {shape} needs {count * dtype.itemsize} bytes, "
-                         f"{len(view) - offset} present")
-    arr = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
-    arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
-    if dtype.itemsize == 8 or (float32 and dtype.itemsize == 2) or fortran:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-    return arr
+    if not isinstance(src, ShardFile):
+        return _as_features(np.frombuffer(src, dtype, count, offset + start), shape, fortran, float32)
+    feats = FileFeats(src, offset + start, shape[::-1] if fortran else shape, dtype, key)
+    if lazy and not fortran and dtype.itemsize != 8:
+        return feats
+    return _as_features(feats.read().reshape(-1), shape, fortran, float32)
 
 
-def split_sample(members: dict[str, memoryview]) -> tuple[memoryview, memoryview]:
-    """(feature bytes, transcript bytes) of a sample in either layout, or KeyError naming what is there."""
+def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
+    """(feature member, transcript member) of a sample in either layout, or KeyError naming what is there."""
     for feat_ext, text_ext in LAYOUTS.values():
         if feat_ext in members and text_ext in members:
             return members[feat_ext], members[text_ext]
@@ -400,21 +515,24 @@ def iter_decoded(
     on_error: str = "warn",
     on_corrupt: Callable[[str, str | None, str], None] | None = None,
     float32: bool = True,
-    use_mmap: bool = True,
-) -> Iterator[tuple[str, np.ndarray, str]]:
+    lazy: bool = False,
+    whole: bool = False,
+) -> Iterator[tuple[str, np.ndarray | FileFeats, str]]:
     """(utterance id, features, transcript) for every sample of a shard, either layout.
 
-    float32 features of a local shard are read-only views on its memory map (see :func:`map_shard`).
+    Features are arrays in their own memory (pipe/URL shards and ``whole=True``: read-only views
+    on the shard's bytes).  With ``lazy``, float16/32 features of a local shard stay on disk as
+    :class:`FileFeats` until read; with ``float32=False`` float16 stays float16.
 
     A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
     because a shard that holds one bad sample was most likely damaged in writing or copying.
     """
-    samples = iter_shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, use_mmap=use_mmap)
-    for key, members in samples:
+    samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole)
+    for src, key, group in samples:
         try:
-            feat_bytes, text_bytes = split_sample(members)
-            feats = decode_npy(feat_bytes, float32=float32)
-            text = str(text_bytes, "utf-8")
+            feat_m, text_m = split_sample(group)
+            feats = _features(src, feat_m, key, float32=float32, lazy=lazy)
+            text = str(member_bytes(src, text_m), "utf-8")
             uttid = decode_key(key) if "%" in key else key  # unquote costs more than the npy decode
         except (KeyError, ValueError, UnicodeDecodeError) as e:
             samples.close()
