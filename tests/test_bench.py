@@ -51,6 +51,9 @@ def test_every_row_is_in_the_table(result: tuple[bench.Results, str]) -> None:
     for name in ["CAT stream (no sort)", "WeNet sort window", "wdsprep bucket_batches"]:
         assert f"| {name}" in md
     assert md.count("| N") == 1 and "| 4N" in md
+    for nw in (0, 2):  # every ratio target is reported for each worker count
+        for ref in ("webdataset default decode (warm)", "kaldiio load_scp random (cold)", "raw read of the shard"):
+            assert f"| loader nw={nw} ÷ {ref}" in md, (nw, ref)
     assert "float16 storage" in md
     assert md.startswith("```sh\nbench --work")
 
