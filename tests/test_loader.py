@@ -279,3 +279,98 @@ def test_shm_pool_reuses_a_slot_only_when_freed():
     flags[POOL_SLOTS + 2] = 0
     bigger, j = pool.alloc(5000)  # too small: that slot grows
     assert j == 2 and bigger.numel() == 5000 and list(flags[:POOL_SLOTS]) == [0] * POOL_SLOTS
+
+
+def test_shm_pool_sends_a_buffer_once_and_again_when_regrown():
+    import torch.multiprocessing as mp
+
+    from wdsprep.loader import POOL_SLOTS, Packed, ShmPool
+
+    flags = mp.RawArray("b", POOL_SLOTS)
+    pool = ShmPool(flags, worker=0)
+
+    def send(nbytes):
+        buf, j = pool.alloc(nbytes)
+        flags[j] = 0  # handed straight back, so slot 0 is taken every time
+        return pool.outgoing(Packed(buf, (1, 1, 1, 1), ["k"], j))
+
+    first, second = send(100), send(100)
+    assert first.buf is not None and second.buf is None and first.gen == second.gen == 1
+    grown = send(10_000)  # a new buffer: sent, with a new generation
+    assert grown.buf is not None and grown.gen == 2 and send(100).buf is None
+    unpooled = Packed(pool.alloc(10)[0], (1, 1, 1, 1), ["k"])
+    assert pool.outgoing(unpooled) is unpooled
+
+
+def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypatch):
+    """Most pooled batches arrive as a slot number; batches held across epochs are never overwritten."""
+    from wdsprep.loader import SlotCache
+
+    _, out, utts, tok = data
+    sent = Counter()
+    real = SlotCache.buffer
+
+    def spy(self, p, worker):
+        sent["buffer" if p.buf is not None else "slot number"] += 1
+        return real(self, p, worker)
+
+    monkeypatch.setattr(SlotCache, "buffer", spy)
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=2)
+    kept = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, b in enumerate(loader):
+            if i in (0, 5):  # kept while the workers go on through this and later epochs
+                kept.append((b, Batch(*(t.clone() for t in b[:4]), b.keys)))
+            if epoch == 1 and i == 3:
+                break
+    assert sent["slot number"] > 3 * sent["buffer"] > 0
+    for b, copy in kept:
+        assert b.keys == copy.keys and all(x.equal(y) for x, y in zip(b[:4], copy[:4]))
+
+
+def test_slot_cache_refuses_a_stale_buffer():
+    import torch
+
+    from wdsprep.loader import Packed, SlotCache, _alloc
+
+    cache = SlotCache(num_workers=1)
+    shape = (2, 3, 4, 1)
+    with pytest.raises(RuntimeError, match="never arrived"):
+        cache.buffer(Packed(None, shape, ["a", "b"], slot=0, gen=1), worker=0)
+    buf = _alloc(1000, True)
+    buf[:] = 7
+    mem, i = cache.buffer(Packed(buf[:144], shape, ["a", "b"], slot=1, gen=1), worker=0)
+    again, j = cache.buffer(Packed(None, shape, ["a", "b"], slot=1, gen=1), worker=0)
+    assert i == j == 1 and again.data_ptr() == mem.data_ptr() == buf.data_ptr() and again.numel() == 144
+    assert again.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    assert torch.equal(again, buf[:144])
+    with pytest.raises(RuntimeError, match="generation 1"):  # the worker regrew the slot; its new buffer was lost
+        cache.buffer(Packed(None, shape, ["a", "b"], slot=1, gen=2), worker=0)
+
+
+def test_pinned_batches_are_copies_and_free_their_slots_at_once(data, monkeypatch):
+    """With CUDA the main process pins each batch (a copy), so the slot is reusable at once."""
+    import torch
+
+    import wdsprep.loader as loader_mod
+
+    _, out, utts, tok = data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pinned = []
+    monkeypatch.setattr(loader_mod, "_pin", lambda t: pinned.append(t.numel()) or t.clone())
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=2, pin_memory=True)
+    batches = run(loader)  # all held: without pinning the pools would run dry
+    assert len(pinned) == len(batches)
+    assert not any(b.feats.untyped_storage().is_shared() for b in batches)
+    check_batches(batches, utts, tok, max_frames=600)
+    assert all(f == 0 for f in loader._slots.flags)  # every slot handed back
+
+
+def test_pin_memory_without_cuda_warns(data, monkeypatch):
+    import torch
+
+    _, out, _, tok = data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="not pinned"):
+        make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, pin_memory=True)

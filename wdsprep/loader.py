@@ -9,6 +9,10 @@ Every stage is a plain generator function.  Randomness comes only from generator
 (seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
 for bit, with any ``num_workers`` layout kept equal.
 
+With ``num_workers > 0`` each DataLoader worker runs the stages on its share of the shards and
+collates into shared-memory buffers it recycles (:class:`ShmPool`); a buffer crosses to the main
+process once per epoch, later batches in it only name their slot (:class:`SlotCache`).
+
 Under DDP (training mode) the main process all-reduces a "no more batches" flag before every
 step, so all ranks end the epoch at the same step as soon as one runs dry; what that early stop
 discards is reported in :attr:`Loader.stats`.  Dev mode (``train=False``) reads each utterance
@@ -190,12 +194,15 @@ class Packed(NamedTuple):
 
     A :class:`Batch` has four tensors; sent from a worker, each would cost its own file
     descriptor hand-over.  All four are views on ``buf``, so one hand-over carries the batch.
+    A pooled slot's buffer is sent only on the slot's first use per epoch; after that ``buf`` is
+    None and the main process reads the slot's memory through the handle it kept (see ShmPool).
     """
 
-    buf: torch.Tensor  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
+    buf: torch.Tensor | None  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
     shape: tuple[int, int, int, int]  # B, T, D, U
     keys: list[str]
     slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
+    gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
 
 
 class ShmPool:
@@ -203,19 +210,23 @@ class ShmPool:
 
     A fresh shared segment per batch cost a worker ~13% of its time to create and ~40% to fill
     (a page fault and a zeroed page per 4 KiB).  A pooled buffer is mapped and faulted in once.
+    Sending a shared tensor costs the main process ~0.45 ms (a file descriptor passed and looked
+    up) against ~0.1 ms for a small object, so a slot's buffer travels once per epoch
+    (:meth:`outgoing`) and later batches in it send only the slot number: see :class:`SlotCache`.
 
     ``flags`` (shared with the main process, one byte per slot of every worker) says who owns a
     slot: the worker marks it busy when it fills it; the main process marks it free only once
-    nothing references the batch any more (every tensor of a :class:`Batch` is a view on the
-    buffer, so a weak reference to its storage expires exactly then, see ``Loader._batches``).
-    A batch the trainer still holds is therefore never overwritten.  With no free slot (the
-    trainer keeps many batches) the worker allocates a fresh, unpooled buffer: it never waits.
+    nothing references the batch any more (see :class:`SlotCache`).  A batch the trainer still
+    holds is therefore never overwritten.  With no free slot (the trainer keeps many batches) the
+    worker allocates a fresh, unpooled buffer: it never waits.
     """
 
     def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS) -> None:
         self.flags = flags
         self.base = worker * slots
         self.bufs: list[torch.Tensor | None] = [None] * slots
+        self.gens = [0] * slots
+        self.sent = [False] * slots  # buffer sent to the main process
 
     def alloc(self, nbytes: int) -> tuple[torch.Tensor, int]:
         """A shared uint8 buffer of ``nbytes`` and its slot (-1 when unpooled)."""
@@ -225,9 +236,21 @@ class ShmPool:
                     # Batches are bounded by max_frames, so capacities settle after a few batches;
                     # the headroom saves regrowing for a slightly larger one.
                     buf = self.bufs[j] = _alloc(nbytes + nbytes // 8, True)
+                    self.gens[j] += 1
+                    self.sent[j] = False
                 self.flags[self.base + j] = _BUSY
                 return buf[:nbytes], j
         return _alloc(nbytes, True), -1
+
+    def outgoing(self, p: Packed) -> Packed:
+        """``p`` as it is sent: the buffer only on the slot's first use or after it regrew."""
+        if p.slot < 0:
+            return p
+        j = p.slot
+        if self.sent[j]:
+            return p._replace(buf=None, gen=self.gens[j])
+        self.sent[j] = True
+        return p._replace(gen=self.gens[j])
 
 
 def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
@@ -300,6 +323,60 @@ def unpack(p: Packed) -> Batch:
     b = p.buf
     return Batch(b[o3:o3 + 4 * n * t * dims].view(torch.float32).view(n, t, dims), b[:o1].view(torch.int64),
                  b[o2:o3].view(torch.int64).view(n, u), b[o1:o2].view(torch.int64), p.keys)
+
+
+def _nbytes(shape: tuple[int, int, int, int]) -> int:
+    """Bytes of a packed batch of ``shape`` (B, T, D, U), as :func:`collate` lays it out."""
+    n, t, dims, u = shape
+    return 8 * (2 * n + n * u) + 4 * n * t * dims
+
+
+def _pin(buf: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy (a seam for tests on machines without CUDA)."""
+    return buf.pin_memory()
+
+
+class SlotCache:
+    """The main process's side of the workers' :class:`ShmPool` slots: their flags and buffers.
+
+    A slot's buffer arrives with its first batch of the epoch and is kept, per (worker, slot) and
+    with its generation; later batches in the slot come without it.  Each batch gets its own
+    storage over that memory (``torch.from_numpy`` of a slice, ~1.5 us), so a weak reference to
+    that storage expires exactly when neither the trainer nor the loader holds any tensor of the
+    batch; only then is the slot handed back.  Lives as long as the workers (one epoch).
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.flags = mp.RawArray("b", num_workers * POOL_SLOTS)
+        self.bufs: dict[int, tuple[int, np.ndarray]] = {}  # flag index -> (generation, the slot's whole buffer)
+        self.held: list[tuple[int, StorageWeakRef]] = []  # batches handed out: flag index, their storage
+
+    def release(self) -> None:
+        """Hand back the slots of batches nothing references any more (the trainer moved on)."""
+        if self.held:
+            still = []
+            for i, ref in self.held:
+                if ref.expired():
+                    self.flags[i] = _FREE
+                else:
+                    still.append((i, ref))
+            self.held = still
+
+    def buffer(self, p: Packed, worker: int) -> tuple[torch.Tensor, int]:
+        """A tensor with its own storage over pooled batch ``p``'s memory, and the slot's flag index."""
+        i = worker * POOL_SLOTS + p.slot
+        if p.buf is not None:
+            whole = torch.empty(0, dtype=torch.uint8).set_(p.buf.untyped_storage())
+            self.bufs[i] = (p.gen, whole.numpy())
+        gen, mem = self.bufs.get(i, (None, None))
+        if gen != p.gen:
+            raise RuntimeError(f"worker {worker} sent a batch in slot {p.slot}, buffer generation {p.gen}, but "
+                               f"the main process holds generation {gen}: that buffer never arrived (loader bug)")
+        return torch.from_numpy(mem[:_nbytes(p.shape)]), i  # type: ignore[index]
+
+    def hold(self, i: int, buf: torch.Tensor) -> None:
+        """Keep slot ``i`` busy while anything references ``buf``'s storage."""
+        self.held.append((i, StorageWeakRef(buf.untyped_storage())))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +462,8 @@ class ShardStream(IterableDataset):
         pool = ShmPool(self.pool_flags, worker) if info is not None and self.pool_flags is not None else None
         for batch in self.stages(worker, counts, cursor):
             out = collate(batch, shared=info is not None, alloc=pool.alloc if pool is not None else None)
+            if pool is not None:
+                out = pool.outgoing(out)
             delta = dict(counts)
             counts.clear()
             yield out, delta, (worker, cursor[0], cursor[1])
@@ -438,9 +517,15 @@ class Loader:
         self.sync = sync  # all-reduce the quit flag each step (DDP training)
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
+        # The DataLoader's own pinning would copy only a slot's first batch, and the main process
+        # would keep that copy as the slot's buffer; so the main process pins every batch itself.
+        self._pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self._pin:
+            warnings.warn("pin_memory=True but CUDA is not available: batches are not pinned", stacklevel=2)
         self.epoch = 0
         self.stats = LoaderStats()
         self._cursors: dict[int, tuple[int, int]] = {}
+        self._slots: SlotCache | None = None  # the main process's side of the workers' pools
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the assignment and every shuffle derive from it."""
@@ -459,27 +544,38 @@ class Loader:
                 "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
 
     def _dataloader(self) -> DataLoader:
+        """This epoch's DataLoader, with fresh pool flags: the previous epoch's workers are gone."""
+        self._slots = SlotCache(self.num_workers) if self.num_workers > 0 else None
+        self.dataset.pool_flags = self._slots.flags if self._slots is not None else None
         kw: dict[str, Any] = {}
         if self.num_workers > 0 and self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
         return DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-                          persistent_workers=False, pin_memory=self.pin_memory, **kw)
+                          persistent_workers=False, pin_memory=False, **kw)
+
+    def _receive(self, p: Packed, worker: int) -> Batch:
+        """The Batch for a worker's packed batch; a pooled slot stays busy while the Batch lives."""
+        slots = self._slots
+        if p.slot >= 0 and slots is not None:
+            buf, i = slots.buffer(p, worker)
+            if self._pin:
+                buf = _pin(buf)
+                slots.flags[i] = _FREE  # the batch is the pinned copy: the slot is free already
+            else:
+                slots.hold(i, buf)
+        else:
+            buf = _pin(p.buf) if self._pin else p.buf
+        return unpack(p._replace(buf=buf))
 
     def _batches(self) -> Iterator[Batch]:
         """This rank's batches with the workers' counts folded into :attr:`stats`."""
         st = self.stats
         dropped: Counter = Counter()
-        flags = self.dataset.pool_flags
-        held: list[tuple[int, StorageWeakRef]] = []  # pooled batches handed out: flag index, storage
-        for packed, delta, (worker, shard_i, sample_i) in self._dataloader():
-            if held:  # hand back the buffers nothing references any more (the trainer moved on)
-                still = []
-                for i, ref in held:
-                    if ref.expired():
-                        flags[i] = _FREE
-                    else:
-                        still.append((i, ref))
-                held = still
+        loader = self._dataloader()
+        slots = self._slots
+        for packed, delta, (worker, shard_i, sample_i) in loader:
+            if slots is not None:
+                slots.release()
             self._cursors[worker] = (shard_i, sample_i)
             for k, v in delta.items():
                 if k == "read":
@@ -492,9 +588,7 @@ class Loader:
                     dropped[k] += v
             st.dropped = dict(dropped)
             if packed is not None:
-                if packed.slot >= 0:
-                    held.append((worker * POOL_SLOTS + packed.slot, StorageWeakRef(packed.buf.untyped_storage())))
-                batch = unpack(packed)
+                batch = self._receive(packed, worker)
                 del packed  # only the yielded Batch may keep the buffer alive
                 yield batch
                 del batch
@@ -502,8 +596,6 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
         ds.epoch = self.epoch
-        # Fresh flags every epoch: the previous epoch's workers (and their pools) are gone.
-        ds.pool_flags = mp.RawArray("b", self.num_workers * POOL_SLOTS) if self.num_workers > 0 else None
         self.stats = st = LoaderStats(epoch=self.epoch, assigned=ds.assigned_utts(self.epoch))
         self._cursors = {}
         start = time.perf_counter()
@@ -586,6 +678,9 @@ def make_loader(
         pool_size: samples sorted together by the bucketing stage (see ``wdsprep.batching``).
         tokenize_group: transcripts per ``encode_batch`` call.
         rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
+        prefetch_factor: batches each worker prepares ahead (torch's default: 2).
+        pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process
+            copies each batch into pinned memory (CUDA only; without CUDA it warns and does nothing).
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
