@@ -279,3 +279,165 @@ def test_shm_pool_reuses_a_slot_only_when_freed():
     flags[POOL_SLOTS + 2] = 0
     bigger, j = pool.alloc(5000)  # too small: that slot grows
     assert j == 2 and bigger.numel() == 5000 and list(flags[:POOL_SLOTS]) == [0] * POOL_SLOTS
+
+
+def test_shm_pool_sends_a_buffer_once_per_epoch_and_again_when_regrown():
+    import torch.multiprocessing as mp
+
+    from wdsprep.loader import POOL_SLOTS, Packed, ShmPool
+
+    flags = mp.RawArray("b", POOL_SLOTS)
+    pool = ShmPool(flags, worker=0)
+    pool.begin()
+
+    def send(nbytes):
+        buf, j = pool.alloc(nbytes)
+        flags[j] = 0  # handed straight back, so slot 0 is taken every time
+        return pool.outgoing(Packed(buf, (1, 1, 1, 1), ["k"], j))
+
+    first, second = send(100), send(100)
+    assert first.buf is not None and second.buf is None and first.gen == second.gen == 1
+    grown = send(10_000)  # a new buffer: sent, with a new generation
+    assert grown.buf is not None and grown.gen == 2 and send(100).buf is None
+    pool.begin()  # next epoch: the main process may have missed a send (drained), so send again
+    assert send(100).buf is not None and send(100).gen == 2
+    unpooled = Packed(pool.alloc(10)[0], (1, 1, 1, 1), ["k"])
+    assert pool.outgoing(unpooled) is unpooled
+
+
+def test_shm_pool_frees_slots_filled_for_drained_batches():
+    """Slots taken after the main process's epoch start (same serial) held discarded batches."""
+    import torch.multiprocessing as mp
+
+    from wdsprep.loader import POOL_SLOTS, ShmPool
+
+    flags, serial = mp.RawArray("b", POOL_SLOTS), mp.RawValue("q", 1)
+    pool = ShmPool(flags, worker=0, serial=serial)
+    pool.begin()
+    _, held = pool.alloc(100)  # epoch 1: the trainer keeps this one
+    serial.value = 2  # the main process starts epoch 2 (and frees every slot it does not hold) ...
+    _, drained = pool.alloc(100)  # ... while the worker still fills a batch of epoch 1
+    pool.begin()
+    assert (held, drained) == (0, 1) and list(flags[:2]) == [1, 0]
+
+def _same(a, b):
+    return [x.keys for x in a] == [y.keys for y in b] and all(
+        all(s.equal(t) for s, t in zip(x[:4], y[:4])) for x, y in zip(a, b))
+
+
+def test_persistent_workers_give_each_epoch_the_fresh_loader_batches(data):
+    """One loader's workers live through epochs 0-2; each epoch equals a fresh loader's (keys and tensors)."""
+    _, out, utts, tok = data
+    pattern = f"{out}/*/data-*.tar"
+    loader = make_loader(pattern, tok, max_frames=1500, seed=4, num_workers=2)
+    assert loader.persistent_workers
+    for epoch in range(3):
+        got = run(loader, epoch)
+        want = run(make_loader(pattern, tok, max_frames=1500, seed=4, num_workers=2, persistent_workers=False), epoch)
+        assert _same(got, want) and Counter(keys_of(got)) == Counter(utts.keys())
+        assert loader.stats.utterances == len(utts) and loader.stats.epoch == epoch
+    assert not _same(run(loader, 0), run(loader, 1))  # the epoch reached the workers
+
+
+def test_breaking_out_of_an_epoch_leaves_persistent_workers_usable(data):
+    """After a `break` (the DDP quit path too), the next epoch is exactly that epoch's batches."""
+    _, out, utts, tok = data
+    pattern = f"{out}/*/data-*.tar"
+    loader = make_loader(pattern, tok, max_frames=1500, seed=2, num_workers=2)
+    loader.set_epoch(0)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    assert loader.stats.steps == 2
+    got = run(loader, 1)
+    want = run(make_loader(pattern, tok, max_frames=1500, seed=2, num_workers=2), 1)
+    assert _same(got, want)
+    check_batches(got, utts, tok, max_frames=1500)  # every utterance of epoch 1 once
+    assert loader.stats.steps == len(got) and loader.stats.utterances == len(utts)
+
+
+def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypatch):
+    """Most pooled batches arrive as a slot number; batches held across epochs are never overwritten."""
+    from wdsprep.loader import SlotCache
+
+    _, out, utts, tok = data
+    sent = Counter()
+    real = SlotCache.buffer
+
+    def spy(self, p, worker):
+        sent["buffer" if p.buf is not None else "slot number"] += 1
+        return real(self, p, worker)
+
+    monkeypatch.setattr(SlotCache, "buffer", spy)
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=2)
+    kept = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, b in enumerate(loader):
+            if i in (0, 5):  # kept while the workers go on through this and later epochs
+                kept.append((b, Batch(*(t.clone() for t in b[:4]), b.keys)))
+            if epoch == 1 and i == 3:
+                break  # cut short: the in-flight batches are drained, their slots handed back
+    assert sent["slot number"] > 3 * sent["buffer"] > 0
+    for b, copy in kept:
+        assert b.keys == copy.keys and all(x.equal(y) for x, y in zip(b[:4], copy[:4]))
+
+
+def test_slot_cache_refuses_a_stale_buffer():
+    import torch
+
+    from wdsprep.loader import Packed, SlotCache, _alloc
+
+    cache = SlotCache(num_workers=1)
+    shape = (2, 3, 4, 1)
+    with pytest.raises(RuntimeError, match="never arrived"):
+        cache.buffer(Packed(None, shape, ["a", "b"], slot=0, gen=1), worker=0)
+    buf = _alloc(1000, True)
+    buf[:] = 7
+    mem, i = cache.buffer(Packed(buf[:144], shape, ["a", "b"], slot=1, gen=1), worker=0)
+    again, j = cache.buffer(Packed(None, shape, ["a", "b"], slot=1, gen=1), worker=0)
+    assert i == j == 1 and again.data_ptr() == mem.data_ptr() == buf.data_ptr() and again.numel() == 144
+    assert again.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    assert torch.equal(again, buf[:144])
+    with pytest.raises(RuntimeError, match="generation 1"):  # the worker regrew the slot; its new buffer was lost
+        cache.buffer(Packed(None, shape, ["a", "b"], slot=1, gen=2), worker=0)
+
+
+def test_pinned_batches_are_copies_and_free_their_slots_at_once(data, monkeypatch):
+    """With CUDA the main process pins each batch (a copy), so the slot is reusable at once."""
+    import torch
+
+    import wdsprep.loader as loader_mod
+
+    _, out, utts, tok = data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pinned = []
+    monkeypatch.setattr(loader_mod, "_pin", lambda t: pinned.append(t.numel()) or t.clone())
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=2, pin_memory=True)
+    batches = run(loader)  # all held: without pinning the pools would run dry
+    assert len(pinned) == len(batches)
+    assert not any(b.feats.untyped_storage().is_shared() for b in batches)
+    check_batches(batches, utts, tok, max_frames=600)
+    assert all(f == 0 for f in loader._slots.flags)  # every slot handed back
+
+
+def test_pin_memory_without_cuda_warns(data, monkeypatch):
+    import torch
+
+    _, out, _, tok = data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="not pinned"):
+        make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, pin_memory=True)
+
+
+def test_resuming_an_older_iteration_is_an_error(data):
+    """Persistent workers serve one iteration: an older one resumed must not steal the newer one's batches."""
+    _, out, utts, tok = data
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, num_workers=2)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    first = next(new)
+    with pytest.raises(RuntimeError, match="iterated again"):
+        next(old)
+    assert Counter(keys_of([first, *new])) == Counter(utts.keys())

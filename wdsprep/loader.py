@@ -9,6 +9,11 @@ Every stage is a plain generator function.  Randomness comes only from generator
 (seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
 for bit, with any ``num_workers`` layout kept equal.
 
+With ``num_workers > 0`` each DataLoader worker runs the stages on its share of the shards and
+collates into shared-memory buffers it recycles (:class:`ShmPool`); a buffer crosses to the main
+process once per epoch, later batches in it only name their slot (:class:`SlotCache`).  Workers
+persist across epochs by default and learn the epoch through shared memory.
+
 Under DDP (training mode) the main process all-reduces a "no more batches" flag before every
 step, so all ranks end the epoch at the same step as soon as one runs dry; what that early stop
 discards is reported in :attr:`Loader.stats`.  Dev mode (``train=False``) reads each utterance
@@ -196,12 +201,15 @@ class Packed(NamedTuple):
 
     A :class:`Batch` has four tensors; sent from a worker, each would cost its own file
     descriptor hand-over.  All four are views on ``buf``, so one hand-over carries the batch.
+    A pooled slot's buffer is sent only on the slot's first use per epoch; after that ``buf`` is
+    None and the main process reads the slot's memory through the handle it kept (see ShmPool).
     """
 
-    buf: torch.Tensor  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
+    buf: torch.Tensor | None  # uint8: lens, label_lens (int64 [B]), labels (int64 [B, U]), feats (float32 [B, T, D])
     shape: tuple[int, int, int, int]  # B, T, D, U
     keys: list[str]
     slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
+    gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
 
 
 class ShmPool:
@@ -209,19 +217,44 @@ class ShmPool:
 
     A fresh shared segment per batch cost a worker ~13% of its time to create and ~40% to fill
     (a page fault and a zeroed page per 4 KiB).  A pooled buffer is mapped and faulted in once.
+    Sending a shared tensor costs the main process ~0.45 ms (a file descriptor passed and looked
+    up) against ~0.1 ms for a small object, so a slot's buffer travels once per epoch
+    (:meth:`outgoing`) and later batches in it send only the slot number: see :class:`SlotCache`.
 
     ``flags`` (shared with the main process, one byte per slot of every worker) says who owns a
     slot: the worker marks it busy when it fills it; the main process marks it free only once
-    nothing references the batch any more (every tensor of a :class:`Batch` is a view on the
-    buffer, so a weak reference to its storage expires exactly then, see ``Loader._batches``).
-    A batch the trainer still holds is therefore never overwritten.  With no free slot (the
-    trainer keeps many batches) the worker allocates a fresh, unpooled buffer: it never waits.
+    nothing references the batch any more (see :class:`SlotCache`).  A batch the trainer still
+    holds is therefore never overwritten.  With no free slot (the trainer keeps many batches) the
+    worker allocates a fresh, unpooled buffer: it never waits.
+
+    ``serial`` (shared) counts the main process's epoch starts.  An epoch cut short leaves batches
+    in flight that torch drains and discards, and the worker may fill more of them after the main
+    process freed its unreferenced slots for the next epoch; :meth:`begin` frees those.
     """
 
-    def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS) -> None:
+    def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS, serial: Any = None) -> None:
         self.flags = flags
+        self.serial = serial
         self.base = worker * slots
         self.bufs: list[torch.Tensor | None] = [None] * slots
+        self.gens = [0] * slots
+        self.sent = [False] * slots  # buffer sent since begin()
+        self.stamps = [-1] * slots  # serial when the slot was last taken
+
+    def begin(self) -> None:
+        """Start an epoch: every buffer is sent again, and slots filled for discarded batches are freed.
+
+        Batches sent in the previous epoch may have been drained unseen, so the main process may
+        lack a buffer; a slot taken after the main process's epoch start (same serial) holds such
+        a batch.
+        """
+        self.sent = [False] * len(self.bufs)
+        if self.serial is not None:
+            now = self.serial.value
+            for j, stamp in enumerate(self.stamps):
+                if stamp == now:
+                    self.flags[self.base + j] = _FREE
+                    self.stamps[j] = -1
 
     def alloc(self, nbytes: int) -> tuple[torch.Tensor, int]:
         """A shared uint8 buffer of ``nbytes`` and its slot (-1 when unpooled)."""
@@ -231,9 +264,23 @@ class ShmPool:
                     # Batches are bounded by max_frames, so capacities settle after a few batches;
                     # the headroom saves regrowing for a slightly larger one.
                     buf = self.bufs[j] = _alloc(nbytes + nbytes // 8, True)
+                    self.gens[j] += 1
+                    self.sent[j] = False
                 self.flags[self.base + j] = _BUSY
+                # Read after marking busy (the main process bumps, then frees): see begin().
+                self.stamps[j] = self.serial.value if self.serial is not None else -1
                 return buf[:nbytes], j
         return _alloc(nbytes, True), -1
+
+    def outgoing(self, p: Packed) -> Packed:
+        """``p`` as it is sent: the buffer only on the slot's first use since :meth:`begin` or regrowth."""
+        if p.slot < 0:
+            return p
+        j = p.slot
+        if self.sent[j]:
+            return p._replace(buf=None, gen=self.gens[j])
+        self.sent[j] = True
+        return p._replace(gen=self.gens[j])
 
 
 def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
@@ -313,6 +360,73 @@ def unpack(p: Packed) -> Batch:
                  b[o2:o3].view(torch.int64).view(n, u), b[o1:o2].view(torch.int64), p.keys)
 
 
+def _nbytes(shape: tuple[int, int, int, int]) -> int:
+    """Bytes of a packed batch of ``shape`` (B, T, D, U), as :func:`collate` lays it out."""
+    n, t, dims, u = shape
+    return 8 * (2 * n + n * u) + 4 * n * t * dims
+
+
+def _pin(buf: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy (a seam for tests on machines without CUDA)."""
+    return buf.pin_memory()
+
+
+class SlotCache:
+    """The main process's side of the workers' :class:`ShmPool` slots: their flags and buffers.
+
+    A slot's buffer arrives with its first batch of the epoch and is kept, per (worker, slot) and
+    with its generation; later batches in the slot come without it.  Each batch gets its own
+    storage over that memory (``torch.from_numpy`` of a slice, ~1.5 us), so a weak reference to
+    that storage expires exactly when neither the trainer nor the loader holds any tensor of the
+    batch; only then is the slot handed back.  Lives as long as the workers.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.flags = mp.RawArray("b", num_workers * POOL_SLOTS)
+        self.serial = mp.RawValue("q", 0)  # epoch starts: see ShmPool.begin
+        self.bufs: dict[int, tuple[int, np.ndarray]] = {}  # flag index -> (generation, the slot's whole buffer)
+        self.held: list[tuple[int, StorageWeakRef]] = []  # batches handed out: flag index, their storage
+
+    def new_epoch(self) -> None:
+        """Before the workers resume: free every slot that no batch handed out still uses.
+
+        Batches in flight when the last epoch stopped early were drained unseen, their slots still busy.
+        """
+        self.serial.value += 1  # before freeing: see ShmPool.begin
+        self.release()
+        held = {i for i, _ in self.held}
+        for i in range(len(self.flags)):
+            if i not in held:
+                self.flags[i] = _FREE
+
+    def release(self) -> None:
+        """Hand back the slots of batches nothing references any more (the trainer moved on)."""
+        if self.held:
+            still = []
+            for i, ref in self.held:
+                if ref.expired():
+                    self.flags[i] = _FREE
+                else:
+                    still.append((i, ref))
+            self.held = still
+
+    def buffer(self, p: Packed, worker: int) -> tuple[torch.Tensor, int]:
+        """A tensor with its own storage over pooled batch ``p``'s memory, and the slot's flag index."""
+        i = worker * POOL_SLOTS + p.slot
+        if p.buf is not None:
+            whole = torch.empty(0, dtype=torch.uint8).set_(p.buf.untyped_storage())
+            self.bufs[i] = (p.gen, whole.numpy())
+        gen, mem = self.bufs.get(i, (None, None))
+        if gen != p.gen:
+            raise RuntimeError(f"worker {worker} sent a batch in slot {p.slot}, buffer generation {p.gen}, but "
+                               f"the main process holds generation {gen}: that buffer never arrived (loader bug)")
+        return torch.from_numpy(mem[:_nbytes(p.shape)]), i  # type: ignore[index]
+
+    def hold(self, i: int, buf: torch.Tensor) -> None:
+        """Keep slot ``i`` busy while anything references ``buf``'s storage."""
+        self.held.append((i, StorageWeakRef(buf.untyped_storage())))
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -350,10 +464,21 @@ class ShardStream(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
-        self.epoch = 0
-        self.pool_flags: Any = None  # set by the Loader per epoch when workers run: see ShmPool
+        # Shared memory, so persistent workers (forked with a copy of this object) see set_epoch.
+        self._epoch = mp.RawValue("q", 0)
+        # (flags, serial) of the Loader's SlotCache, set before workers start: see ShmPool.
+        self.pool_shared: tuple[Any, Any] | None = None
+        self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
         # Fail in the main process, before workers start, when there are too few shards.
         self.plan(0)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.value = epoch
 
     def plan(self, epoch: int) -> list[list[int]]:
         """Shard indices per worker of this rank for ``epoch``."""
@@ -393,9 +518,17 @@ class ShardStream(IterableDataset):
         worker = 0 if info is None else info.id
         counts: Counter = Counter()
         cursor = [0, 0]
-        pool = ShmPool(self.pool_flags, worker) if info is not None and self.pool_flags is not None else None
+        pool = None
+        if info is not None and self.pool_shared is not None:
+            if self._pool is None:
+                flags, serial = self.pool_shared
+                self._pool = ShmPool(flags, worker, serial=serial)
+            pool = self._pool
+            pool.begin()
         for batch in self.stages(worker, counts, cursor):
             out = collate(batch, shared=info is not None, alloc=pool.alloc if pool is not None else None)
+            if pool is not None:
+                out = pool.outgoing(out)
             delta = dict(counts)
             counts.clear()
             yield out, delta, (worker, cursor[0], cursor[1])
@@ -440,18 +573,31 @@ class LoaderStats:
 
 
 class Loader:
-    """Iterate for one epoch of :class:`Batch`; call :meth:`set_epoch` before each epoch."""
+    """Iterate for one epoch of :class:`Batch`; call :meth:`set_epoch` before each epoch.
+
+    With ``persistent_workers`` (the default) the worker processes, their buffer pools and one
+    DataLoader live as long as the Loader; the epoch reaches them through shared memory.
+    """
 
     def __init__(self, dataset: ShardStream, *, num_workers: int, sync: bool, prefetch_factor: int | None = None,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, persistent_workers: bool = True) -> None:
         self.dataset = dataset
         self.num_workers = num_workers
         self.sync = sync  # all-reduce the quit flag each step (DDP training)
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        # The DataLoader's own pinning would copy only a slot's first batch, and the main process
+        # would keep that copy as the slot's buffer; so the main process pins every batch itself.
+        self._pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self._pin:
+            warnings.warn("pin_memory=True but CUDA is not available: batches are not pinned", stacklevel=2)
         self.epoch = 0
         self.stats = LoaderStats()
         self._cursors: dict[int, tuple[int, int]] = {}
+        self._loader: DataLoader | None = None  # kept with persistent workers
+        self._slots: SlotCache | None = None  # the main process's side of the workers' pools
+        self._iteration = 0  # which iteration of the loader may take batches (see _batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the assignment and every shuffle derive from it."""
@@ -470,27 +616,49 @@ class Loader:
                 "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
 
     def _dataloader(self) -> DataLoader:
+        """This epoch's DataLoader: with persistent workers, the same one every epoch.
+
+        The pool flags are created with the workers (before they fork) and live as long as they do.
+        """
+        if self._loader is not None:
+            return self._loader
+        persistent = self.persistent_workers and self.num_workers > 0
+        self._slots = SlotCache(self.num_workers) if self.num_workers > 0 else None
+        self.dataset.pool_shared = (self._slots.flags, self._slots.serial) if self._slots is not None else None
         kw: dict[str, Any] = {}
         if self.num_workers > 0 and self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
-        return DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-                          persistent_workers=False, pin_memory=self.pin_memory, **kw)
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+                            persistent_workers=persistent, pin_memory=False, **kw)
+        if persistent:
+            self._loader = loader
+        return loader
 
-    def _batches(self) -> Iterator[Batch]:
+    def _receive(self, p: Packed, worker: int) -> Batch:
+        """The Batch for a worker's packed batch; a pooled slot stays busy while the Batch lives."""
+        slots = self._slots
+        if p.slot >= 0 and slots is not None:
+            buf, i = slots.buffer(p, worker)
+            if self._pin:
+                buf = _pin(buf)
+                slots.flags[i] = _FREE  # the batch is the pinned copy: the slot is free already
+            else:
+                slots.hold(i, buf)
+        else:
+            buf = _pin(p.buf) if self._pin else p.buf
+        return unpack(p._replace(buf=buf))
+
+    def _batches(self, iteration: int) -> Iterator[Batch]:
         """This rank's batches with the workers' counts folded into :attr:`stats`."""
         st = self.stats
         dropped: Counter = Counter()
-        flags = self.dataset.pool_flags
-        held: list[tuple[int, StorageWeakRef]] = []  # pooled batches handed out: flag index, storage
-        for packed, delta, (worker, shard_i, sample_i) in self._dataloader():
-            if held:  # hand back the buffers nothing references any more (the trainer moved on)
-                still = []
-                for i, ref in held:
-                    if ref.expired():
-                        flags[i] = _FREE
-                    else:
-                        still.append((i, ref))
-                held = still
+        loader = self._dataloader()
+        slots = self._slots
+        if slots is not None:
+            slots.new_epoch()  # before iter(): the workers resume the moment it returns
+        for packed, delta, (worker, shard_i, sample_i) in loader:
+            if slots is not None:
+                slots.release()
             self._cursors[worker] = (shard_i, sample_i)
             for k, v in delta.items():
                 if k == "read":
@@ -503,22 +671,24 @@ class Loader:
                     dropped[k] += v
             st.dropped = dict(dropped)
             if packed is not None:
-                if packed.slot >= 0:
-                    held.append((worker * POOL_SLOTS + packed.slot, StorageWeakRef(packed.buf.untyped_storage())))
-                batch = unpack(packed)
+                batch = self._receive(packed, worker)
                 del packed  # only the yielded Batch may keep the buffer alive
                 yield batch
                 del batch
+                if iteration != self._iteration:
+                    # Persistent workers serve one iteration at a time: an older one resumed would
+                    # take the newer one's batches.
+                    raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
+                                       "finish or drop the old iterator first")
 
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
-        ds.epoch = self.epoch
-        # Fresh flags every epoch: the previous epoch's workers (and their pools) are gone.
-        ds.pool_flags = mp.RawArray("b", self.num_workers * POOL_SLOTS) if self.num_workers > 0 else None
+        ds.epoch = self.epoch  # shared memory: persistent workers read it when they resume
         self.stats = st = LoaderStats(epoch=self.epoch, assigned=ds.assigned_utts(self.epoch))
         self._cursors = {}
         start = time.perf_counter()
-        batches = self._batches()
+        self._iteration += 1
+        batches = self._batches(self._iteration)
         try:
             while True:
                 batch = next(batches, None)  # prefetch one: the flag says whether this rank has a batch
@@ -537,7 +707,9 @@ class Loader:
                 yield batch
                 batch = lens = None  # so the buffer is handed back as soon as the trainer drops it
         finally:
-            batches.close()  # shuts the workers down when the epoch stops early
+            # Stopped early: non-persistent workers shut down; persistent ones are drained by the
+            # next epoch's iter() (torch discards their in-flight batches).
+            batches.close()
         st.seconds = time.perf_counter() - start
         self._account_discarded()
 
@@ -576,6 +748,7 @@ def make_loader(
     world_size: int | None = None,
     prefetch_factor: int | None = None,
     pin_memory: bool = False,
+    persistent_workers: bool = True,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -597,6 +770,11 @@ def make_loader(
         pool_size: samples sorted together by the bucketing stage (see ``wdsprep.batching``).
         tokenize_group: transcripts per ``encode_batch`` call.
         rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
+        prefetch_factor: batches each worker prepares ahead (torch's default: 2).
+        pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process
+            copies each batch into pinned memory (CUDA only; without CUDA it warns and does nothing).
+        persistent_workers: keep the worker processes (and their buffers) from one epoch to the
+            next instead of starting them every epoch; the batches are the same either way.
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
@@ -622,4 +800,4 @@ def make_loader(
 
     sync = train and world_size > 1 and dist.is_available() and dist.is_initialized()
     return Loader(dataset, num_workers=num_workers, sync=sync, prefetch_factor=prefetch_factor,
-                  pin_memory=pin_memory)
+                  pin_memory=pin_memory, persistent_workers=persistent_workers)
