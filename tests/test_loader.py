@@ -247,10 +247,11 @@ def test_shuffle_buffer_detaches_long_waiting_samples():
     assert 0 < copied < len(out) // 2
 
 
-def test_worker_buffers_recycled_only_after_the_trainer_drops_them(data):
-    """Batches kept by the trainer stay intact while the workers recycle the dropped ones."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_buffers_recycled_only_after_the_trainer_drops_them(data, workers):
+    """Batches kept by the trainer stay intact while the pool recycles the dropped ones (workers or not)."""
     _, out, utts, tok = data
-    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, num_workers=2)
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, num_workers=workers)
     loader.set_epoch(0)
     kept, copies = [], []
     for i, b in enumerate(loader):
@@ -356,7 +357,8 @@ def test_breaking_out_of_an_epoch_leaves_persistent_workers_usable(data):
     assert loader.stats.steps == len(got) and loader.stats.utterances == len(utts)
 
 
-def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypatch):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypatch, workers):
     """Most pooled batches arrive as a slot number; batches held across epochs are never overwritten."""
     from wdsprep.loader import SlotCache
 
@@ -369,7 +371,7 @@ def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypa
         return real(self, p, worker)
 
     monkeypatch.setattr(SlotCache, "buffer", spy)
-    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=2)
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=600, num_workers=workers)
     kept = []
     for epoch in range(3):
         loader.set_epoch(epoch)

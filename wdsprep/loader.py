@@ -232,8 +232,10 @@ class ShmPool:
     process freed its unreferenced slots for the next epoch; :meth:`begin` frees those.
     """
 
-    def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS, serial: Any = None) -> None:
+    def __init__(self, flags: Any, worker: int, slots: int = POOL_SLOTS, serial: Any = None,
+                 shared: bool = True) -> None:
         self.flags = flags
+        self.shared = shared  # False with num_workers=0: the pool serves the main process itself
         self.serial = serial
         self.base = worker * slots
         self.bufs: list[torch.Tensor | None] = [None] * slots
@@ -263,14 +265,14 @@ class ShmPool:
                 if buf is None or buf.numel() < nbytes:
                     # Batches are bounded by max_frames, so capacities settle after a few batches;
                     # the headroom saves regrowing for a slightly larger one.
-                    buf = self.bufs[j] = _alloc(nbytes + nbytes // 8, True)
+                    buf = self.bufs[j] = _alloc(nbytes + nbytes // 8, self.shared)
                     self.gens[j] += 1
                     self.sent[j] = False
                 self.flags[self.base + j] = _BUSY
                 # Read after marking busy (the main process bumps, then frees): see begin().
                 self.stamps[j] = self.serial.value if self.serial is not None else -1
                 return buf[:nbytes], j
-        return _alloc(nbytes, True), -1
+        return _alloc(nbytes, self.shared), -1
 
     def outgoing(self, p: Packed) -> Packed:
         """``p`` as it is sent: the buffer only on the slot's first use since :meth:`begin` or regrowth."""
@@ -519,10 +521,10 @@ class ShardStream(IterableDataset):
         counts: Counter = Counter()
         cursor = [0, 0]
         pool = None
-        if info is not None and self.pool_shared is not None:
+        if self.pool_shared is not None:
             if self._pool is None:
                 flags, serial = self.pool_shared
-                self._pool = ShmPool(flags, worker, serial=serial)
+                self._pool = ShmPool(flags, worker, serial=serial, shared=info is not None)
             pool = self._pool
             pool.begin()
         for batch in self.stages(worker, counts, cursor):
@@ -623,8 +625,11 @@ class Loader:
         if self._loader is not None:
             return self._loader
         persistent = self.persistent_workers and self.num_workers > 0
-        self._slots = SlotCache(self.num_workers) if self.num_workers > 0 else None
-        self.dataset.pool_shared = (self._slots.flags, self._slots.serial) if self._slots is not None else None
+        if self._slots is None or (self.num_workers > 0 and not persistent):
+            # num_workers=0 recycles batch buffers the same way, in this process, for the Loader's
+            # life: filling fresh memory cost a page fault per 4 KiB, ~20% of an epoch.
+            self._slots = SlotCache(max(1, self.num_workers))
+            self.dataset.pool_shared = (self._slots.flags, self._slots.serial)
         kw: dict[str, Any] = {}
         if self.num_workers > 0 and self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
@@ -654,11 +659,17 @@ class Loader:
         dropped: Counter = Counter()
         loader = self._dataloader()
         slots = self._slots
-        if slots is not None:
-            slots.new_epoch()  # before iter(): the workers resume the moment it returns
-        for packed, delta, (worker, shard_i, sample_i) in loader:
-            if slots is not None:
-                slots.release()
+        assert slots is not None
+        slots.new_epoch()  # before iter(): the workers resume the moment it returns
+        items = iter(loader)
+        while True:
+            # Hand back what the trainer dropped before asking for the next batch: with
+            # num_workers=0 it is collated right now, into a buffer still in the CPU cache.
+            slots.release()
+            item = next(items, None)
+            if item is None:
+                break
+            packed, delta, (worker, shard_i, sample_i) = item
             self._cursors[worker] = (shard_i, sample_i)
             for k, v in delta.items():
                 if k == "read":
