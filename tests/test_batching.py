@@ -251,3 +251,28 @@ def test_max_carry_bounds_delay(max_carry):
     # A sample leaves at the latest with the pool that is max_carry pools after its own.
     pool_len = 1000 + 30  # pool plus the carried batch (< 30 samples at these lengths)
     assert all(out_pos[k] < (int(k[1:]) // 1000 + 1 + max_carry) * pool_len for k in out_pos)
+
+
+def test_batches_leave_at_an_even_pace_while_the_next_pool_fills():
+    """A pool's batches are yielded while the next pool is read, not in one burst after it.
+
+    Workers of a DataLoader deliver in turn; a burst followed by a whole pool of reading made the
+    others wait.  The batches and their order stay those of a pool cut all at once.
+    """
+    samples = utts(lognormal(5000, seed=3))
+    consumed = 0
+
+    def counting():
+        nonlocal consumed
+        for s in samples:
+            consumed += 1
+            yield s
+
+    at = [consumed for _ in bucket_batches(counting(), max_frames=5000, rng=np.random.default_rng(0),
+                                           length=length, pool_size=1000)]
+    gaps = np.diff([0, *at])
+    per_pool = len(at) / 5  # ~batches per pool of 1000
+    assert gaps[1:-int(per_pool)].max() <= 2 * 1000 / per_pool  # no pool-long silence between batches
+    assert 1000 < at[0] <= 1000 + 2 * 1000 / per_pool  # after the first pool, a few samples into the next
+    # The same batches as cutting every pool at once: every sample once, under the bound.
+    check_bound_and_complete(samples, run(samples, pool_size=1000), 5000)

@@ -91,7 +91,7 @@ def bucket_batches(
     """Stage: group a (already shuffled) sample stream into batches with ``B * max(length) <= max_frames``.
 
     Every ``pool_size`` samples: sort the pool by length, cut batches greedily, shuffle the batch
-    order with ``rng`` and yield.  The last (open, partly filled) batch of a pool is carried into
+    order with ``rng`` and yield them, spread evenly over the reading of the next pool.  The last (open, partly filled) batch of a pool is carried into
     the next pool instead of being emitted small, but a sample is carried at most ``max_carry``
     times, so no utterance is held back for long; at the end of the stream everything left is
     flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
@@ -105,18 +105,38 @@ def bucket_batches(
     pool: list[S] = []
     lens: list[int] = []
     ages: list[int] = []  # pool[:len(ages)] was carried over, ages[i] times so far
+    ready: list[list[S] | None] = []  # the previous pool's batches, yielded while this pool fills
+    k = 0  # next batch of ``ready`` to yield
     for s in samples:
         pool.append(s)
         lens.append(_length(length, s))
         if len(pool) >= pool_size + len(ages):
-            batches, carry, ages = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry)
-            yield from batches
+            yield from _drain(ready, k)
+            ready, carry, ages = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry)
+            k = 0
             # The carried open batch joins the next pool, where it can be filled with its peers.
             pool = [pool[i] for i in carry]
             lens = [lens[i] for i in carry]
+        else:
+            # Yield the previous pool's batches at an even pace while this one fills, not all at
+            # once: DataLoader workers deliver in turn, so one worker's whole pool of reading
+            # between bursts made the main process, and then the other workers, wait.  Same
+            # batches, same order; only when they leave changes.
+            due = len(ready) * (len(pool) - len(ages)) // pool_size
+            while k < due:
+                yield ready[k]  # type: ignore[misc]
+                ready[k] = None  # the trainer may be the only holder now
+                k += 1
+    yield from _drain(ready, k)
     if pool:
         batches, _, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry=0)
         yield from batches
+
+
+def _drain(ready: list[list[S] | None], k: int) -> Iterator[list[S]]:
+    for i in range(k, len(ready)):
+        batch, ready[i] = ready[i], None
+        yield batch  # type: ignore[misc]
 
 
 def _batches_of_pool(
