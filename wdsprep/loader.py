@@ -213,7 +213,8 @@ class Packed(NamedTuple):
 
 
 class ShmPool:
-    """A worker's reusable shared-memory batch buffers; the main process hands them back.
+    """A worker's reusable shared-memory batch buffers (with ``num_workers=0``, the main process's
+    own, in private memory); the main process hands them back.
 
     A fresh shared segment per batch cost a worker ~13% of its time to create and ~40% to fill
     (a page fault and a zeroed page per 4 KiB).  A pooled buffer is mapped and faulted in once.
@@ -323,8 +324,8 @@ def collate(batch: list[Sample], *, shared: bool = False,
         itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
     t_feats = torch.from_numpy(v_feats)
     with warnings.catch_warnings():
-        # from_numpy warns that a read-only array (a view on the shard's map) is not writable;
-        # the tensor is only ever read here.
+        # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
+        # writable; the tensor is only ever read here.
         warnings.simplefilter("ignore", UserWarning)
         for i, s in enumerate(batch):
             if s.feats.shape[1] != dims:

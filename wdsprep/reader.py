@@ -70,7 +70,7 @@ class ShardFile:
     buffers each hold it, so it stays open exactly as long as one of them needs its features.
     """
 
-    __slots__ = ("url", "fd", "size", "__weakref__")
+    __slots__ = ("url", "fd", "size")
 
     def __init__(self, url: str) -> None:
         self.url = url
