@@ -155,6 +155,38 @@ def test_shard_stays_open_while_a_lazy_sample_needs_it(tmp_path):
     assert len(eager) == 6 and not _open(path)
 
 
+def test_open_shards_are_bounded_and_reopened_on_demand(tmp_path, monkeypatch):
+    """Lazy samples of many shards keep at most MAX_OPEN_SHARDS files open, and still read right."""
+    from wdsprep import reader
+
+    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
+    got = []
+    for k in range(6):
+        write_shard(tmp_path / f"s{k}.tar", n=4, seed=k)
+        got += list(iter_decoded(str(tmp_path / f"s{k}.tar"), lazy=True))
+        assert sum(_open(tmp_path / f"s{j}.tar") for j in range(k + 1)) <= 2
+    assert len(got) == 24
+    for k in range(6):  # every sample still reads, its shard reopened when needed
+        again = {u: f for u, f, _ in iter_decoded(str(tmp_path / f"s{k}.tar"))}
+        for u, f, _ in got[4 * k:4 * k + 4]:
+            np.testing.assert_array_equal(f.read(), again[u])
+    assert sum(_open(tmp_path / f"s{j}.tar") for j in range(6)) <= 2
+
+
+def test_shard_replaced_while_samples_wait_is_an_error(tmp_path, monkeypatch):
+    from wdsprep import reader
+
+    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 1)
+    write_shard(tmp_path / "a.tar", n=4, seed=1)
+    write_shard(tmp_path / "b.tar", n=4, seed=2)
+    waiting = list(iter_decoded(str(tmp_path / "a.tar"), lazy=True))
+    rest = list(iter_decoded(str(tmp_path / "b.tar"), lazy=True))  # a.tar's file is closed now
+    assert not _open(tmp_path / "a.tar") and rest
+    write_shard(tmp_path / "a.tar", n=5, seed=3)  # re-packed under the same name
+    with pytest.raises(ShardError, match=r"a\.tar.*(replaced|changed)"):
+        waiting[0][1].read()
+
+
 def test_shard_truncated_after_the_walk_names_shard_and_utterance(tmp_path):
     path = tmp_path / "a.tar"
     write_shard(path, n=6)

@@ -26,6 +26,8 @@ import re
 import subprocess
 import tarfile
 import warnings
+import weakref
+from collections import OrderedDict
 from typing import Callable, Iterator, Union
 
 import numpy as np
@@ -63,34 +65,68 @@ class ShardError(ValueError):
 Member = tuple[str, int, int, bytes]
 
 
+# Shard files one process keeps open at once.  Samples waiting in the loader's buffers reference
+# their shard, so small shards and large buffers could otherwise hold more files open than the
+# usual limit of 1024 ("Too many open files"); the oldest are closed and reopened on demand.
+MAX_OPEN_SHARDS = 64
+_open: OrderedDict[int, weakref.ref[ShardFile]] = OrderedDict()  # id -> file, oldest opened first
+
+
 class ShardFile:
     """A local shard open for positional reads; slicing it reads those bytes (one ``pread``).
 
-    Closed when the last object using it is gone: the samples of a shard waiting in the loader's
-    buffers each hold it, so it stays open exactly as long as one of them needs its features.
+    Lives as long as the samples that need it (they hold it), but keeps a file descriptor only
+    while it is among the :data:`MAX_OPEN_SHARDS` most recently opened; a read after that reopens
+    the file and checks it is still the same one (device, inode, size, mtime).
     """
 
-    __slots__ = ("url", "fd", "size")
+    __slots__ = ("url", "fd", "size", "ident", "__weakref__")
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.fd = -1
-        self.fd = os.open(url, os.O_RDONLY)
-        self.size = os.fstat(self.fd).st_size
+        self.ident: tuple[int, ...] | None = None
+        self._open()
+        self.size = self.ident[2]  # type: ignore[index]
+
+    def _open(self) -> int:
+        fd = os.open(self.url, os.O_RDONLY)
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.ident is not None and ident != self.ident:
+            os.close(fd)
+            raise ShardError(f"shard {self.url} was replaced or changed while samples from it were waiting "
+                             f"to be read; don't rewrite shards during training")
+        self.ident, self.fd = ident, fd
+        _open[id(self)] = weakref.ref(self)
+        while len(_open) > MAX_OPEN_SHARDS:
+            _, ref = _open.popitem(last=False)
+            old = ref()
+            if old is not None:
+                old._close()
+        return fd
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            _open.pop(id(self), None)
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, s: slice) -> bytes:
         # Callers slice with 0 <= start; pread itself stops at the end of the file.
-        return os.pread(self.fd, s.stop - s.start, s.start) if s.stop > s.start else b""
+        fd = self.fd if self.fd >= 0 else self._open()
+        return os.pread(fd, s.stop - s.start, s.start) if s.stop > s.start else b""
 
     def readinto(self, out: np.ndarray, offset: int, what: str) -> None:
         """Fill ``out`` (C-contiguous) with the bytes at ``offset``; ShardError naming ``what`` when short."""
+        fd = self.fd if self.fd >= 0 else self._open()
         view = memoryview(out).cast("B")
-        done = os.preadv(self.fd, [view], offset)
+        done = os.preadv(fd, [view], offset)
         while done < len(view):  # regular files only read short at the end of the file
-            more = os.preadv(self.fd, [view[done:]], offset + done)
+            more = os.preadv(fd, [view[done:]], offset + done)
             if more == 0:
                 raise ShardError(f"shard {self.url}: {what}: needs {len(view)} bytes at byte {offset}, "
                                  f"the file ends after {done}: was it changed or truncated while training "
@@ -98,9 +134,10 @@ class ShardFile:
             done += more
 
     def __del__(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        try:
+            self._close()
+        except Exception:  # interpreter shutdown took os or the registry first; the OS closes the file
+            pass
 
 
 Source = Union[bytes, bytearray, memoryview, ShardFile]
