@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -13,7 +12,6 @@ import pytest
 from shardsets import build, strip_index, train_char_tokenizer
 from wdsprep.distributed import assign_shards
 from wdsprep.loader import LABEL_PAD, Batch, make_loader
-from wdsprep.shards import ShardWriter
 from wdsprep.tokenizer import load_tokenizer
 
 
