@@ -123,18 +123,18 @@ def bucket_batches(
             # between bursts made the main process, and then the other workers, wait.  Same
             # batches, same order; only when they leave changes.
             due = len(ready) * (len(pool) - len(ages)) // pool_size
-            while k < due:
-                yield ready[k]  # type: ignore[misc]
-                ready[k] = None  # the trainer may be the only holder now
-                k += 1
+            if k < due:
+                yield from _drain(ready, k, due)
+                k = due
     yield from _drain(ready, k)
     if pool:
         batches, _, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry=0)
         yield from batches
 
 
-def _drain(ready: list[list[S] | None], k: int) -> Iterator[list[S]]:
-    for i in range(k, len(ready)):
+def _drain(ready: list[list[S] | None], start: int, stop: int | None = None) -> Iterator[list[S]]:
+    """Yield ``ready[start:stop]``, dropping each reference as it goes (the trainer may be the only holder)."""
+    for i in range(start, len(ready) if stop is None else stop):
         batch, ready[i] = ready[i], None
         yield batch  # type: ignore[misc]
 
