@@ -12,8 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wdsprep import reader
 from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def walk(request, monkeypatch):
+    """Every test here runs with the C walk (when built) and with the Python one it falls back to."""
+    if request.param == "python":
+        monkeypatch.setattr(reader, "_native", None)
+    elif reader._native is None:
+        pytest.skip("wdsprep._native is not built (see test_native.py for when that is an error)")
+    return request.param
 
 
 def write_shard(path, n=12, layout="cat", dtype=np.float32, seed=0):
@@ -157,8 +168,6 @@ def test_shard_stays_open_while_a_lazy_sample_needs_it(tmp_path):
 
 def test_open_shards_are_bounded_and_reopened_on_demand(tmp_path, monkeypatch):
     """Lazy samples of many shards keep at most MAX_OPEN_SHARDS files open, and still read right."""
-    from wdsprep import reader
-
     monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
     got = []
     for k in range(6):
@@ -174,8 +183,6 @@ def test_open_shards_are_bounded_and_reopened_on_demand(tmp_path, monkeypatch):
 
 
 def test_shard_replaced_while_samples_wait_is_an_error(tmp_path, monkeypatch):
-    from wdsprep import reader
-
     monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 1)
     write_shard(tmp_path / "a.tar", n=4, seed=1)
     write_shard(tmp_path / "b.tar", n=4, seed=2)

@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import FileFeats, iter_decoded, prefetch_shard
+from .reader import FileFeats, iter_decoded, prefetch_shard, read_rows
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
@@ -322,17 +322,22 @@ def collate(batch: list[Sample], *, shared: bool = False,
     v_labels[...] = LABEL_PAD
     v_labels[np.arange(u) < label_lens[:, None]] = np.fromiter(
         itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
+    feats = [s.feats for s in batch]
+    for s in batch:
+        if s.feats.shape[1] != dims:
+            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
+                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
+    # The common case, float32 still in the shards, in one C call; whatever it leaves, row by row.
+    on_disk = all(type(f) is FileFeats and f.dtype == np.float32 for f in feats)
+    done = read_rows(v_feats, feats) if on_disk else 0
     t_feats = torch.from_numpy(v_feats)
     with warnings.catch_warnings():
         # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
         # writable; the tensor is only ever read here.
         warnings.simplefilter("ignore", UserWarning)
-        for i, s in enumerate(batch):
-            if s.feats.shape[1] != dims:
-                raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
-                                 f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
+        for i in range(done, n):
             k = int(lens[i])
-            f = s.feats
+            f = feats[i]
             if f.dtype == np.float32:
                 if type(f) is FileFeats:
                     f.read_into(v_feats[i, :k])

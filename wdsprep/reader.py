@@ -12,6 +12,10 @@ Shards from pipes and URLs are read into memory whole and sliced the same way.  
 about a tar (sparse files, pax records beyond path/size...) falls back to ``tarfile``, so the fast
 path never has to be complete.
 
+The plain case of the walk and the collate's row reads run in C (``wdsprep/_native.c``) when it
+was built; anything else, and everything when ``WDSPREP_PURE_PYTHON=1`` is set, takes the Python
+code below, which stays the reference the tests compare the C with.
+
 Nothing is ever unpickled: ``.npy`` headers are parsed with :func:`ast.literal_eval` (literals
 only) and only little-endian float dtypes are accepted.
 """
@@ -28,12 +32,20 @@ import tarfile
 import warnings
 import weakref
 from collections import OrderedDict
-from typing import Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
 from .shardlist import is_url
 from .shards import LAYOUTS, decode_key, split_name
+
+_native: Any
+try:
+    from . import _native
+except ImportError:  # installed without a C compiler: the same results, slower
+    _native = None
+if os.environ.get("WDSPREP_PURE_PYTHON", "") not in ("", "0"):
+    _native = None
 
 BLOCK = 512
 # Member bytes read together with each header: a .npy header (128 bytes as numpy writes it) and
@@ -112,17 +124,20 @@ class ShardFile:
             self.fd = -1
             _open.pop(id(self), None)
 
+    def fileno(self) -> int:
+        """An open descriptor of the shard (reopening it if it was closed)."""
+        return self.fd if self.fd >= 0 else self._open()
+
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, s: slice) -> bytes:
         # Callers slice with 0 <= start; pread itself stops at the end of the file.
-        fd = self.fd if self.fd >= 0 else self._open()
-        return os.pread(fd, s.stop - s.start, s.start) if s.stop > s.start else b""
+        return os.pread(self.fileno(), s.stop - s.start, s.start) if s.stop > s.start else b""
 
     def readinto(self, out: np.ndarray, offset: int, what: str) -> None:
         """Fill ``out`` (C-contiguous) with the bytes at ``offset``; ShardError naming ``what`` when short."""
-        fd = self.fd if self.fd >= 0 else self._open()
+        fd = self.fileno()
         view = memoryview(out).cast("B")
         done = os.preadv(fd, [view], offset)
         while done < len(view):  # regular files only read short at the end of the file
@@ -170,6 +185,23 @@ class FileFeats:
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         out = self.read()
         return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def read_rows(out: np.ndarray, feats: Sequence[FileFeats]) -> int:
+    """Read ``feats[i]`` into ``out[i, :frames]`` and zero the rest of the row, in C; how many rows were done.
+
+    ``out`` is a C-contiguous [B, T, D] array of the features' dtype.  Fewer than ``len(feats)``
+    rows are done when the C part is not built, when a batch spans more shards than stay open at
+    once, or when a shard ends before row ``i``'s features (the caller's :meth:`FileFeats.read_into`
+    of that row then raises the error naming it).
+    """
+    if _native is None or not feats:
+        return 0
+    rows = [(f.file.fileno(), f.offset, f.shape[0] * f.shape[1] * out.itemsize) for f in feats]
+    if any(f.file.fd != row[0] for f, row in zip(feats, rows)):
+        return 0  # reopening one closed another (see MAX_OPEN_SHARDS), whose number may be reused
+    short = _native.read_rows(out, out[0].nbytes, rows)
+    return len(feats) if short < 0 else short
 
 
 def read_shard_bytes(url: str) -> bytes | bytearray:
@@ -278,6 +310,10 @@ def scan_ustar(src: Source) -> tuple[list[Member], str | None]:
     Returns the members found and, when the tar is corrupt or truncated, a description of the
     problem (the members before it are good).  Raises ``_Exotic`` for headers left to tarfile.
     """
+    if _native is not None:
+        found = _native.walk(src.fileno() if isinstance(src, ShardFile) else src, PEEK, len(src))
+        if found is not None:  # a plain tar, all checksums right; else the walk below says what is wrong
+            return found, None
     headers: list[bytes] = []  # every header walked, checksummed together at the end
     positions: list[int] = []
     owners: list[int] = []  # number of members complete before each header

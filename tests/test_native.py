@@ -1,0 +1,228 @@
+"""The C hot path (``wdsprep/_native.c``) against the Python code it stands in for.
+
+The C walk may decline a tar (``None``: the Python walk then takes it), but whatever it returns
+must be exactly what the Python walk finds; and it must not decline the shards real writers make.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shard_helpers import npy
+from shardsets import build, train_char_tokenizer
+from wdsprep import reader
+from wdsprep.loader import Sample, collate, make_loader, unpack
+from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
+from wdsprep.shards import ShardWriter
+
+needs_native = pytest.mark.skipif(reader._native is None, reason="wdsprep._native is not built")
+
+
+def test_built_where_a_compiler_exists():
+    if os.environ.get("WDSPREP_PURE_PYTHON", "") not in ("", "0"):
+        pytest.skip("WDSPREP_PURE_PYTHON is set")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        pytest.skip("no C compiler or Python headers here: the Python path is expected")
+    assert reader._native is not None, ("wdsprep._native was not built although a C compiler is here: "
+                                        "see the output of pip install -e . for the compiler's error")
+
+
+def python_scan(src, monkeypatch):
+    """What the Python walk makes of ``src``: (members, problem), or "tarfile" for the exotic."""
+    with monkeypatch.context() as m:
+        m.setattr(reader, "_native", None)
+        try:
+            return reader.scan_ustar(src)
+        except reader._Exotic:
+            return "tarfile"
+
+
+def c_walk(src):
+    return reader._native.walk(src.fileno() if isinstance(src, ShardFile) else src, PEEK, len(src))
+
+
+def agree(path, monkeypatch) -> bool:
+    """The C walk equals the Python one wherever it answers, from a file and from memory; whether it answered."""
+    answers = []
+    for src in (ShardFile(str(path)), Path(path).read_bytes()):
+        got, ref = c_walk(src), python_scan(src, monkeypatch)
+        if got is not None:
+            assert ref == (got, None)
+        answers.append(got is not None)
+    assert answers[0] == answers[1]
+    return answers[0]
+
+
+def ustar(path, members, fmt=tarfile.USTAR_FORMAT, mtime=0):
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = mtime
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+@needs_native
+@pytest.mark.parametrize("layout", ["cat", "cat-v3"])
+def test_walk_takes_our_shards(tmp_path, monkeypatch, layout):
+    w = ShardWriter(tmp_path / "a.tar", layout=layout, mtime=1.5)  # float mtime: a pax record per member
+    for i in range(9):
+        w.write(f"sp0.9-spk{i}.utt%{i}", np.full((i + 1, 3), i, np.float16), "好" * (i * 40))
+    w.close()
+    assert agree(tmp_path / "a.tar", monkeypatch)
+
+
+@needs_native
+def test_walk_takes_webdataset_tars(tmp_path, monkeypatch):
+    import webdataset as wds
+
+    with wds.TarWriter(str(tmp_path / "w.tar")) as tw:
+        for i in range(5):
+            tw.write({"__key__": f"utt{i}", "npy": npy(np.ones((i + 2, 4), np.float32)), "txt": b"a b"})
+    assert agree(tmp_path / "w.tar", monkeypatch)
+
+
+@needs_native
+def test_walk_takes_every_member_size_prefixes_and_directories(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, PEEK - 1, PEEK, PEEK + 1, 511, 512, 513, 3000]
+    members = [("dir", None)] + [(f"d/k{i}.txt", rng.bytes(n)) for i, n in enumerate(sizes)]
+    members.append(("p" * 120 + "/name.npy", b"x" * 40))  # a name that needs ustar's prefix field
+    ustar(tmp_path / "a.tar", members)
+    assert agree(tmp_path / "a.tar", monkeypatch)
+    got = c_walk(ShardFile(str(tmp_path / "a.tar")))
+    assert [m[0] for m in got] == [n for n, d in members if d is not None]
+    assert [m[3] for m in got] == [d[:PEEK] for n, d in members if d is not None]
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["gnu-long-name", "pax-path", "not-utf8", "pax-global"])
+def test_walk_declines_what_it_does_not_parse(tmp_path, monkeypatch, kind):
+    path = tmp_path / "x.tar"
+    if kind == "gnu-long-name":
+        ustar(path, [("x" * 150 + ".npy", b"1"), ("x" * 150 + ".txt", b"2")], fmt=tarfile.GNU_FORMAT)
+    elif kind == "pax-path":
+        ustar(path, [("ü" * 80 + ".npy", b"1")], fmt=tarfile.PAX_FORMAT)
+    elif kind == "not-utf8":
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="latin-1") as tf:
+            info = tarfile.TarInfo("é.txt")
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    else:
+        with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "hi"}) as tf:
+            info = tarfile.TarInfo("a.txt")
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    assert not agree(path, monkeypatch)
+    # ... and the reader still reads it, through the Python walk or tarfile.
+    with tarfile.open(path) as tf:
+        expected = {m.name.split(".", 1)[0] for m in tf if m.isfile()}
+    assert [k for k, _ in reader.iter_shard_samples(str(path))] == sorted(expected)
+
+
+@needs_native
+def test_walk_never_disagrees_on_damaged_shards(tmp_path, monkeypatch):
+    """Truncated anywhere, or any header byte changed: the C walk declines or finds what Python finds."""
+    write = ShardWriter(tmp_path / "a.tar")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        write.write(f"utt{i}", rng.standard_normal((int(rng.integers(1, 40)), 4)).astype(np.float32), f"t {i}")
+    write.close()
+    data = (tmp_path / "a.tar").read_bytes()
+    headers = [m[1] - 512 for m in c_walk(data)]
+    cases = [data[:n] for n in sorted({*range(0, len(data), 512), *rng.integers(0, len(data), 40).tolist()})]
+    for _ in range(150):
+        bad = bytearray(data)
+        bad[int(rng.choice(headers)) + int(rng.integers(0, 512))] ^= 1 << int(rng.integers(0, 8))
+        cases.append(bytes(bad))
+    declined = 0
+    for i, case in enumerate(cases):
+        (tmp_path / "c.tar").write_bytes(case)
+        declined += not agree(tmp_path / "c.tar", monkeypatch)
+    assert declined > len(cases) // 2  # the damage was seen: mostly it is the Python walk's to report
+
+
+def feats_of(path):
+    return [(u, f) for u, f, _ in iter_decoded(str(path), lazy=True, float32=False)]
+
+
+@needs_native
+def test_read_rows_equals_row_by_row_reads_and_zeroes_padding(tmp_path):
+    w = ShardWriter(tmp_path / "a.tar")
+    for i in range(7):
+        w.write(f"u{i}", np.arange((i * 37 + 5) % 50 * 3 + 1, dtype=np.float32).reshape(-1, 1).repeat(3, 1) + i, "x")
+    w.close()
+    rows = [f for _, f in feats_of(tmp_path / "a.tar")]
+    t = max(f.shape[0] for f in rows)
+    out = np.full((len(rows), t, 3), np.nan, np.float32)
+    assert read_rows(out, rows) == len(rows)
+    for i, f in enumerate(rows):
+        np.testing.assert_array_equal(out[i, :f.shape[0]], f.read())
+        assert (out[i, f.shape[0]:] == 0).all()
+
+
+@needs_native
+def test_read_rows_stops_at_a_truncated_shard_and_collate_names_it(tmp_path):
+    w = ShardWriter(tmp_path / "a.tar")
+    for i in range(4):
+        w.write(f"u{i}", np.ones((20, 2), np.float32) * i, "x")
+    w.close()
+    rows = feats_of(tmp_path / "a.tar")
+    os.truncate(tmp_path / "a.tar", rows[2][1].offset + 8)
+    out = np.zeros((4, 20, 2), np.float32)
+    assert read_rows(out, [f for _, f in rows]) == 2  # rows before the cut are read
+    np.testing.assert_array_equal(out[1], 1)
+    with pytest.raises(ShardError, match=r"a\.tar.*u2.*truncated"):
+        collate([_sample(u, f) for u, f in rows])
+
+
+def _sample(uttid, feats):
+    s = Sample(uttid, feats, "x")
+    s.labels = (1, 2)
+    return s
+
+
+@needs_native
+def test_batch_over_more_shards_than_stay_open_is_read_row_by_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
+    samples = []
+    for k in range(4):
+        w = ShardWriter(tmp_path / f"s{k}.tar")
+        w.write(f"u{k}", np.full((5 + k, 3), k, np.float32), "x")
+        w.close()
+        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+    assert read_rows(np.zeros((4, 8, 3), np.float32), [s.feats for s in samples]) == 0
+    b = unpack(collate(samples))
+    for i, k in enumerate([3, 2, 1, 0]):  # longest first
+        assert b.keys[i] == f"u{k}" and (b.feats[i, :5 + k] == k).all() and (b.feats[i, 5 + k:] == 0).all()
+
+
+@needs_native
+def test_loader_batches_are_the_same_without_the_c_part(tmp_path, monkeypatch):
+    out, _ = build(tmp_path, n=90, utts_per_shard=20, groups=["0:150", "150:"])
+    tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
+
+    def epoch():
+        loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3)
+        return [(b.keys, b.feats.clone(), b.labels.clone()) for b in loader]
+
+    native = epoch()
+    monkeypatch.setattr(reader, "_native", None)
+    python = epoch()
+    assert [k for k, _, _ in native] == [k for k, _, _ in python] and len(native) > 3
+    for (_, fa, la), (_, fb, lb) in zip(native, python):
+        assert torch.equal(fa, fb) and torch.equal(la, lb)
