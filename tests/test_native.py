@@ -226,3 +226,22 @@ def test_loader_batches_are_the_same_without_the_c_part(tmp_path, monkeypatch):
     assert [k for k, _, _ in native] == [k for k, _, _ in python] and len(native) > 3
     for (_, fa, la), (_, fb, lb) in zip(native, python):
         assert torch.equal(fa, fb) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("dtypes", [(np.float16,), (np.float32, np.float16)])
+def test_collate_float16_and_mixed_dtypes_from_shards(tmp_path, dtypes):
+    """float16 rows go through a scratch batch; a batch of mixed dtypes is read row by row, both right."""
+    samples, expected = [], {}
+    for k in range(4):
+        w = ShardWriter(tmp_path / f"s{k}.tar")
+        a = (np.arange((6 + k) * 3, dtype=np.float32).reshape(-1, 3) / 7).astype(dtypes[k % len(dtypes)])
+        w.write(f"u{k}", a, "x")
+        w.close()
+        expected[f"u{k}"] = a.astype(np.float32)
+        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+    for _ in range(2):  # the second batch reuses the float16 scratch buffer
+        b = unpack(collate(samples))
+        for i, key in enumerate(b.keys):
+            n = len(expected[key])
+            np.testing.assert_array_equal(b.feats[i, :n].numpy(), expected[key])
+            assert (b.feats[i, n:] == 0).all()

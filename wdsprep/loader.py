@@ -303,9 +303,11 @@ def collate(batch: list[Sample], *, shared: bool = False,
             alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
 
-    float32 features still in their shard are read straight into their row (``preadv``): the only
-    copy of those bytes.  Only the padding is zeroed: ``np.zeros`` wrote every byte twice.  Every
-    byte of the returned view is written, so a recycled ``alloc`` buffer never leaks old data.
+    Features still in their shard are read straight into their row, in one C call for the batch
+    (:func:`~wdsprep.reader.read_rows`): for float32 the only copy of those bytes; float16 rows go
+    to a scratch batch that torch converts in one call.  Only the padding is zeroed: ``np.zeros``
+    wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
+    buffer never leaks old data.
     """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
     n = len(batch)
@@ -327,10 +329,18 @@ def collate(batch: list[Sample], *, shared: bool = False,
         if s.feats.shape[1] != dims:
             raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
                              f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
-    # The common case, float32 still in the shards, in one C call; whatever it leaves, row by row.
-    on_disk = all(type(f) is FileFeats and f.dtype == np.float32 for f in feats)
-    done = read_rows(v_feats, feats) if on_disk else 0
+    # The common cases, features of one dtype still in the shards, in one C call; whatever that
+    # leaves, row by row.
     t_feats = torch.from_numpy(v_feats)
+    done = 0
+    if all(type(f) is FileFeats for f in feats) and len({f.dtype for f in feats}) == 1:
+        if feats[0].dtype == np.float32:
+            done = read_rows(v_feats, feats)
+        elif feats[0].dtype == np.float16:
+            half = _scratch.get(n * t * dims)[:n * t * dims].reshape(n, t, dims)
+            if read_rows(half, feats) == n:
+                t_feats.copy_(torch.from_numpy(half))  # vectorized, padding included (zeros)
+                done = n
     with warnings.catch_warnings():
         # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
         # writable; the tensor is only ever read here.
@@ -349,6 +359,21 @@ def collate(batch: list[Sample], *, shared: bool = False,
                 t_feats[i, :k].copy_(torch.from_numpy(f.read() if type(f) is FileFeats else f))
             v_feats[i, k:] = 0
     return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
+
+
+class _Scratch:
+    """A float16 buffer kept for the next batch: fresh memory would cost a page fault per 4 KiB."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, np.float16)
+
+    def get(self, size: int) -> np.ndarray:
+        if self.buf.size < size:
+            self.buf = np.empty(size + size // 8, np.float16)
+        return self.buf
+
+
+_scratch = _Scratch()  # per process: each DataLoader worker collates into its own
 
 
 def _views(buf: torch.Tensor, n: int, t: int, dims: int, u: int) -> tuple[np.ndarray, ...]:
