@@ -219,15 +219,19 @@ def evict(files: Sequence[os.PathLike | str]) -> None:
             os.close(fd)
 
 
-def read_files(files: Sequence[os.PathLike | str], bufsize: int = 1 << 20) -> int:
-    """Read every byte of ``files`` into one reused buffer; the I/O floor for any shard reader."""
-    buf = bytearray(bufsize)
-    mv = memoryview(buf)
-    total = 0
+def read_files(files: Sequence[os.PathLike | str], bufsize: int = 1 << 20, buffers: int = 1) -> int:
+    """Read every byte of ``files`` into ``buffers`` reused buffers in turn; the I/O floor for any shard reader.
+
+    One 1 MiB buffer stays in the CPU cache.  Two buffers of a batch's size do not, as a loader's
+    batches do not: that is the copy any loader handing out batches must make.
+    """
+    views = [memoryview(bytearray(bufsize)) for _ in range(buffers)]
+    total = i = 0
     for f in files:
         with open(f, "rb", buffering=0) as fh:
-            while n := fh.readinto(mv):
+            while n := fh.readinto(views[i % buffers]):
                 total += n
+                i += 1
     return total
 
 
@@ -684,6 +688,8 @@ def _ratio(a: Contender | None, b: Contender | None) -> float | None:
 
 
 LOADER = "wdsprep loader, nw=0"
+# The raw read with the destination out of the CPU cache, as a batch is: a reference, no target.
+RAW_BATCH = "raw read, shards, into two batch-sized buffers"
 
 
 def _workers_rows(res: Results) -> list[str]:
@@ -720,6 +726,14 @@ def targets(res: Results) -> list[tuple[str, float | None, float, str]]:
     ]
 
 
+def _reader_path() -> str:
+    """Which read path the loader took: the numbers differ by ~20%."""
+    from . import reader
+
+    return ("tar walk and row reads in C (wdsprep._native)" if reader._native is not None
+            else "pure-Python read path (wdsprep._native not built, or WDSPREP_PURE_PYTHON set)")
+
+
 def to_markdown(res: Results) -> str:
     c = res.corpus
     spec = c.spec
@@ -731,7 +745,8 @@ def to_markdown(res: Results) -> str:
         f"{len(c.shards32)} float32 shards ({sum(map(os.path.getsize, c.shards32)) / 1e9:.2f} GB, "
         f"≤{spec.utts_per_shard} utts, groups {', '.join(spec.groups)}), the same utterances in {len(c.arks)} "
         f"Kaldi arks ({sum(map(os.path.getsize, c.arks)) / 1e9:.2f} GB). Median of {res.repeat} interleaved "
-        f"rounds; spread = (max − min) / median. Loader: SentencePiece tokenization, max_frames={res.max_frames}.",
+        f"rounds; spread = (max − min) / median. Loader: SentencePiece tokenization, max_frames={res.max_frames}, "
+        f"{_reader_path()}.",
         "",
         "| pass | cache | utt/s | MB/s | loader nw=0 ÷ this (same cache) | spread | cached before |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
@@ -874,12 +889,14 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
             return None
         return LoaderPass(pattern, tok, max_frames=args.max_frames, num_workers=nw, seed=args.seed)
 
-    def raw(files: list[Path]) -> Callable[[], int]:
-        return lambda: (read_files(files), n)[1]
+    def raw(files: list[Path], bufsize: int = 1 << 20, buffers: int = 1) -> Callable[[], int]:
+        return lambda: (read_files(files, bufsize, buffers), n)[1]
 
+    batch_bytes = args.max_frames * spec.dims * 4
     C = Contender
     contenders = [
         C("raw read, shards", "warm", c.shards32, b32, raw(c.shards32), n),
+        C(RAW_BATCH, "warm", c.shards32, b32, raw(c.shards32, batch_bytes, 2), n),
         C("raw read, shards", "cold", c.shards32, b32, raw(c.shards32), n),
         C("raw read, float16 shards", "cold", c.shards16, b16, raw(c.shards16), n),
         C("webdataset .decode()", "warm", c.shards32, b32, pass_webdataset(c.shards32), n),
