@@ -9,7 +9,8 @@ TA_STAMP := $(VENV)/.torchaudio-cpu
 
 install: $(STAMP) $(TA_STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# setup.py and the C source too: the editable install compiles wdsprep/_native.c into the tree.
+$(STAMP): pyproject.toml constraints.txt setup.py wdsprep/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
@@ -33,4 +34,4 @@ test: $(STAMP) $(TA_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache wdsprep/*.so
