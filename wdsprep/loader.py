@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 import time
 import warnings
 from collections import Counter
@@ -361,8 +362,8 @@ def collate(batch: list[Sample], *, shared: bool = False,
     return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
 
 
-class _Scratch:
-    """A float16 buffer kept for the next batch: fresh memory would cost a page fault per 4 KiB."""
+class _Scratch(threading.local):
+    """A float16 buffer kept for the next batch (fresh memory would cost a page fault per 4 KiB), per thread."""
 
     def __init__(self) -> None:
         self.buf = np.empty(0, np.float16)
@@ -373,7 +374,7 @@ class _Scratch:
         return self.buf
 
 
-_scratch = _Scratch()  # per process: each DataLoader worker collates into its own
+_scratch = _Scratch()
 
 
 def _views(buf: torch.Tensor, n: int, t: int, dims: int, u: int) -> tuple[np.ndarray, ...]:
