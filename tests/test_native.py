@@ -24,7 +24,8 @@ from wdsprep.loader import Sample, collate, make_loader, unpack
 from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
 from wdsprep.shards import ShardWriter
 
-needs_native = pytest.mark.skipif(reader._native is None, reason="wdsprep._native not in use: not built, or WDSPREP_PURE_PYTHON set")
+needs_native = pytest.mark.skipif(reader._native is None,
+                                  reason="wdsprep._native not in use: not built, or WDSPREP_PURE_PYTHON set")
 
 
 def test_built_where_a_compiler_exists():

@@ -23,7 +23,8 @@ def walk(request, monkeypatch):
     if request.param == "python":
         monkeypatch.setattr(reader, "_native", None)
     elif reader._native is None:
-        pytest.skip("wdsprep._native not in use: not built (see test_native.py for when that is an error) or WDSPREP_PURE_PYTHON set")
+        pytest.skip("wdsprep._native not in use: not built (see test_native.py for when that is an error) "
+                    "or WDSPREP_PURE_PYTHON set")
     return request.param
 
 
