@@ -91,10 +91,10 @@ def bucket_batches(
     """Stage: group a (already shuffled) sample stream into batches with ``B * max(length) <= max_frames``.
 
     Every ``pool_size`` samples: sort the pool by length, cut batches greedily, shuffle the batch
-    order with ``rng`` and yield them, spread evenly over the reading of the next pool.  The last (open, partly filled) batch of a pool is carried into
-    the next pool instead of being emitted small, but a sample is carried at most ``max_carry``
-    times, so no utterance is held back for long; at the end of the stream everything left is
-    flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
+    order with ``rng`` and yield them, spread evenly over the reading of the next pool.  The last
+    (open, partly filled) batch of a pool is carried into the next pool instead of being emitted
+    small, but a sample is carried at most ``max_carry`` times, so no utterance is held back for
+    long; at the end of the stream everything left is flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
     called once per sample.  Same ``rng`` state and input -> same batches in the same order.
     """
     _check_args(max_frames, max_batch_size)
