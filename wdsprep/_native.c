@@ -18,6 +18,25 @@
 #define BLOCK 512
 #define MAX_PEEK (1 << 16)
 
+/* pread until n bytes are read or the file ends: the bytes read, or -1 with an OSError set. */
+static Py_ssize_t pread_full(int fd, void *dst, Py_ssize_t n, long long offset)
+{
+    Py_ssize_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, (char *)dst + done, (size_t)(n - done), (off_t)(offset + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        if (got == 0)
+            break;
+        done += got;
+    }
+    return done;
+}
+
 typedef struct {
     int fd;                   /* >= 0: the shard is a file, read with pread */
     const unsigned char *mem; /* else: the whole shard in memory */
@@ -46,19 +65,9 @@ static const unsigned char *fetch(Source *src, long long pos, Py_ssize_t want, P
     Py_ssize_t ask = src->win_cap;
     if (pos + ask > src->size)
         ask = (Py_ssize_t)(src->size - pos);
-    Py_ssize_t done = 0;
-    while (done < ask) {
-        ssize_t n = pread(src->fd, src->window + done, (size_t)(ask - done), (off_t)(pos + done));
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            PyErr_SetFromErrno(PyExc_OSError);
-            return NULL;
-        }
-        if (n == 0)
-            break; /* the file shrank since it was opened */
-        done += n;
-    }
+    Py_ssize_t done = pread_full(src->fd, src->window, ask, pos); /* short: the file shrank */
+    if (done < 0)
+        return NULL;
     src->win_pos = pos;
     src->win_len = done;
     *got = done < want ? done : want;
@@ -284,19 +293,9 @@ static PyObject *read_rows(PyObject *self, PyObject *args)
             goto fail;
         }
         char *dst = (char *)out.buf + i * row_bytes;
-        Py_ssize_t done = 0;
-        while (done < nbytes) {
-            ssize_t got = pread(fd, dst + done, (size_t)(nbytes - done), (off_t)(offset + done));
-            if (got < 0) {
-                if (errno == EINTR)
-                    continue;
-                PyErr_SetFromErrno(PyExc_OSError);
-                goto fail;
-            }
-            if (got == 0)
-                break;
-            done += got;
-        }
+        Py_ssize_t done = pread_full(fd, dst, nbytes, offset);
+        if (done < 0)
+            goto fail;
         if (done < nbytes) {
             short_row = i;
             break;
