@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import tarfile
 import warnings
 from pathlib import Path
@@ -87,7 +86,7 @@ def test_truncated_shard_warns_names_shard_and_key_and_keeps_good_samples(tmp_pa
     data = (tmp_path / "a.tar").read_bytes()
     (tmp_path / "t.tar").write_bytes(data[: len(data) // 2])
     seen = []
-    with pytest.warns(RuntimeWarning, match=r"t\.tar.*(truncated|needs).*utterance") as rec:
+    with pytest.warns(RuntimeWarning, match=r"t\.tar.*(truncated|needs).*utterance"):
         got = list(iter_decoded(str(tmp_path / "t.tar"), on_corrupt=lambda *a: seen.append(a)))
     assert 0 < len(got) < len(utts)
     assert [u for u, _, _ in got] == list(utts)[: len(got)]
