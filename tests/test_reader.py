@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tarfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 from wdsprep import reader
+from wdsprep.bench import evict, resident_fraction
 from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
 
@@ -214,6 +218,55 @@ def test_truncated_and_empty_shards_are_reported_on_both_paths(tmp_path):
             with pytest.warns(RuntimeWarning, match=rf"{name}.*truncated"):
                 got = [u for u, _, _ in iter_decoded(str(tmp_path / name), whole=whole)]
             assert got == list(utts)[: len(got)]
+
+
+def cold_file(path, nbytes=3 * (1 << 20) + 1000):
+    """A file of ``nbytes`` dropped from the page cache; skips where the cache cannot be dropped (tmpfs)."""
+    path.write_bytes(np.random.default_rng(0).bytes(nbytes))
+    evict([path])
+    if resident_fraction([path]) is None or resident_fraction([path]) > 0.5:
+        pytest.skip("the page cache cannot be dropped or inspected on this file system")
+    return path
+
+
+def wait_for(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeypatch):
+    # Chunks no larger than the kernel's smallest readahead window, so every byte is asked for
+    # (see reader._READAHEAD_CHUNK) on either path.
+    monkeypatch.setattr(reader, "_READAHEAD_CHUNK_PY", reader._READAHEAD_CHUNK)
+    path = cold_file(tmp_path / "cold.tar")
+    prefetch_shard(str(path))
+    assert wait_for(lambda: resident_fraction([path]) == 1.0), resident_fraction([path])
+    # The thread ends once nothing is pending: none may be running when a DataLoader forks workers.
+    assert wait_for(lambda: not any(t.name == "wdsprep-readahead" for t in threading.enumerate()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_prefetch_in_a_forked_child_while_the_parent_thread_held_the_lock(tmp_path):
+    path = cold_file(tmp_path / "cold.tar")
+    with reader._ahead.lock:  # as if the readahead thread were inside it when the DataLoader forked
+        pid = os.fork()
+        if pid == 0:  # the child: without a fresh state, prefetch_shard waits for the lock forever
+            code = 1
+            try:
+                prefetch_shard(str(path))
+                code = 0 if wait_for(lambda: resident_fraction([path]) > 0) else 2
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("prefetch_shard hung in a forked child")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_prefetch_shard_is_harmless(tmp_path):

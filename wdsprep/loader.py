@@ -106,6 +106,8 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
     """
     for i, (shard, expected) in enumerate(zip(shards, utts)):
         cursor[0], cursor[1] = i, 0
+        if i == 0:
+            prefetch_shard(shard)
         if i + 1 < len(shards):
             prefetch_shard(shards[i + 1])  # a cold next shard streams in while this one is decoded
         corrupt: list[str] = []

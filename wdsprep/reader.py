@@ -29,9 +29,10 @@ import os
 import re
 import subprocess
 import tarfile
+import threading
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
@@ -223,38 +224,92 @@ def read_shard_bytes(url: str) -> bytes | bytearray:
 
 
 def open_shard(url: str, *, whole: bool = False) -> Source:
-    """A local shard as a :class:`ShardFile` (or, with ``whole``, its bytes); a pipe or URL as its bytes.
-
-    Opening a local shard also asks the kernel to read it ahead (see :func:`prefetch_shard`): the
-    walk reads one header every few hundred KB, and those reads would each wait for the disk.
-    """
+    """A local shard as a :class:`ShardFile` (or, with ``whole``, its bytes); a pipe or URL as its bytes."""
     if whole or url.startswith("pipe:") or is_url(url):
         return read_shard_bytes(url)
-    f = ShardFile(url)
-    _willneed(f.fd)
-    return f
+    return ShardFile(url)
 
 
-def _willneed(fd: int) -> None:
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+# Bytes per POSIX_FADV_WILLNEED call.  Linux reads at most max(readahead window, the device's
+# largest request) per call, and the window is 128 KiB by default: a larger chunk would leave
+# holes.  From Python each call is a GIL hand-off, which a busy main thread makes cost up to the
+# switch interval (5 ms), so without the C part fewer, larger calls (holes and all) do better.
+_READAHEAD_CHUNK = 128 << 10
+_READAHEAD_CHUNK_PY = 8 << 20
 
 
-def prefetch_shard(url: str) -> None:
-    """Ask the kernel to start reading a local shard into the page cache (no-op when cached or remote).
-
-    Called for the next shard while the current one is decoded, so a cold read overlaps the work.
-    """
-    if url.startswith("pipe:") or is_url(url):
-        return
+def _readahead(url: str) -> None:
+    """Have the kernel read the whole local file ``url`` into the page cache (reads in flight on return)."""
     try:
         fd = os.open(url, os.O_RDONLY)
     except OSError:
         return  # reported when the shard itself is read
     try:
-        _willneed(fd)
+        size = os.fstat(fd).st_size
+        if _native is not None:
+            _native.readahead(fd, size, _READAHEAD_CHUNK)  # without the GIL; skips a cached file
+        elif hasattr(os, "posix_fadvise"):
+            for offset in range(0, size, _READAHEAD_CHUNK_PY):
+                os.posix_fadvise(fd, offset, _READAHEAD_CHUNK_PY, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
     finally:
         os.close(fd)
+
+
+class _Readahead:
+    """Shards waiting to be read ahead, and whether a thread is working through them.
+
+    Asking for a whole shard can block for ~50 ms while the requests queue up at the disk, so it
+    happens in a thread that lives only while there is work: no thread is left running when a
+    DataLoader forks its workers, and :func:`os.register_at_fork` gives a child a fresh state.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: deque[str] = deque()
+        self.running = False
+
+    def put(self, url: str) -> None:
+        with self.lock:
+            self.pending.append(url)
+            if self.running:
+                return
+            self.running = True
+        threading.Thread(target=self._drain, name="wdsprep-readahead", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self.lock:
+                if not self.pending:
+                    self.running = False
+                    return
+                url = self.pending.popleft()
+            _readahead(url)
+
+
+_ahead = _Readahead()
+
+
+def _fresh_readahead() -> None:
+    global _ahead
+    _ahead = _Readahead()  # the parent's lock may have been held by its thread, which the child lacks
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_readahead)
+
+
+def prefetch_shard(url: str) -> None:
+    """Start reading a local shard into the page cache in the background (pipes and URLs: no-op).
+
+    The loader calls it for the next shard while the current one is decoded, so a cold read
+    overlaps the work.  The kernel's own readahead would not help: the walk reads one header every
+    few hundred KB, and the collate reads features in shuffled order.  A shard already cached
+    costs ~20 us.
+    """
+    if not (url.startswith("pipe:") or is_url(url)):
+        _ahead.put(url)
 
 
 def _octal(field: bytes) -> int:
