@@ -6,6 +6,7 @@ must be exactly what the Python walk finds; and it must not decline the shards r
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import shutil
@@ -263,3 +264,15 @@ def test_readahead_asks_only_for_a_file_not_cached(tmp_path):
         assert reader._native.readahead(fd, 1 << 20, 1 << 17) is True
     finally:
         os.close(fd)
+
+
+@needs_native
+def test_buffered_samples_are_not_tracked_by_the_gc(tmp_path):
+    """Thousands wait in the buffers; tracked, they cost a full collection per epoch (see reader.untrack)."""
+    w = ShardWriter(tmp_path / "a.tar")
+    w.write("u1", np.ones((3, 2), np.float32), "x")
+    w.close()
+    (_, feats, _), = iter_decoded(str(tmp_path / "a.tar"), lazy=True)
+    assert type(feats) is reader.FileFeats and not gc.is_tracked(feats)
+    assert not gc.is_tracked(Sample("u1", feats, "x"))
+    assert reader._native.untrack(7) == 7  # objects the GC never tracks pass through

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import FileFeats, iter_decoded, prefetch_shard, read_rows
+from .reader import FileFeats, iter_decoded, prefetch_shard, read_rows, untrack
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
@@ -85,8 +85,9 @@ class Sample:
         self.feats = feats
         self.text = text
         # A tuple, not the tokenizer's list: the GC stops tracking a tuple of ints, and samples
-        # live long in the buffers (see reader.Member for why that matters).
+        # live long in the buffers (see reader.untrack for why that matters).
         self.labels: tuple[int, ...] = ()
+        untrack(self)
 
 
 def num_frames(s: Sample) -> int:
