@@ -9,9 +9,11 @@ from __future__ import annotations
 import gc
 import io
 import os
+import re
 import shutil
 import sysconfig
 import tarfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +68,31 @@ def agree(path, monkeypatch) -> bool:
     return answers[0]
 
 
+def decoded(path, *, python: bool, monkeypatch):
+    """What iter_decoded(lazy) gives: (uttid, shape, dtype, data offset or values, text) rows,
+    then the warning or error that ended it."""
+    rows, end = [], None
+    with monkeypatch.context() as m, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if python:
+            m.setattr(reader, "_native", None)
+        try:
+            for uttid, f, text in iter_decoded(str(path), lazy=True, float32=False):
+                where = f.offset if type(f) is reader.FileFeats else np.asarray(f).tobytes()
+                rows.append((uttid, tuple(f.shape), str(f.dtype), where, text))
+        except ShardError as e:
+            end = str(e)
+    messages = [end] if end else [str(w.message) for w in caught]
+    return rows, [re.sub(r" at 0x[0-9a-f]+", "", m) for m in messages]  # literal_eval's name addresses
+
+
+def samples_agree(path, monkeypatch) -> bool:
+    """The loader's read of ``path`` is the same with the C samples walk as in Python; whether C answered."""
+    got = decoded(path, python=False, monkeypatch=monkeypatch)
+    assert got == decoded(path, python=True, monkeypatch=monkeypatch)
+    return reader._native_samples(str(path)) is not None
+
+
 def ustar(path, members, fmt=tarfile.USTAR_FORMAT, mtime=0):
     with tarfile.open(path, "w", format=fmt) as tf:
         for name, data in members:
@@ -87,6 +114,7 @@ def test_walk_takes_our_shards(tmp_path, monkeypatch, layout):
         w.write(f"sp0.9-spk{i}.utt%{i}", np.full((i + 1, 3), i, np.float16), "好" * (i * 40))
     w.close()
     assert agree(tmp_path / "a.tar", monkeypatch)
+    assert samples_agree(tmp_path / "a.tar", monkeypatch)
 
 
 @needs_native
@@ -97,6 +125,7 @@ def test_walk_takes_webdataset_tars(tmp_path, monkeypatch):
         for i in range(5):
             tw.write({"__key__": f"utt{i}", "npy": npy(np.ones((i + 2, 4), np.float32)), "txt": b"a b"})
     assert agree(tmp_path / "w.tar", monkeypatch)
+    assert samples_agree(tmp_path / "w.tar", monkeypatch)
 
 
 @needs_native
@@ -146,17 +175,25 @@ def test_walk_never_disagrees_on_damaged_shards(tmp_path, monkeypatch):
         write.write(f"utt{i}", rng.standard_normal((int(rng.integers(1, 40)), 4)).astype(np.float32), f"t {i}")
     write.close()
     data = (tmp_path / "a.tar").read_bytes()
-    headers = [m[1] - 512 for m in c_walk(data)]
+    members = c_walk(data)
+    headers = [m[1] - 512 for m in members]
     cases = [data[:n] for n in sorted({*range(0, len(data), 512), *rng.integers(0, len(data), 40).tolist()})]
     for _ in range(150):
         bad = bytearray(data)
         bad[int(rng.choice(headers)) + int(rng.integers(0, 512))] ^= 1 << int(rng.integers(0, 8))
         cases.append(bytes(bad))
-    declined = 0
+    for _ in range(100):  # .npy headers and transcripts: the samples walk parses those
+        bad = bytearray(data)
+        _, offset, size, _ = members[int(rng.integers(len(members)))]
+        bad[offset + int(rng.integers(0, min(size, 128)))] ^= 1 << int(rng.integers(0, 8))
+        cases.append(bytes(bad))
+    declined = answered = 0
     for i, case in enumerate(cases):
         (tmp_path / "c.tar").write_bytes(case)
         declined += not agree(tmp_path / "c.tar", monkeypatch)
-    assert declined > len(cases) // 2  # the damage was seen: mostly it is the Python walk's to report
+        answered += samples_agree(tmp_path / "c.tar", monkeypatch)
+    assert declined > len(cases) // 3  # the damage was seen: mostly it is the Python walk's to report
+    assert answered > 0  # e.g. a changed mtime or a transcript letter: still a plain shard
 
 
 def feats_of(path):
@@ -276,3 +313,51 @@ def test_buffered_samples_are_not_tracked_by_the_gc(tmp_path):
     assert type(feats) is reader.FileFeats and not gc.is_tracked(feats)
     assert not gc.is_tracked(Sample("u1", feats, "x"))
     assert reader._native.untrack(7) == 7  # objects the GC never tracks pass through
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["no-transcript", "float64", "fortran", "npy-v2", "npy-spacing",
+                                  "short-data", "text-not-utf8", "key-not-ascii", "long-text"])
+def test_samples_leave_the_unusual_to_python(tmp_path, monkeypatch, kind):
+    """The C samples walk declines (or, for a long transcript, reads it); the loader sees the same either way."""
+    path = tmp_path / "x.tar"
+    good = [("a.npy", npy(np.ones((3, 2), np.float32))), ("a.txt", b"ok")]
+    feats = npy(np.arange(6, dtype=np.float32).reshape(3, 2))
+    buf = io.BytesIO()
+    if kind == "no-transcript":
+        members = [("b.npy", feats)]
+    elif kind == "float64":
+        members = [("b.npy", npy(np.ones((3, 2)))), ("b.txt", b"x")]
+    elif kind == "fortran":
+        members = [("b.npy", npy(np.asfortranarray(np.arange(6, dtype=np.float32).reshape(3, 2)))), ("b.txt", b"x")]
+    elif kind == "npy-v2":
+        np.lib.format.write_array(buf, np.ones((3, 2), np.float32), version=(2, 0))
+        members = [("b.npy", buf.getvalue()), ("b.txt", b"x")]
+    elif kind == "npy-spacing":  # a header numpy would not write; the Python parser still reads it
+        members = [("b.npy", feats.replace(b"(3, 2)", b"(3,2) ")), ("b.txt", b"x")]
+    elif kind == "short-data":
+        members = [("b.npy", feats[:-4]), ("b.txt", b"x")]
+    elif kind == "text-not-utf8":
+        members = [("b.npy", feats), ("b.txt", b"\xff")]
+    elif kind == "key-not-ascii":
+        members = [("b\u00fc.npy", feats), ("b\u00fc.txt", b"x")]
+    else:
+        members = [("b.npy", feats), ("b.txt", "好".encode() * PEEK)]
+    ustar(path, good + members + good[:0])
+    taken = samples_agree(path, monkeypatch)
+    assert taken == (kind == "long-text")
+    rows, end = decoded(path, python=False, monkeypatch=monkeypatch)
+    assert rows[0][0] == "a"
+    if kind in ("no-transcript", "short-data", "text-not-utf8"):
+        assert len(rows) == 1 and "b" in str(end)  # reported, naming the utterance
+    else:
+        assert len(rows) == 2
+
+
+@needs_native
+def test_samples_report_an_undecodable_key_like_python(tmp_path, monkeypatch):
+    ustar(tmp_path / "x.tar", [("a.npy", npy(np.ones((3, 2), np.float32))), ("a.txt", b"ok"),
+                              ("b%FF.npy", npy(np.ones((3, 2), np.float32))), ("b%FF.txt", b"x")])
+    assert samples_agree(tmp_path / "x.tar", monkeypatch)
+    rows, end = decoded(tmp_path / "x.tar", python=False, monkeypatch=monkeypatch)
+    assert [r[0] for r in rows] == ["a"] and "b%FF" in str(end)

@@ -118,6 +118,20 @@ def test_object_arrays_are_refused_never_unpickled(tmp_path):
         decode_npy(buf.getvalue())
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_garbled_npy_header_is_reported_naming_the_utterance(tmp_path, lazy):
+    buf = io.BytesIO()
+    np.save(buf, np.ones((3, 2), np.float32))
+    garbled = buf.getvalue().replace(b"(3, 2)", b"(3, \xb4)")  # one flipped bit: not Python syntax
+    with tarfile.open(tmp_path / "g.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in [("utt1.npy", garbled), ("utt1.txt", b"x")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(ShardError, match="utt1.*not an npy header"):
+        list(iter_decoded(str(tmp_path / "g.tar"), on_error="raise", lazy=lazy))
+
+
 def test_missing_file_is_reported_not_crashing(tmp_path):
     with pytest.raises(ShardError, match="nope.tar"):
         list(iter_decoded(str(tmp_path / "nope.tar"), on_error="raise"))

@@ -136,89 +136,155 @@ static Py_ssize_t cstrlen(const unsigned char *p, Py_ssize_t max)
     return z ? z - p : max;
 }
 
-/* The member name of a ustar/v7 header, or NULL (no exception set) when it is not UTF-8. */
-static PyObject *member_name(const unsigned char *h)
+/* One regular member as the walk meets it.  head points into the walk's window: valid only until
+ * the next member is read. */
+typedef struct {
+    char name[155 + 1 + 100]; /* ustar prefix, '/', name; not NUL-terminated */
+    Py_ssize_t name_len;
+    long long data, size;
+    const unsigned char *head;
+    Py_ssize_t have; /* bytes at head: the member's first min(size, peek) */
+} Member;
+
+enum { END = 0, MEMBER = 1, NOT_PLAIN = -1, FAILED = -2 };
+
+/* The next regular member from *pos on, skipping directories, links and mtime-only pax records,
+ * with *pos moved past it.  MEMBER; END at the end-of-archive block; NOT_PLAIN for anything left
+ * to the Python walk (damage, truncation, other headers); FAILED with an OSError set. */
+static int next_member(Source *src, long long *pos, Py_ssize_t peek, Member *m)
 {
-    char buf[256 + 100];
-    Py_ssize_t nlen = cstrlen(h, 100), plen = 0;
-    if (memcmp(h + 257, "ustar", 5) == 0)
-        plen = cstrlen(h + 345, 155);
-    Py_ssize_t len = 0;
-    if (plen) {
-        memcpy(buf, h + 345, (size_t)plen);
-        buf[plen] = '/';
-        len = plen + 1;
+    for (;;) {
+        long long at = *pos;
+        if (at + BLOCK > src->size)
+            return NOT_PLAIN; /* truncated */
+        Py_ssize_t got;
+        const unsigned char *chunk = fetch(src, at, BLOCK + peek, &got);
+        if (chunk == NULL)
+            return FAILED;
+        if (got < BLOCK)
+            return NOT_PLAIN;
+        if (chunk[0] == 0) {
+            int zero = 1;
+            for (int i = 0; i < BLOCK && zero; i++)
+                zero = chunk[i] == 0;
+            if (zero)
+                return END;
+        }
+        if (!checksum_ok(chunk))
+            return NOT_PLAIN;
+        if (chunk[124] & 0x80)
+            return NOT_PLAIN; /* base-256 size (>= 8 GiB) */
+        long long size = octal(chunk + 124, 12);
+        if (size < 0)
+            return NOT_PLAIN;
+        long long data = at + BLOCK;
+        if (data + size > src->size)
+            return NOT_PLAIN; /* truncated */
+        Py_ssize_t have = got - BLOCK; /* member bytes that came with the header */
+        *pos = data + (size + BLOCK - 1) / BLOCK * BLOCK;
+        unsigned char flag = chunk[156];
+        if (flag == 'x') {
+            if (size > have || !mtime_only(chunk + BLOCK, (Py_ssize_t)size))
+                return NOT_PLAIN; /* path/size overrides and the rest: the Python walk */
+        } else if (flag == '0' || flag == '\0' || flag == '7') {
+            Py_ssize_t nlen = cstrlen(chunk, 100), plen = 0;
+            if (memcmp(chunk + 257, "ustar", 5) == 0)
+                plen = cstrlen(chunk + 345, 155);
+            m->name_len = 0;
+            if (plen) {
+                memcpy(m->name, chunk + 345, (size_t)plen);
+                m->name[plen] = '/';
+                m->name_len = plen + 1;
+            }
+            memcpy(m->name + m->name_len, chunk, (size_t)nlen);
+            m->name_len += nlen;
+            m->data = data;
+            m->size = size;
+            m->head = chunk + BLOCK;
+            m->have = size < have ? (Py_ssize_t)size : have;
+            return MEMBER;
+        } else if (flag < '1' || flag > '6') {
+            return NOT_PLAIN; /* 'L', 'K', 'g', vendor types */
+        }
     }
-    memcpy(buf + len, h, (size_t)nlen);
-    len += nlen;
-    PyObject *name = PyUnicode_DecodeUTF8(buf, len, NULL);
-    if (name == NULL)
-        PyErr_Clear();
-    return name;
 }
 
 /* The walk itself: a list of (name, data offset, size, first min(size, peek) bytes), or Py_None
- * when the shard is not plain, or NULL with an exception (an I/O error). */
+ * when the shard is not plain (or a name is not UTF-8), or NULL with an exception (an I/O error). */
 static PyObject *walk_source(Source *src, Py_ssize_t peek)
 {
     PyObject *members = PyList_New(0);
     if (members == NULL)
         return NULL;
     long long pos = 0;
-    for (;;) {
-        if (pos + BLOCK > src->size)
-            goto not_plain; /* truncated */
-        Py_ssize_t got;
-        const unsigned char *chunk = fetch(src, pos, BLOCK + peek, &got);
-        if (chunk == NULL)
-            goto error;
-        if (got < BLOCK)
-            goto not_plain;
-        if (chunk[0] == 0) {
-            int zero = 1;
-            for (int i = 0; i < BLOCK && zero; i++)
-                zero = chunk[i] == 0;
-            if (zero)
-                return members; /* the end-of-archive block */
+    Member m;
+    int r;
+    while ((r = next_member(src, &pos, peek, &m)) == MEMBER) {
+        PyObject *name = PyUnicode_DecodeUTF8(m.name, m.name_len, NULL);
+        if (name == NULL) {
+            PyErr_Clear();
+            r = NOT_PLAIN;
+            break;
         }
-        if (!checksum_ok(chunk))
-            goto not_plain;
-        if (chunk[124] & 0x80)
-            goto not_plain; /* base-256 size (>= 8 GiB) */
-        long long size = octal(chunk + 124, 12);
-        if (size < 0)
-            goto not_plain;
-        long long data = pos + BLOCK;
-        if (data + size > src->size)
-            goto not_plain; /* truncated */
-        Py_ssize_t have = got - BLOCK; /* member bytes that came with the header */
-        unsigned char flag = chunk[156];
-        if (flag == 'x') {
-            if (size > have || !mtime_only(chunk + BLOCK, (Py_ssize_t)size))
-                goto not_plain; /* path/size overrides and the rest: the Python walk */
-        } else if (flag == '0' || flag == '\0' || flag == '7') {
-            PyObject *name = member_name(chunk);
-            if (name == NULL)
-                goto not_plain;
-            Py_ssize_t hlen = size < have ? (Py_ssize_t)size : have;
-            PyObject *m = Py_BuildValue("(NLLy#)", name, data, size, (const char *)chunk + BLOCK, hlen);
-            if (m == NULL)
-                goto error;
-            int rc = PyList_Append(members, m);
-            Py_DECREF(m);
-            if (rc < 0)
-                goto error;
-        } else if (flag < '1' || flag > '6') {
-            goto not_plain; /* 'L', 'K', 'g', vendor types */
+        PyObject *t = Py_BuildValue("(NLLy#)", name, m.data, m.size, (const char *)m.head, m.have);
+        if (t == NULL || PyList_Append(members, t) < 0) {
+            Py_XDECREF(t);
+            r = FAILED;
+            break;
         }
-        pos = data + (size + BLOCK - 1) / BLOCK * BLOCK;
+        Py_DECREF(t);
     }
-not_plain:
+    if (r == END)
+        return members;
     Py_DECREF(members);
+    if (r == FAILED)
+        return NULL;
     Py_RETURN_NONE;
-error:
-    Py_DECREF(members);
-    return NULL;
+}
+
+/* A Source for walk() and samples(): a file descriptor (whose first size bytes are the tar) or a
+ * bytes-like object.  0, or -1 with an exception set; release with source_close. */
+static int source_open(Source *src, PyObject *obj, Py_ssize_t peek, long long size, Py_buffer *view)
+{
+    memset(src, 0, sizeof(*src));
+    src->fd = -1;
+    view->obj = NULL;
+    if (peek < 0 || peek > MAX_PEEK) {
+        PyErr_Format(PyExc_ValueError, "peek must be in [0, %d]", MAX_PEEK);
+        return -1;
+    }
+    if (PyLong_Check(obj)) {
+        src->fd = PyLong_AsLong(obj);
+        if (src->fd < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "negative file descriptor");
+            return -1;
+        }
+        if (size < 0) {
+            PyErr_SetString(PyExc_ValueError, "a file descriptor needs its size");
+            return -1;
+        }
+        src->size = size;
+        src->win_cap = 2 * (BLOCK + peek);
+        src->window = PyMem_Malloc((size_t)src->win_cap);
+        if (src->window == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    src->mem = view->buf;
+    src->size = view->len;
+    return 0;
+}
+
+static void source_close(Source *src, Py_buffer *view)
+{
+    PyMem_Free(src->window);
+    if (view->obj != NULL)
+        PyBuffer_Release(view);
 }
 
 PyDoc_STRVAR(walk_doc,
@@ -235,39 +301,252 @@ static PyObject *walk(PyObject *self, PyObject *args)
     long long size = -1;
     if (!PyArg_ParseTuple(args, "On|L:walk", &obj, &peek, &size))
         return NULL;
-    if (peek < 0 || peek > MAX_PEEK) {
-        PyErr_Format(PyExc_ValueError, "peek must be in [0, %d]", MAX_PEEK);
+    Source src;
+    Py_buffer view;
+    if (source_open(&src, obj, peek, size, &view) < 0)
+        return NULL;
+    PyObject *result = walk_source(&src, peek);
+    source_close(&src, &view);
+    return result;
+}
+
+/* ---- samples(): the walk, grouped into samples, with the .npy header and transcript decoded. */
+
+#define MAX_LAYOUTS 4
+#define MAX_EXT 32
+
+/* What a sample's members gave for one layout (features extension, transcript extension). */
+typedef struct {
+    int has_feats, feats_ok;
+    long long offset, frames, dims;
+    int itemsize;
+    int has_text;
+    PyObject *text; /* NULL when the transcript is not UTF-8 */
+} Found;
+
+/* Parse a decimal number of at most 18 digits at *p; -1 when there is none. */
+static long long decimal(const char **p, const char *stop)
+{
+    long long v = 0;
+    const char *q = *p;
+    while (q < stop && *q >= '0' && *q <= '9' && q - *p < 18)
+        v = v * 10 + (*q++ - '0');
+    if (q == *p || (q < stop && *q >= '0' && *q <= '9'))
+        return -1;
+    *p = q;
+    return v;
+}
+
+static int literal(const char **p, const char *stop, const char *lit)
+{
+    size_t n = strlen(lit);
+    if ((size_t)(stop - *p) < n || memcmp(*p, lit, n) != 0)
+        return 0;
+    *p += n;
+    return 1;
+}
+
+/* The .npy header exactly as numpy writes a C-order little-endian float32/float16 2-D array
+ * (version 1.0); anything else (float64, Fortran order, other versions or spellings) is left to
+ * the Python reader, which also words the errors.  Fills f or returns 0. */
+static int npy_header(const Member *m, Found *f)
+{
+    const unsigned char *h = m->head;
+    if (m->have < 10 || memcmp(h, "\x93NUMPY\x01", 7) != 0)
+        return 0;
+    Py_ssize_t end = 10 + (h[8] | (h[9] << 8));
+    if (end > m->have)
+        return 0;
+    const char *p = (const char *)h + 10, *stop = (const char *)h + end;
+    if (!literal(&p, stop, "{'descr': '<f"))
+        return 0;
+    if (p < stop && (*p == '4' || *p == '2'))
+        f->itemsize = *p++ == '4' ? 4 : 2;
+    else
+        return 0;
+    if (!literal(&p, stop, "', 'fortran_order': False, 'shape': ("))
+        return 0;
+    f->frames = decimal(&p, stop);
+    if (f->frames < 0 || !literal(&p, stop, ", "))
+        return 0;
+    f->dims = decimal(&p, stop);
+    if (f->dims < 0 || !literal(&p, stop, "), }"))
+        return 0;
+    if (f->dims > 0 && f->frames > ((1LL << 62) / f->itemsize) / f->dims)
+        return 0;
+    if (end + f->frames * f->dims * f->itemsize > m->size)
+        return 0; /* truncated data: the Python reader says so */
+    f->offset = m->data + end;
+    return 1;
+}
+
+/* The member's bytes as UTF-8 text; NULL with no exception when they are not UTF-8, NULL with
+ * an OSError on a failed read. */
+static PyObject *member_text(Source *src, const Member *m)
+{
+    if (m->size <= m->have)
+        return PyUnicode_DecodeUTF8((const char *)m->head, m->have, NULL);
+    if (src->fd < 0)
+        return PyUnicode_DecodeUTF8((const char *)src->mem + m->data, (Py_ssize_t)m->size, NULL);
+    char *buf = PyMem_Malloc((size_t)m->size);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t done;
+    Py_BEGIN_ALLOW_THREADS
+    done = pread_full(src->fd, buf, (Py_ssize_t)m->size, m->data);
+    Py_END_ALLOW_THREADS
+    PyObject *text = NULL;
+    if (done < 0)
+        PyErr_SetFromErrno(PyExc_OSError);
+    else if (done == m->size)
+        text = PyUnicode_DecodeUTF8(buf, done, NULL);
+    PyMem_Free(buf);
+    return text;
+}
+
+static void found_clear(Found *found, int n)
+{
+    for (int l = 0; l < n; l++)
+        Py_CLEAR(found[l].text);
+    memset(found, 0, sizeof(Found) * (size_t)n);
+}
+
+static int name_is_ascii(const Member *m)
+{
+    for (Py_ssize_t i = 0; i < m->name_len; i++)
+        if ((unsigned char)m->name[i] >= 0x80)
+            return 0;
+    return 1;
+}
+
+/* The first layout a sample has both members of, as a (key, offset, frames, dims, itemsize,
+ * text) tuple appended to out: MEMBER; NOT_PLAIN when it has no pair or that pair did not
+ * decode; FAILED with an exception. */
+static int emit(PyObject *out, const char *key, Py_ssize_t key_len, Found *found, int n)
+{
+    for (int l = 0; l < n; l++) {
+        Found *f = &found[l];
+        if (!f->has_feats || !f->has_text)
+            continue;
+        if (!f->feats_ok || f->text == NULL)
+            return NOT_PLAIN;
+        PyObject *t = Py_BuildValue("(s#LLLiO)", key, key_len, f->offset, f->frames, f->dims,
+                                    f->itemsize, f->text);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            return FAILED;
+        }
+        Py_DECREF(t);
+        return MEMBER;
+    }
+    return NOT_PLAIN;
+}
+
+static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX_EXT], int nlayouts)
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Found found[MAX_LAYOUTS];
+    memset(found, 0, sizeof(found));
+    char key[sizeof(((Member *)0)->name)];
+    Py_ssize_t key_len = -1; /* -1: no sample started */
+    long long pos = 0;
+    Member m;
+    int r;
+    while ((r = next_member(src, &pos, peek, &m)) == MEMBER) {
+        if (!name_is_ascii(&m)) {
+            r = NOT_PLAIN; /* the Python walk decides what such names mean */
+            break;
+        }
+        /* Split like webdataset (shards.split_name): the key ends at the first dot of the base name. */
+        Py_ssize_t base = m.name_len;
+        while (base > 0 && m.name[base - 1] != '/')
+            base--;
+        const char *dot = memchr(m.name + base, '.', (size_t)(m.name_len - base));
+        Py_ssize_t klen = dot ? dot - m.name : m.name_len;
+        const char *ext = dot ? dot + 1 : m.name + m.name_len;
+        Py_ssize_t elen = m.name + m.name_len - ext;
+        if (klen != key_len || memcmp(key, m.name, (size_t)klen) != 0) {
+            if (key_len >= 0 && (r = emit(out, key, key_len, found, nlayouts)) != MEMBER)
+                break;
+            found_clear(found, nlayouts);
+            memcpy(key, m.name, (size_t)klen);
+            key_len = klen;
+        }
+        for (int l = 0; l < nlayouts; l++) {
+            Found *f = &found[l];
+            if ((Py_ssize_t)strlen(exts[l][0]) == elen && memcmp(exts[l][0], ext, (size_t)elen) == 0) {
+                f->has_feats = 1; /* a later member of the same name wins, as in a dict */
+                f->feats_ok = npy_header(&m, f);
+            }
+            if ((Py_ssize_t)strlen(exts[l][1]) == elen && memcmp(exts[l][1], ext, (size_t)elen) == 0) {
+                f->has_text = 1;
+                Py_CLEAR(f->text);
+                f->text = member_text(src, &m);
+                if (f->text == NULL && PyErr_Occurred()) {
+                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                        r = FAILED;
+                        break;
+                    }
+                    PyErr_Clear();
+                }
+            }
+        }
+        if (r == FAILED)
+            break;
+    }
+    if (r == END && key_len >= 0)
+        r = emit(out, key, key_len, found, nlayouts) == MEMBER ? END : NOT_PLAIN;
+    found_clear(found, nlayouts);
+    if (r == END)
+        return out;
+    Py_DECREF(out);
+    if (r == FAILED && PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(samples_doc,
+"samples(src, peek, size, layouts) -> list[(key, offset, frames, dims, itemsize, text)] | None\n\n"
+"The samples of a plain tar (src and size as for walk), each as its key, the offset of its\n"
+"float32/float16 feature data (C order), the feature shape and item size, and its transcript;\n"
+"layouts is a list of (features extension, transcript extension) pairs, tried in order.\n"
+"None when anything needs the Python reader: whatever walk() declines, names that are not\n"
+"ASCII, a sample without a pair, an .npy header other than numpy's own for such an array,\n"
+"truncated feature data, a transcript that is not UTF-8.");
+
+static PyObject *samples(PyObject *self, PyObject *args)
+{
+    PyObject *obj, *layouts;
+    Py_ssize_t peek;
+    long long size;
+    if (!PyArg_ParseTuple(args, "OnLO!:samples", &obj, &peek, &size, &PyList_Type, &layouts))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(layouts);
+    if (n < 1 || n > MAX_LAYOUTS) {
+        PyErr_Format(PyExc_ValueError, "between 1 and %d layouts", MAX_LAYOUTS);
         return NULL;
     }
-    Source src = {-1, NULL, 0, NULL, 0, 0, 0};
-    PyObject *result;
-    if (PyLong_Check(obj)) {
-        src.fd = PyLong_AsLong(obj);
-        if (src.fd < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "negative file descriptor");
+    char exts[MAX_LAYOUTS][2][MAX_EXT];
+    for (Py_ssize_t l = 0; l < n; l++) {
+        const char *fe, *te;
+        Py_ssize_t fl, tl;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(layouts, l), "y#y#:samples", &fe, &fl, &te, &tl))
+            return NULL;
+        if (fl >= MAX_EXT || tl >= MAX_EXT || fl != (Py_ssize_t)strlen(fe) || tl != (Py_ssize_t)strlen(te)) {
+            PyErr_SetString(PyExc_ValueError, "extensions must be short and without NUL bytes");
             return NULL;
         }
-        if (size < 0) {
-            PyErr_SetString(PyExc_ValueError, "walk of a file descriptor needs its size");
-            return NULL;
-        }
-        src.size = size;
-        src.win_cap = 2 * (BLOCK + peek);
-        src.window = PyMem_Malloc((size_t)src.win_cap);
-        if (src.window == NULL)
-            return PyErr_NoMemory();
-        result = walk_source(&src, peek);
-        PyMem_Free(src.window);
-    } else {
-        Py_buffer view;
-        if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
-            return NULL;
-        src.mem = view.buf;
-        src.size = view.len;
-        result = walk_source(&src, peek);
-        PyBuffer_Release(&view);
+        memcpy(exts[l][0], fe, (size_t)fl + 1);
+        memcpy(exts[l][1], te, (size_t)tl + 1);
     }
+    Source src;
+    Py_buffer view;
+    if (source_open(&src, obj, peek, size, &view) < 0)
+        return NULL;
+    PyObject *result = samples_source(&src, peek, exts, (int)n);
+    source_close(&src, &view);
     return result;
 }
 
@@ -395,6 +674,7 @@ static PyObject *untrack(PyObject *self, PyObject *obj)
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
+    {"samples", samples, METH_VARARGS, samples_doc},
     {"read_rows", read_rows, METH_VARARGS, read_rows_doc},
     {"readahead", readahead_file, METH_VARARGS, readahead_doc},
     {"untrack", untrack, METH_O, untrack_doc},

@@ -569,7 +569,10 @@ def _parse_npy_header(text: str) -> tuple[str, bool, tuple[int, ...]]:
     if m:
         shape = tuple(int(x) for x in m.group(3).replace(" ", "").split(",") if x)
         return m.group(1), m.group(2) == "True", shape
-    d = ast.literal_eval(text)  # literals only: no code runs
+    try:
+        d = ast.literal_eval(text)  # literals only: no code runs
+    except (SyntaxError, TypeError, RecursionError, MemoryError) as e:  # a damaged header
+        raise ValueError(f"not an npy header ({type(e).__name__}): {text[:80]!r}") from None
     if not isinstance(d, dict) or not {"descr", "fortran_order", "shape"} <= d.keys():
         raise ValueError(f"not an npy header: {text[:80]!r}")
     return d["descr"], bool(d["fortran_order"]), tuple(int(x) for x in d["shape"])
@@ -649,6 +652,35 @@ def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
                    f"expected one of {sorted(LAYOUTS.values())}")
 
 
+def _native_samples(url: str) -> tuple[ShardFile, list[tuple[str, int, int, int, int, str]]] | None:
+    """A local shard's samples as the C part reads them, or None when it leaves the shard to Python."""
+    if _native is None or url.startswith("pipe:") or is_url(url):
+        return None
+    try:
+        src = ShardFile(url)
+    except OSError:
+        return None  # the Python path reports it
+    found = _native.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
+    return None if found is None else (src, found)
+
+
+_LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.values()]  # split_sample's order
+_ITEMSIZE_DTYPES = {4: _NPY_DTYPES["<f4"], 2: _NPY_DTYPES["<f2"]}
+
+
+def _undecodable(url: str, key: str, e: Exception, on_error: str,
+                 on_corrupt: Callable[[str, str | None, str], None] | None) -> None:
+    """Report a sample that cannot be decoded (raise or warn, per ``on_error``)."""
+    problem = f"sample cannot be decoded ({e})"
+    if on_corrupt is not None:
+        on_corrupt(url, key, problem)
+    msg = (f"shard {url}: utterance {_uttid(key)!r}: {problem}; the rest of the shard skipped. "
+           f"Re-create the shard (wdsprep pack) or remove it from the shard list")
+    if on_error == "raise":
+        raise ShardError(msg) from e
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
 def iter_decoded(
     url: str,
     *,
@@ -667,6 +699,20 @@ def iter_decoded(
     A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
     because a shard that holds one bad sample was most likely damaged in writing or copying.
     """
+    if on_error not in ("warn", "raise"):
+        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    # The loader's case in one C call per shard: the plain shards our writer makes.
+    found = _native_samples(url) if lazy and not whole else None
+    if found is not None:
+        src, rows = found
+        for key, offset, frames, dims, itemsize, text in rows:
+            try:
+                uttid = decode_key(key) if "%" in key else key
+            except UnicodeDecodeError as e:
+                _undecodable(url, key, e, on_error, on_corrupt)
+                return
+            yield uttid, FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], key), text
+        return
     samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole)
     for src, key, group in samples:
         try:
@@ -676,13 +722,6 @@ def iter_decoded(
             uttid = decode_key(key) if "%" in key else key  # unquote costs more than the npy decode
         except (KeyError, ValueError, UnicodeDecodeError) as e:
             samples.close()
-            problem = f"sample cannot be decoded ({e})"
-            if on_corrupt is not None:
-                on_corrupt(url, key, problem)
-            msg = (f"shard {url}: utterance {_uttid(key)!r}: {problem}; the rest of the shard skipped. "
-                   f"Re-create the shard (wdsprep pack) or remove it from the shard list")
-            if on_error == "raise":
-                raise ShardError(msg) from e
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            _undecodable(url, key, e, on_error, on_corrupt)
             return
         yield uttid, feats, text
