@@ -12,9 +12,10 @@ Shards from pipes and URLs are read into memory whole and sliced the same way.  
 about a tar (sparse files, pax records beyond path/size...) falls back to ``tarfile``, so the fast
 path never has to be complete.
 
-The plain case of the walk and the collate's row reads run in C (``wdsprep/_native.c``) when it
-was built; anything else, and everything when ``WDSPREP_PURE_PYTHON=1`` is set, takes the Python
-code below, which stays the reference the tests compare the C with.
+The plain case of the walk (for the loader, up to whole samples), the collate's row reads and the
+shard readahead run in C (``wdsprep/_native.c``) when it was built; anything else, and everything
+when ``WDSPREP_PURE_PYTHON=1`` is set, takes the Python code below, which stays the reference the
+tests compare the C with.
 
 Nothing is ever unpickled: ``.npy`` headers are parsed with :func:`ast.literal_eval` (literals
 only) and only little-endian float dtypes are accepted.
