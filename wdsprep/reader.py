@@ -529,11 +529,16 @@ def _shard_samples(url: str, *, on_error: str, on_corrupt: Callable[[str, str | 
         if on_corrupt is not None:
             on_corrupt(url, bad_key, problem)
         where = f" (at or after utterance {_uttid(bad_key)!r})" if bad_key else ""
-        msg = (f"shard {url}: {problem}{where}; {count} samples read, the rest of the shard skipped. "
-               f"Re-create the shard (wdsprep pack) or remove it from the shard list")
-        if on_error == "raise":
-            raise ShardError(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        _skip_rest(url, f"{problem}{where}; {count} samples read,", on_error)
+
+
+def _skip_rest(url: str, why: str, on_error: str, cause: Exception | None = None) -> None:
+    """Raise or warn (per ``on_error``) that the rest of shard ``url`` is skipped, ``why``."""
+    msg = (f"shard {url}: {why} the rest of the shard skipped. "
+           f"Re-create the shard (wdsprep pack) or remove it from the shard list")
+    if on_error == "raise":
+        raise ShardError(msg) from cause
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def iter_shard_samples(
@@ -675,11 +680,7 @@ def _undecodable(url: str, key: str, e: Exception, on_error: str,
     problem = f"sample cannot be decoded ({e})"
     if on_corrupt is not None:
         on_corrupt(url, key, problem)
-    msg = (f"shard {url}: utterance {_uttid(key)!r}: {problem}; the rest of the shard skipped. "
-           f"Re-create the shard (wdsprep pack) or remove it from the shard list")
-    if on_error == "raise":
-        raise ShardError(msg) from e
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    _skip_rest(url, f"utterance {_uttid(key)!r}: {problem};", on_error, e)
 
 
 def iter_decoded(
