@@ -1,16 +1,19 @@
-"""Test data for inspect/verify: Kaldi arks packed by ``pack_data``, and CAT-style tars made with plain ``tarfile``."""
+"""Test data for inspect/verify (and cold files for the readahead tests): Kaldi arks packed by ``pack_data``, and CAT-style tars made with plain ``tarfile``."""
 
 from __future__ import annotations
 
 import io
 import tarfile
+import time
 from pathlib import Path
 from typing import Callable
 
 import kaldiio
 import numpy as np
+import pytest
 
 from wdsprep import pack_data
+from wdsprep.bench import evict, resident_fraction
 from wdsprep.shards import LAYOUTS, encode_key
 
 GROUPS = ["0:60", "60:150", "150:"]
@@ -75,3 +78,19 @@ def tar_members(path: Path) -> list[tuple[str, bytes]]:
 def rewrite_tar(path: Path, edit: Callable[[list[tuple[str, bytes]]], list[tuple[str, bytes]]]) -> None:
     """Rewrite a shard with its members changed by ``edit`` (to plant one specific fault)."""
     write_tar(path, edit(tar_members(path)))
+
+
+def cold_file(path, nbytes=3 * (1 << 20) + 1000):
+    """A file of ``nbytes`` dropped from the page cache; skips where the cache cannot be dropped (tmpfs)."""
+    path.write_bytes(np.random.default_rng(0).bytes(nbytes))
+    evict([path])
+    if resident_fraction([path]) is None or resident_fraction([path]) > 0.5:
+        pytest.skip("the page cache cannot be dropped or inspected on this file system")
+    return path
+
+
+def wait_for(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()

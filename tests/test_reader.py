@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shard_helpers import cold_file, wait_for
 from wdsprep import reader
-from wdsprep.bench import evict, resident_fraction
+from wdsprep.bench import resident_fraction
 from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
 
@@ -232,22 +233,6 @@ def test_truncated_and_empty_shards_are_reported_on_both_paths(tmp_path):
             with pytest.warns(RuntimeWarning, match=rf"{name}.*truncated"):
                 got = [u for u, _, _ in iter_decoded(str(tmp_path / name), whole=whole)]
             assert got == list(utts)[: len(got)]
-
-
-def cold_file(path, nbytes=3 * (1 << 20) + 1000):
-    """A file of ``nbytes`` dropped from the page cache; skips where the cache cannot be dropped (tmpfs)."""
-    path.write_bytes(np.random.default_rng(0).bytes(nbytes))
-    evict([path])
-    if resident_fraction([path]) is None or resident_fraction([path]) > 0.5:
-        pytest.skip("the page cache cannot be dropped or inspected on this file system")
-    return path
-
-
-def wait_for(condition, seconds=20.0):
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
 
 
 def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeypatch):

@@ -487,11 +487,15 @@ def member_bytes(src: Source, m: Member) -> bytes:
     return head if size <= PEEK else bytes(src[offset:offset + size])
 
 
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ("warn", "raise"):
+        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+
+
 def _shard_samples(url: str, *, on_error: str, on_corrupt: Callable[[str, str | None, str], None] | None,
                    whole: bool) -> Iterator[tuple[Source, str, dict[str, Member]]]:
     """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
-    if on_error not in ("warn", "raise"):
-        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    _check_on_error(on_error)
     src: Source
     try:
         src = open_shard(url, whole=whole)
@@ -658,6 +662,10 @@ def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
                    f"expected one of {sorted(LAYOUTS.values())}")
 
 
+_LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.values()]  # split_sample's order
+_ITEMSIZE_DTYPES = {4: _NPY_DTYPES["<f4"], 2: _NPY_DTYPES["<f2"]}
+
+
 def _native_samples(url: str) -> tuple[ShardFile, list[tuple[str, int, int, int, int, str]]] | None:
     """A local shard's samples as the C part reads them, or None when it leaves the shard to Python."""
     if _native is None or url.startswith("pipe:") or is_url(url):
@@ -668,10 +676,6 @@ def _native_samples(url: str) -> tuple[ShardFile, list[tuple[str, int, int, int,
         return None  # the Python path reports it
     found = _native.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
     return None if found is None else (src, found)
-
-
-_LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.values()]  # split_sample's order
-_ITEMSIZE_DTYPES = {4: _NPY_DTYPES["<f4"], 2: _NPY_DTYPES["<f2"]}
 
 
 def _undecodable(url: str, key: str, e: Exception, on_error: str,
@@ -701,8 +705,7 @@ def iter_decoded(
     A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
     because a shard that holds one bad sample was most likely damaged in writing or copying.
     """
-    if on_error not in ("warn", "raise"):
-        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    _check_on_error(on_error)
     # The loader's case in one C call per shard: the plain shards our writer makes.
     found = _native_samples(url) if lazy and not whole else None
     if found is not None:
