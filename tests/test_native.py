@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from shard_helpers import cold_file, npy
+from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
 from wdsprep import reader
-from wdsprep.loader import Sample, collate, make_loader, unpack
+from wdsprep.loader import Sample, collate, make_loader, start_collate, unpack
 from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
 from wdsprep.shards import ShardWriter
 
@@ -236,7 +236,9 @@ def _sample(uttid, feats):
 
 
 @needs_native
-def test_batch_over_more_shards_than_stay_open_is_read_row_by_row(tmp_path, monkeypatch):
+def test_batch_over_more_shards_than_stay_open_is_read_in_one_call(tmp_path, monkeypatch):
+    # Reopening one shard closes another (whose descriptor number may be reused): the bulk read
+    # works on duplicates of the descriptors, taken before any is closed.
     monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
     samples = []
     for k in range(4):
@@ -244,10 +246,129 @@ def test_batch_over_more_shards_than_stay_open_is_read_row_by_row(tmp_path, monk
         w.write(f"u{k}", np.full((5 + k, 3), k, np.float32), "x")
         w.close()
         samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
-    assert read_rows(np.zeros((4, 8, 3), np.float32), [s.feats for s in samples]) == 0
+    out = np.full((4, 8, 3), -1, np.float32)
+    assert read_rows(out, [s.feats for s in samples]) == 4
+    for k in range(4):
+        assert (out[k, :5 + k] == k).all() and (out[k, 5 + k:] == 0).all()
     b = unpack(collate(samples))
     for i, k in enumerate([3, 2, 1, 0]):  # longest first
         assert b.keys[i] == f"u{k}" and (b.feats[i, :5 + k] == k).all() and (b.feats[i, 5 + k:] == 0).all()
+
+
+def _threads() -> int:
+    """This process's threads, C ones included (``threading`` sees only Python's)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@needs_native
+def test_row_reader_runs_jobs_in_order_in_its_own_thread(tmp_path):
+    path = tmp_path / "f.bin"
+    data = np.arange(4000, dtype=np.float32)
+    data.tofile(path)
+    before = _threads()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = reader._native.RowReader()
+        with pytest.raises(ValueError, match="without a job"):
+            r.wait()
+        outs = [np.full((2, 100), np.nan, np.float32) for _ in range(3)]
+        jobs = [[(fd, 0, 400), (fd, 4000, 200)], [(fd, 8000, 400), (fd, 16000 - 40, 400)], [(fd, 400, 4)]]
+        for out, rows in zip(outs, jobs):
+            r.submit(out, 400, rows)
+        assert _threads() == before + 1
+        assert [r.wait() for _ in jobs] == [-1, 1, -1]  # row 1 of job 2 runs past the end of the file
+        np.testing.assert_array_equal(outs[0][0], data[:100])
+        np.testing.assert_array_equal(outs[0][1], np.r_[data[1000:1050], np.zeros(50, np.float32)])
+        np.testing.assert_array_equal(outs[1][0], data[2000:2100])
+        assert outs[2][0, 0] == data[100] and (outs[2][0, 1:] == 0).all() and np.isnan(outs[2][1]).all()
+        r.submit(outs[0], 400, [(fd, 800, 400)])  # close() finishes a job nobody waited for
+        r.close()
+        np.testing.assert_array_equal(outs[0][0], data[200:300])
+        assert wait_for(lambda: _threads() == before)
+        with pytest.raises(ValueError, match="closed"):
+            r.submit(outs[0], 400, [(fd, 0, 4)])
+        with pytest.raises(ValueError, match="do not fit"):
+            reader._native.RowReader().submit(outs[0], 400, [(fd, 0, 404)])
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_row_reads_in_flight_survive_their_shard_being_closed(tmp_path, monkeypatch):
+    """The stages open shards while a batch is read; the bulk read keeps its own descriptors."""
+    samples = []
+    for k in range(3):
+        w = ShardWriter(tmp_path / f"s{k}.tar")
+        w.write(f"u{k}", np.full((300, 80), k, np.float32), "x")
+        w.close()
+        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+    r = reader.row_reader()
+    out = np.full((3, 300, 80), -1, np.float32)
+    reads = reader.bulk_reads([s.feats for s in samples], 4)
+    reads.start(out, r)
+    for s in samples:
+        s.feats.file._close()  # what reopening other shards does (MAX_OPEN_SHARDS) ...
+    decoys = [os.open(tmp_path / "s0.tar", os.O_RDONLY) for _ in range(3)]  # ... and the numbers get reused
+    try:
+        assert reads.wait() == 3
+    finally:
+        for fd in decoys:
+            os.close(fd)
+        r.close()
+    for k in range(3):
+        assert (out[k] == k).all()
+    assert reads.fds == {}  # the duplicates are closed
+
+
+@needs_native
+def test_row_reader_refuses_a_forked_child():
+    r = reader._native.RowReader()
+    pid = os.fork()
+    if pid == 0:  # the child: the reader's thread is not here, so it must not queue work for it
+        try:
+            r.submit(np.zeros(4, np.float32), 16, [])
+        except RuntimeError:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@needs_native
+def test_collates_in_flight_at_once_keep_their_float16_scratch_apart(tmp_path):
+    samples = []
+    for k in range(4):
+        w = ShardWriter(tmp_path / f"s{k}.tar")
+        w.write(f"u{k}", np.full((50, 8), k + 0.5, np.float16), "x")
+        w.close()
+        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+    r = reader.row_reader()
+    try:
+        pending = [start_collate(samples[:2], reader=r), start_collate(samples[2:], reader=r)]
+        batches = [unpack(finish()) for finish in pending]
+    finally:
+        r.close()
+    assert [b.keys for b in batches] == [["u0", "u1"], ["u2", "u3"]]
+    for b, first in zip(batches, (0, 2)):
+        for i in range(2):
+            assert (b.feats[i] == first + i + 0.5).all()
+
+
+@needs_native
+def test_the_loader_ends_its_reader_thread_with_the_epoch(tmp_path):
+    out, _ = build(tmp_path, n=90, utts_per_shard=20, groups=["0:150", "150:"])
+    tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3)
+    before = _threads()
+    seen = set()
+    for _ in loader:
+        seen.add(_threads())
+    assert before + 1 in seen  # the reader ran in a thread of its own
+    assert wait_for(lambda: _threads() == before)
+    for b in loader:  # stopped early (DDP's early stop, or a break): the thread ends too
+        break
+    del b
+    assert wait_for(lambda: _threads() == before)
 
 
 @needs_native

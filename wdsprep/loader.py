@@ -9,6 +9,10 @@ Every stage is a plain generator function.  Randomness comes only from generator
 (seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
 for bit, with any ``num_workers`` layout kept equal.
 
+The collate reads a batch's features from the shards in a thread of its own (in C, without the
+GIL), while the stages make the next :data:`READ_AHEAD` batches: the two halves of the work
+overlap on two cores.
+
 With ``num_workers > 0`` each DataLoader worker runs the stages on its share of the shards and
 collates into shared-memory buffers it recycles (:class:`ShmPool`); a buffer crosses to the main
 process once per epoch, later batches in it only name their slot (:class:`SlotCache`).  Workers
@@ -29,7 +33,8 @@ import os
 import threading
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
+from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -41,7 +46,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batching import DEFAULT_POOL_SIZE, bucket_batches
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import FileFeats, iter_decoded, prefetch_shard, read_rows, untrack
+from .reader import FileFeats, bulk_reads, iter_decoded, prefetch_shard, row_reader, untrack
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
@@ -49,10 +54,14 @@ LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use l
 _STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent
 _DRAWS = 1024  # shuffle-buffer random numbers drawn per numpy call
 _NEVER = np.iinfo(np.int64).max
+# Batches whose feature reads are in flight behind the one a worker hands out: the stages of the
+# next READ_AHEAD batches overlap each read, so one slow read (long utterances) rarely stalls.
+READ_AHEAD = 2
 # Shared-memory batch buffers each worker recycles (see ShmPool): in flight at once are the
-# DataLoader's prefetch (2 per worker by default), the batch the trainer holds and the one the
-# main process releases a step late; a spare keeps the worker from falling back to fresh memory.
-POOL_SLOTS = 6
+# batches being read ahead, the DataLoader's prefetch (2 per worker by default), the batch the
+# trainer holds and the one the main process releases a step late; a spare keeps the worker from
+# falling back to fresh memory.
+POOL_SLOTS = READ_AHEAD + 5
 _FREE, _BUSY = 0, 1
 
 
@@ -308,10 +317,21 @@ def collate(batch: list[Sample], *, shared: bool = False,
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
 
     Features still in their shard are read straight into their row, in one C call for the batch
-    (:func:`~wdsprep.reader.read_rows`): for float32 the only copy of those bytes; float16 rows go
+    (:class:`~wdsprep.reader.RowReads`): for float32 the only copy of those bytes; float16 rows go
     to a scratch batch that torch converts in one call.  Only the padding is zeroed: ``np.zeros``
     wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
     buffer never leaks old data.
+    """
+    return start_collate(batch, shared=shared, alloc=alloc)()
+
+
+def start_collate(batch: list[Sample], *, shared: bool = False,
+                  alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
+                  reader: Any = None) -> Callable[[], Packed]:
+    """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
+    thread (a :func:`~wdsprep.reader.row_reader`) while the caller goes on; calling the result
+    waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
+    stages of the next batch overlap it.
     """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
     n = len(batch)
@@ -319,6 +339,10 @@ def collate(batch: list[Sample], *, shared: bool = False,
     label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, n)
     dims = batch[0].feats.shape[1]
     t, u = int(lens[0]), int(label_lens.max(initial=0))
+    for s in batch:
+        if s.feats.shape[1] != dims:
+            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
+                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
     nbytes = 8 * (2 * n + n * u) + 4 * n * t * dims
     buf, slot = alloc(nbytes) if alloc is not None else (_alloc(nbytes, shared), -1)
     v_lens, v_label_lens, v_labels, v_feats = _views(buf, n, t, dims, u)
@@ -329,52 +353,64 @@ def collate(batch: list[Sample], *, shared: bool = False,
     v_labels[np.arange(u) < label_lens[:, None]] = np.fromiter(
         itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
     feats = [s.feats for s in batch]
-    for s in batch:
-        if s.feats.shape[1] != dims:
-            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
-                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
-    # The common cases, features of one dtype still in the shards, in one C call; whatever that
-    # leaves, row by row.
     t_feats = torch.from_numpy(v_feats)
-    done = 0
+    # The common cases, features of one dtype still in the shards, in one C call: float32 straight
+    # into the batch, float16 into a scratch batch that torch converts in one vectorized call.
+    reads = half = None
     if all(type(f) is FileFeats for f in feats) and len({f.dtype for f in feats}) == 1:
-        if feats[0].dtype == np.float32:
-            done = read_rows(v_feats, feats)
-        elif feats[0].dtype == np.float16:
-            half = _scratch.get(n * t * dims)[:n * t * dims].reshape(n, t, dims)
-            if read_rows(half, feats) == n:
-                t_feats.copy_(torch.from_numpy(half))  # vectorized, padding included (zeros)
-                done = n
-    with warnings.catch_warnings():
-        # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
-        # writable; the tensor is only ever read here.
-        warnings.simplefilter("ignore", UserWarning)
-        for i in range(done, n):
-            k = int(lens[i])
-            f = feats[i]
-            if f.dtype == np.float32:
-                if type(f) is FileFeats:
-                    f.read_into(v_feats[i, :k])
-                else:
-                    v_feats[i, :k] = f  # numpy's call overhead is lower than torch's for a plain copy
+        reads = bulk_reads(feats, feats[0].dtype.itemsize)
+    if reads is not None:
+        if feats[0].dtype == np.float16:
+            half = _scratch.take(v_feats.size).reshape(v_feats.shape)
+        reads.start(v_feats if half is None else half, reader)
+
+    def finish() -> Packed:
+        done = reads.wait() if reads is not None else 0
+        if half is not None:
+            if done == n:
+                t_feats.copy_(torch.from_numpy(half))  # padding included (zeros)
             else:
-                # numpy converts float16 element by element (~10x slower than the copy); torch's
-                # conversion is vectorized, and writes straight into the batch.
-                t_feats[i, :k].copy_(torch.from_numpy(f.read() if type(f) is FileFeats else f))
-            v_feats[i, k:] = 0
-    return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
+                done = 0
+            _scratch.give(half)
+        # Whatever the bulk read left, row by row (which raises the error naming a row that
+        # cannot be read).
+        with warnings.catch_warnings():
+            # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
+            # writable; the tensor is only ever read here.
+            warnings.simplefilter("ignore", UserWarning)
+            for i in range(done, n):
+                k = int(lens[i])
+                f = feats[i]
+                if f.dtype == np.float32:
+                    if type(f) is FileFeats:
+                        f.read_into(v_feats[i, :k])
+                    else:
+                        v_feats[i, :k] = f  # numpy's call overhead is lower than torch's for a plain copy
+                else:
+                    # numpy converts float16 element by element (~10x slower than the copy); torch's
+                    # conversion is vectorized, and writes straight into the batch.
+                    t_feats[i, :k].copy_(torch.from_numpy(f.read() if type(f) is FileFeats else f))
+                v_feats[i, k:] = 0
+        return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
+
+    return finish
 
 
 class _Scratch(threading.local):
-    """A float16 buffer kept for the next batch (fresh memory would cost a page fault per 4 KiB), per thread."""
+    """float16 scratch batches kept for later batches (fresh memory would cost a page fault per
+    4 KiB), per thread; one per batch whose read is in flight."""
 
     def __init__(self) -> None:
-        self.buf = np.empty(0, np.float16)
+        self.free: list[np.ndarray] = []
 
-    def get(self, size: int) -> np.ndarray:
-        if self.buf.size < size:
-            self.buf = np.empty(size + size // 8, np.float16)
-        return self.buf
+    def take(self, size: int) -> np.ndarray:
+        buf = self.free.pop() if self.free else np.empty(0, np.float16)
+        if buf.size < size:
+            buf = np.empty(size + size // 8, np.float16)
+        return buf[:size]
+
+    def give(self, buf: np.ndarray) -> None:
+        self.free.append(buf.base if buf.base is not None else buf)
 
 
 _scratch = _Scratch()
@@ -562,14 +598,28 @@ class ShardStream(IterableDataset):
                 self._pool = ShmPool(flags, worker, serial=serial, shared=info is not None)
             pool = self._pool
             pool.begin()
-        for batch in self.stages(worker, counts, cursor):
-            out = collate(batch, shared=info is not None, alloc=pool.alloc if pool is not None else None)
-            if pool is not None:
+
+        def item(out: Packed | None) -> tuple[Packed | None, dict[str, int], tuple[int, int, int]]:
+            if out is not None and pool is not None:
                 out = pool.outgoing(out)
             delta = dict(counts)
             counts.clear()
-            yield out, delta, (worker, cursor[0], cursor[1])
-        yield None, dict(counts), (worker, cursor[0], cursor[1])
+            return out, delta, (worker, cursor[0], cursor[1])
+
+        # A thread in C reads batch k's features while the stages make batch k + 1 (with
+        # num_workers=0 it also overlaps the trainer's step).  It lives for the epoch; closing it
+        # waits for a read still in flight into a pool slot.
+        reader = row_reader()
+        with closing(reader) if reader is not None else nullcontext():
+            pending: deque[Callable[[], Packed]] = deque()
+            for batch in self.stages(worker, counts, cursor):
+                pending.append(start_collate(batch, shared=info is not None, reader=reader,
+                                             alloc=pool.alloc if pool is not None else None))
+                if len(pending) > READ_AHEAD:
+                    yield item(pending.popleft()())
+            while pending:
+                yield item(pending.popleft()())
+        yield item(None)
 
 
 def _identity(x: Any) -> Any:
@@ -652,8 +702,9 @@ class Loader:
                 "num_workers": self.num_workers, "step": self.stats.steps,
                 "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
 
-    def _dataloader(self) -> DataLoader:
-        """This epoch's DataLoader: with persistent workers, the same one every epoch.
+    def _dataloader(self) -> DataLoader | ShardStream:
+        """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
+        workers, the dataset itself: a DataLoader would only add ~4% (a profiler hook per batch).
 
         The pool flags are created with the workers (before they fork) and live as long as they do.
         """
@@ -665,8 +716,10 @@ class Loader:
             # life: filling fresh memory cost a page fault per 4 KiB, ~20% of an epoch.
             self._slots = SlotCache(max(1, self.num_workers))
             self.dataset.pool_shared = (self._slots.flags, self._slots.serial)
+        if self.num_workers == 0:
+            return self.dataset
         kw: dict[str, Any] = {}
-        if self.num_workers > 0 and self.prefetch_factor is not None:
+        if self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
         loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
                             persistent_workers=persistent, pin_memory=False, **kw)

@@ -201,21 +201,82 @@ class FileFeats:
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
+class RowReads:
+    """The bulk read of a batch's rows (see :func:`read_rows`), prepared in the calling thread;
+    :meth:`start` it once, then :meth:`wait` for it.
+
+    The shards' descriptors are duplicated for the read: while it runs in another thread, the
+    stages may open the next shard and so close one of these (see :data:`MAX_OPEN_SHARDS`), and a
+    closed descriptor's number is soon reused by another file.
+    """
+
+    def __init__(self, feats: Sequence[FileFeats], itemsize: int) -> None:
+        self.fds: dict[ShardFile, int] = {}
+        self.reader: Any = None
+        self.short = -1
+        try:
+            self.rows = [(self._dup(f.file), f.offset, f.shape[0] * f.shape[1] * itemsize) for f in feats]
+        except BaseException:
+            self.close()
+            raise
+
+    def _dup(self, file: ShardFile) -> int:
+        fd = self.fds.get(file)
+        if fd is None:
+            fd = self.fds[file] = os.dup(file.fileno())
+        return fd
+
+    def start(self, out: np.ndarray, reader: Any = None) -> None:
+        """Read row ``i`` into ``out[i, :frames]`` and zero the rest of it: on ``reader``'s thread
+        (a :func:`row_reader`; ``out`` is then not to be touched until :meth:`wait`), or now."""
+        try:
+            if reader is not None:
+                reader.submit(out, out[0].nbytes, self.rows)
+                self.reader = reader
+            else:
+                self.short = _native.read_rows(out, out[0].nbytes, self.rows)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self) -> int:
+        """How many rows were read (all, or those before the first whose shard ended early)."""
+        try:
+            if self.reader is not None:
+                self.short = self.reader.wait()
+        finally:
+            self.close()
+        return len(self.rows) if self.short < 0 else self.short
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
 def read_rows(out: np.ndarray, feats: Sequence[FileFeats]) -> int:
     """Read ``feats[i]`` into ``out[i, :frames]`` and zero the rest of the row, in C; how many rows were done.
 
     ``out`` is a C-contiguous [B, T, D] array of the features' dtype.  Fewer than ``len(feats)``
-    rows are done when the C part is not built, when a batch spans more shards than stay open at
-    once, or when a shard ends before row ``i``'s features (the caller's :meth:`FileFeats.read_into`
-    of that row then raises the error naming it).
+    rows are done when the C part is not built or when a shard ends before row ``i``'s features
+    (the caller's :meth:`FileFeats.read_into` of that row then raises the error naming it).
     """
-    if _native is None or not feats:
+    reads = bulk_reads(feats, out.itemsize)
+    if reads is None:
         return 0
-    rows = [(f.file.fileno(), f.offset, f.shape[0] * f.shape[1] * out.itemsize) for f in feats]
-    if any(f.file.fd != row[0] for f, row in zip(feats, rows)):
-        return 0  # reopening one closed another (see MAX_OPEN_SHARDS), whose number may be reused
-    short = _native.read_rows(out, out[0].nbytes, rows)
-    return len(feats) if short < 0 else short
+    reads.start(out)
+    return reads.wait()
+
+
+def bulk_reads(feats: Sequence[FileFeats], itemsize: int) -> RowReads | None:
+    """The rows of ``feats`` as one :class:`RowReads`, or None without the C part (read them one by one)."""
+    return None if _native is None or not feats else RowReads(feats, itemsize)
+
+
+def row_reader() -> Any:
+    """A thread in C that runs :class:`RowReads` in the background, started with the first; None
+    without the C part.  ``close()`` it: that waits for reads in flight and ends the thread."""
+    return None if _native is None else _native.RowReader()
 
 
 def read_shard_bytes(url: str) -> bytes | bytearray:
