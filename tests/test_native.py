@@ -335,23 +335,30 @@ def test_row_reader_refuses_a_forked_child():
 
 
 @needs_native
-def test_collates_in_flight_at_once_keep_their_float16_scratch_apart(tmp_path):
-    samples = []
-    for k in range(4):
+@pytest.mark.parametrize("background", [False, True])
+def test_float16_rows_become_exact_float32_in_c(tmp_path, background):
+    """Every kind of float16 value, in the 8-wide converted part of a row and in its tail."""
+    special = np.array([0.0, -0.0, 1.0, -2.5, 65504, -65504, 6.1e-5, 6e-8, -3e-7, np.inf, -np.inf, np.nan,
+                        0.333, 1e4], np.float16)
+    samples, expected = [], {}
+    for k, frames in enumerate([7, 5, 1]):  # 21, 15 and 3 values: tails of 5, 7 and 3
+        a = np.resize(np.roll(special, k), frames * 3).reshape(frames, 3)
+        a.view(np.uint16)[-1, -1] = 0x7E01 + k  # a NaN payload survives too
         w = ShardWriter(tmp_path / f"s{k}.tar")
-        w.write(f"u{k}", np.full((50, 8), k + 0.5, np.float16), "x")
+        w.write(f"u{k}", a, "x")
         w.close()
+        expected[f"u{k}"] = a.astype(np.float32)
         samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
-    r = reader.row_reader()
+    r = reader.row_reader() if background else None
     try:
-        pending = [start_collate(samples[:2], reader=r), start_collate(samples[2:], reader=r)]
-        batches = [unpack(finish()) for finish in pending]
+        b = unpack(start_collate(samples, reader=r)())
     finally:
-        r.close()
-    assert [b.keys for b in batches] == [["u0", "u1"], ["u2", "u3"]]
-    for b, first in zip(batches, (0, 2)):
-        for i in range(2):
-            assert (b.feats[i] == first + i + 0.5).all()
+        if r is not None:
+            r.close()
+    for i, key in enumerate(b.keys):
+        n = len(expected[key])
+        assert b.feats[i, :n].numpy().view(np.uint32).tolist() == expected[key].view(np.uint32).tolist()
+        assert (b.feats[i, n:] == 0).all()
 
 
 @needs_native

@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import threading
 import time
 import warnings
 from collections import Counter, deque
@@ -317,8 +316,8 @@ def collate(batch: list[Sample], *, shared: bool = False,
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
 
     Features still in their shard are read straight into their row, in one C call for the batch
-    (:class:`~wdsprep.reader.RowReads`): for float32 the only copy of those bytes; float16 rows go
-    to a scratch batch that torch converts in one call.  Only the padding is zeroed: ``np.zeros``
+    (:class:`~wdsprep.reader.RowReads`): for float32 the only copy of those bytes; float16 rows
+    are converted on the way.  Only the padding is zeroed: ``np.zeros``
     wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
     buffer never leaks old data.
     """
@@ -354,24 +353,17 @@ def start_collate(batch: list[Sample], *, shared: bool = False,
         itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
     feats = [s.feats for s in batch]
     t_feats = torch.from_numpy(v_feats)
-    # The common cases, features of one dtype still in the shards, in one C call: float32 straight
-    # into the batch, float16 into a scratch batch that torch converts in one vectorized call.
-    reads = half = None
+    # The common case, features of one dtype still in the shards, in one C call (float16 is
+    # converted there, in the same thread: torch's conversion, parallel on every core, left its
+    # threads spinning on the core the read needed).
+    reads = None
     if all(type(f) is FileFeats for f in feats) and len({f.dtype for f in feats}) == 1:
         reads = bulk_reads(feats, feats[0].dtype.itemsize)
     if reads is not None:
-        if feats[0].dtype == np.float16:
-            half = _scratch.take(v_feats.size).reshape(v_feats.shape)
-        reads.start(v_feats if half is None else half, reader)
+        reads.start(v_feats, reader)
 
     def finish() -> Packed:
         done = reads.wait() if reads is not None else 0
-        if half is not None:
-            if done == n:
-                t_feats.copy_(torch.from_numpy(half))  # padding included (zeros)
-            else:
-                done = 0
-            _scratch.give(half)
         # Whatever the bulk read left, row by row (which raises the error naming a row that
         # cannot be read).
         with warnings.catch_warnings():
@@ -394,26 +386,6 @@ def start_collate(batch: list[Sample], *, shared: bool = False,
         return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
 
     return finish
-
-
-class _Scratch(threading.local):
-    """float16 scratch batches kept for later batches (fresh memory would cost a page fault per
-    4 KiB), per thread; one per batch whose read is in flight."""
-
-    def __init__(self) -> None:
-        self.free: list[np.ndarray] = []
-
-    def take(self, size: int) -> np.ndarray:
-        buf = self.free.pop() if self.free else np.empty(0, np.float16)
-        if buf.size < size:
-            buf = np.empty(size + size // 8, np.float16)
-        return buf[:size]
-
-    def give(self, buf: np.ndarray) -> None:
-        self.free.append(buf.base if buf.base is not None else buf)
-
-
-_scratch = _Scratch()
 
 
 def _views(buf: torch.Tensor, n: int, t: int, dims: int, u: int) -> tuple[np.ndarray, ...]:

@@ -212,6 +212,7 @@ class RowReads:
 
     def __init__(self, feats: Sequence[FileFeats], itemsize: int) -> None:
         self.fds: dict[ShardFile, int] = {}
+        self.itemsize = itemsize
         self.reader: Any = None
         self.short = -1
         try:
@@ -228,13 +229,15 @@ class RowReads:
 
     def start(self, out: np.ndarray, reader: Any = None) -> None:
         """Read row ``i`` into ``out[i, :frames]`` and zero the rest of it: on ``reader``'s thread
-        (a :func:`row_reader`; ``out`` is then not to be touched until :meth:`wait`), or now."""
+        (a :func:`row_reader`; ``out`` is then not to be touched until :meth:`wait`), or now.
+        float16 rows read into a float32 ``out`` are converted on the way."""
+        half = self.itemsize == 2 and out.dtype == np.float32
         try:
             if reader is not None:
-                reader.submit(out, out[0].nbytes, self.rows)
+                reader.submit(out, out[0].nbytes, self.rows, half)
                 self.reader = reader
             else:
-                self.short = _native.read_rows(out, out[0].nbytes, self.rows)
+                self.short = _native.read_rows(out, out[0].nbytes, self.rows, half)
         except BaseException:
             self.close()
             raise
@@ -257,11 +260,12 @@ class RowReads:
 def read_rows(out: np.ndarray, feats: Sequence[FileFeats]) -> int:
     """Read ``feats[i]`` into ``out[i, :frames]`` and zero the rest of the row, in C; how many rows were done.
 
-    ``out`` is a C-contiguous [B, T, D] array of the features' dtype.  Fewer than ``len(feats)``
+    ``out`` is a C-contiguous [B, T, D] array of the features' dtype, or float32 for float16
+    features (converted on the way).  The features have one dtype.  Fewer than ``len(feats)``
     rows are done when the C part is not built or when a shard ends before row ``i``'s features
     (the caller's :meth:`FileFeats.read_into` of that row then raises the error naming it).
     """
-    reads = bulk_reads(feats, out.itemsize)
+    reads = bulk_reads(feats, feats[0].dtype.itemsize) if feats else None
     if reads is None:
         return 0
     reads.start(out)
