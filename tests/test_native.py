@@ -362,20 +362,26 @@ def test_float16_rows_become_exact_float32_in_c(tmp_path, background):
 
 
 @needs_native
-def test_the_loader_ends_its_reader_thread_with_the_epoch(tmp_path):
+def test_the_loader_ends_its_reader_thread_and_reads_with_the_epoch(tmp_path):
     out, _ = build(tmp_path, n=90, utts_per_shard=20, groups=["0:150", "150:"])
     tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
     loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3)
-    before = _threads()
+    threads = _threads()
     seen = set()
     for _ in loader:
         seen.add(_threads())
-    assert before + 1 in seen  # the reader ran in a thread of its own
-    assert wait_for(lambda: _threads() == before)
-    for b in loader:  # stopped early (DDP's early stop, or a break): the thread ends too
-        break
-    del b
-    assert wait_for(lambda: _threads() == before)
+    assert threads + 1 in seen  # the reader ran in a thread of its own
+    assert wait_for(lambda: _threads() == threads)
+    fds = len(os.listdir("/proc/self/fd"))
+    for epoch in range(5):  # stopped early (DDP's early stop, or a break), reads still in flight
+        loader.set_epoch(epoch)
+        for b in loader:
+            break
+        del b
+    assert wait_for(lambda: _threads() == threads)
+    gc.collect()
+    # Only the shards' own descriptors may stay open (MAX_OPEN_SHARDS), not the reads' duplicates.
+    assert len(os.listdir("/proc/self/fd")) <= fds + len(list(out.glob("*/*.tar")))
 
 
 @needs_native

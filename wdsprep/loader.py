@@ -33,7 +33,7 @@ import os
 import time
 import warnings
 from collections import Counter, deque
-from contextlib import closing, nullcontext
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -313,7 +313,7 @@ def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
 
 def collate(batch: list[Sample], *, shared: bool = False,
             alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
-    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here, via torch).
+    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
 
     Features still in their shard are read straight into their row, in one C call for the batch
     (:class:`~wdsprep.reader.RowReads`): for float32 the only copy of those bytes; float16 rows
@@ -330,7 +330,7 @@ def start_collate(batch: list[Sample], *, shared: bool = False,
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
     thread (a :func:`~wdsprep.reader.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
-    stages of the next batch overlap it.
+    stages of the next batches overlap it.
     """
     batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
     n = len(batch)
@@ -578,12 +578,11 @@ class ShardStream(IterableDataset):
             counts.clear()
             return out, delta, (worker, cursor[0], cursor[1])
 
-        # A thread in C reads batch k's features while the stages make batch k + 1 (with
-        # num_workers=0 it also overlaps the trainer's step).  It lives for the epoch; closing it
-        # waits for a read still in flight into a pool slot.
+        # A thread in C reads batch k's features while the stages make the next READ_AHEAD
+        # batches (with num_workers=0 it also overlaps the trainer's step).  It lives for the epoch.
         reader = row_reader()
-        with closing(reader) if reader is not None else nullcontext():
-            pending: deque[Callable[[], Packed]] = deque()
+        pending: deque[Callable[[], Packed]] = deque()
+        try:
             for batch in self.stages(worker, counts, cursor):
                 pending.append(start_collate(batch, shared=info is not None, reader=reader,
                                              alloc=pool.alloc if pool is not None else None))
@@ -591,6 +590,15 @@ class ShardStream(IterableDataset):
                     yield item(pending.popleft()())
             while pending:
                 yield item(pending.popleft()())
+        finally:
+            # Stopped early (or by an error): finish the batches whose reads were started, so
+            # their descriptors close and no read is left writing into a pool slot.  Nobody will
+            # see these batches, nor their errors.
+            for finish in pending:
+                with suppress(Exception):
+                    finish()
+            if reader is not None:
+                reader.close()
         yield item(None)
 
 
