@@ -12,6 +12,7 @@ from wdsprep.batching import (
     BatchStats,
     batch_stats,
     bucket_batches,
+    bucket_blocks,
     count_batches,
     len_of_first_dim,
     order_randomness,
@@ -276,3 +277,16 @@ def test_batches_leave_at_an_even_pace_while_the_next_pool_fills():
     assert 1000 < at[0] <= 1000 + 2 * 1000 / per_pool  # after the first pool, a few samples into the next
     # The same batches as cutting every pool at once: every sample once, under the bound.
     check_bound_and_complete(samples, run(samples, pool_size=1000), 5000)
+
+
+@pytest.mark.parametrize("max_carry", [0, 1])
+def test_blocks_of_any_size_give_the_batches_of_one_sample_at_a_time(max_carry):
+    """The loader feeds the bucketing blocks of rows; a block may close a pool part way."""
+    samples = utts(lognormal(5000, seed=4))
+    want = run(samples, max_frames=5000, pool_size=700, max_carry=max_carry)
+    cuts = np.unique(np.r_[0, np.random.default_rng(2).integers(0, 5000, 60), 5000]).tolist()
+    blocks = [(samples[a:b], [s[1] for s in samples[a:b]]) for a, b in zip(cuts[:-1], cuts[1:])]
+    got = list(bucket_blocks(iter(blocks), concat=lambda parts: [s for p in parts for s in p],
+                             take=lambda pool, rows: [pool[i] for i in rows], max_frames=5000,
+                             rng=np.random.default_rng(0), pool_size=700, max_carry=max_carry))
+    assert got == want and len(want) > 50

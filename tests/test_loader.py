@@ -202,49 +202,83 @@ def test_import_wdsprep_does_not_import_torch():
 
 
 def _samples(seed=0, n=7):
-    from wdsprep.loader import Sample
+    """(uttid, features, labels) of n utterances, features read-only views like a pipe shard's, and
+    their block."""
+    from wdsprep.records import Records
 
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         dtype = np.float16 if i % 2 else np.float32
         raw = rng.standard_normal((int(rng.integers(1, 30)), 3)).astype(dtype).tobytes()
-        s = Sample(f"u{i}", np.frombuffer(raw, dtype).reshape(-1, 3), "x")  # a read-only view, like the reader's
-        s.labels = rng.integers(2, 50, int(rng.integers(0, 6))).tolist()
-        out.append(s)
-    return out
+        out.append((f"u{i}", np.frombuffer(raw, dtype).reshape(-1, 3), rng.integers(2, 50, int(rng.integers(0, 6))).tolist()))
+    return out, Records.of((u, f, "x") for u, f, _ in out).with_labels([labels for *_, labels in out])
 
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_collate_one_buffer_padded_right(shared):
     from wdsprep.loader import collate, unpack
 
-    samples = _samples()
-    p = collate(samples, shared=shared)
+    samples, rows = _samples()
+    p = collate(rows, shared=shared)
     b = unpack(p)
     assert p.buf.untyped_storage().is_shared() == shared  # shared: a worker sends a handle, not a copy
     for t in b[:4]:
         assert t.untyped_storage().data_ptr() == p.buf.untyped_storage().data_ptr()
-    by_key = {s.uttid: s for s in samples}
+    by_key = {u: (f, labels) for u, f, labels in samples}
     assert sorted(b.keys) == sorted(by_key) and list(b.feat_lens) == sorted(b.feat_lens.tolist(), reverse=True)
     for i, k in enumerate(b.keys):
-        s, n, u = by_key[k], int(b.feat_lens[i]), int(b.label_lens[i])
-        np.testing.assert_array_equal(b.feats[i, :n].numpy(), s.feats.astype(np.float32))
-        assert (b.feats[i, n:] == 0).all() and b.labels[i, :u].tolist() == s.labels
+        (feats, labels), n, u = by_key[k], int(b.feat_lens[i]), int(b.label_lens[i])
+        np.testing.assert_array_equal(b.feats[i, :n].numpy(), feats.astype(np.float32))
+        assert (b.feats[i, n:] == 0).all() and b.labels[i, :u].tolist() == labels
         assert (b.labels[i, u:] == LABEL_PAD).all()
 
 
 def test_shuffle_buffer_detaches_long_waiting_samples():
     from wdsprep.loader import shuffle_buffer
 
-    samples = _samples(n=200)
-    want = {s.uttid: s.feats.copy() for s in samples}
-    out = list(shuffle_buffer(iter(samples), size=8, rng=np.random.default_rng(0)))
-    assert sorted(s.uttid for s in out) == sorted(want)
-    for s in out:
-        np.testing.assert_array_equal(s.feats, want[s.uttid])
-    copied = sum(s.feats.base is None for s in out)  # copied out of their "shard"
-    assert 0 < copied < len(out) // 2
+    samples, rows = _samples(n=200)
+    want = {u: f.copy() for u, f, _ in samples}
+    out = list(shuffle_buffer((rows[a:a + 5] for a in range(0, 200, 5)), size=8, rng=np.random.default_rng(0)))
+    assert sorted(u for block in out for u in block.uttids) == sorted(want)
+    for block in out:
+        for u, feats in zip(block.uttids, block.sources):
+            np.testing.assert_array_equal(feats, want[u])
+    copied = sum(feats.base is None for block in out for feats in block.sources)  # copied out of their "shard"
+    assert 0 < copied < 200 // 2
+
+
+def _reservoir(rows, slots, size):
+    """The shuffle buffer one arrival at a time (the reference): uttids out, in order."""
+    buf, out = [], []
+    for u, j in zip(rows, slots):
+        if len(buf) < size:
+            buf.append(u)
+        else:
+            out.append(buf[j])
+            buf[j] = u
+    return out, buf
+
+
+@pytest.mark.parametrize("size", [1, 3, 50])
+def test_shuffle_buffer_by_blocks_equals_one_arrival_at_a_time(size):
+    """Blocks of arrivals exchanged at once, slots taken twice or more within a block included."""
+    from wdsprep.loader import shuffle_buffer
+
+    _, rows = _samples(n=300)
+    cuts = np.unique(np.r_[0, np.random.default_rng(1).integers(0, 300, 40), 300])
+    blocks = [rows[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    out = [u for block in shuffle_buffer(iter(blocks), size=size, rng=np.random.default_rng(7)) for u in block.uttids]
+    if size == 1:
+        assert out == list(rows.uttids)  # no buffer: order kept
+        return
+    # The same draws, one arrival at a time: once the buffer is full, one integers() call per block.
+    rng, slots = np.random.default_rng(7), []
+    for block in blocks:
+        filling = min(len(block), max(0, size - len(slots)))
+        slots += [None] * filling + rng.integers(size, size=len(block) - filling).tolist()
+    want, rest = _reservoir(list(rows.uttids), slots, size)
+    assert out == want + [rest[j] for j in rng.permutation(size)]  # then the buffer in random order
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -23,8 +23,9 @@ import torch
 from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
 from wdsprep import reader
-from wdsprep.loader import Sample, collate, make_loader, start_collate, unpack
+from wdsprep.loader import collate, make_loader, start_collate, unpack
 from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
+from wdsprep.records import Records
 from wdsprep.shards import ShardWriter
 
 needs_native = pytest.mark.skipif(reader._native is None,
@@ -226,13 +227,12 @@ def test_read_rows_stops_at_a_truncated_shard_and_collate_names_it(tmp_path):
     assert read_rows(out, [f for _, f in rows]) == 2  # rows before the cut are read
     np.testing.assert_array_equal(out[1], 1)
     with pytest.raises(ShardError, match=r"a\.tar.*u2.*truncated"):
-        collate([_sample(u, f) for u, f in rows])
+        collate(_batch(rows))
 
 
-def _sample(uttid, feats):
-    s = Sample(uttid, feats, "x")
-    s.labels = (1, 2)
-    return s
+def _batch(pairs):
+    """A batch of (uttid, features) pairs, each labelled (1, 2)."""
+    return Records.of((u, f, "x") for u, f in pairs).with_labels([(1, 2)] * len(pairs))
 
 
 @needs_native
@@ -245,12 +245,12 @@ def test_batch_over_more_shards_than_stay_open_is_read_in_one_call(tmp_path, mon
         w = ShardWriter(tmp_path / f"s{k}.tar")
         w.write(f"u{k}", np.full((5 + k, 3), k, np.float32), "x")
         w.close()
-        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+        samples += feats_of(tmp_path / f"s{k}.tar")
     out = np.full((4, 8, 3), -1, np.float32)
-    assert read_rows(out, [s.feats for s in samples]) == 4
+    assert read_rows(out, [f for _, f in samples]) == 4
     for k in range(4):
         assert (out[k, :5 + k] == k).all() and (out[k, 5 + k:] == 0).all()
-    b = unpack(collate(samples))
+    b = unpack(collate(_batch(samples)))
     for i, k in enumerate([3, 2, 1, 0]):  # longest first
         assert b.keys[i] == f"u{k}" and (b.feats[i, :5 + k] == k).all() and (b.feats[i, 5 + k:] == 0).all()
 
@@ -274,21 +274,23 @@ def test_row_reader_runs_jobs_in_order_in_its_own_thread(tmp_path):
         outs = [np.full((2, 100), np.nan, np.float32) for _ in range(3)]
         jobs = [[(fd, 0, 400), (fd, 4000, 200)], [(fd, 8000, 400), (fd, 16000 - 40, 400)], [(fd, 400, 4)]]
         for out, rows in zip(outs, jobs):
-            r.submit(out, 400, rows)
+            r.submit(out, 400, np.array(rows, np.int64))
         assert _threads() == before + 1
         assert [r.wait() for _ in jobs] == [-1, 1, -1]  # row 1 of job 2 runs past the end of the file
         np.testing.assert_array_equal(outs[0][0], data[:100])
         np.testing.assert_array_equal(outs[0][1], np.r_[data[1000:1050], np.zeros(50, np.float32)])
         np.testing.assert_array_equal(outs[1][0], data[2000:2100])
         assert outs[2][0, 0] == data[100] and (outs[2][0, 1:] == 0).all() and np.isnan(outs[2][1]).all()
-        r.submit(outs[0], 400, [(fd, 800, 400)])  # close() finishes a job nobody waited for
+        r.submit(outs[0], 400, np.array([(fd, 800, 400)], np.int64))  # close() finishes a job nobody waited for
         r.close()
         np.testing.assert_array_equal(outs[0][0], data[200:300])
         assert wait_for(lambda: _threads() == before)
         with pytest.raises(ValueError, match="closed"):
-            r.submit(outs[0], 400, [(fd, 0, 4)])
+            r.submit(outs[0], 400, np.array([(fd, 0, 4)], np.int64))
         with pytest.raises(ValueError, match="do not fit"):
-            reader._native.RowReader().submit(outs[0], 400, [(fd, 0, 404)])
+            reader._native.RowReader().submit(outs[0], 400, np.array([(fd, 0, 404)], np.int64))
+        with pytest.raises(ValueError, match=r"int64 \[n, 3\]"):
+            reader._native.RowReader().submit(outs[0], 400, np.array([fd, 0], np.int64))
     finally:
         os.close(fd)
 
@@ -301,13 +303,14 @@ def test_row_reads_in_flight_survive_their_shard_being_closed(tmp_path, monkeypa
         w = ShardWriter(tmp_path / f"s{k}.tar")
         w.write(f"u{k}", np.full((300, 80), k, np.float32), "x")
         w.close()
-        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+        samples += feats_of(tmp_path / f"s{k}.tar")
+    rows = _batch(samples)
     r = reader.row_reader()
     out = np.full((3, 300, 80), -1, np.float32)
-    reads = reader.bulk_reads([s.feats for s in samples], 4)
+    reads = reader.bulk_reads(rows.sources.tolist(), rows.offsets, rows.frames * rows.dims * 4, 4)
     reads.start(out, r)
-    for s in samples:
-        s.feats.file._close()  # what reopening other shards does (MAX_OPEN_SHARDS) ...
+    for file in rows.sources:
+        file._close()  # what reopening other shards does (MAX_OPEN_SHARDS) ...
     decoys = [os.open(tmp_path / "s0.tar", os.O_RDONLY) for _ in range(3)]  # ... and the numbers get reused
     try:
         assert reads.wait() == 3
@@ -326,7 +329,7 @@ def test_row_reader_refuses_a_forked_child():
     pid = os.fork()
     if pid == 0:  # the child: the reader's thread is not here, so it must not queue work for it
         try:
-            r.submit(np.zeros(4, np.float32), 16, [])
+            r.submit(np.zeros(4, np.float32), 16, np.zeros((0, 3), np.int64))
         except RuntimeError:
             os._exit(0)
         os._exit(1)
@@ -348,10 +351,10 @@ def test_float16_rows_become_exact_float32_in_c(tmp_path, background):
         w.write(f"u{k}", a, "x")
         w.close()
         expected[f"u{k}"] = a.astype(np.float32)
-        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
+        samples += feats_of(tmp_path / f"s{k}.tar")
     r = reader.row_reader() if background else None
     try:
-        b = unpack(start_collate(samples, reader=r)())
+        b = unpack(start_collate(_batch(samples), reader=r)())
     finally:
         if r is not None:
             r.close()
@@ -403,7 +406,7 @@ def test_loader_batches_are_the_same_without_the_c_part(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("dtypes", [(np.float16,), (np.float32, np.float16)])
 def test_collate_float16_and_mixed_dtypes_from_shards(tmp_path, dtypes):
-    """float16 rows go through a scratch batch; a batch of mixed dtypes is read row by row, both right."""
+    """float16 rows are converted in the bulk read; a batch of mixed dtypes is read row by row, both right."""
     samples, expected = [], {}
     for k in range(4):
         w = ShardWriter(tmp_path / f"s{k}.tar")
@@ -411,9 +414,9 @@ def test_collate_float16_and_mixed_dtypes_from_shards(tmp_path, dtypes):
         w.write(f"u{k}", a, "x")
         w.close()
         expected[f"u{k}"] = a.astype(np.float32)
-        samples += [_sample(u, f) for u, f in feats_of(tmp_path / f"s{k}.tar")]
-    for _ in range(2):  # the second batch reuses the float16 scratch buffer
-        b = unpack(collate(samples))
+        samples += feats_of(tmp_path / f"s{k}.tar")
+    for _ in range(2):  # twice: nothing of the first collate is left behind to change the second
+        b = unpack(collate(_batch(samples)))
         for i, key in enumerate(b.keys):
             n = len(expected[key])
             np.testing.assert_array_equal(b.feats[i, :n].numpy(), expected[key])
@@ -440,7 +443,9 @@ def test_buffered_samples_are_not_tracked_by_the_gc(tmp_path):
     w.close()
     (_, feats, _), = iter_decoded(str(tmp_path / "a.tar"), lazy=True)
     assert type(feats) is reader.FileFeats and not gc.is_tracked(feats)
-    assert not gc.is_tracked(Sample("u1", feats, "x"))
+    rows = _batch([("u1", feats)])
+    gc.collect()
+    assert not gc.is_tracked(rows.obj) and not gc.is_tracked(rows.labels[0])  # a block, and its label tuples
     assert reader._native.untrack(7) == 7  # objects the GC never tracks pass through
 
 

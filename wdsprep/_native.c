@@ -422,10 +422,24 @@ static int name_is_ascii(const Member *m)
     return 1;
 }
 
-/* The first layout a sample has both members of, as a (key, offset, frames, dims, itemsize,
- * text) tuple appended to out: MEMBER; NOT_PLAIN when it has no pair or that pair did not
- * decode; FAILED with an exception. */
-static int emit(PyObject *out, const char *key, Py_ssize_t key_len, Found *found, int n)
+/* A shard's samples as columns, as samples() returns them: numbers for numpy, strings in lists. */
+typedef struct {
+    PyObject *keys, *texts;
+    long long *layout; /* offset, frames, dims, itemsize per sample */
+    Py_ssize_t n, cap;
+} Columns;
+
+static void columns_clear(Columns *c)
+{
+    Py_CLEAR(c->keys);
+    Py_CLEAR(c->texts);
+    PyMem_Free(c->layout);
+    c->layout = NULL;
+}
+
+/* The first layout a sample has both members of, appended to the columns: MEMBER; NOT_PLAIN
+ * when it has no pair or that pair did not decode; FAILED with an exception. */
+static int emit(Columns *out, const char *key, Py_ssize_t key_len, Found *found, int n)
 {
     for (int l = 0; l < n; l++) {
         Found *f = &found[l];
@@ -433,13 +447,27 @@ static int emit(PyObject *out, const char *key, Py_ssize_t key_len, Found *found
             continue;
         if (!f->feats_ok || f->text == NULL)
             return NOT_PLAIN;
-        PyObject *t = Py_BuildValue("(s#LLLiO)", key, key_len, f->offset, f->frames, f->dims,
-                                    f->itemsize, f->text);
-        if (t == NULL || PyList_Append(out, t) < 0) {
-            Py_XDECREF(t);
+        if (out->n == out->cap) {
+            Py_ssize_t cap = out->cap ? 2 * out->cap : 1024;
+            long long *grown = PyMem_Realloc(out->layout, (size_t)cap * 4 * sizeof(long long));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                return FAILED;
+            }
+            out->layout = grown;
+            out->cap = cap;
+        }
+        PyObject *k = PyUnicode_DecodeASCII(key, key_len, NULL);
+        if (k == NULL || PyList_Append(out->keys, k) < 0 || PyList_Append(out->texts, f->text) < 0) {
+            Py_XDECREF(k);
             return FAILED;
         }
-        Py_DECREF(t);
+        Py_DECREF(k);
+        long long *row = out->layout + 4 * out->n++;
+        row[0] = f->offset;
+        row[1] = f->frames;
+        row[2] = f->dims;
+        row[3] = f->itemsize;
         return MEMBER;
     }
     return NOT_PLAIN;
@@ -447,9 +475,12 @@ static int emit(PyObject *out, const char *key, Py_ssize_t key_len, Found *found
 
 static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX_EXT], int nlayouts)
 {
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
+    Columns cols = {PyList_New(0), PyList_New(0), NULL, 0, 0};
+    Columns *out = &cols;
+    if (cols.keys == NULL || cols.texts == NULL) {
+        columns_clear(&cols);
         return NULL;
+    }
     Found found[MAX_LAYOUTS];
     memset(found, 0, sizeof(found));
     char key[sizeof(((Member *)0)->name)];
@@ -500,21 +531,30 @@ static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX
             break;
     }
     if (r == END && key_len >= 0)
-        r = emit(out, key, key_len, found, nlayouts) == MEMBER ? END : NOT_PLAIN;
+    {
+        int last = emit(out, key, key_len, found, nlayouts);
+        r = last == MEMBER ? END : last;
+    }
     found_clear(found, nlayouts);
-    if (r == END)
-        return out;
-    Py_DECREF(out);
-    if (r == FAILED && PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    PyObject *result = NULL;
+    if (r == END) {
+        PyObject *layout = PyBytes_FromStringAndSize((const char *)cols.layout,
+                                                     (Py_ssize_t)(cols.n * 4 * (Py_ssize_t)sizeof(long long)));
+        if (layout != NULL)
+            result = Py_BuildValue("(OON)", cols.keys, cols.texts, layout);
+    } else if (!(r == FAILED && PyErr_Occurred())) {
+        result = Py_NewRef(Py_None);
+    }
+    columns_clear(&cols);
+    return result;
 }
 
 PyDoc_STRVAR(samples_doc,
-"samples(src, peek, size, layouts) -> list[(key, offset, frames, dims, itemsize, text)] | None\n\n"
-"The samples of a plain tar (src and size as for walk), each as its key, the offset of its\n"
-"float32/float16 feature data (C order), the feature shape and item size, and its transcript;\n"
-"layouts is a list of (features extension, transcript extension) pairs, tried in order.\n"
+"samples(src, peek, size, layouts) -> (keys, texts, layout) | None\n\n"
+"The samples of a plain tar (src and size as for walk) as columns: their keys and transcripts\n"
+"(lists of str) and, as bytes holding native int64 [n, 4], the offset of each one's\n"
+"float32/float16 feature data (C order), its frames, dims and item size.  layouts is a list of\n"
+"(features extension, transcript extension) pairs, tried in order.\n"
 "None when anything needs the Python reader: whatever walk() declines, names that are not\n"
 "ASCII, a sample without a pair, an .npy header other than numpy's own for such an array,\n"
 "truncated feature data, a transcript that is not UTF-8.");
@@ -555,8 +595,9 @@ static PyObject *samples(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(read_rows_doc,
 "read_rows(out, row_bytes, rows, half=False) -> int\n\n"
-"For each (fd, offset, nbytes) of rows, read nbytes at offset into out[i * row_bytes:] and\n"
-"zero the rest of that row.  out is a writable C-contiguous buffer of len(rows) * row_bytes\n"
+"For each row (fd, offset, nbytes) of rows, a C-contiguous int64 [n, 3] buffer, read nbytes at\n"
+"offset into out[i * row_bytes:] and zero the rest of that row.  out is a writable C-contiguous\n"
+"buffer of n * row_bytes\n"
 "bytes.  With half, the bytes are float16 and go to out as float32 (2 * nbytes of the row).\n"
 "Returns -1, or the index of the first row whose file ended early (nothing after it is read).");
 
@@ -638,12 +679,16 @@ static void job_free(Job *job)
  * nothing left to free. */
 static int job_parse(Job *job, PyObject *args, const char *format)
 {
-    PyObject *rows;
+    Py_buffer rows;
     memset(job, 0, sizeof(*job));
     job->short_row = -1;
-    if (!PyArg_ParseTuple(args, format, &job->out, &job->row_bytes, &PyList_Type, &rows, &job->half))
+    if (!PyArg_ParseTuple(args, format, &job->out, &job->row_bytes, &rows, &job->half))
         return -1;
-    Py_ssize_t n = job->n = PyList_GET_SIZE(rows);
+    Py_ssize_t n = job->n = rows.len / (Py_ssize_t)(3 * sizeof(long long));
+    if (rows.len != n * (Py_ssize_t)(3 * sizeof(long long))) {
+        PyErr_Format(PyExc_ValueError, "rows has %zd bytes: not int64 [n, 3]", rows.len);
+        goto fail;
+    }
     if (job->row_bytes < 0 || n * job->row_bytes > job->out.len) {
         PyErr_Format(PyExc_ValueError, "out has %zd bytes, %zd rows of %zd need more", job->out.len, n,
                      job->row_bytes);
@@ -655,17 +700,26 @@ static int job_parse(Job *job, PyObject *args, const char *format)
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        long long v[3];
+        memcpy(v, (const char *)rows.buf + i * (Py_ssize_t)sizeof(v), sizeof(v)); /* any alignment */
         Row *r = &job->rows[i];
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(rows, i), "iLn:read_rows", &r->fd, &r->offset, &r->nbytes))
+        r->fd = (int)v[0];
+        r->offset = v[1];
+        r->nbytes = (Py_ssize_t)v[2];
+        if (v[0] < 0 || v[0] > INT32_MAX || v[1] < 0) {
+            PyErr_Format(PyExc_ValueError, "row %zd: bad descriptor %lld or offset %lld", i, v[0], v[1]);
             goto fail;
+        }
         if (r->nbytes < 0 || (job->half ? 2 * r->nbytes : r->nbytes) > job->row_bytes) {
             PyErr_Format(PyExc_ValueError, "row %zd: %zd bytes do not fit a row of %zd", i, r->nbytes,
                          job->row_bytes);
             goto fail;
         }
     }
+    PyBuffer_Release(&rows);
     return 0;
 fail:
+    PyBuffer_Release(&rows);
     job_free(job);
     return -1;
 }
@@ -728,7 +782,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args)
 {
     Job job;
     Scratch scratch = {NULL, 0};
-    if (job_parse(&job, args, "w*nO!|p:read_rows") < 0)
+    if (job_parse(&job, args, "w*ny*|p:read_rows") < 0)
         return NULL;
     /* The reads may wait for the disk: other threads (the shard readahead) run meanwhile. */
     Py_BEGIN_ALLOW_THREADS
@@ -809,7 +863,7 @@ static PyObject *row_reader_submit(RowReader *r, PyObject *args)
     Job *job = PyMem_RawMalloc(sizeof(Job));
     if (job == NULL)
         return PyErr_NoMemory();
-    if (job_parse(job, args, "w*nO!|p:submit") < 0) {
+    if (job_parse(job, args, "w*ny*|p:submit") < 0) {
         PyMem_RawFree(job);
         return NULL;
     }

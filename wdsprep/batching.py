@@ -94,77 +94,124 @@ def bucket_batches(
     order with ``rng`` and yield them, spread evenly over the reading of the next pool.  The last
     (open, partly filled) batch of a pool is carried into the next pool instead of being emitted
     small, but a sample is carried at most ``max_carry`` times, so no utterance is held back for
-    long; at the end of the stream everything left is flushed.  A sample longer than ``max_frames`` comes out alone.  ``length`` must be cheap: it is
-    called once per sample.  Same ``rng`` state and input -> same batches in the same order.
+    long; at the end of the stream everything left is flushed.  A sample longer than
+    ``max_frames`` comes out alone.  ``length`` must be cheap: it is called once per sample.
+    Same ``rng`` state and input -> same batches in the same order.
+    """
+    blocks = (([s], (_length(length, s),)) for s in samples)
+    return bucket_blocks(blocks, concat=_concat_lists, take=_take_from_list, max_frames=max_frames, rng=rng,
+                         max_batch_size=max_batch_size, pool_size=pool_size, max_carry=max_carry)
+
+
+def _concat_lists(parts: list[list[S]]) -> list[S]:
+    return [s for part in parts for s in part]
+
+
+def _take_from_list(pool: list[S], rows: np.ndarray) -> list[S]:
+    return [pool[i] for i in rows.tolist()]
+
+
+B = TypeVar("B")
+
+
+def bucket_blocks(
+    blocks: Iterable[tuple[B, Sequence[int]]],
+    *,
+    concat: Callable[[list[B]], B],
+    take: Callable[[B, np.ndarray], B],
+    max_frames: int,
+    rng: np.random.Generator,
+    max_batch_size: int | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_carry: int = 1,
+) -> Iterator[B]:
+    """:func:`bucket_batches` on a stream of blocks of samples: the same batches, made by ``take``.
+
+    ``blocks`` yields ``(block, lengths)`` pairs, a block being anything with ``len()`` and
+    slicing: a list of samples, or the loader's :class:`~wdsprep.records.Records`, where a pool
+    is sorted and cut with a few numpy calls.  ``concat`` joins blocks into a pool and
+    ``take(pool, rows)`` selects the rows of a batch (an int64 index array).
     """
     _check_args(max_frames, max_batch_size)
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
     if max_carry < 0:
         raise ValueError(f"max_carry must be >= 0, got {max_carry!r}")
-    pool: list[S] = []
-    lens: list[int] = []
-    ages: list[int] = []  # pool[:len(ages)] was carried over, ages[i] times so far
-    ready: list[list[S] | None] = []  # the previous pool's batches, yielded while this pool fills
+    parts: list[B] = []  # the pool so far: the carried rows first, then what arrived
+    part_lens: list[np.ndarray] = []
+    filled = carried = 0  # rows in the pool, and how many of them were carried over
+    ages = np.zeros(0, np.int64)  # times each carried row was carried so far
+    ready: list[B | None] = []  # the previous pool's batches, yielded while this pool fills
     k = 0  # next batch of ``ready`` to yield
-    for s in samples:
-        pool.append(s)
-        lens.append(_length(length, s))
-        if len(pool) >= pool_size + len(ages):
-            yield from _drain(ready, k)
-            ready, carry, ages = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry)
-            k = 0
-            # The carried open batch joins the next pool, where it can be filled with its peers.
-            pool = [pool[i] for i in carry]
-            lens = [lens[i] for i in carry]
-        else:
-            # Yield the previous pool's batches at an even pace while this one fills, not all at
-            # once: DataLoader workers deliver in turn, so one worker's whole pool of reading
-            # between bursts made the main process, and then the other workers, wait.  Same
-            # batches, same order; only when they leave changes.
-            due = len(ready) * (len(pool) - len(ages)) // pool_size
-            if k < due:
-                yield from _drain(ready, k, due)
-                k = due
+    for block, lens in blocks:
+        lens = np.asarray(lens, np.int64)
+        start = 0
+        while start < len(lens):
+            # A block may close the pool part way: the rest of it begins the next pool.
+            stop = start + pool_size + carried - filled
+            parts.append(block[start:stop])
+            part_lens.append(lens[start:stop])
+            filled += len(part_lens[-1])
+            start = stop
+            if filled >= pool_size + carried:
+                yield from _drain(ready, k)
+                pool, pool_lens = concat(parts), np.concatenate(part_lens)
+                rows, carry, ages = _plan_pool(pool_lens, max_frames, max_batch_size, rng, ages, max_carry)
+                ready, k = [take(pool, r) for r in rows], 0
+                # The carried open batch joins the next pool, where it can be filled with its peers.
+                parts, part_lens = [take(pool, carry)], [pool_lens[carry]]
+                filled = carried = len(carry)
+            else:
+                # Yield the previous pool's batches at an even pace while this one fills, not all
+                # at once: DataLoader workers deliver in turn, so one worker's whole pool of
+                # reading between bursts made the main process, and then the other workers,
+                # wait.  Same batches, same order; only when they leave changes.
+                due = len(ready) * (filled - carried) // pool_size
+                if k < due:
+                    yield from _drain(ready, k, due)
+                    k = due
     yield from _drain(ready, k)
-    if pool:
-        batches, _, _ = _batches_of_pool(pool, lens, max_frames, max_batch_size, rng, ages, max_carry=0)
-        yield from batches
+    if filled:
+        pool, pool_lens = concat(parts), np.concatenate(part_lens)
+        rows, _, _ = _plan_pool(pool_lens, max_frames, max_batch_size, rng, ages, max_carry=0)
+        for r in rows:
+            yield take(pool, r)
 
 
-def _drain(ready: list[list[S] | None], start: int, stop: int | None = None) -> Iterator[list[S]]:
+def _drain(ready: list[B | None], start: int, stop: int | None = None) -> Iterator[B]:
     """Yield ``ready[start:stop]``, dropping each reference as it goes (the trainer may be the only holder)."""
     for i in range(start, len(ready) if stop is None else stop):
         batch, ready[i] = ready[i], None
         yield batch  # type: ignore[misc]
 
 
-def _batches_of_pool(
-    pool: list[S], lens: list[int], max_frames: int, max_batch_size: int | None,
-    rng: np.random.Generator, ages: list[int], max_carry: int,
-) -> tuple[list[list[S]], list[int], list[int]]:
-    """Batches of one pool in random order, the pool indices to carry over and their new ages."""
+def _plan_pool(
+    lens: np.ndarray, max_frames: int, max_batch_size: int | None, rng: np.random.Generator,
+    ages: np.ndarray, max_carry: int,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The rows of each batch of one pool in random order, the rows to carry over and their new ages.
+
+    The first ``len(ages)`` rows of the pool are the ones carried into it.
+    """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
-    order = np.argsort(np.asarray(lens, dtype=np.int64), kind="stable")
-    sorted_lens = np.asarray(lens, dtype=np.int64)[order].tolist()
+    order = np.argsort(lens, kind="stable")
+    sorted_lens = lens[order].tolist()
     cuts = _cut(sorted_lens, max_frames, max_batch_size)
-    carry: list[int] = []
-    new_ages: list[int] = []
+    carry = new_ages = np.zeros(0, np.int64)
     if max_carry and cuts:
         start, end = cuts[-1]
         size, longest = end - start, sorted_lens[end - 1]
         full = (max_batch_size is not None and size >= max_batch_size) or (size + 1) * longest > max_frames
-        carry = order[start:end].tolist()
-        new_ages = [ages[i] + 1 if i < len(ages) else 1 for i in carry]
+        rows = order[start:end]
+        aged = np.ones(len(rows), np.int64)
+        was_carried = rows < len(ages)
+        aged[was_carried] += ages[rows[was_carried]]
         # Without an age limit a lone long utterance would be carried to the end of the epoch.
-        if full or max(new_ages) > max_carry:
-            carry, new_ages = [], []
-        else:
+        if not full and aged.max() <= max_carry:
+            carry, new_ages = rows, aged
             cuts.pop()
-    idx = order.tolist()
-    batches = [[pool[i] for i in idx[a:b]] for a, b in cuts]
     # Shuffle the batch order so lengths do not rise within a pool (WeNet's weak spot).
-    return [batches[j] for j in rng.permutation(len(batches))], carry, new_ages
+    return [order[cuts[j][0]:cuts[j][1]] for j in rng.permutation(len(cuts))], carry, new_ages
 
 
 def stream_batches(

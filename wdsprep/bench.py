@@ -308,15 +308,15 @@ def pass_kaldiio(scp: Path, seed: int) -> Callable[[], int]:
 def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_frames: int,
                           seed: int) -> Callable[[], int]:
     """The map-style loader doing the loader's work: random-order ``load_scp``, then the loader's own
-    tokenize, ``bucket_batches`` and collate stages. Same work per utterance, only the read differs."""
+    tokenize, bucket and collate stages. Same work per utterance, only the read differs."""
     state = {"round": 0}
 
     def run() -> int:
         import kaldiio
 
-        from .batching import bucket_batches
         from .kaldi import read_text
-        from .loader import Sample, collate, num_frames, tokenize
+        from .loader import bucket, collate, tokenize
+        from .records import Records
         from .tokenizer import load_tokenizer
 
         tok = load_tokenizer(tokenizer_path)
@@ -325,10 +325,10 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
         keys = list(d.keys())
         rng = np.random.default_rng([seed, 6, state["round"]])
         state["round"] += 1
-        samples = (Sample(keys[i], d[keys[i]], texts[keys[i]]) for i in rng.permutation(len(keys)))
-        samples = tokenize(samples, tok, sampling=None, group=256)
+        order = [keys[i] for i in rng.permutation(len(keys))]
+        blocks = (Records.of((k, d[k], texts[k]) for k in order[a:a + 256]) for a in range(0, len(order), 256))
         n = 0
-        for b in bucket_batches(samples, max_frames=max_frames, rng=rng, length=num_frames):
+        for b in bucket(tokenize(blocks, tok, sampling=None), max_frames=max_frames, rng=rng):
             n += len(collate(b).keys)
         return n
 

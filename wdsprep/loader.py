@@ -5,7 +5,9 @@ The data flow, composed in :meth:`ShardStream.stages` (read it first)::
     shard list -> split by rank/worker -> per-epoch shard shuffle -> read + decode
       -> sample shuffle buffer -> tokenize -> filter -> bucket + batch -> collate -> Batch
 
-Every stage is a plain generator function.  Randomness comes only from generators seeded with
+Every stage is a plain generator function over blocks of utterances held as columns
+(:class:`~wdsprep.records.Records`), so each moves a few hundred utterances per numpy call
+instead of one Python object at a time.  Randomness comes only from generators seeded with
 (seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
 for bit, with any ``num_workers`` layout kept equal.
 
@@ -43,15 +45,15 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .batching import DEFAULT_POOL_SIZE, bucket_batches
+from .batching import DEFAULT_POOL_SIZE, bucket_blocks
 from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import FileFeats, bulk_reads, iter_decoded, prefetch_shard, row_reader, untrack
+from .reader import bulk_reads, iter_records, prefetch_shard, row_reader
+from .records import IN_MEMORY, Records
 from .shardlist import expand_shards
 from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
 _STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent
-_DRAWS = 1024  # shuffle-buffer random numbers drawn per numpy call
 _NEVER = np.iinfo(np.int64).max
 # Batches whose feature reads are in flight behind the one a worker hands out: the stages of the
 # next READ_AHEAD batches overlap each read, so one slow read (long utterances) rarely stalls.
@@ -79,36 +81,14 @@ class Batch(NamedTuple):
     keys: list[str]
 
 
-class Sample:
-    """One utterance on its way through the stages.
-
-    ``feats`` is a :class:`~wdsprep.reader.FileFeats` for local shards (the features stay on disk
-    until the collate reads them into the batch) or an array (pipe/URL shards, tests).
-    """
-
-    __slots__ = ("uttid", "feats", "text", "labels")
-
-    def __init__(self, uttid: str, feats: np.ndarray | FileFeats, text: str) -> None:
-        self.uttid = uttid
-        self.feats = feats
-        self.text = text
-        # A tuple, not the tokenizer's list: the GC stops tracking a tuple of ints, and samples
-        # live long in the buffers (see reader.untrack for why that matters).
-        self.labels: tuple[int, ...] = ()
-        untrack(self)
-
-
-def num_frames(s: Sample) -> int:
-    return s.feats.shape[0]
-
-
 # ---------------------------------------------------------------------------------------------
-# Stages: plain generators.  ``counts`` is the worker's Counter of dropped/read samples.
+# Stages: plain generators of Records blocks.  ``counts`` is the worker's Counter of dropped/read samples.
 
 
 def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: str, counts: Counter,
-                cursor: list[int]) -> Iterator[Sample]:
-    """Decode every sample of every shard in order; a corrupt shard's unread rest is counted.
+                cursor: list[int], block: int) -> Iterator[Records]:
+    """Every sample of every shard in order, in blocks of up to ``block``; a corrupt shard's unread
+    rest is counted.
 
     ``cursor`` is updated in place to [shards finished, samples read from the current shard]:
     with (seed, epoch, rank, worker) it is the worker's position in the epoch.
@@ -120,11 +100,11 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
         if i + 1 < len(shards):
             prefetch_shard(shards[i + 1])  # a cold next shard streams in while this one is decoded
         corrupt: list[str] = []
-        for uttid, feats, text in iter_decoded(shard, on_error=on_error, float32=False, lazy=True,
-                                               on_corrupt=lambda url, key, why: corrupt.append(url)):
-            cursor[1] += 1
-            counts["read"] += 1
-            yield Sample(uttid, feats, text)
+        for rows in iter_records(shard, on_error=on_error, block=block,
+                                 on_corrupt=lambda url, key, why: corrupt.append(url)):
+            cursor[1] += len(rows)
+            counts["read"] += len(rows)
+            yield rows
         if corrupt:
             counts["corrupt_shards"] += 1
             # Without an index the number of samples lost is unknown; the shard is still counted.
@@ -135,8 +115,12 @@ def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: 
     cursor[0], cursor[1] = len(shards), 0
 
 
-def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Generator) -> Iterator[Sample]:
-    """Reservoir-style shuffle: keep ``size`` samples, emit a random one for each new arrival.
+def shuffle_buffer(blocks: Iterator[Records], *, size: int, rng: np.random.Generator) -> Iterator[Records]:
+    """Reservoir-style shuffle: keep ``size`` samples; each arrival takes a random slot, and the
+    sample it replaces goes out.
+
+    A block of arrivals is exchanged at once (:func:`_exchange`); the samples go out in the same
+    order as one arrival at a time.  At the end the buffer goes out in random order.
 
     Features of a pipe or URL shard are views on the shard's bytes in memory, so one sample left
     in the buffer would keep the whole shard alive; a few stay for many shards (the wait is
@@ -145,67 +129,100 @@ def shuffle_buffer(samples: Iterator[Sample], *, size: int, rng: np.random.Gener
     only the last few shards stay in memory.  (Local shards' features are still on disk.)
     """
     if size <= 1:
-        yield from samples
+        yield from blocks
         return
-    buf: list[Sample] = []
+    filling: list[Records] = []
+    buf: Records | None = None  # once full: the buffer's own copy, overwritten in place
     born = np.zeros(size, np.int64)  # arrival number of each slot's sample
-    picks = np.empty(0, np.int64)
     arrivals = 0
-    for s in samples:
-        arrivals += 1
-        if len(buf) < size:
-            born[len(buf)] = arrivals
-            buf.append(s)
+    for rows in blocks:
+        if buf is None:
+            room = size - arrivals
+            filling.append(rows[:room])
+            arrivals += len(filling[-1])
+            if arrivals < size:
+                continue
+            full = Records.concat(filling)
+            buf = Records(full.num.copy(), full.obj.copy())
+            born[:] = np.arange(1, size + 1)
+            rows = rows[room:]
+        if not len(rows):
             continue
-        k = (arrivals - size - 1) % _DRAWS
-        if k == 0:  # random numbers in blocks: one numpy call per sample cost more than the shuffle
-            picks = rng.integers(size, size=_DRAWS)
-        j = int(picks[k])
-        buf[j], s = s, buf[j]
-        born[j] = arrivals
-        yield s
-        if arrivals % size == 0:
-            for j in np.flatnonzero(born < arrivals - 2 * size).tolist():
-                if isinstance(buf[j].feats, np.ndarray) and buf[j].feats.base is not None:  # a view
-                    buf[j].feats = np.array(buf[j].feats)  # same values, own memory
-                born[j] = _NEVER
-    for j in rng.permutation(len(buf)):
-        yield buf[j]
+        slots = rng.integers(size, size=len(rows))
+        yield _exchange(buf, rows, slots, born, arrivals)
+        before, arrivals = arrivals, arrivals + len(rows)
+        if arrivals // size > before // size:
+            _detach_waiting(buf, born, arrivals - 2 * size)
+    rest = buf if buf is not None else Records.concat(filling) if filling else Records.empty()
+    if len(rest):
+        yield rest[rng.permutation(len(rest))]
 
 
-def tokenize(samples: Iterator[Sample], tokenizer: Tokenizer, *, sampling: SubwordSampling | None,
-             group: int) -> Iterator[Sample]:
-    """Labels from raw text, ``group`` transcripts per ``encode_batch`` call (one C++ call for spm)."""
-    pending: list[Sample] = []
-    for s in samples:
-        pending.append(s)
-        if len(pending) >= group:
-            yield from _encode(pending, tokenizer, sampling)
-            pending = []
-    yield from _encode(pending, tokenizer, sampling)
+def _exchange(buf: Records, arrivals: Records, slots: np.ndarray, born: np.ndarray, before: int) -> Records:
+    """What a reservoir emits when ``arrivals[t]`` replaces slot ``slots[t]`` for t = 0, 1, ...: the
+    slot's sample just before, which is the last earlier arrival that took that slot, or the
+    buffer's.  ``buf`` (and ``born``, after ``before`` arrivals) then hold each slot's last taker."""
+    m = len(arrivals)
+    order = np.argsort(slots, kind="stable")  # arrivals grouped by slot, in arrival order within a slot
+    grouped = slots[order]
+    edge = np.ones(m + 1, bool)
+    edge[1:-1] = grouped[1:] != grouped[:-1]
+    first, last = edge[:-1], edge[1:]  # of its slot's group
+    # Row of [buf[slots]; arrivals] each arrival's output comes from.
+    source = np.empty(m, np.int64)
+    source[order[first]] = order[first]  # the buffer's sample: buf[slots[t]] is row t
+    source[order[~first]] = m + order[np.flatnonzero(~first) - 1]  # the group's previous arrival
+    out = Records.concat([buf[slots], arrivals])[source]
+    buf.put(grouped[last], arrivals[order[last]])
+    born[grouped[last]] = before + 1 + order[last]
+    return out
 
 
-def _encode(samples: list[Sample], tokenizer: Tokenizer, sampling: SubwordSampling | None) -> list[Sample]:
-    if samples:
-        for s, ids in zip(samples, tokenizer.encode_batch([s.text for s in samples], sampling=sampling)):
-            s.labels = tuple(ids)
-    return samples
+def _detach_waiting(buf: Records, born: np.ndarray, older_than: int) -> None:
+    """Copy out in-memory features of samples in the buffer since before arrival ``older_than``."""
+    for j in np.flatnonzero(born < older_than).tolist():
+        feats = buf.sources[j]
+        if buf.offsets[j] == IN_MEMORY and feats.base is not None:  # a view on a shard's bytes
+            buf.sources[j] = np.array(feats)  # same values, own memory
+        born[j] = _NEVER
 
 
-def filter_samples(samples: Iterator[Sample], *, min_frames: int | None, max_utt_frames: int | None,
-                   ctc_subsampling: int | None, counts: Counter) -> Iterator[Sample]:
-    """Drop what the model cannot use; every drop is counted by reason."""
-    for s in samples:
-        t = s.feats.shape[0]
-        if min_frames is not None and t < min_frames:
-            counts["dropped:too_short"] += 1
-        elif max_utt_frames is not None and t > max_utt_frames:
-            counts["dropped:too_long"] += 1
-        elif ctc_subsampling is not None and t // ctc_subsampling <= len(s.labels):
+def tokenize(blocks: Iterator[Records], tokenizer: Tokenizer, *, sampling: SubwordSampling | None) -> Iterator[Records]:
+    """Labels from raw text, one ``encode_batch`` call per block (one C++ call for spm)."""
+    for rows in blocks:
+        yield rows.with_labels(tokenizer.encode_batch(rows.texts.tolist(), sampling=sampling))
+
+
+def filter_samples(blocks: Iterator[Records], *, min_frames: int | None, max_utt_frames: int | None,
+                   ctc_subsampling: int | None, counts: Counter) -> Iterator[Records]:
+    """Drop what the model cannot use; every drop is counted by its first reason."""
+    for rows in blocks:
+        t = rows.frames
+        keep = np.ones(len(rows), bool)
+        checks = []
+        if min_frames is not None:
+            checks.append(("too_short", t < min_frames))
+        if max_utt_frames is not None:
+            checks.append(("too_long", t > max_utt_frames))
+        if ctc_subsampling is not None:
             # CTC needs at least one output frame per label (CAT's filter: T // sub > U).
-            counts["dropped:ctc_too_short"] += 1
-        else:
-            yield s
+            checks.append(("ctc_too_short", t // ctc_subsampling <= rows.label_lens))
+        for reason, bad in checks:
+            dropped = int(np.count_nonzero(bad & keep))
+            if dropped:
+                counts[f"dropped:{reason}"] += dropped
+                keep &= ~bad
+        if keep.all():
+            yield rows
+        elif keep.any():
+            yield rows[keep]
+
+
+def bucket(blocks: Iterator[Records], *, max_frames: int, rng: np.random.Generator, max_batch_size: int | None = None,
+           pool_size: int = DEFAULT_POOL_SIZE) -> Iterator[Records]:
+    """Batches of similar length in random order: :func:`~wdsprep.batching.bucket_batches` on blocks."""
+    return bucket_blocks(((rows, rows.frames) for rows in blocks), concat=Records.concat, take=Records.__getitem__,
+                         max_frames=max_frames, rng=rng, max_batch_size=max_batch_size, pool_size=pool_size)
 
 
 class Packed(NamedTuple):
@@ -311,7 +328,7 @@ def _alloc(nbytes: int, shared: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def collate(batch: list[Sample], *, shared: bool = False,
+def collate(batch: Records, *, shared: bool = False,
             alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
 
@@ -324,7 +341,7 @@ def collate(batch: list[Sample], *, shared: bool = False,
     return start_collate(batch, shared=shared, alloc=alloc)()
 
 
-def start_collate(batch: list[Sample], *, shared: bool = False,
+def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
                   reader: Any = None) -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
@@ -332,33 +349,32 @@ def start_collate(batch: list[Sample], *, shared: bool = False,
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
     stages of the next batches overlap it.
     """
-    batch = sorted(batch, key=num_frames, reverse=True)  # stable: ties keep their order
+    batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
     n = len(batch)
-    lens = np.fromiter((s.feats.shape[0] for s in batch), np.int64, n)
-    label_lens = np.fromiter((len(s.labels) for s in batch), np.int64, n)
-    dims = batch[0].feats.shape[1]
+    lens, label_lens, dims = batch.frames, batch.label_lens, batch.dims
+    uttids = batch.uttids.tolist()
+    d = int(dims[0])
+    if (dims != d).any():
+        i = int(np.flatnonzero(dims != d)[0])
+        raise ValueError(f"utterance {uttids[i]!r} has {dims[i]} feature dims, {uttids[0]!r} in the same "
+                         f"batch has {d}: mixed feature sets in trset?")
     t, u = int(lens[0]), int(label_lens.max(initial=0))
-    for s in batch:
-        if s.feats.shape[1] != dims:
-            raise ValueError(f"utterance {s.uttid!r} has {s.feats.shape[1]} feature dims, "
-                             f"{batch[0].uttid!r} in the same batch has {dims}: mixed feature sets in trset?")
-    nbytes = 8 * (2 * n + n * u) + 4 * n * t * dims
+    nbytes = 8 * (2 * n + n * u) + 4 * n * t * d
     buf, slot = alloc(nbytes) if alloc is not None else (_alloc(nbytes, shared), -1)
-    v_lens, v_label_lens, v_labels, v_feats = _views(buf, n, t, dims, u)
+    v_lens, v_label_lens, v_labels, v_feats = _views(buf, n, t, d, u)
     v_lens[:] = lens
     v_label_lens[:] = label_lens
     # Labels in one go: the row-major True cells of the mask are exactly the concatenated labels.
     v_labels[...] = LABEL_PAD
     v_labels[np.arange(u) < label_lens[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(s.labels for s in batch), np.int64, int(label_lens.sum()))
-    feats = [s.feats for s in batch]
-    t_feats = torch.from_numpy(v_feats)
+        itertools.chain.from_iterable(batch.labels), np.int64, int(label_lens.sum()))
+    offsets, itemsizes, sources = batch.offsets, batch.itemsizes, batch.sources.tolist()
     # The common case, features of one dtype still in the shards, in one C call (float16 is
     # converted there, in the same thread: torch's conversion, parallel on every core, left its
     # threads spinning on the core the read needed).
     reads = None
-    if all(type(f) is FileFeats for f in feats) and len({f.dtype for f in feats}) == 1:
-        reads = bulk_reads(feats, feats[0].dtype.itemsize)
+    if (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
+        reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))
     if reads is not None:
         reads.start(v_feats, reader)
 
@@ -370,20 +386,24 @@ def start_collate(batch: list[Sample], *, shared: bool = False,
             # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
             # writable; the tensor is only ever read here.
             warnings.simplefilter("ignore", UserWarning)
+            t_feats = torch.from_numpy(v_feats)
             for i in range(done, n):
                 k = int(lens[i])
-                f = feats[i]
-                if f.dtype == np.float32:
-                    if type(f) is FileFeats:
-                        f.read_into(v_feats[i, :k])
+                row = v_feats[i, :k]
+                if offsets[i] == IN_MEMORY:
+                    feats = sources[i]
+                else:  # float32 straight into the batch
+                    feats = row if itemsizes[i] == 4 else np.empty((k, d), np.float16)
+                    sources[i].readinto(feats, int(offsets[i]), f"utterance {uttids[i]!r}")
+                if feats is not row:
+                    if feats.dtype == np.float32:
+                        row[...] = feats  # numpy's call overhead is lower than torch's for a plain copy
                     else:
-                        v_feats[i, :k] = f  # numpy's call overhead is lower than torch's for a plain copy
-                else:
-                    # numpy converts float16 element by element (~10x slower than the copy); torch's
-                    # conversion is vectorized, and writes straight into the batch.
-                    t_feats[i, :k].copy_(torch.from_numpy(f.read() if type(f) is FileFeats else f))
+                        # numpy converts float16 element by element (~10x slower than the copy); torch's
+                        # conversion is vectorized, and writes straight into the batch.
+                        t_feats[i, :k].copy_(torch.from_numpy(feats))
                 v_feats[i, k:] = 0
-        return Packed(buf, (n, t, dims, u), [s.uttid for s in batch], slot)
+        return Packed(buf, (n, t, d, u), uttids, slot)
 
     return finish
 
@@ -537,7 +557,7 @@ class ShardStream(IterableDataset):
         counts = [self.sizes.utts[i] for w in self.plan(epoch) for i in w]
         return None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
 
-    def stages(self, worker: int, counts: Counter, cursor: list[int]) -> Iterator[list[Sample]]:
+    def stages(self, worker: int, counts: Counter, cursor: list[int]) -> Iterator[Records]:
         """The data flow of one worker for one epoch, in order."""
         cfg = self.cfg
         epoch = self.epoch if cfg.train else 0  # dev mode: the same batches every epoch
@@ -548,15 +568,15 @@ class ShardStream(IterableDataset):
         batch_rng = np.random.default_rng([cfg.seed, epoch, self.rank, worker, _STREAM_BATCH])
         self.tokenizer.seed(derive_seed(cfg.seed, epoch, self.rank, worker))  # subword sampling
 
-        samples = read_shards(shards, utts, on_error=cfg.on_error, counts=counts, cursor=cursor)
+        blocks = read_shards(shards, utts, on_error=cfg.on_error, counts=counts, cursor=cursor,
+                             block=cfg.tokenize_group)
         if cfg.train:
-            samples = shuffle_buffer(samples, size=cfg.shuffle_buffer, rng=rng)
-        samples = tokenize(samples, self.tokenizer, sampling=cfg.subword_sampling if cfg.train else None,
-                           group=cfg.tokenize_group)
-        samples = filter_samples(samples, min_frames=cfg.min_frames, max_utt_frames=cfg.max_utt_frames,
-                                 ctc_subsampling=cfg.ctc_subsampling, counts=counts)
-        return bucket_batches(samples, max_frames=cfg.max_frames, rng=batch_rng, length=num_frames,
-                              max_batch_size=cfg.max_batch_size, pool_size=cfg.pool_size)
+            blocks = shuffle_buffer(blocks, size=cfg.shuffle_buffer, rng=rng)
+        blocks = tokenize(blocks, self.tokenizer, sampling=cfg.subword_sampling if cfg.train else None)
+        blocks = filter_samples(blocks, min_frames=cfg.min_frames, max_utt_frames=cfg.max_utt_frames,
+                                ctc_subsampling=cfg.ctc_subsampling, counts=counts)
+        return bucket(blocks, max_frames=cfg.max_frames, rng=batch_rng, max_batch_size=cfg.max_batch_size,
+                      pool_size=cfg.pool_size)
 
     def __iter__(self) -> Iterator[tuple[Packed | None, dict[str, int], tuple[int, int, int]]]:
         info = get_worker_info()
@@ -847,7 +867,8 @@ def make_loader(
         on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
         subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
         pool_size: samples sorted together by the bucketing stage (see ``wdsprep.batching``).
-        tokenize_group: transcripts per ``encode_batch`` call.
+        tokenize_group: utterances per block through the stages: read, shuffled and tokenized
+            (one ``encode_batch`` call) together.
         rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
         prefetch_factor: batches each worker prepares ahead (torch's default: 2).
         pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process

@@ -3,10 +3,11 @@
 Python's ``tarfile`` plus ``np.load`` (webdataset's default path) spends ~10x longer than reading
 the same bytes.  Here a local shard is never read as a whole: the walk reads each 512-byte header
 together with the first bytes of its member (enough for the ``.npy`` header and most transcripts),
-one ``pread`` per member, and a sample's features stay on disk as a :class:`FileFeats` (shard,
-offset, shape) until the collate reads them with one ``preadv`` into their row of the batch.  That
-is the only copy of the feature bytes, and samples waiting in the shuffle and bucketing buffers
-cost a few hundred bytes each, whatever the size of the data set.
+one ``pread`` per member, and a sample's features stay on disk (shard, offset, shape: a row of
+:class:`~wdsprep.records.Records` for the loader, a :class:`FileFeats` otherwise) until the
+collate reads them straight into their row of the batch.  That is the only copy of the feature
+bytes, and samples waiting in the shuffle and bucketing buffers cost a few hundred bytes each,
+whatever the size of the data set.
 
 Shards from pipes and URLs are read into memory whole and sliced the same way.  Anything unusual
 about a tar (sparse files, pax records beyond path/size...) falls back to ``tarfile``, so the fast
@@ -26,6 +27,7 @@ from __future__ import annotations
 import ast
 import functools
 import io
+import itertools
 import os
 import re
 import subprocess
@@ -38,6 +40,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
+from .records import Records
 from .shardlist import is_url
 from .shards import LAYOUTS, decode_key, split_name
 
@@ -54,10 +57,10 @@ def _tracked(obj: Any) -> Any:
     return obj
 
 
-# Objects that wait by the thousand in the loader's shuffle and bucketing buffers (FileFeats,
-# loader.Sample) are taken off the cyclic GC's books: as tracked objects they were promoted to
-# the oldest generation and triggered about one full collection per epoch, ~10% of the loader's
-# time.  They cannot be part of a reference cycle: they hold strings, tuples, arrays and shard files.
+# FileFeats, which a caller may keep by the thousand (the loader's buffers once held one per
+# utterance), are taken off the cyclic GC's books: as tracked objects they were promoted to the
+# oldest generation and triggered about one full collection per epoch, ~10% of the loader's time.
+# They cannot be part of a reference cycle: they hold strings, tuples and shard files.
 untrack: Callable[[Any], Any] = _native.untrack if _native is not None else _tracked
 
 BLOCK = 512
@@ -210,22 +213,21 @@ class RowReads:
     closed descriptor's number is soon reused by another file.
     """
 
-    def __init__(self, feats: Sequence[FileFeats], itemsize: int) -> None:
-        self.fds: dict[ShardFile, int] = {}
+    def __init__(self, files: Sequence[ShardFile], offsets: np.ndarray, nbytes: np.ndarray, itemsize: int) -> None:
         self.itemsize = itemsize
         self.reader: Any = None
         self.short = -1
+        self.fds: dict[ShardFile, int] = dict.fromkeys(files, -1)
         try:
-            self.rows = [(self._dup(f.file), f.offset, f.shape[0] * f.shape[1] * itemsize) for f in feats]
+            for file in self.fds:
+                self.fds[file] = os.dup(file.fileno())
+            self.rows = np.empty((len(files), 3), np.int64)  # fd, offset, nbytes: what the C part reads
+            self.rows[:, 0] = list(map(self.fds.__getitem__, files))
+            self.rows[:, 1] = offsets
+            self.rows[:, 2] = nbytes
         except BaseException:
             self.close()
             raise
-
-    def _dup(self, file: ShardFile) -> int:
-        fd = self.fds.get(file)
-        if fd is None:
-            fd = self.fds[file] = os.dup(file.fileno())
-        return fd
 
     def start(self, out: np.ndarray, reader: Any = None) -> None:
         """Read row ``i`` into ``out[i, :frames]`` and zero the rest of it: on ``reader``'s thread
@@ -253,7 +255,8 @@ class RowReads:
 
     def close(self) -> None:
         for fd in self.fds.values():
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self.fds = {}
 
 
@@ -265,16 +268,21 @@ def read_rows(out: np.ndarray, feats: Sequence[FileFeats]) -> int:
     rows are done when the C part is not built or when a shard ends before row ``i``'s features
     (the caller's :meth:`FileFeats.read_into` of that row then raises the error naming it).
     """
-    reads = bulk_reads(feats, feats[0].dtype.itemsize) if feats else None
+    if not feats:
+        return 0
+    itemsize = feats[0].dtype.itemsize
+    reads = bulk_reads([f.file for f in feats], np.array([f.offset for f in feats], np.int64),
+                       np.array([f.shape[0] * f.shape[1] * itemsize for f in feats], np.int64), itemsize)
     if reads is None:
         return 0
     reads.start(out)
     return reads.wait()
 
 
-def bulk_reads(feats: Sequence[FileFeats], itemsize: int) -> RowReads | None:
-    """The rows of ``feats`` as one :class:`RowReads`, or None without the C part (read them one by one)."""
-    return None if _native is None or not feats else RowReads(feats, itemsize)
+def bulk_reads(files: Sequence[ShardFile], offsets: np.ndarray, nbytes: np.ndarray, itemsize: int) -> RowReads | None:
+    """``nbytes[i]`` at ``offsets[i]`` of ``files[i]`` for each row, as one :class:`RowReads`; None
+    without the C part (read them one by one)."""
+    return None if _native is None or not len(files) else RowReads(files, offsets, nbytes, itemsize)
 
 
 def row_reader() -> Any:
@@ -731,8 +739,9 @@ _LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.value
 _ITEMSIZE_DTYPES = {4: _NPY_DTYPES["<f4"], 2: _NPY_DTYPES["<f2"]}
 
 
-def _native_samples(url: str) -> tuple[ShardFile, list[tuple[str, int, int, int, int, str]]] | None:
-    """A local shard's samples as the C part reads them, or None when it leaves the shard to Python."""
+def _native_samples(url: str) -> tuple[ShardFile, list[str], list[str], np.ndarray] | None:
+    """A local shard's samples as the C part reads them: the file, keys, transcripts and
+    int64 [n, 4] (offset, frames, dims, item size); None when it leaves the shard to Python."""
     if _native is None or url.startswith("pipe:") or is_url(url):
         return None
     try:
@@ -740,7 +749,55 @@ def _native_samples(url: str) -> tuple[ShardFile, list[tuple[str, int, int, int,
     except OSError:
         return None  # the Python path reports it
     found = _native.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
-    return None if found is None else (src, found)
+    if found is None:
+        return None
+    keys, texts, layout = found
+    return src, keys, texts, np.frombuffer(layout, np.int64).reshape(-1, 4)
+
+
+def _native_records(url: str) -> tuple[Records, list[str], tuple[str, Exception] | None] | None:
+    """:func:`_native_samples` as one block and the raw keys, cut before the first key that does
+    not decode (then also that key and why, for the caller to report after yielding the rows before it)."""
+    found = _native_samples(url)
+    if found is None:
+        return None
+    src, keys, texts, layout = found
+    uttids, bad = keys, None
+    if any("%" in k for k in keys):  # rare; unquoting costs more than the walk
+        uttids = []
+        for k in keys:
+            try:
+                uttids.append(decode_key(k) if "%" in k else k)
+            except UnicodeDecodeError as e:
+                bad = (k, e)
+                break
+        n = len(uttids)
+        texts, layout = texts[:n], layout[:n]
+    return Records.in_shard(src, uttids, texts, layout), keys, bad
+
+
+def iter_records(
+    url: str,
+    *,
+    on_error: str = "warn",
+    on_corrupt: Callable[[str, str | None, str], None] | None = None,
+    block: int = 256,
+) -> Iterator[Records]:
+    """A shard's samples as :class:`~wdsprep.records.Records` of up to ``block`` rows each: what
+    ``iter_decoded(url, lazy=True, float32=False)`` yields (same order, same damage handling), as
+    columns.  A plain local shard takes one C call and no Python step per sample."""
+    _check_on_error(on_error)
+    found = _native_records(url)
+    if found is not None:
+        rows, _, bad = found
+        for start in range(0, len(rows), block):
+            yield rows[start:start + block]
+        if bad is not None:
+            _undecodable(url, bad[0], bad[1], on_error, on_corrupt)
+        return
+    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True)
+    while chunk := list(itertools.islice(samples, block)):
+        yield Records.of(chunk)
 
 
 def _undecodable(url: str, key: str, e: Exception, on_error: str,
@@ -772,16 +829,15 @@ def iter_decoded(
     """
     _check_on_error(on_error)
     # The loader's case in one C call per shard: the plain shards our writer makes.
-    found = _native_samples(url) if lazy and not whole else None
+    found = _native_records(url) if lazy and not whole else None
     if found is not None:
-        src, rows = found
-        for key, offset, frames, dims, itemsize, text in rows:
-            try:
-                uttid = decode_key(key) if "%" in key else key
-            except UnicodeDecodeError as e:
-                _undecodable(url, key, e, on_error, on_corrupt)
-                return
-            yield uttid, FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], key), text
+        rows, keys, bad = found
+        for key, uttid, text, file, offset, frames, dims, itemsize in zip(
+                keys, rows.uttids.tolist(), rows.texts.tolist(), rows.sources.tolist(), rows.offsets.tolist(),
+                rows.frames.tolist(), rows.dims.tolist(), rows.itemsizes.tolist()):
+            yield uttid, FileFeats(file, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], key), text
+        if bad is not None:
+            _undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
     samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole)
     for src, key, group in samples:
