@@ -295,6 +295,57 @@ def test_row_reader_runs_jobs_in_order_in_its_own_thread(tmp_path):
         os.close(fd)
 
 
+def _bytes_read_by_this_thread() -> int | None:
+    try:
+        with open("/proc/thread-self/io") as f:
+            return int(f.readline().split()[1])  # rchar
+    except OSError:
+        return None
+
+
+@needs_native
+def test_row_reader_jobs_are_read_right_by_both_threads(tmp_path):
+    """The thread that waits reads rows of its job too: every row lands in its place, a short row
+    stops the job there with every row before it read, and nothing is lost between the threads."""
+    path = tmp_path / "f.bin"
+    data = np.arange(1 << 20, dtype=np.float32)
+    data.tofile(path)
+    rng = np.random.default_rng(0)
+    fd = os.open(path, os.O_RDONLY)
+    r = reader._native.RowReader()
+    try:
+        jobs = []
+        for j in range(40):
+            n, width = int(rng.integers(0, 60)), int(rng.integers(2, 5000))
+            starts = rng.integers(0, len(data) - width, n)
+            lens = rng.integers(0, width + 1, n)
+            short = int(rng.integers(0, n)) if n and j % 5 == 0 else -1
+            rows = np.stack([np.full(n, fd), starts * 4, lens * 4], 1).astype(np.int64).reshape(-1, 3)
+            if short >= 0:
+                rows[short, 1] = data.nbytes - 4  # one value left in the file: this row ends early
+                rows[short, 2] = 8
+            out = np.full((n, width), np.nan, np.float32)
+            r.submit(out, width * 4, rows)
+            jobs.append((out, starts, lens, short))
+        for out, starts, lens, short in jobs:
+            assert r.wait() == short
+            for i in range(len(out) if short < 0 else short):
+                np.testing.assert_array_equal(out[i, :lens[i]], data[starts[i]:starts[i] + lens[i]])
+                assert (out[i, lens[i]:] == 0).all()
+        # A job too big for the reader's thread alone by the time wait() begins: the caller reads some.
+        big = np.empty((400, 1 << 16), np.float32)
+        rows = np.array([(fd, 0, big[0].nbytes)] * len(big), np.int64)
+        before = _bytes_read_by_this_thread()
+        if before is None:
+            pytest.skip("no per-thread I/O accounting here")
+        r.submit(big, big[0].nbytes, rows)
+        assert r.wait() == -1 and (big == data[:1 << 16]).all()
+        assert _bytes_read_by_this_thread() - before >= big[0].nbytes
+    finally:
+        r.close()
+        os.close(fd)
+
+
 @needs_native
 def test_row_reads_in_flight_survive_their_shard_being_closed(tmp_path, monkeypatch):
     """The stages open shards while a batch is read; the bulk read keeps its own descriptors."""

@@ -666,7 +666,11 @@ typedef struct Job {
     int half;             /* rows are float16, out is float32 */
     Py_ssize_t short_row; /* results: -1 or the first row whose file ended early */
     int err;              /* errno of a failed read, or 0 */
-    int done;
+    /* Rows are claimed one at a time, in order, by whoever reads them (a RowReader's thread and
+     * the thread waiting for the job); in a RowReader these change under its lock. */
+    Py_ssize_t claimed;   /* rows handed out so far (all of them after a failed row) */
+    Py_ssize_t running;   /* rows handed out and not finished */
+    int done;             /* every row claimed and finished: the results are final */
 } Job;
 
 static void job_free(Job *job)
@@ -731,38 +735,65 @@ typedef struct {
     Py_ssize_t cap;
 } Scratch;
 
-/* The reads themselves: no Python API, so it runs without the GIL (and in a RowReader's thread). */
+/* Read row i of job into its place in out: 0, -1 when the file ended early, or an errno.  No
+ * Python API and no lock, so it runs without the GIL, in any thread. */
+static int row_run(const Job *job, Py_ssize_t i, Scratch *scratch)
+{
+    const Row *row = &job->rows[i];
+    char *dst = (char *)job->out.buf + i * job->row_bytes;
+    Py_ssize_t filled = job->half ? 2 * row->nbytes : row->nbytes;
+    char *to = dst;
+    if (job->half) {
+        if (scratch->cap < row->nbytes) {
+            char *grown = realloc(scratch->buf, (size_t)row->nbytes);
+            if (grown == NULL)
+                return ENOMEM;
+            scratch->buf = grown;
+            scratch->cap = row->nbytes;
+        }
+        to = scratch->buf;
+    }
+    Py_ssize_t done = pread_full(row->fd, to, row->nbytes, row->offset);
+    if (done < 0)
+        return errno ? errno : EIO;
+    if (done < row->nbytes)
+        return -1;
+    if (job->half)
+        halves_to_floats((const uint16_t *)to, (float *)dst, row->nbytes / 2);
+    memset(dst + filled, 0, (size_t)(job->row_bytes - filled));
+    return 0;
+}
+
+/* Hand out the job's next row (which exists). */
+static Py_ssize_t row_claim(Job *job)
+{
+    job->running++;
+    return job->claimed++;
+}
+
+/* Record row i's result.  Rows are claimed in order, so the lowest failed row is the first:
+ * every row before it was read.  No row is handed out after a failure. */
+static void row_finish(Job *job, Py_ssize_t i, int result)
+{
+    if (result != 0) {
+        if (job->short_row < 0 || i < job->short_row) {
+            job->short_row = i;
+            job->err = result > 0 ? result : 0;
+        }
+        job->claimed = job->n;
+    }
+    job->running--;
+    job->done = job->claimed >= job->n && job->running == 0;
+}
+
+/* All of a job's rows, in the calling thread. */
 static void job_run(Job *job, Scratch *scratch)
 {
-    for (Py_ssize_t i = 0; i < job->n; i++) {
-        Row *row = &job->rows[i];
-        char *dst = (char *)job->out.buf + i * job->row_bytes;
-        Py_ssize_t filled = job->half ? 2 * row->nbytes : row->nbytes;
-        char *to = dst;
-        if (job->half) {
-            if (scratch->cap < row->nbytes) {
-                char *grown = realloc(scratch->buf, (size_t)row->nbytes);
-                if (grown == NULL) {
-                    job->err = ENOMEM;
-                    job->short_row = i;
-                    return;
-                }
-                scratch->buf = grown;
-                scratch->cap = row->nbytes;
-            }
-            to = scratch->buf;
-        }
-        Py_ssize_t done = pread_full(row->fd, to, row->nbytes, row->offset);
-        if (done < 0)
-            job->err = errno;
-        if (done < row->nbytes) {
-            job->short_row = i;
-            return;
-        }
-        if (job->half)
-            halves_to_floats((const uint16_t *)to, (float *)dst, row->nbytes / 2);
-        memset(dst + filled, 0, (size_t)(job->row_bytes - filled));
+    while (job->claimed < job->n) {
+        Py_ssize_t i = row_claim(job);
+        row_finish(job, i, row_run(job, i, scratch));
     }
+    job->done = 1;
 }
 
 /* A finished job's result (needs the GIL); frees the job's parts. */
@@ -795,7 +826,10 @@ static PyObject *read_rows(PyObject *self, PyObject *args)
 /* RowReader: read_rows in a thread of its own that never takes the GIL.  A Python thread pool
  * measured the same in the loader, but it needs the GIL to pick up each job and to report it
  * done, and a main thread busy in Python hands the GIL over only every switch interval (5 ms):
- * how soon a read starts would depend on what the main thread runs.  This one's never does. */
+ * how soon a read starts would depend on what the main thread runs.  This one's never does.
+ *
+ * A thread that waits for a job reads the job's unclaimed rows itself instead of idling: when
+ * the loader is faster than the reads, the reads then have both cores. */
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
@@ -805,26 +839,44 @@ typedef struct {
     int started, stop;
     pid_t pid;           /* the process the thread runs in */
     Job *head, *tail;    /* jobs submitted and not yet waited for, oldest first */
-    Job *todo;           /* the first of them the thread has not started */
+    Job *todo;           /* the first of them with rows not claimed yet */
     Scratch scratch;     /* the thread's */
+    Scratch helper;      /* the waiting thread's */
 } RowReader;
+
+/* Move todo past jobs with every row claimed (under r->mu). */
+static void skip_claimed(RowReader *r)
+{
+    while (r->todo != NULL && r->todo->claimed >= r->todo->n)
+        r->todo = r->todo->next;
+}
+
+/* Read one row of todo, the lock released meanwhile (called with r->mu held). */
+static void read_one_row(RowReader *r, Scratch *scratch)
+{
+    Job *job = r->todo;
+    Py_ssize_t i = row_claim(job);
+    skip_claimed(r);
+    pthread_mutex_unlock(&r->mu);
+    int result = row_run(job, i, scratch);
+    pthread_mutex_lock(&r->mu);
+    row_finish(job, i, result); /* the job cannot be freed before: it is not done */
+    skip_claimed(r);
+    if (job->done)
+        pthread_cond_broadcast(&r->done);
+}
 
 static void *row_reader_main(void *arg)
 {
     RowReader *r = arg;
     pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (r->todo == NULL && !r->stop)
-            pthread_cond_wait(&r->work, &r->mu);
-        Job *job = r->todo;
-        if (job == NULL)
+        if (r->todo != NULL)
+            read_one_row(r, &r->scratch);
+        else if (r->stop)
             break;
-        r->todo = job->next;
-        pthread_mutex_unlock(&r->mu);
-        job_run(job, &r->scratch);
-        pthread_mutex_lock(&r->mu);
-        job->done = 1;
-        pthread_cond_broadcast(&r->done);
+        else
+            pthread_cond_wait(&r->work, &r->mu);
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;
@@ -883,21 +935,27 @@ static PyObject *row_reader_submit(RowReader *r, PyObject *args)
     else
         r->head = job;
     r->tail = job;
-    if (r->todo == NULL)
+    job->done = job->n == 0;
+    if (r->todo == NULL && !job->done)
         r->todo = job;
     pthread_cond_signal(&r->work);
     pthread_mutex_unlock(&r->mu);
     Py_RETURN_NONE;
 }
 
-/* Wait (without the GIL) until the oldest job is done and unlink it. */
+/* Wait (without the GIL) until the oldest job is done, reading its unclaimed rows meanwhile,
+ * and unlink it. */
 static Job *row_reader_pop(RowReader *r)
 {
     Job *job = r->head;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&r->mu);
-    while (!job->done)
-        pthread_cond_wait(&r->done, &r->mu);
+    while (!job->done) {
+        if (r->todo == job) /* jobs before it are done, so todo is the oldest job with unclaimed rows */
+            read_one_row(r, &r->helper);
+        else
+            pthread_cond_wait(&r->done, &r->mu);
+    }
     r->head = job->next;
     if (r->head == NULL)
         r->tail = NULL;
@@ -908,7 +966,8 @@ static Job *row_reader_pop(RowReader *r)
 
 PyDoc_STRVAR(row_reader_wait_doc,
 "wait() -> int\n\n"
-"Wait for the oldest job not waited for yet and return what read_rows would have.");
+"Wait for the oldest job not waited for yet, reading its rows no thread has begun, and return\n"
+"what read_rows would have.");
 
 static PyObject *row_reader_wait(RowReader *r, PyObject *unused)
 {
@@ -957,6 +1016,7 @@ static void row_reader_dealloc(RowReader *r)
 {
     row_reader_stop(r);
     free(r->scratch.buf);
+    free(r->helper.buf);
     pthread_cond_destroy(&r->done);
     pthread_cond_destroy(&r->work);
     pthread_mutex_destroy(&r->mu);
@@ -973,7 +1033,8 @@ static PyMethodDef row_reader_methods[] = {
 PyDoc_STRVAR(row_reader_doc,
 "RowReader()\n\n"
 "A thread of its own, started with the first job, that runs read_rows jobs in submission order\n"
-"without ever taking the GIL.  Jobs are waited for in the same order, by one Python thread.");
+"without ever taking the GIL.  Jobs are waited for in the same order, by one Python thread,\n"
+"which meanwhile reads the rows of the job it waits for that the reader's thread has not begun.");
 
 static PyTypeObject RowReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
