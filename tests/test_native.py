@@ -23,6 +23,7 @@ import torch
 from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
 from wdsprep import reader
+from wdsprep import loader as loader_module
 from wdsprep.loader import collate, make_loader, start_collate, unpack
 from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
 from wdsprep.records import Records
@@ -453,6 +454,22 @@ def test_loader_batches_are_the_same_without_the_c_part(tmp_path, monkeypatch):
     assert [k for k, _, _ in native] == [k for k, _, _ in python] and len(native) > 3
     for (_, fa, la), (_, fb, lb) in zip(native, python):
         assert torch.equal(fa, fb) and torch.equal(la, lb)
+
+
+@needs_native
+def test_workers_give_the_same_batches_with_or_without_a_read_thread(tmp_path, monkeypatch):
+    """Workers read in a thread of their own only with 2 cores each (loader._cores); same batches."""
+    out, _ = build(tmp_path, n=90, utts_per_shard=20, groups=["0:150", "150:"])
+    tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
+
+    def epoch(cores):
+        monkeypatch.setattr(loader_module, "_cores", lambda: cores)  # the workers fork with it
+        loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3, num_workers=2)
+        return [(b.keys, b.feats.clone()) for b in loader]
+
+    threaded, direct = epoch(64), epoch(1)
+    assert [k for k, _ in threaded] == [k for k, _ in direct] and len(direct) > 3
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(threaded, direct))
 
 
 @pytest.mark.parametrize("dtypes", [(np.float16,), (np.float32, np.float16)])

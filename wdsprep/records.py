@@ -23,6 +23,11 @@ _UTTID, _TEXT, _SOURCE, _LABELS = range(4)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
 
 
+def _column(array: str, index: int, doc: str) -> property:
+    """A read-only property: column ``index`` of ``self.num`` or ``self.obj`` (a view)."""
+    return property(lambda self: getattr(self, array)[:, index], doc=doc)
+
+
 class Records:
     """A block of utterances: ``num`` int64 [n, 5] and ``obj`` object [n, 4] (see the properties).
 
@@ -103,42 +108,12 @@ class Records:
         out.num[:, _LABEL_LEN] = np.fromiter(map(len, labels), np.int64, n)
         return out
 
-    @property
-    def frames(self) -> np.ndarray:
-        return self.num[:, _FRAMES]
-
-    @property
-    def dims(self) -> np.ndarray:
-        return self.num[:, _DIMS]
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Byte offset of each row's features in its shard, or :data:`IN_MEMORY`."""
-        return self.num[:, _OFFSET]
-
-    @property
-    def itemsizes(self) -> np.ndarray:
-        """Bytes per feature value: 4 float32, 2 float16 (8 for float64 in memory)."""
-        return self.num[:, _ITEMSIZE]
-
-    @property
-    def label_lens(self) -> np.ndarray:
-        return self.num[:, _LABEL_LEN]
-
-    @property
-    def uttids(self) -> np.ndarray:
-        return self.obj[:, _UTTID]
-
-    @property
-    def texts(self) -> np.ndarray:
-        return self.obj[:, _TEXT]
-
-    @property
-    def sources(self) -> np.ndarray:
-        """Each row's ShardFile (features on disk) or features array (in memory)."""
-        return self.obj[:, _SOURCE]
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Each row's token ids (a tuple; ``()`` before tokenizing)."""
-        return self.obj[:, _LABELS]
+    frames = _column("num", _FRAMES, "Frames of each row's features.")
+    dims = _column("num", _DIMS, "Feature dimensions of each row.")
+    offsets = _column("num", _OFFSET, "Byte offset of each row's features in its shard, or IN_MEMORY.")
+    itemsizes = _column("num", _ITEMSIZE, "Bytes per feature value: 4 float32, 2 float16 (8 for float64 in memory).")
+    label_lens = _column("num", _LABEL_LEN, "Tokens in each row's labels.")
+    uttids = _column("obj", _UTTID, "Utterance ids.")
+    texts = _column("obj", _TEXT, "Transcripts.")
+    sources = _column("obj", _SOURCE, "Each row's ShardFile (features on disk) or features array (in memory).")
+    labels = _column("obj", _LABELS, "Each row's token ids (a tuple; () before tokenizing).")
