@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 import numpy as np
 
 S = TypeVar("S")
+B = TypeVar("B")  # a block of samples (see bucket_blocks)
 
 # 4,000 samples give >= 0.97 real/padded frames on realistic ASR lengths (lognormal, median 600)
 # at max_frames 10k-50k; see docs/batching.md for the measured trade-off (memory vs padding).
@@ -110,8 +111,6 @@ def _concat_lists(parts: list[list[S]]) -> list[S]:
 def _take_from_list(pool: list[S], rows: np.ndarray) -> list[S]:
     return [pool[i] for i in rows.tolist()]
 
-
-B = TypeVar("B")
 
 
 def bucket_blocks(
