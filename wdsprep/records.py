@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-# Columns of ``num`` (int64) and of ``obj`` (object).
-_FRAMES, _DIMS, _OFFSET, _ITEMSIZE, _LABEL_LEN = range(5)
+# Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
+_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN = range(5)
 _UTTID, _TEXT, _SOURCE, _LABELS = range(4)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
 
@@ -29,7 +29,7 @@ def _column(array: str, index: int, doc: str) -> property:
 
 
 class Records:
-    """A block of utterances: ``num`` int64 [n, 5] and ``obj`` object [n, 4] (see the properties).
+    """A block of utterances: ``num`` int64 [n, 5] and ``obj`` object [n, 4] (see the columns below).
 
     Indexing with a slice, an index array or a boolean mask gives the selected rows as a new
     block (numpy semantics: a slice is a view).  Blocks passed between stages are not changed in
@@ -55,10 +55,7 @@ class Records:
         """Rows whose features are in ``file``; ``layout`` int64 [n, 4]: offset, frames, dims, item size."""
         n = len(uttids)
         r = cls.empty(n)
-        r.num[:, _OFFSET] = layout[:, 0]
-        r.num[:, _FRAMES] = layout[:, 1]
-        r.num[:, _DIMS] = layout[:, 2]
-        r.num[:, _ITEMSIZE] = layout[:, 3]
+        r.num[:, :_LABEL_LEN] = layout
         r.obj[:, _UTTID] = uttids
         r.obj[:, _TEXT] = texts
         r.obj[:, _SOURCE].fill(file)  # fill, not assignment: numpy would take a ShardFile for a sequence
@@ -77,7 +74,7 @@ class Records:
             if len(feats.shape) != 2:
                 raise ValueError(f"utterance {uttid!r}: features must be 2-D (frames, dims), got shape {feats.shape}")
             on_disk = type(feats) is FileFeats
-            r.num[i, :_LABEL_LEN] = (*feats.shape, feats.offset if on_disk else IN_MEMORY, feats.dtype.itemsize)
+            r.num[i, :_LABEL_LEN] = (feats.offset if on_disk else IN_MEMORY, *feats.shape, feats.dtype.itemsize)
             r.obj[i, _UTTID] = uttid
             r.obj[i, _TEXT] = text
             r.obj[i, _SOURCE] = feats.file if on_disk else feats  # one cell: numpy stores the array itself
