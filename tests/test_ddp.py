@@ -92,6 +92,25 @@ def test_train_is_deterministic_across_runs(uneven, tmp_path):
     assert [r["epochs"][0]["batches"] for r in a] == [r["epochs"][0]["batches"] for r in b]
 
 
+def test_every_rank_resumes_from_rank_0s_state(uneven, tmp_path):
+    """A checkpoint holds rank 0's state_dict(); loaded on every rank of a new job, each rank yields
+    exactly the batches it had left, and all still stop together with the epoch's stats whole."""
+    _, out, utts, tok = uneven
+    trset = f"{out}/*/data-*.tar"
+    a = torchrun(2, tmp_path / "a", trset, tok, "--epochs", "1", "--num-workers", "2", "--save-at", "5")
+    saved = a[0]["epochs"][0]["saved"]
+    assert (saved["epoch"], saved["step"], saved["complete"]) == (0, 5, False)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(saved))
+    b = torchrun(2, tmp_path / "b", trset, tok, "--epochs", "1", "--num-workers", "2", "--resume", str(state))
+    for before, after in zip(a, b):
+        full, rest = before["epochs"][0], after["epochs"][0]
+        assert len(full["batches"]) > 8 and rest["batches"] == full["batches"][5:]
+        assert rest["steps"] == full["steps"]
+        for k in ("utterances", "read", "dropped", "real_frames", "padded_frames", "discarded"):
+            assert rest["stats"][k] == full["stats"][k], k
+
+
 def test_dev_mode_reads_each_utterance_once(uneven, tmp_path):
     _, out, utts, tok = uneven
     ranks = torchrun(3, tmp_path / "o", f"{out}/*/data-*.tar", tok, "--dev", "--epochs", "1", "--num-workers", "2")

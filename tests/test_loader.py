@@ -185,15 +185,6 @@ def test_more_workers_than_shards_is_handled(data):
     assert len(got) == len(set(got)) == loader.stats.assigned > 0
 
 
-def test_state_is_a_few_numbers(data):
-    _, out, _, tok = data
-    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1500, seed=5)
-    loader.set_epoch(1)
-    it = iter(loader)
-    next(it), next(it)
-    s = loader.state()
-    assert (s["seed"], s["epoch"], s["step"], s["world_size"]) == (5, 1, 2, 1)
-    assert all(len(c) == 2 for c in s["cursors"].values())
 
 
 def test_import_wdsprep_does_not_import_torch():

@@ -29,7 +29,10 @@ run a different number of steps.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import itertools
+import json
 import math
 import os
 import time
@@ -531,6 +534,11 @@ class ShardStream(IterableDataset):
         self.num_workers = num_workers
         # Shared memory, so persistent workers (forked with a copy of this object) see set_epoch.
         self._epoch = mp.RawValue("q", 0)
+        # A resumed epoch's plan per worker, in shared memory too (see Loader._skip_plan): batches
+        # to make without reading them, and whether to hand out a placeholder item first.
+        self._skip = mp.RawArray("q", max(1, num_workers))
+        self._lead = mp.RawArray("b", max(1, num_workers))
+        self._fingerprint: str | None = None
         # (flags, serial) of the Loader's SlotCache, set before workers start: see ShmPool.
         self.pool_shared: tuple[Any, Any] | None = None
         self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
@@ -557,6 +565,18 @@ class ShardStream(IterableDataset):
         counts = [self.sizes.utts[i] for w in self.plan(epoch) for i in w]
         return None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
 
+    def fingerprint(self) -> str:
+        """A digest of what decides the batches besides (seed, epoch, world size, num_workers):
+        the options, the tokenizer, and each shard's last two path parts and size (so a moved
+        corpus keeps its fingerprint)."""
+        if self._fingerprint is None:
+            doc = {"cfg": asdict(self.cfg), "tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()],
+                   "shards": [["/".join(name.rstrip("/").split("/")[-2:]), w, u]
+                              for name, w, u in zip(self.shards, self.sizes.weights, self.sizes.utts)]}
+            text = json.dumps(doc, sort_keys=True, default=repr, ensure_ascii=False)
+            self._fingerprint = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        return self._fingerprint
+
     def stages(self, worker: int, counts: Counter, cursor: list[int]) -> Iterator[Records]:
         """The data flow of one worker for one epoch, in order."""
         cfg = self.cfg
@@ -578,9 +598,20 @@ class ShardStream(IterableDataset):
         return bucket(blocks, max_frames=cfg.max_frames, rng=batch_rng, max_batch_size=cfg.max_batch_size,
                       pool_size=cfg.pool_size)
 
+    def replay(self, worker: int) -> Iterator[Records]:
+        """The worker's batches of this epoch as :meth:`stages` makes them, in this process.
+
+        With a tokenizer of its own, so that replaying several workers side by side keeps each
+        one's subword-sampling sequence.
+        """
+        twin = copy.copy(self)
+        twin.tokenizer = copy.copy(self.tokenizer)
+        return twin.stages(worker, Counter(), [0, 0])
+
     def __iter__(self) -> Iterator[tuple[Packed | None, dict[str, int], tuple[int, int, int]]]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        skip, lead = self._skip[worker], self._lead[worker]
         counts: Counter = Counter()
         cursor = [0, 0]
         pool = None
@@ -606,7 +637,18 @@ class ShardStream(IterableDataset):
         ahead = READ_AHEAD if reader is not None else 0
         pending: deque[Callable[[], Packed]] = deque()
         try:
-            for batch in self.stages(worker, counts, cursor):
+            if lead:
+                yield item(None)  # a resumed epoch: the turn this worker had already taken
+            batches = self.stages(worker, counts, cursor)
+            for batch in itertools.islice(batches, skip):
+                # Batches the resumed epoch had already yielded: made (the pipeline's state
+                # depends on them) but not read; counted so the epoch's stats stay whole.
+                counts["skipped:utterances"] += len(batch)
+                counts["skipped:real_frames"] += int(batch.frames.sum())
+                longest = int(batch.frames.max())
+                counts["skipped:padded_frames"] += len(batch) * longest
+                counts["skipped:oversize_batches"] += longest > self.cfg.max_frames
+            for batch in batches:
                 pending.append(start_collate(batch, shared=info is not None, reader=reader,
                                              alloc=pool.alloc if pool is not None else None))
                 if len(pending) > ahead:
@@ -698,22 +740,89 @@ class Loader:
         self._loader: DataLoader | None = None  # kept with persistent workers
         self._slots: SlotCache | None = None  # the main process's side of the workers' pools
         self._iteration = 0  # which iteration of the loader may take batches (see _batches)
+        self._position = (0, 0, False)  # (epoch, step, complete): see state_dict
+        self._resume: tuple[int, int, bool] | None = None  # a loaded position, for that epoch's next iteration
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the assignment and every shuffle derive from it."""
         self.epoch = int(epoch)
+        if self._position[0] != self.epoch:
+            self._position = (self.epoch, 0, False)
+        if self._resume is not None and self._resume[0] != self.epoch:
+            self._resume = None  # the trainer moved on from the epoch it resumed in
 
-    def state(self) -> dict[str, Any]:
-        """The loader's position as a few numbers.
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position as a few numbers, for a checkpoint; see :meth:`load_state_dict`.
 
-        (seed, epoch, world size, num_workers) determine every batch; ``step`` batches of this
-        epoch were yielded; ``cursors[w] = (shards finished, samples read in the current shard)``
-        of each worker (the reader runs ahead of ``step`` by the shuffle buffer and prefetch).
+        (seed, epoch, world size, num_workers) determine every batch, so the position is ``step``,
+        the batches of ``epoch`` yielded so far (``complete`` once the epoch ended).  Under DDP
+        (training) every rank is at the same step, so rank 0's state restores every rank.
+        ``fingerprint`` identifies the shards, the tokenizer and the batching options;
+        ``cursors[w] = (shards finished, samples read in the current shard)`` of each worker is for
+        people (the reader runs ahead of ``step`` by the shuffle buffer and prefetch).
         """
         ds = self.dataset
-        return {"seed": ds.cfg.seed, "epoch": self.epoch, "rank": ds.rank, "world_size": ds.world_size,
-                "num_workers": self.num_workers, "step": self.stats.steps,
+        epoch, step, complete = self._position
+        return {"seed": ds.cfg.seed, "epoch": epoch, "step": step, "complete": complete, "rank": ds.rank,
+                "world_size": ds.world_size, "num_workers": self.num_workers, "fingerprint": ds.fingerprint(),
                 "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration of ``state["epoch"]`` yields exactly
+        the batches that epoch had left, then its stats cover the whole epoch.
+
+        The skipped part is replayed without reading features: the stages run over it (~10 us per
+        utterance, in each worker and once more in the main process to plan the workers' turns).
+        Raises ValueError when the loader would make different batches from the saved one's.
+        With ``subword_sampling`` the segmentations are sampled afresh: SentencePiece's sampling
+        does not repeat across processes (see docs/loader.md).
+        """
+        ds = self.dataset
+        missing = {"seed", "epoch", "step", "complete", "world_size", "num_workers", "fingerprint"} - set(state)
+        if missing:
+            raise ValueError(f"not a wdsprep loader state: missing {sorted(missing)}")
+        mine = {"seed": ds.cfg.seed, "world_size": ds.world_size, "num_workers": self.num_workers}
+        wrong = [f"{k}={state[k]} (this loader: {v})" for k, v in mine.items() if state[k] != v]
+        if wrong:
+            raise ValueError(f"the loader state was saved with {', '.join(wrong)}: the batches depend on "
+                             f"these, so build the loader with the saved values to resume")
+        if state["fingerprint"] != ds.fingerprint():
+            raise ValueError("the loader state was saved for other shards, tokenizer or batching options "
+                             "(fingerprint differs): resuming would not continue the same epoch")
+        if state["step"] < 0:
+            raise ValueError(f"step must be >= 0, got {state['step']}")
+        self.epoch = int(state["epoch"])
+        self._position = self._resume = (self.epoch, int(state["step"]), bool(state["complete"]))
+
+    def _skip_plan(self, step: int) -> tuple[list[int], list[bool]]:
+        """For a resumed epoch: per worker, how many of its batches come before ``step``, and
+        whether it hands out a placeholder first.
+
+        The DataLoader takes items from the workers in turn (worker 0, 1, ... again), a worker's
+        last item being its final counts; a worker whose items are spent drops out of the turns.
+        Replaying every worker's batches in that order finds the worker ``last`` that made batch
+        ``step``.  A new iteration starts its turns at worker 0, so every worker up to ``last``
+        hands out a placeholder first: then the remaining batches come in the same order as they
+        would have (an item without a batch, placeholder or final counts, never moves a batch).
+        """
+        n = self.num_workers
+        if n == 0 or step == 0:
+            return [step] * max(1, n), [False] * max(1, n)
+        replays = [self.dataset.replay(w) for w in range(n)]
+        skip, done, made, last = [0] * n, [False] * n, 0, -1
+        while made < step and not all(done):
+            for w in range(n):
+                if done[w]:
+                    continue
+                if next(replays[w], None) is None:
+                    done[w] = True
+                else:
+                    skip[w] += 1
+                    made += 1
+                last = w
+                if made == step:
+                    break
+        return skip, [w <= last for w in range(n)]
 
     def _dataloader(self) -> DataLoader | ShardStream:
         """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
@@ -777,6 +886,9 @@ class Loader:
                     st.read += v
                 elif k == "corrupt_shards":
                     st.corrupt_shards += v
+                elif k.startswith("skipped:"):  # a resumed epoch's batches before its first step
+                    name = k[len("skipped:"):]
+                    setattr(st, name, getattr(st, name) + v)
                 elif k.startswith("dropped:"):
                     dropped[k[len("dropped:"):]] += v
                 else:
@@ -795,10 +907,18 @@ class Loader:
 
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
+        first, complete = 0, False
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, first, complete = self._resume
+        self._resume = None
+        self._position = (self.epoch, first, complete)
         ds.epoch = self.epoch  # shared memory: persistent workers read it when they resume
-        self.stats = st = LoaderStats(epoch=self.epoch, assigned=ds.assigned_utts(self.epoch))
+        self.stats = st = LoaderStats(epoch=self.epoch, steps=first, assigned=ds.assigned_utts(self.epoch))
         self._cursors = {}
+        if complete:
+            return  # resumed at the end of this epoch
         start = time.perf_counter()
+        ds._skip[:], ds._lead[:] = self._skip_plan(first)  # shared memory again, read by the workers in iter()
         self._iteration += 1
         batches = self._batches(self._iteration)
         try:
@@ -816,8 +936,10 @@ class Loader:
                 st.padded_frames += len(lens) * int(lens[0])
                 st.oversize_batches += int(lens[0]) > ds.cfg.max_frames
                 st.seconds = time.perf_counter() - start
+                self._position = (self.epoch, st.steps, False)
                 yield batch
                 batch = lens = None  # so the buffer is handed back as soon as the trainer drops it
+            self._position = (self.epoch, st.steps, True)
         finally:
             # Stopped early: non-persistent workers shut down; persistent ones are drained by the
             # next epoch's iter() (torch discards their in-flight batches).
