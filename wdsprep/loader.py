@@ -643,11 +643,8 @@ class ShardStream(IterableDataset):
             for batch in itertools.islice(batches, skip):
                 # Batches the resumed epoch had already yielded: made (the pipeline's state
                 # depends on them) but not read; counted so the epoch's stats stay whole.
-                counts["skipped:utterances"] += len(batch)
-                counts["skipped:real_frames"] += int(batch.frames.sum())
-                longest = int(batch.frames.max())
-                counts["skipped:padded_frames"] += len(batch) * longest
-                counts["skipped:oversize_batches"] += longest > self.cfg.max_frames
+                for name, v in zip(_TALLY, tally(batch.frames, self.cfg.max_frames)):
+                    counts[f"skipped:{name}"] += v
             for batch in batches:
                 pending.append(start_collate(batch, shared=info is not None, reader=reader,
                                              alloc=pool.alloc if pool is not None else None))
@@ -679,6 +676,15 @@ def _cores() -> int:
     thread of their own when there are at least 2 cores per worker.
     """
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_TALLY = ("utterances", "real_frames", "padded_frames", "oversize_batches")  # LoaderStats fields
+
+
+def tally(frames: np.ndarray, max_frames: int) -> tuple[int, int, int, int]:
+    """A batch's share of :data:`_TALLY` from its utterances' frame counts."""
+    longest = int(frames.max())
+    return len(frames), int(frames.sum()), len(frames) * longest, int(longest > max_frames)
 
 
 @dataclass
@@ -929,16 +935,13 @@ class Loader:
                         break
                 elif batch is None:
                     break
-                lens = batch.feat_lens
                 st.steps += 1
-                st.utterances += len(lens)
-                st.real_frames += int(lens.sum())
-                st.padded_frames += len(lens) * int(lens[0])
-                st.oversize_batches += int(lens[0]) > ds.cfg.max_frames
+                for name, v in zip(_TALLY, tally(batch.feat_lens.numpy(), ds.cfg.max_frames)):
+                    setattr(st, name, getattr(st, name) + v)
                 st.seconds = time.perf_counter() - start
                 self._position = (self.epoch, st.steps, False)
                 yield batch
-                batch = lens = None  # so the buffer is handed back as soon as the trainer drops it
+                batch = None  # so the buffer is handed back as soon as the trainer drops it
             self._position = (self.epoch, st.steps, True)
         finally:
             # Stopped early: non-persistent workers shut down; persistent ones are drained by the
