@@ -185,8 +185,6 @@ def test_more_workers_than_shards_is_handled(data):
     assert len(got) == len(set(got)) == loader.stats.assigned > 0
 
 
-
-
 def test_import_wdsprep_does_not_import_torch():
     code = "import sys, wdsprep; assert 'torch' not in sys.modules; wdsprep.make_loader; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
