@@ -28,7 +28,7 @@ $(TA_STAMP): $(STAMP)
 
 # The main job on the bundled real-speech corpus: fbank -> pack -> tokenizer -> dry-run on 1 and 2 ranks.
 demo: $(STAMP) $(TA_STAMP)
-	$(PY) -m wdsprep demo --work exp/demo
+	$(PY) tools/demo.py --work exp/demo
 
 test: $(STAMP) $(TA_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

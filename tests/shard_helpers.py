@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from wdsprep import pack_data
-from wdsprep.bench import evict, resident_fraction
+from pagecache import evict, resident_fraction
 from wdsprep.shards import LAYOUTS, encode_key
 
 GROUPS = ["0:60", "60:150", "150:"]

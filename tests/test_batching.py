@@ -8,19 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wdsprep.batching import (
-    BatchStats,
-    batch_stats,
-    bucket_batches,
-    bucket_blocks,
-    count_batches,
-    len_of_first_dim,
-    order_randomness,
-    padding_efficiency,
-    sort_window,
-    sort_window_batches,
-    stream_batches,
-)
+from baselines import order_randomness, sort_window, sort_window_batches, stream_batches
+from wdsprep.batching import bucket_batches, bucket_blocks, len_of_first_dim, padding_efficiency
 
 
 def utts(lengths):
@@ -177,27 +166,9 @@ def test_sort_window_batches_sorts_within_windows_only():
     check_bound_and_complete(samples, batches, 5000)
 
 
-def test_padding_efficiency_and_stats():
+def test_padding_efficiency():
     assert padding_efficiency([[1, 3], [2, 2]]) == pytest.approx(8 / 10)
     assert math.isnan(padding_efficiency([]))
-    stats = batch_stats([[1, 3], [2, 2], [7000]], max_frames=5000)
-    assert (stats.batches, stats.utterances, stats.real_frames, stats.padded_frames, stats.oversize) == (
-        3, 5, 7008, 7010, 1)
-    assert stats.efficiency == pytest.approx(7008 / 7010)
-    total = BatchStats()
-    total.merge(stats)
-    total.merge(stats)
-    assert total.utterances == 10 and total.padded_frames == 14020
-    assert "efficiency" in total.summary()
-    assert math.isnan(BatchStats().efficiency)
-
-
-def test_count_batches_passes_through_and_counts():
-    samples = utts([10, 20, 30])
-    stats = BatchStats()
-    out = list(count_batches([samples[:2], samples[2:]], stats, length=length))
-    assert out == [samples[:2], samples[2:]]
-    assert (stats.batches, stats.real_frames, stats.padded_frames) == (2, 60, 70)
 
 
 def test_default_length_is_frames_of_features():
@@ -224,7 +195,7 @@ def test_bench_runs_and_checks_completeness(tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_batching.py"
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench" / "bench_batching.py"
     spec = importlib.util.spec_from_file_location("bench_batching", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

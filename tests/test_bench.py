@@ -6,23 +6,10 @@ Nothing here asserts on speed (shared CI machines are noisy); only on completene
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 
+import bench
 import pytest
-
-from wdsprep import bench
-
-
-def _have(mod: str) -> bool:
-    try:
-        return importlib.util.find_spec(mod) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-HAVE_LOADER = _have("wdsprep.loader") and _have("wdsprep.tokenizer")
-HAVE_BATCHING = _have("wdsprep.batching")
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +48,6 @@ def test_every_row_is_in_the_table(result: tuple[bench.Results, str]) -> None:
 def test_numbers_are_sane(result: tuple[bench.Results, str]) -> None:
     res, _ = result
     for c in res.contenders:
-        if c.run is None:  # only the rows that need the loader may be pending
-            assert not HAVE_LOADER and c.utts_per_s is None, c.key
-            continue
         assert c.utts == 200, c.key
         assert c.utts_per_s is not None and c.utts_per_s > 0 and math.isfinite(c.utts_per_s), c.key
         assert c.mb_per_s is not None and c.mb_per_s > 0
@@ -74,7 +58,6 @@ def test_numbers_are_sane(result: tuple[bench.Results, str]) -> None:
         assert 0 < f.max_abs_err < 0.05 and f.max_rel_err < 1e-3  # float16 has an 11-bit significand
 
 
-@pytest.mark.skipif(not HAVE_BATCHING, reason="wdsprep.batching not merged yet")
 def test_padding_rows(result: tuple[bench.Results, str]) -> None:
     res, _ = result
     assert [p.name for p in res.padding] == [bench.BATCHERS[0], *bench.BATCHERS[1:] * 2]
@@ -83,10 +66,10 @@ def test_padding_rows(result: tuple[bench.Results, str]) -> None:
         assert p.displacement is not None and p.displacement >= 0
     stream = res.padding[0]
     assert stream.displacement == 0  # the streaming batcher keeps the order it is given
-    assert all(p.efficiency >= stream.efficiency for p in res.padding)  # sorting can only reduce padding
+    # Sorted pools of 4000 fill batches that the unsorted stream leaves a quarter padding in.
+    assert max(p.efficiency for p in res.padding) > stream.efficiency + 0.05
 
 
-@pytest.mark.skipif(not HAVE_LOADER, reason="wdsprep.loader not merged yet")
 def test_rss_rows(result: tuple[bench.Results, str]) -> None:
     res, _ = result
     n, n4 = res.rss

@@ -9,7 +9,10 @@ import sys
 import pytest
 
 from wdsprep.kaldi import read_text
-from wdsprep.demo import DEMO_DIR
+from demo import DEMO_DIR, pack_options
+
+from wdsprep import cli
+from wdsprep.groups import Groups
 
 
 @pytest.mark.timeout(600)
@@ -28,3 +31,13 @@ def test_demo_runs_the_pipeline_and_its_summary_adds_up(tmp_path):
     assert two["utterances"] + round(two["discarded_fraction"] * len(train)) == len(train)
     assert 0 < one["padding_efficiency"] <= 1
     assert (work / "shards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The recipe's packing options (egs/demo/conf/pack.conf, also read by run.sh stage 2).
+    groups, _ = pack_options()
+    assert list(s["groups"]) == [g.folder for g in Groups(groups)]
+
+
+def test_checkout_commands_say_what_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(cli.CHECKOUT_TOOLS, "demo", ("tools/no-such-demo.py", "the demo"))
+    assert cli.main(["demo", "--work", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-demo.py not found" in err and "clone" in err

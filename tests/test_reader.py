@@ -16,7 +16,7 @@ import pytest
 
 from shard_helpers import cold_file, wait_for
 from wdsprep import reader
-from wdsprep.bench import resident_fraction
+from pagecache import resident_fraction
 from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
 from wdsprep.shards import ShardWriter, iter_tar_samples
 

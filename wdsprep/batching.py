@@ -6,10 +6,8 @@ them in a random order.  Sorting keeps lengths within a batch close (little padd
 batches of a pool keeps the order the trainer sees random (no rising-length runs as with a plain
 sort window).  A sample longer than ``max_frames`` is a batch of its own; nothing is dropped.
 
-Two baselines are here for comparison (``tools/bench_batching.py``):
-
-- ``stream_batches``: CAT's streaming batcher -- fill in arrival order, no sorting.
-- ``sort_window_batches``: WeNet's -- sort each window of N samples by length, then fill.
+The batchers it is measured against (CAT's stream, WeNet's sort window) are in
+``tools/bench/baselines.py``.
 
 Pure numpy/Python: this module never imports torch, so it runs in any worker.
 """
@@ -17,7 +15,6 @@ Pure numpy/Python: this module never imports torch, so it runs in any worker.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -110,7 +107,6 @@ def _concat_lists(parts: list[list[S]]) -> list[S]:
 
 def _take_from_list(pool: list[S], rows: np.ndarray) -> list[S]:
     return [pool[i] for i in rows.tolist()]
-
 
 
 def bucket_blocks(
@@ -213,66 +209,6 @@ def _plan_pool(
     return [order[cuts[j][0]:cuts[j][1]] for j in rng.permutation(len(cuts))], carry, new_ages
 
 
-def stream_batches(
-    samples: Iterable[S],
-    *,
-    max_frames: int,
-    length: Callable[[S], int] = len_of_first_dim,
-    max_batch_size: int | None = None,
-) -> Iterator[list[S]]:
-    """Baseline (CAT's streaming batcher): fill in arrival order until the next sample would exceed
-    ``max_frames`` padded frames; no sorting.  Unlike CAT we flush the last batch instead of dropping
-    it, and an oversize sample comes out alone instead of failing an assertion."""
-    _check_args(max_frames, max_batch_size)
-    cap = max_batch_size or math.inf
-    buf: list[S] = []
-    longest = 0
-    for s in samples:
-        n = _length(length, s)
-        longest_if_added = max(longest, n)
-        if buf and (len(buf) >= cap or (len(buf) + 1) * longest_if_added > max_frames):
-            yield buf
-            buf, longest = [s], n
-        else:
-            buf.append(s)
-            longest = longest_if_added
-    if buf:
-        yield buf
-
-
-def sort_window(samples: Iterable[S], *, window: int, length: Callable[[S], int] = len_of_first_dim) -> Iterator[S]:
-    """Stage: sort each consecutive window of ``window`` samples by length (ascending), as WeNet does."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window!r}")
-    buf: list[tuple[int, int, S]] = []
-    for s in samples:
-        # The arrival index breaks ties so samples themselves are never compared.
-        buf.append((_length(length, s), len(buf), s))
-        if len(buf) >= window:
-            buf.sort(key=lambda t: (t[0], t[1]))
-            yield from (t[2] for t in buf)
-            buf = []
-    buf.sort(key=lambda t: (t[0], t[1]))
-    yield from (t[2] for t in buf)
-
-
-def sort_window_batches(
-    samples: Iterable[S],
-    *,
-    max_frames: int,
-    window: int = 500,
-    length: Callable[[S], int] = len_of_first_dim,
-    max_batch_size: int | None = None,
-) -> Iterator[list[S]]:
-    """Baseline (WeNet): sort within windows of ``window`` samples, then fill batches in that order.
-
-    As in WeNet, batches may straddle window boundaries and come out in rising length within a window.
-    """
-    _check_args(max_frames, max_batch_size)
-    yield from stream_batches(sort_window(samples, window=window, length=length),
-                              max_frames=max_frames, length=length, max_batch_size=max_batch_size)
-
-
 def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
     """``sum(lengths) / sum(B * max(lengths))`` over batches of lengths; NaN when there are no frames."""
     real = padded = 0
@@ -281,104 +217,3 @@ def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
             real += int(sum(b))
             padded += len(b) * int(max(b))
     return real / padded if padded else math.nan
-
-
-@dataclass
-class BatchStats:
-    """Running totals of batches the loader can report (``stats.add(lengths)`` per batch)."""
-
-    batches: int = 0
-    utterances: int = 0
-    real_frames: int = 0
-    padded_frames: int = 0
-    # Batches holding a single sample longer than max_frames (known only when max_frames is given).
-    oversize: int = 0
-
-    def add(self, lengths: Sequence[int], max_frames: int | None = None) -> None:
-        if not len(lengths):
-            return
-        longest = int(max(lengths))
-        self.batches += 1
-        self.utterances += len(lengths)
-        self.real_frames += int(sum(lengths))
-        self.padded_frames += len(lengths) * longest
-        if max_frames is not None and longest > max_frames:
-            self.oversize += 1
-
-    def merge(self, other: "BatchStats") -> None:
-        """Add another worker's or rank's totals."""
-        self.batches += other.batches
-        self.utterances += other.utterances
-        self.real_frames += other.real_frames
-        self.padded_frames += other.padded_frames
-        self.oversize += other.oversize
-
-    @property
-    def efficiency(self) -> float:
-        """Real / padded frames; NaN before any frames were seen."""
-        return self.real_frames / self.padded_frames if self.padded_frames else math.nan
-
-    def summary(self) -> str:
-        return (f"{self.batches:,} batches, {self.utterances:,} utterances, {self.real_frames:,} real / "
-                f"{self.padded_frames:,} padded frames (efficiency {self.efficiency:.4f}), "
-                f"{self.oversize:,} oversize")
-
-
-def batch_stats(batches: Iterable[Sequence[int]], max_frames: int | None = None) -> BatchStats:
-    """``BatchStats`` of batches given as sequences of lengths."""
-    stats = BatchStats()
-    for b in batches:
-        stats.add(b, max_frames)
-    return stats
-
-
-def count_batches(
-    batches: Iterable[list[S]], stats: BatchStats, *, length: Callable[[S], int] = len_of_first_dim,
-    max_frames: int | None = None,
-) -> Iterator[list[S]]:
-    """Stage: pass batches through unchanged, adding each to ``stats``."""
-    for b in batches:
-        stats.add([length(s) for s in b], max_frames)
-        yield b
-
-
-def order_randomness(batch_means: Sequence[float]) -> dict[str, float]:
-    """How random the order of batches is, from their mean lengths in output order.
-
-    - ``spearman``: rank correlation of position and mean length over the whole stream (~0 if random;
-      blind to a sawtooth of many sorted windows, hence the next two).
-    - ``lag1``: rank correlation of consecutive batches' mean lengths (~0 if random, ~1 if sorted runs).
-    - ``longest_rise``: longest run of strictly rising mean lengths (random order: ~log n / log log n).
-    """
-    x = np.asarray(batch_means, dtype=np.float64)
-    n = len(x)
-    out = {"spearman": math.nan, "lag1": math.nan, "longest_rise": float(min(n, 1))}
-    if n < 3:
-        return out
-    out["spearman"] = _rank_corr(np.arange(n), x)
-    out["lag1"] = _rank_corr(x[:-1], x[1:])
-    rises = np.diff(x) > 0
-    longest = run = 0
-    for r in rises.tolist():
-        run = run + 1 if r else 0
-        longest = max(longest, run)
-    out["longest_rise"] = float(longest + 1)
-    return out
-
-
-def _rank_corr(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    sa, sb = ra.std(), rb.std()
-    if sa == 0 or sb == 0:
-        return 0.0
-    return float(((ra - ra.mean()) * (rb - rb.mean())).mean() / (sa * sb))
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    # Average ranks for ties, so equal mean lengths do not fake a correlation.
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.arange(len(x), dtype=np.float64)
-    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
-    sums = np.bincount(inv, weights=ranks)
-    return sums[inv] / counts[inv]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 from .fbank import BackendUnavailable
 from .inspect_shards import DEFAULT_MAX_FRAMES
@@ -198,32 +199,32 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_verify)
 
 
-def _cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
-
-    run_demo(args.work, nproc=args.nproc, nj=args.nj)
-
-
-def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the whole pipeline on the bundled real-speech corpus, with a summary and plots")
-    p.add_argument("--work", default="exp/demo", help="output directory, replaced on re-runs (default: %(default)s)")
-    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-rank dry-run (default: %(default)s)")
-    p.add_argument("--nj", type=int, default=2, help="worker processes for fbank and pack (default: %(default)s)")
-    p.set_defaults(func=_cmd_demo)
+# Commands that run a script of the repository checkout rather than library code: the demo
+# needs the bundled corpus (egs/demo) and the benchmark its baselines, neither of which an
+# installed wheel has.  Their options are the script's (``wdsprep demo --help``).
+CHECKOUT_TOOLS = {
+    "demo": ("tools/demo.py", "the whole pipeline on the bundled real-speech corpus, with a summary and plots"),
+    "bench": ("tools/bench/bench.py", "benchmark the loader against raw reads, webdataset and kaldiio"),
+}
 
 
-def _cmd_bench(args: argparse.Namespace) -> None:
-    from .bench import run_cli
+def run_checkout_tool(command: str, argv: list[str]) -> int:
+    """Run ``command``'s script from the checkout this package was installed from; its exit status."""
+    script, _ = CHECKOUT_TOOLS[command]
+    root = Path(__file__).resolve().parent.parent
+    path = root / script
+    if not path.is_file():
+        print(f"wdsprep {command}: error: {path} not found: this command runs {script} of a clone of the wdsprep "
+              f"repository, and this wdsprep was installed without one; clone the repository and run it there "
+              f"(make demo)", file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(path), *argv]).returncode
 
-    run_cli(args, " ".join(["wdsprep", *map(shlex.quote, sys.argv[1:])]))
 
-
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from .bench import add_arguments  # stdlib + numpy only: cheap
-
-    p = sub.add_parser("bench", help="benchmark the loader against raw reads, webdataset and kaldiio")
-    add_arguments(p)
-    p.set_defaults(func=_cmd_bench)
+def _add_checkout_tools(sub: argparse._SubParsersAction) -> None:
+    for command, (script, what) in CHECKOUT_TOOLS.items():
+        # Listed for --help only: main() hands their arguments to the script untouched.
+        sub.add_parser(command, help=f"{what} (runs {script} of a clone)", add_help=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,12 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
     for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
-                _add_dry_run, _add_demo, _add_bench):
+                _add_dry_run, _add_checkout_tools):
         add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in CHECKOUT_TOOLS:
+        return run_checkout_tool(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         # A subcommand may return an exit status (1: it ran and found problems).

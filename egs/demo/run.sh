@@ -36,10 +36,6 @@ max_steps=${MAX_STEPS:-}
 # frames, so ~20 steps per epoch: CTC needs ~1,000 updates to leave its all-blank plateau here.
 bucket_size=${BUCKET_SIZE:-1000}
 data=data
-# Length groups in frames (10 ms each), chosen from the demo corpus's length distribution so
-# each group holds a useful share of the utterances; see egs/demo/README.md.
-groups=":80 80:200 200:"
-utts_per_shard=16    # small shards so 2+ ranks each get several and the shard-level shuffle matters
 vocab_kind=char      # see README.md: characters train a CTC model fastest on this small corpus
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks x threads <= cores
 
@@ -71,14 +67,16 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
-  log 2 "packing train into length groups [$groups] -> $exp/shards/train"
-  # shellcheck disable=SC2086  # $groups is a list of words on purpose
+  # Length groups and shard size: conf/pack.conf (tools/demo.py packs with the same file).
+  pack_opts=$(grep -v '^#' conf/pack.conf | tr '\n' ' ')
+  log 2 "packing train ($pack_opts) -> $exp/shards/train"
+  # shellcheck disable=SC2086  # $pack_opts is a list of words on purpose
   wdsprep pack --scp "$exp/fbank/train/feats.scp" --text "$data/train/text" --out "$exp/shards/train" \
-    --filter-group $groups --utts-per-shard "$utts_per_shard" --nj "$nj" --overwrite
+    $pack_opts --nj "$nj" --overwrite
   # dev: one folder, every utterance (no length limits: validation should see all of it).
   log 2 "packing dev -> $exp/shards/dev"
   wdsprep pack --scp "$exp/fbank/dev/feats.scp" --text "$data/dev/text" --out "$exp/shards/dev" \
-    --utts-per-shard "$utts_per_shard" --nj "$nj" --overwrite
+    --utts-per-shard "$(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)" --nj "$nj" --overwrite
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then

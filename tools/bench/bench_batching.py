@@ -2,8 +2,7 @@
 """Padding efficiency and order randomness of wdsprep's bucket_batches vs CAT's and WeNet's batchers.
 
 Lengths are synthetic and realistic for 10 ms fbank frames: lognormal, median 600 (6 s), sigma 0.5,
-clipped to [50, 3000].  Only lengths matter; samples are ``(key, array of shape (frames, 0))`` so
-the default ``length`` is exercised without allocating features.
+clipped to [50, 3000].  Only lengths matter; samples are ``(input position, frames)``.
 
 Shuffle strength = mean |output position - input position| of a sample, in samples: how far the
 batcher moves samples on top of the upstream shuffle.  A sort window or pool of N moves a sample
@@ -13,7 +12,7 @@ shuffle strength means comparing them at equal reach (and equal memory), which i
 Order randomness (of batch mean lengths, in output order): ``lag1`` rank correlation of consecutive
 batches (0 = random, near 1 = rising runs) and the longest rising run (chance: ~6-7 for 2,000 batches).
 
-    python tools/bench_batching.py [--n 100000] [--plot eff.png]
+    python tools/bench/bench_batching.py [--n 100000] [--plot eff.png]
 """
 
 from __future__ import annotations
@@ -24,14 +23,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from wdsprep.batching import (
-    DEFAULT_POOL_SIZE,
-    bucket_batches,
-    order_randomness,
-    padding_efficiency,
-    sort_window_batches,
-    stream_batches,
-)
+from baselines import order_randomness, sort_window_batches, stream_batches
+from wdsprep.batching import DEFAULT_POOL_SIZE, bucket_batches, padding_efficiency
 
 
 def lengths(n: int, seed: int) -> np.ndarray:
@@ -39,20 +32,24 @@ def lengths(n: int, seed: int) -> np.ndarray:
     return np.clip(rng.lognormal(np.log(600), 0.5, n), 50, 3000).astype(np.int64)
 
 
-def make_samples(lens: np.ndarray) -> list[tuple[int, np.ndarray]]:
+def make_samples(lens: np.ndarray) -> list[tuple[int, int]]:
     # Keys are input positions, so shuffle strength can be read straight off the output.
-    return [(i, np.empty((int(n), 0), dtype=np.float32)) for i, n in enumerate(lens)]
+    return [(i, int(n)) for i, n in enumerate(lens)]
+
+
+def frames(sample: tuple[int, int]) -> int:
+    return sample[1]
 
 
 def batchers(max_frames: int, seed: int, pool: int) -> dict[str, Callable[[Iterable], Iterable]]:
     return {
-        "CAT stream (no sort)": lambda s: stream_batches(s, max_frames=max_frames),
-        "WeNet sort window 500": lambda s: sort_window_batches(s, max_frames=max_frames, window=500),
-        f"WeNet sort window {pool}": lambda s: sort_window_batches(s, max_frames=max_frames, window=pool),
+        "CAT stream (no sort)": lambda s: stream_batches(s, max_frames=max_frames, length=frames),
+        "WeNet sort window 500": lambda s: sort_window_batches(s, max_frames=max_frames, window=500, length=frames),
+        f"WeNet sort window {pool}": lambda s: sort_window_batches(s, max_frames=max_frames, window=pool, length=frames),
         "ours, pool 500": lambda s: bucket_batches(s, max_frames=max_frames, rng=np.random.default_rng(seed),
-                                                   pool_size=500),
+                                                   length=frames, pool_size=500),
         f"ours, pool {pool}": lambda s: bucket_batches(s, max_frames=max_frames, rng=np.random.default_rng(seed),
-                                                       pool_size=pool),
+                                                       length=frames, pool_size=pool),
     }
 
 
@@ -63,7 +60,7 @@ def measure(fn: Callable[[Iterable], Iterable], samples: list, repeats: int = 1)
         t0 = time.perf_counter()
         batches = list(fn(iter(samples)))
         dt = min(dt, time.perf_counter() - t0)
-    batch_lens = [[s[1].shape[0] for s in b] for b in batches]
+    batch_lens = [[s[1] for s in b] for b in batches]
     out_keys = np.fromiter((s[0] for b in batches for s in b), dtype=np.int64, count=len(samples))
     assert np.array_equal(np.sort(out_keys), np.arange(len(samples))), "a sample was lost or duplicated"
     order = order_randomness([float(np.mean(b)) for b in batch_lens])

@@ -9,7 +9,7 @@ RTF = seconds of compute / seconds of audio (lower is faster). For each backend:
   per audio second if the workers kept their cores busy), and "x bare" is per-process RTF over
   the bare RTF, i.e. what the job costs on top of the feature computation itself.
 
-Usage: python tools/bench_fbank.py [--repeat 50] [--wav-scp wav.scp]
+Usage: python tools/bench/bench_fbank.py [--repeat 50] [--wav-scp wav.scp]
 (default audio: the test clips under tests/data/audio, listed ``--repeat`` times).
 """
 
@@ -22,14 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from wdsprep import compute_fbank, pack_audio
+from wdsprep.audio import iter_waveforms, read_utterances
+from wdsprep.fbank import BACKENDS, BackendUnavailable, Fbank, FbankOptions, one_torch_thread, resolve_backend
+from wdsprep.report import Report
 
-from wdsprep import compute_fbank, pack_audio  # noqa: E402
-from wdsprep.audio import iter_waveforms, read_utterances  # noqa: E402
-from wdsprep.fbank import (BACKENDS, BackendUnavailable, Fbank, FbankOptions,  # noqa: E402
-                           one_torch_thread, resolve_backend)
-from wdsprep.report import Report  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the repository: its test audio is the input
 
 
 def make_scp(d: Path, repeat: int) -> Path:

@@ -1,12 +1,16 @@
-"""``wdsprep demo``: the whole pipeline on the bundled real-speech corpus, summarized at a glance.
+"""The whole pipeline on the bundled real-speech corpus, summarized at a glance (``make demo``).
 
 fbank -> pack into length groups -> train a tokenizer -> loader dry-run on 1 rank and on
 ``nproc`` ranks (``torchrun``, gloo on CPU) -> a summary and plots.  Every step is the public
-API a user would call; nothing here is demo-only logic but the choice of settings.
+API a user would call; nothing here is demo-only logic but the choice of settings, and the
+packing options are the recipe's own (``egs/demo/conf/pack.conf``).
+
+    python tools/demo.py [--work exp/demo] [--nproc 2] [--nj 2]     (or: wdsprep demo, from a clone)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,24 +18,28 @@ import sys
 import time
 from pathlib import Path
 
-from .dryrun import dry_run
-from .fbank import compute_fbank
-from .inspect_shards import inspect_shards
-from .pack import pack_data
-from .tokenizer import train_tokenizer
+from wdsprep import compute_fbank, inspect_shards, pack_data, train_tokenizer
+from wdsprep.dryrun import dry_run
 
 # The recipe directory: wav.scp paths in the bundled corpus are relative to it (Kaldi-style).
 DEMO_DIR = Path(__file__).resolve().parent.parent / "egs" / "demo"
-# The bundled utterances are 0.5-6 s: groups in 10 ms frames that each get utterances.
-GROUPS = [":200", "200:400", "400:"]
-UTTS_PER_SHARD = 25  # small shards so a 2-rank run has several per rank (real corpora: 2000)
 MAX_FRAMES = 2000  # padded frames per rank batch
 PLOT_MAX_FRAMES = (500, 1000, 2000, 4000, 8000)  # the padding-efficiency curve, at this corpus's scale
 VOCAB_SIZE = 200  # sentencepiece unigram over English words + Mandarin characters
 DRY_RUN_TIMEOUT = 600  # seconds; a hang fails the demo instead of stalling it
 
 
-def _absolute_wav_scp(src: Path, dst: Path) -> Path:
+def pack_options(conf: Path = DEMO_DIR / "conf" / "pack.conf") -> tuple[list[str], int]:
+    """(length groups, utterances per shard) from the recipe's ``--filter-group`` / ``--utts-per-shard`` lines."""
+    opts = {}
+    for line in conf.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, *values = line.split()
+            opts[name] = values
+    return opts["--filter-group"], int(opts["--utts-per-shard"][0])
+
+
+def absolute_wav_scp(src: Path, dst: Path) -> Path:
     """A copy of ``src`` with its relative paths resolved against the recipe dir, so any cwd works."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -67,21 +75,22 @@ def run_demo(work: str | os.PathLike = "exp/demo", *, nproc: int = 2, nj: int = 
     work = Path(work)
     data = Path(corpus) if corpus else DEMO_DIR / "data"
     if not (data / "train" / "wav.scp").is_file():
-        raise FileNotFoundError(f"no bundled corpus at {data}; run the demo from a clone of the wdsprep repository")
+        raise FileNotFoundError(f"no bundled corpus at {data}: egs/demo/data of the wdsprep repository")
     started = time.perf_counter()
 
     _stage("fbank: 80-bin Kaldi fbank for train and dev")
     feats = {}
     for part in ("train", "dev"):
-        wav_scp = _absolute_wav_scp(data / part / "wav.scp", work / "data" / part / "wav.scp")
+        wav_scp = absolute_wav_scp(data / part / "wav.scp", work / "data" / part / "wav.scp")
         compute_fbank(wav_scp, work / "fbank" / part, nj=nj, strict=True)
         feats[part] = work / "fbank" / part / "feats.scp"
 
-    _stage(f"pack: train into length groups {' '.join(GROUPS)}, dev into one folder")
+    groups, utts_per_shard = pack_options()
+    _stage(f"pack: train into length groups {' '.join(groups)}, dev into one folder")
     shards = work / "shards"
-    train_report = pack_data(feats["train"], data / "train" / "text", shards / "train", filter_group=GROUPS,
-                             utts_per_shard=UTTS_PER_SHARD, nj=nj, overwrite=True)
-    pack_data(feats["dev"], data / "dev" / "text", shards / "dev", utts_per_shard=UTTS_PER_SHARD, overwrite=True)
+    train_report = pack_data(feats["train"], data / "train" / "text", shards / "train", filter_group=groups,
+                             utts_per_shard=utts_per_shard, nj=nj, overwrite=True)
+    pack_data(feats["dev"], data / "dev" / "text", shards / "dev", utts_per_shard=utts_per_shard, overwrite=True)
     folders = ",".join(name for name, g in train_report.groups.items() if g["shards"])
     trset = f"{shards / 'train'}/{{{folders}}}/data-*.tar"
 
@@ -142,3 +151,17 @@ def format_summary(s: dict) -> str:
                      f"{d['padding_efficiency']:>13.3f}{d['utterances_per_s']:>9,}{disc:>11}")
     lines.append(f"plots: {s['plot']}   numbers: {Path(s['plot']).parent / 'summary.json'}   ({s['seconds']} s)")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", default="exp/demo", help="output directory, replaced on re-runs (default: %(default)s)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-rank dry-run (default: %(default)s)")
+    p.add_argument("--nj", type=int, default=2, help="worker processes for fbank and pack (default: %(default)s)")
+    args = p.parse_args(argv)
+    run_demo(args.work, nproc=args.nproc, nj=args.nj)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

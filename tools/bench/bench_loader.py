@@ -1,10 +1,9 @@
 #!/usr/bin/env python
 """Loader throughput against references measured in the same run, interleaved, median of N passes.
 
-Generates once (and reuses, under ``--data``) a realistic set: 80-dim float32 features with
-lognormal lengths (median ~500 frames), transcripts of ~frames/40 words, cat-layout shards with
-an index, the same features as a Kaldi ark + scp, and a SentencePiece (unigram) tokenizer.  Then,
-in rounds (contender order rotated every round, so slow spells of a shared machine hit all):
+Uses the benchmark corpus (``corpus.py``, generated once under ``--data`` and reused) with a
+SentencePiece (unigram) tokenizer: quick to iterate on the read path; ``bench.py`` is the full
+report.  In rounds (contender order rotated every round, so slow spells of a shared machine hit all):
 
   raw            read every shard file's bytes (1 MiB readinto, like ``cat > /dev/null``), warm
   loader w0/w2   make_loader(..., max_frames, num_workers=0/2): read, decode, shuffle,
@@ -17,7 +16,7 @@ in rounds (contender order rotated every round, so slow spells of a shared machi
 and prints utterances/s (median), the target ratios and peak RSS for half and all of the shards
 (sampled from /proc in a fresh process).
 
-    python tools/bench_loader.py [--utts 20000] [--per-shard 2000] [--repeat 3] [--data DIR]
+    python tools/bench/bench_loader.py [--utts 20000] [--per-shard 2000] [--repeat 3] [--data DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,76 +33,10 @@ from typing import Callable
 
 import numpy as np
 
-# The page-cache control and the raw read are the full benchmark's (tools/bench.py), so both
-# measure the same floor the same way.
-from wdsprep.bench import evict, read_files as raw_read
+from corpus import DataSpec, prepare, train_tokenizer_once
+from pagecache import evict, read_files as raw_read
 
-DIMS = 80
-
-
-def make_set(d: Path, n: int, per_shard: int, seed: int = 0) -> None:
-    """Shards + index, ark + scp and text with the same utterances, and an spm tokenizer."""
-    import kaldiio
-
-    from wdsprep.shards import FolderIndex, ShardWriter, write_index
-    from wdsprep.tokenizer import train_tokenizer
-
-    rng = np.random.default_rng(seed)
-    frames = np.clip(rng.lognormal(np.log(500), 0.5, n), 50, 3000).astype(int)
-    syll = ["ka", "to", "ri", "mu", "sen", "da", "lo", "pi", "ne", "ha", "zu", "wo", "chi", "ba", "ge"]
-    vocab = sorted({"".join(rng.choice(syll, int(rng.integers(1, 4)))) for _ in range(3000)})
-    (d / "shards").mkdir(parents=True, exist_ok=True)
-    texts, infos = [], []
-    w = None
-    with kaldiio.WriteHelper(f"ark,scp:{d / 'feats.ark'},{d / 'feats.scp'}") as ark:
-        for i, t in enumerate(frames):
-            if i % per_shard == 0:
-                if w is not None:
-                    infos.append(w.close())
-                w = ShardWriter(d / "shards" / f"data-{i // per_shard:05d}.tar", mtime=0.0)
-            uttid = f"spk{i % 97:02d}-utt{i:06d}"
-            feats = rng.standard_normal((int(t), DIMS), dtype=np.float32)
-            text = " ".join(rng.choice(vocab, max(1, int(t) // 40)))
-            w.write(uttid, feats, text)
-            ark(uttid, feats)
-            texts.append(f"{uttid} {text}\n")
-    infos.append(w.close())
-    write_index(d / "shards", FolderIndex("cat", DIMS, "float32", infos))
-    (d / "text").write_text("".join(texts))
-    train_tokenizer("sentencepiece", [d / "text"], d / "tok.json", vocab_size=500, overwrite=True)
-
-
-def make_f16(d: Path) -> None:
-    """float16 copies of the float32 shards (same utterances, same order), under ``d/shards-f16``, once."""
-    from wdsprep.reader import iter_decoded
-    from wdsprep.shards import FolderIndex, ShardWriter, write_index
-
-    out = d / "shards-f16"
-    if (out / "index.json").exists():
-        return
-    print(f"writing float16 copies of the shards to {out} (once)...", file=sys.stderr)
-    out.mkdir(exist_ok=True)
-    infos = []
-    for s in shard_paths(d):
-        w = ShardWriter(out / Path(s).name, mtime=0.0)
-        for uttid, feats, text in iter_decoded(s):
-            w.write(uttid, feats.astype(np.float16), text)
-        infos.append(w.close())
-    write_index(out, FolderIndex("cat", DIMS, "float16", infos))
-
-
-def ensure_set(d: Path, n: int, per_shard: int) -> None:
-    stamp = d / "params.json"
-    want = {"utts": n, "per_shard": per_shard, "dims": DIMS, "version": 1}
-    if stamp.exists() and json.loads(stamp.read_text()) == want:
-        return
-    print(f"writing {n} utterances to {d} (once; reused by later runs)...", file=sys.stderr)
-    make_set(d, n, per_shard)
-    stamp.write_text(json.dumps(want))
-
-
-def shard_paths(d: Path, sub: str = "shards") -> list[str]:
-    return sorted(str(p) for p in (d / sub).glob("data-*.tar"))
+DIMS = DataSpec.dims
 
 
 def run_loader(loader, epoch: int = 0) -> int:
@@ -128,7 +60,7 @@ def _status(pid: int | str) -> dict[str, int]:
     return out
 
 
-def rss_child(d: Path, nshards: int, workers: int, max_frames: int) -> None:
+def rss_child(shards: list[str], tok: Path, workers: int, max_frames: int) -> None:
     """One epoch over the first ``nshards`` shards; prints peak RSS (MB) of this process + workers.
 
     ru_maxrss survives exec (it would report the parent bench's peak), so a thread samples /proc
@@ -154,8 +86,7 @@ def rss_child(d: Path, nshards: int, workers: int, max_frames: int) -> None:
             peak["total"] = max(peak["total"], sum(s.get("VmRSS", 0) for s in stats))
             peak["anon"] = max(peak["anon"], sum(s.get("RssAnon", 0) for s in stats))
 
-    loader = make_loader(shard_paths(d)[:nshards], str(d / "tok.json"), max_frames=max_frames,
-                         num_workers=workers)
+    loader = make_loader(shards, str(tok), max_frames=max_frames, num_workers=workers)
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     n = run_loader(loader)
@@ -165,9 +96,10 @@ def rss_child(d: Path, nshards: int, workers: int, max_frames: int) -> None:
                       "hwm_mb": _status("self").get("VmHWM", 0) / 1024}))
 
 
-def peak_rss(d: Path, nshards: int, workers: int, max_frames: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--data", str(d), "--max-frames", str(max_frames),
-                          "--_rss", str(nshards), str(workers)], check=True, capture_output=True, text=True)
+def peak_rss(shards: list[str], tok: Path, workers: int, max_frames: int) -> dict:
+    arg = json.dumps({"shards": shards, "tok": str(tok), "workers": workers})
+    out = subprocess.run([sys.executable, __file__, "--max-frames", str(max_frames), "--_rss", arg],
+                         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -179,40 +111,39 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported")
     ap.add_argument("--data", type=Path, default=None, help="where the set is generated/reused "
                     "(default: /tmp/wdsprep-bench-loader-<utts>-<per-shard>)")
+    ap.add_argument("--vocab-size", type=int, default=200, help="SentencePiece vocabulary (default 200, as bench.py)")
     ap.add_argument("--only", default=None, help="comma-separated contenders to run (default: all)")
     ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
-    ap.add_argument("--_rss", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_rss", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    d = args.data or Path(f"/tmp/wdsprep-bench-loader-{args.utts}-{args.per_shard}")
     if args._rss:
-        rss_child(d, args._rss[0], args._rss[1], args.max_frames)
+        a = json.loads(args._rss)
+        rss_child(a["shards"], Path(a["tok"]), a["workers"], args.max_frames)
         return
-    ensure_set(d, args.utts, args.per_shard)
+    d = args.data or Path(f"/tmp/wdsprep-bench-loader-{args.utts}-{args.per_shard}")
+    c = prepare(DataSpec(utts=args.utts, utts_per_shard=args.per_shard), d, log=lambda s: print(s, file=sys.stderr))
+    tok = train_tokenizer_once(c, args.vocab_size)
 
     import kaldiio
     import webdataset as wds
 
     from wdsprep.loader import make_loader
 
-    shards = shard_paths(d)
-    ark = [str(d / "feats.ark")]
+    shards = [str(p) for p in c.shards32]
+    shards16 = [str(p) for p in c.shards16]
+    ark = [str(p) for p in c.arks]
     n = args.utts
-    keys = [line.split(None, 1)[0] for line in (d / "feats.scp").read_text().splitlines()]
+    keys = [line.split(None, 1)[0] for line in c.scp.read_text().splitlines()]
     order = np.random.default_rng(1).permutation(len(keys))
-    loaders = {w: make_loader(shards, str(d / "tok.json"), max_frames=args.max_frames, num_workers=w)
-               for w in (0, 2)}
-    want_f16 = args.only is None or "loader w0 f16" in args.only.split(",")
-    if want_f16:
-        make_f16(d)
-        loaders["f16"] = make_loader(shard_paths(d, "shards-f16"), str(d / "tok.json"),
-                                     max_frames=args.max_frames, num_workers=0)
+    loaders = {w: make_loader(shards, tok, max_frames=args.max_frames, num_workers=w) for w in (0, 2)}
+    loaders["f16"] = make_loader(shards16, tok, max_frames=args.max_frames, num_workers=0)
 
     def wds_default() -> int:
         ds = wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode().to_tuple("npy", "txt")
         return sum(1 for _ in ds)
 
     def kaldiio_random() -> int:
-        table = kaldiio.load_scp(str(d / "feats.scp"))
+        table = kaldiio.load_scp(str(c.scp))
         for i in order:
             table[keys[i]]
         return len(order)
@@ -243,7 +174,7 @@ def main() -> None:
     }
     if args.only:
         contenders = {k: v for k, v in contenders.items() if k in args.only.split(",")}
-    raw_read(shards + ark + (shard_paths(d, "shards-f16") if want_f16 else []))  # warm the page cache
+    raw_read(shards + ark + shards16)  # warm the page cache
     times: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(args.repeat):
@@ -259,7 +190,7 @@ def main() -> None:
     mb = sum(Path(s).stat().st_size for s in shards) / 1e6
     st = loaders[0].stats
     print(f"{n} utterances, {len(shards)} shards, {mb:,.0f} MB float32 x {DIMS}, max_frames {args.max_frames}, "
-          f"spm unigram 500, median of {args.repeat} interleaved rounds, {os.cpu_count()} cores, "
+          f"spm unigram {args.vocab_size}, median of {args.repeat} interleaved rounds, {os.cpu_count()} cores, "
           f"load avg {os.getloadavg()[0]:.1f}")
     print()
     print("| path | utts/s (median) | passes (s) |")
@@ -286,7 +217,7 @@ def main() -> None:
     if not args.no_rss:
         half = max(1, len(shards) // 2)
         for w in (0, 2):
-            a, b = peak_rss(d, half, w, args.max_frames), peak_rss(d, len(shards), w, args.max_frames)
+            a, b = peak_rss(shards[:half], tok, w, args.max_frames), peak_rss(shards, tok, w, args.max_frames)
             print(f"peak RSS w{w} (main + workers): {half} shards {a['total_mb']:,.0f} MB "
                   f"(anon {a['anon_mb']:,.0f}), {len(shards)} shards {b['total_mb']:,.0f} MB (anon {b['anon_mb']:,.0f})")
 

@@ -1,8 +1,7 @@
-"""``wdsprep bench``: does the shard loader earn its keep? One run, the same utterances for everyone.
+"""Does the shard loader earn its keep? One run, the same utterances for everyone.
 
-Generates a synthetic corpus (lognormal lengths, 80-dim fbank-like features, random transcripts),
-writes it once as a Kaldi data dir (ark + scp + text) and packs it with :func:`wdsprep.pack_data`
-into float32 and float16 shards. Then times, interleaved over ``--repeat`` rounds (median reported):
+``python tools/bench/bench.py`` (also ``wdsprep bench`` from a clone).  Generates a synthetic
+corpus (``corpus.py``) once.  Then times, interleaved over ``--repeat`` rounds (median reported):
 
 - the read limit (plain ``read`` of the shard bytes), warm and cold page cache;
 - webdataset's default path ``WebDataset(...).decode().to_tuple("npy", "txt")``;
@@ -12,23 +11,18 @@ into float32 and float16 shards. Then times, interleaved over ``--repeat`` round
 and measures padding efficiency of three batchers at a comparable shuffle strength, the loader's
 peak RSS for N and 4N utterances, and what float16 storage costs and saves.
 
-Only the standard library and numpy are imported at module level (``wdsprep bench --help`` and
-``import wdsprep.cli`` stay cheap); torch, webdataset, kaldiio and matplotlib are imported by the
-pass that needs them.
+torch, webdataset, kaldiio and matplotlib are imported by the pass that needs them.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
-import mmap
 import os
 import platform
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,232 +33,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the demo corpus helpers
+from baselines import order_randomness, sort_window_batches, stream_batches
+from corpus import Corpus, DataSpec, prepare, train_tokenizer_once, x4_shards
+from pagecache import evict, read_files, resident_fraction
+
+import wdsprep
+from wdsprep import batching
+
+REPO = Path(__file__).resolve().parents[2]
 MB = 1e6
-GROUPS = ("0:500", "500:")  # two length groups of about equal size at median 500 frames
-GROUP_DIRS = ("0_500", "500_inf")
-SPEC_FILE = "bench_spec.json"
-
-
-# ----------------------------------------------------------------------------------------------
-# The corpus
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Everything the generated corpus depends on; a work dir is reused only if this matches."""
-
-    utts: int = 20_000
-    dims: int = 80
-    seed: int = 0
-    median_frames: float = 500.0
-    sigma: float = 0.5
-    min_frames: int = 20
-    max_frames: int = 3000
-    utts_per_shard: int = 2000
-    arks: int = 4  # Kaldi writes one ark per feature-extraction job; 4 is a small recipe
-    groups: tuple[str, ...] = GROUPS
-    vocab_words: int = 600
-    version: int = 1  # bump when generation changes
-
-    def lengths(self) -> np.ndarray:
-        """Frames per utterance: lognormal around the median, clipped."""
-        rng = np.random.default_rng([self.seed, 1])
-        x = rng.lognormal(math.log(self.median_frames), self.sigma, self.utts)
-        return np.clip(np.rint(x), self.min_frames, self.max_frames).astype(np.int64)
-
-
-@dataclass
-class Corpus:
-    """Paths and sizes of a prepared work dir."""
-
-    work: Path
-    spec: DataSpec
-    lengths: np.ndarray
-    scp: Path
-    text: Path
-    arks: list[Path]
-    shards32: list[Path]
-    shards16: list[Path]
-    tokenizer: Path | None = None
-
-    @property
-    def pattern32(self) -> str:
-        return f"{self.work}/shards-f32/{{{','.join(GROUP_DIRS)}}}/data-*.tar"
-
-    @property
-    def pattern16(self) -> str:
-        return f"{self.work}/shards-f16/{{{','.join(GROUP_DIRS)}}}/data-*.tar"
-
-    @property
-    def hours(self) -> float:
-        return float(self.lengths.sum()) / 100 / 3600  # 10 ms frames
-
-
-def _vocabulary(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` distinct pronounceable pseudo-words (1-3 CV syllables), so SentencePiece has structure to learn."""
-    cons, vows = "bdfgklmnprstvz", "aeiou"
-    words: set[str] = set()
-    while len(words) < n:
-        k = int(rng.integers(1, 4))
-        words.add("".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(k)))
-    return sorted(words)
-
-
-def generate_kaldi(spec: DataSpec, d: Path) -> None:
-    """Write ``d/{feats.scp,text,utt2num_frames,feats.N.ark}`` for ``spec``."""
-    import kaldiio
-
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng([spec.seed, 2])
-    lens = spec.lengths()
-    vocab = np.array(_vocabulary(rng, spec.vocab_words))
-    # Zipf-ish word frequencies, like real text; speaking rate ~2.5 words/s.
-    p = 1.0 / np.arange(1, len(vocab) + 1)
-    p /= p.sum()
-    # fbank-like: per-dim mean rising over the mel bins, unit-ish spread; float32 as Kaldi writes it.
-    mu = np.linspace(4.0, 14.0, spec.dims, dtype=np.float32)
-    ids = [f"spk{i % 97:03d}-utt{i:06d}" for i in range(spec.utts)]
-    scp_lines: list[str] = []
-    per_ark = math.ceil(spec.utts / spec.arks)
-    with open(d / "text", "w", encoding="utf-8") as ftext, open(d / "utt2num_frames", "w") as fnf:
-        for a in range(spec.arks):
-            lo, hi = a * per_ark, min(spec.utts, (a + 1) * per_ark)
-            ark, scp = d / f"feats.{a + 1}.ark", d / f"feats.{a + 1}.scp"
-            with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
-                for i in range(lo, hi):
-                    t = int(lens[i])
-                    feats = rng.standard_normal((t, spec.dims), dtype=np.float32) * 2.0 + mu
-                    w(ids[i], feats)
-                    nw = max(1, int(rng.poisson(t / 100 * 2.5)))
-                    ftext.write(f"{ids[i]} {' '.join(rng.choice(vocab, nw, p=p))}\n")
-                    fnf.write(f"{ids[i]} {t}\n")
-            scp_lines.append(scp.read_text())
-    (d / "feats.scp").write_text("".join(scp_lines))
-
-
-def _tar_list(root: Path) -> list[Path]:
-    return sorted(p for g in GROUP_DIRS for p in (root / g).glob("data-*.tar"))
-
-
-def prepare(spec: DataSpec, work: Path, *, nj: int = 2, log: Callable[[str], None] = print) -> Corpus:
-    """Generate and pack the corpus into ``work``, or reuse it when ``work`` holds the same spec."""
-    work = work.resolve()
-    spec_json = json.dumps(asdict(spec), sort_keys=True)
-    marker = work / SPEC_FILE
-    kd = work / "kaldi"
-    if not (marker.is_file() and marker.read_text() == spec_json):
-        from .pack import pack_data
-
-        log(f"[bench] generating {spec.utts} utterances into {work} (reused on the next run)")
-        # Everything derived from the generated corpus (the demo-* dirs are not, and are kept).
-        for p in [*(work / sub for sub in ("kaldi", "shards-f32", "shards-f16", "x4")),
-                  *work.glob("tokenizer-spm*.json")]:
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        marker.unlink(missing_ok=True)
-        t0 = time.perf_counter()
-        generate_kaldi(spec, kd)
-        log(f"[bench] kaldi data dir written in {time.perf_counter() - t0:.1f} s")
-        for dtype, out in (("float32", "shards-f32"), ("float16", "shards-f16")):
-            t0 = time.perf_counter()
-            pack_data(kd / "feats.scp", kd / "text", work / out, filter_group=list(spec.groups),
-                      utts_per_shard=spec.utts_per_shard, dtype=dtype, nj=nj, progress=False)
-            log(f"[bench] packed {dtype} in {time.perf_counter() - t0:.1f} s")
-        marker.write_text(spec_json)  # last: an interrupted preparation is redone
-    c = Corpus(work, spec, spec.lengths(), kd / "feats.scp", kd / "text", sorted(kd.glob("feats.*.ark")),
-               _tar_list(work / "shards-f32"), _tar_list(work / "shards-f16"))
-    if not c.shards32 or len(c.shards32) != len(c.shards16):
-        raise RuntimeError(f"{work}: shards missing; delete {marker} to regenerate")
-    return c
-
-
-def x4_shards(c: Corpus) -> list[str]:
-    """4N utterances without 4x the disk: four folders of symlinks to the same shards (+ indexes)."""
-    root = c.work / "x4"
-    out: list[str] = []
-    for k in range(4):
-        for g in GROUP_DIRS:
-            d = root / f"copy{k}" / g
-            d.mkdir(parents=True, exist_ok=True)
-            src = c.work / "shards-f32" / g
-            for p in [*src.glob("data-*.tar"), src / "index.json"]:
-                link = d / p.name
-                if p.exists() and not link.exists():
-                    link.symlink_to(p)
-            out.extend(str(p) for p in sorted(d.glob("data-*.tar")))
-    return out
-
-
-def train_tokenizer_once(c: Corpus, vocab_size: int) -> Path:
-    """SentencePiece on the corpus transcripts, cached in the work dir."""
-    from .tokenizer import train_tokenizer
-
-    out = c.work / f"tokenizer-spm{vocab_size}.json"
-    if not out.is_file():
-        train_tokenizer("sentencepiece", [c.text], out, vocab_size=vocab_size)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Page cache control
-
-
-def evict(files: Sequence[os.PathLike | str]) -> None:
-    """Drop ``files`` from the page cache (no root needed). Dirty pages cannot be dropped, so sync first."""
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def read_files(files: Sequence[os.PathLike | str], bufsize: int = 1 << 20, buffers: int = 1) -> int:
-    """Read every byte of ``files`` into ``buffers`` reused buffers in turn; the I/O floor for any shard reader.
-
-    One 1 MiB buffer stays in the CPU cache.  Two buffers of a batch's size do not, as a loader's
-    batches do not: that is the copy any loader handing out batches must make.
-    """
-    views = [memoryview(bytearray(bufsize)) for _ in range(buffers)]
-    total = i = 0
-    for f in files:
-        with open(f, "rb", buffering=0) as fh:
-            while n := fh.readinto(views[i % buffers]):
-                total += n
-                i += 1
-    return total
-
-
-def resident_fraction(files: Sequence[os.PathLike | str]) -> float | None:
-    """Fraction of the files' pages in the page cache (``mincore``), to check eviction worked; None if unknown."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = mmap.PAGESIZE
-        res = tot = 0
-        for f in files:
-            size = os.path.getsize(f)
-            if size == 0:
-                continue
-            with open(f, "rb") as fh:
-                # ACCESS_COPY gives a writable buffer ctypes can take an address of; nothing is written.
-                mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
-                try:
-                    npages = (size + page - 1) // page
-                    vec = (ctypes.c_ubyte * npages)()
-                    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
-                    if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-                        return None
-                    res += sum(v & 1 for v in bytes(vec))
-                    tot += npages
-                    del addr
-                finally:
-                    try:
-                        mm.close()
-                    except BufferError:  # a ctypes view still alive; the GC closes it
-                        pass
-        return res / tot if tot else None
-    except (OSError, AttributeError, TypeError, ValueError):
-        return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,12 +92,11 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
     def run() -> int:
         import kaldiio
 
-        from .kaldi import read_text
-        from .loader import bucket, collate, tokenize
-        from .records import Records
-        from .tokenizer import load_tokenizer
+        from wdsprep.kaldi import read_text
+        from wdsprep.loader import bucket, collate, tokenize
+        from wdsprep.records import Records
 
-        tok = load_tokenizer(tokenizer_path)
+        tok = wdsprep.load_tokenizer(tokenizer_path)
         texts = {k: e.value for k, e in read_text([str(text)]).items()}
         d = kaldiio.load_scp(str(scp))
         keys = list(d.keys())
@@ -353,11 +130,8 @@ class LoaderPass:
         self.epoch = 0
 
     def setup(self) -> None:
-        from .loader import make_loader
-        from .tokenizer import load_tokenizer
-
         pattern, tokenizer_path = self.args
-        self.loader = make_loader(pattern, load_tokenizer(tokenizer_path), **self.kw)
+        self.loader = wdsprep.make_loader(pattern, wdsprep.load_tokenizer(tokenizer_path), **self.kw)
 
     def __call__(self) -> int:
         if self.loader is None:
@@ -384,7 +158,7 @@ class Contender:
     cache: str  # "warm" | "cold"
     files: list[Path]  # what it reads: warmed or evicted before each pass
     nbytes: int  # feature bytes it reads (for MB/s)
-    run: Callable[[], int] | None  # None: pending (component not available yet)
+    run: Callable[[], int]
     expect_utts: int
     note: str = ""
     seconds: list[float] = field(default_factory=list)
@@ -419,13 +193,12 @@ class Contender:
 
 def run_rounds(contenders: list[Contender], repeat: int, log: Callable[[str], None] = print) -> None:
     """``repeat`` rounds; each round runs every contender once, order rotated so drift hits all alike."""
-    active = [c for c in contenders if c.run is not None]
-    for c in active:
+    for c in contenders:
         setup = getattr(c.run, "setup", None)
         if setup is not None:
             setup()  # untimed: what a trainer does once per run (see LoaderPass)
     for r in range(repeat):
-        order = active[r % len(active):] + active[:r % len(active)] if active else []
+        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for c in order:
             if c.cache == "cold":
                 evict(c.files)
@@ -491,29 +264,20 @@ def padding_rows(lengths: np.ndarray, *, max_frames: int, seed: int,
     """
     rng = np.random.default_rng([seed, 4])
     lens = lengths[rng.permutation(len(lengths))]  # the shuffled stream every batcher sees
-    try:
-        from . import batching as B
-    except ImportError as e:
-        return [PaddingRow(n, "-", None, None, None, note="pending" if i else f"pending: {e}")
-                for i, n in enumerate(BATCHERS)]
     length = lens.__getitem__
     samples = range(len(lens))
     runs: list[tuple[str, str, Callable[[], Any]]] = [
-        (BATCHERS[0], "-", lambda: B.stream_batches(iter(samples), max_frames=max_frames, length=length))]
+        (BATCHERS[0], "-", lambda: stream_batches(iter(samples), max_frames=max_frames, length=length))]
     for w in windows:
-        runs.append((BATCHERS[1], str(w), lambda w=w: B.sort_window_batches(
+        runs.append((BATCHERS[1], str(w), lambda w=w: sort_window_batches(
             iter(samples), max_frames=max_frames, length=length, window=w)))
-        runs.append((BATCHERS[2], str(w), lambda w=w: B.bucket_batches(
+        runs.append((BATCHERS[2], str(w), lambda w=w: batching.bucket_batches(
             iter(samples), max_frames=max_frames, length=length, rng=np.random.default_rng([seed, 5]), pool_size=w)))
     rows = []
     for name, w, fn in runs:
-        try:
-            batches = [list(b) for b in fn()]
-        except TypeError as e:  # API differs from the spec we were given
-            rows.append(PaddingRow(name, w, None, None, None, note=f"pending: {e}"))
-            continue
+        batches = [list(b) for b in fn()]
         eff, disp, means, nb = _padding_stats(batches, lens)
-        rows.append(PaddingRow(name, w, eff, disp, B.order_randomness(means)["lag1"], nb))
+        rows.append(PaddingRow(name, w, eff, disp, order_randomness(means)["lag1"], nb))
     return rows
 
 
@@ -551,13 +315,10 @@ class RssRow:
     note: str = ""
 
 
-def loader_rss(sizes: list[tuple[str, list[str]]], tokenizer: Path | None, max_frames: int) -> list[RssRow]:
+def loader_rss(sizes: list[tuple[str, list[str]]], tokenizer: Path, max_frames: int) -> list[RssRow]:
     """Peak RSS (VmHWM) of a fresh process running one loader epoch (num_workers=0) per shard list."""
     rows = []
     for label, shards in sizes:
-        if tokenizer is None:
-            rows.append(RssRow(label, len(shards), None, None, None, "pending: loader/tokenizer not available"))
-            continue
         arg = json.dumps({"shards": shards, "tokenizer": str(tokenizer), "max_frames": max_frames})
         p = subprocess.run([sys.executable, "-c", _RSS_CHILD, arg], capture_output=True, text=True)
         if p.returncode != 0:
@@ -590,7 +351,7 @@ def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: st
     """
     import io
 
-    from .shards import iter_tar_samples
+    from wdsprep.shards import iter_tar_samples
 
     err = rel = 0.0
     n = 0
@@ -608,49 +369,25 @@ def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: st
                      err, rel, n)
 
 
-def demo_corpus_shards(repo: Path, work: Path, log: Callable[[str], None]) -> tuple[list[Path], list[Path]] | None:
-    """Pack the bundled demo corpus as float32 and float16, or None when it is not in this checkout.
+def demo_corpus_shards(work: Path, log: Callable[[str], None]) -> tuple[list[Path], list[Path]]:
+    """The bundled demo corpus (``egs/demo/data``: real speech), fbank'd and packed as float32 and float16."""
+    from demo import DEMO_DIR, absolute_wav_scp
 
-    ``egs/demo/data/*`` holds ``wav.scp`` + ``text`` (paths relative to ``egs/demo``); features
-    come from ``wdsprep.fbank`` (80-bin, dither 0) unless a split already has a ``feats.scp``.
-    """
-    from .pack import pack_data
-
-    root = repo / "egs" / "demo"
-    splits = sorted(d for d in (root / "data").glob("*") if (d / "text").is_file())
-    if not splits:
-        return None
-    scps = []
+    splits = sorted(d for d in (DEMO_DIR / "data").glob("*") if (d / "wav.scp").is_file())
+    scps, texts = [], []
     for d in splits:
-        if (d / "feats.scp").is_file():
-            scps.append(d / "feats.scp")
-            continue
-        if not (d / "wav.scp").is_file():
-            continue
         out = work / "demo-fbank" / d.name
         if not (out / "feats.scp").is_file():
-            try:
-                from .fbank import compute_fbank
-            except ImportError:
-                return None
             log(f"[bench] fbank of the demo corpus {d} -> {out}")
-            cwd = os.getcwd()
-            os.chdir(root)  # wav.scp paths are relative to egs/demo
-            try:
-                compute_fbank(d / "wav.scp", out, nj=1, progress=False)
-            finally:
-                os.chdir(cwd)
+            wdsprep.compute_fbank(absolute_wav_scp(d / "wav.scp", out / "wav.scp"), out, nj=1, progress=False)
         scps.append(out / "feats.scp")
-    if not scps:
-        return None
-    texts = [s.parent / "text" if s.parent.parent.name != "demo-fbank" else root / "data" / s.parent.name / "text"
-             for s in scps]
+        texts.append(d / "text")
     out = []
     for dtype in ("float32", "float16"):
         d = work / f"demo-{dtype}"
         if not (d / "pack_report.json").is_file():
             log(f"[bench] packing the demo corpus as {dtype}")
-            pack_data(scps, texts, d, dtype=dtype, overwrite=True, progress=False)
+            wdsprep.pack_data(scps, texts, d, dtype=dtype, overwrite=True, progress=False)
         out.append(sorted(d.rglob("data-*.tar")))
     return out[0], out[1]
 
@@ -670,13 +407,12 @@ class Results:
     f16_note: str
     max_frames: int
     repeat: int
-    loader_note: str = ""
 
     def row(self, key: str) -> Contender | None:
         return next((c for c in self.contenders if c.key == key), None)
 
 
-def _fmt(x: float | None, spec: str = ",.0f", none: str = "pending") -> str:
+def _fmt(x: float | None, spec: str = ",.0f", none: str = "-") -> str:
     return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
@@ -728,7 +464,7 @@ def targets(res: Results) -> list[tuple[str, float | None, float, str]]:
 
 def _reader_path() -> str:
     """Which read path the loader took: one process is ~1.8x faster with the C part."""
-    from . import reader
+    from wdsprep import reader
 
     return ("tar walk, row reads and readahead in C (wdsprep._native)" if reader._native is not None
             else "pure-Python read path (wdsprep._native not built, or WDSPREP_PURE_PYTHON set)")
@@ -797,13 +533,11 @@ def to_markdown(res: Results) -> str:
                      f"{f.bytes32 / 1e6:,.0f} MB) | {f.max_abs_err:.2e} | {f.max_rel_err:.1e} |")
     lines += ["", f"Time float16 ÷ float32 (generated corpus): cold raw read {_fmt(_ratio(raw32, raw16), '.2f')}, "
               f"loader warm epoch {_fmt(_ratio(l32, l16), '.2f')}. {res.f16_note}", ""]
-    if res.loader_note:
-        lines += ["", res.loader_note]
     return "\n".join(lines) + "\n"
 
 
 def _met(m: bool | None) -> str:
-    return "pending" if m is None else ("yes" if m else "**no**")
+    return "-" if m is None else ("yes" if m else "**no**")
 
 
 def plot(res: Results, path: Path) -> None:
@@ -830,7 +564,7 @@ def plot(res: Results, path: Path) -> None:
     ax1.set_title(f"One pass over {res.corpus.spec.utts:,} utterances")
     ax1.legend(loc="lower right")
     ax1.margins(x=0.25)
-    pr = [p for p in res.padding if p.efficiency is not None]
+    pr = res.padding
     if pr:
         colors = {BATCHERS[0]: "#7570b3", BATCHERS[1]: "#e7298a", BATCHERS[2]: "#66a61e"}
         bars = ax2.bar(range(len(pr)), [p.efficiency for p in pr], color=[colors[p.name] for p in pr])
@@ -841,8 +575,6 @@ def plot(res: Results, path: Path) -> None:
         ax2.set_xticks(range(len(pr)), [labels[p.name].format(w=p.window) for p in pr], fontsize=8)
         ax2.axhline(0.97, ls="--", color="grey", lw=1)
         ax2.set_ylim(min(0.5, min(p.efficiency for p in pr) - 0.05), 1.05)
-    else:
-        ax2.text(0.5, 0.5, "batching pending", ha="center", transform=ax2.transAxes)
     ax2.set_ylabel("padding efficiency (real / padded frames)")
     ax2.set_title("Padding (dashed: target 0.97)")
     fig.tight_layout()
@@ -852,17 +584,6 @@ def plot(res: Results, path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # Putting it together
-
-
-def _available(module: str, attr: str) -> str | None:
-    """None if ``wdsprep.module.attr`` imports, else why not."""
-    import importlib
-
-    try:
-        getattr(importlib.import_module(f"wdsprep.{module}"), attr)
-        return None
-    except (ImportError, AttributeError) as e:
-        return f"{type(e).__name__}: {e}"
 
 
 def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None] = print) -> Results:
@@ -876,17 +597,9 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
     b16 = sum(map(os.path.getsize, c.shards16))
     bark = sum(map(os.path.getsize, c.arks))
 
-    missing_loader = _available("loader", "make_loader") or _available("tokenizer", "load_tokenizer")
-    tok: Path | None = None
-    loader_note = ""
-    if missing_loader is None:
-        tok = train_tokenizer_once(c, args.vocab_size)
-    else:
-        loader_note = f"Loader rows pending: {missing_loader}."
+    tok = train_tokenizer_once(c, args.vocab_size)
 
-    def lp(pattern: str, nw: int) -> LoaderPass | None:
-        if tok is None:
-            return None
+    def lp(pattern: str, nw: int) -> LoaderPass:
         return LoaderPass(pattern, tok, max_frames=args.max_frames, num_workers=nw, seed=args.seed)
 
     def raw(files: list[Path], bufsize: int = 1 << 20, buffers: int = 1) -> Callable[[], int]:
@@ -904,8 +617,7 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
         C("kaldiio load_scp, random", "cold", c.arks, bark, pass_kaldiio(c.scp, args.seed), n),
     ]
     contenders += [C("kaldiio random + loader's tokenize/bucket/collate", cache, c.arks, bark,
-                     None if tok is None else pass_kaldiio_pipeline(c.scp, c.text, tok, max_frames=args.max_frames,
-                                                                    seed=args.seed), n)
+                     pass_kaldiio_pipeline(c.scp, c.text, tok, max_frames=args.max_frames, seed=args.seed), n)
                    for cache in ("warm", "cold")]
     for nw in args.num_workers:
         name = f"wdsprep loader, nw={nw}"
@@ -917,36 +629,28 @@ def run_bench(args: argparse.Namespace, command: str, log: Callable[[str], None]
 
     # Import once, untimed: module import is a per-process cost, not a per-epoch one.
     import kaldiio  # noqa: F401
+    import torch  # noqa: F401
     import webdataset  # noqa: F401
-    if tok is not None:
-        import torch  # noqa: F401
 
-        from . import loader  # noqa: F401
+    import wdsprep.loader  # noqa: F401
     run_rounds(contenders, args.repeat, log=log)
 
     log("[bench] padding efficiency")
-    windows = args.windows
-    if windows is None:
-        try:
-            from .batching import DEFAULT_POOL_SIZE
-        except ImportError:
-            DEFAULT_POOL_SIZE = 4000
-        windows = [500, DEFAULT_POOL_SIZE]
+    windows = args.windows or [500, batching.DEFAULT_POOL_SIZE]
     padding = padding_rows(c.lengths, max_frames=args.max_frames, seed=args.seed, windows=windows)
 
     log("[bench] peak RSS of the loader for N and 4N utterances")
     rss = loader_rss([("N", [str(p) for p in c.shards32]), ("4N", x4_shards(c))], tok, args.max_frames)
 
     log("[bench] float16 error")
-    repo = Path(__file__).resolve().parent.parent
     f16 = [float16_error(c.shards32, c.shards16, "generated corpus, values ≈ N(4…14, 2²)")]
-    demo = None if args.skip_demo else demo_corpus_shards(repo, c.work, log)
-    if demo is not None and demo[0]:
+    if args.skip_demo:
+        f16_note = "Generated corpus only (--skip-demo)."
+    else:
+        demo = demo_corpus_shards(c.work, log)
         f16.append(float16_error(demo[0], demo[1], "bundled demo corpus egs/demo/data, 80-bin fbank"))
         f16_note = "Read times are on the generated corpus (the demo corpus is too small to time)."
-    else:
-        f16_note = "The bundled demo corpus (egs/demo/data) was not in this checkout; generated corpus only."
-    return Results(command, c, contenders, padding, rss, f16, f16_note, args.max_frames, args.repeat, loader_note)
+    return Results(command, c, contenders, padding, rss, f16, f16_note, args.max_frames, args.repeat)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -992,7 +696,7 @@ def run_cli(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, prog: str = "python tools/bench.py") -> int:
+def main(argv: list[str] | None = None, prog: str = "python tools/bench/bench.py") -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add_arguments(p)
     argv = sys.argv[1:] if argv is None else argv
@@ -1001,4 +705,4 @@ def main(argv: list[str] | None = None, prog: str = "python tools/bench.py") -> 
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m wdsprep.bench"))
+    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pack throughput against plainly reading the same arks, measured in the same run.
 
-    python tools/bench_pack.py [--utts 20000] [--work /tmp/wdsprep-bench-pack] [--repeat 3]
+    python tools/bench/bench_pack.py [--utts 20000] [--work /tmp/wdsprep-bench-pack] [--repeat 3]
 
 Generates ``--utts`` utterances of 80-dim float32 fbank-like features (lognormal lengths, median
 ~500 frames) into kaldiio arks once, then times, interleaved over ``--repeat`` rounds:

@@ -1,6 +1,6 @@
 """Encodes per second: ``encode`` in a Python loop vs ``encode_batch``, for each tokenizer kind.
 
-    python tools/bench_tokenizer.py [--n 20000] [--batch 256] [--num-threads 1]
+    python tools/bench/bench_tokenizer.py [--n 20000] [--batch 256] [--num-threads 1]
 
 Trains small tokenizers on a synthetic English+Mandarin Kaldi text (seeded) in a temp dir and
 prints numbers only; nothing is asserted.
