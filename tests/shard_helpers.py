@@ -11,9 +11,9 @@ from typing import Callable
 import kaldiio
 import numpy as np
 import pytest
+from pagecache import evict, resident_fraction
 
 from wdsprep import pack_data
-from pagecache import evict, resident_fraction
 from wdsprep.shards import LAYOUTS, encode_key
 
 GROUPS = ["0:60", "60:150", "150:"]

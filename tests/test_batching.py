@@ -7,9 +7,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from baselines import order_randomness, sort_window, sort_window_batches, stream_batches
-from wdsprep.batching import bucket_batches, bucket_blocks, len_of_first_dim, padding_efficiency
+
+from wdsprep.batching import (
+    bucket_batches,
+    bucket_blocks,
+    len_of_first_dim,
+    padding_efficiency,
+)
 
 
 def utts(lengths):

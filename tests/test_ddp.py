@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from shardsets import build, train_char_tokenizer
 
 HERE = Path(__file__).resolve().parent

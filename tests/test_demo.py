@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import pytest
-
-from wdsprep.kaldi import read_text
 from demo import DEMO_DIR, pack_options
 
 from wdsprep import cli
 from wdsprep.groups import Groups
+from wdsprep.prep.kaldi import read_text
 
 
 @pytest.mark.timeout(600)

@@ -14,8 +14,8 @@ import pytest
 import soundfile as sf
 
 from wdsprep import StrictError, compute_fbank
-from wdsprep.audio import load_recording, resample
-from wdsprep.fbank import BackendUnavailable, Fbank, FbankOptions, resolve_backend
+from wdsprep.prep.audio import load_recording, resample
+from wdsprep.prep.fbank import BackendUnavailable, Fbank, FbankOptions, resolve_backend
 
 AUDIO = Path(__file__).parent / "data" / "audio"
 KNF = "kaldi-native-fbank"

@@ -6,9 +6,14 @@ import json
 from collections import Counter
 
 import pytest
-
 from shardsets import build, train_char_tokenizer
-from wdsprep.hyper import NO_FRAME_BOUND, loader_options, make_loader_from_hyper, parse_bool
+
+from wdsprep.hyper import (
+    NO_FRAME_BOUND,
+    loader_options,
+    make_loader_from_hyper,
+    parse_bool,
+)
 
 
 def test_current_keys_bucket_mode_split_across_ranks():

@@ -7,12 +7,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from shard_helpers import GROUPS, cat_members, kaldi_data, npy, packed, write_tar
+
 from wdsprep import inspect_shards
 from wdsprep.groups import Groups
 from wdsprep.shards import encode_key

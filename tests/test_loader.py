@@ -8,8 +8,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from shardsets import build, strip_index, train_char_tokenizer
+
 from wdsprep.distributed import assign_shards
 from wdsprep.loader import LABEL_PAD, Batch, make_loader
 from wdsprep.tokenizer import load_tokenizer

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
-from wdsprep import reader
+
 from wdsprep import loader as loader_module
+from wdsprep import reader
 from wdsprep.loader import collate, make_loader, start_collate, unpack
 from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
 from wdsprep.records import Records

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from wdsprep import StrictError, pack_data
-from wdsprep.kaldi import KaldiDataError
+from wdsprep.prep.kaldi import KaldiDataError
 from wdsprep.shards import decode_key, encode_key, read_index
 
 # Ids a real Kaldi data dir has, plus the awkward ones keys must survive.

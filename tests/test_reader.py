@@ -13,11 +13,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from shard_helpers import cold_file, wait_for
-from wdsprep import reader
 from pagecache import resident_fraction
-from wdsprep.reader import FileFeats, ShardError, decode_npy, iter_decoded, iter_shard_samples, prefetch_shard
+from shard_helpers import cold_file, wait_for
+
+from wdsprep import reader
+from wdsprep.reader import (
+    FileFeats,
+    ShardError,
+    decode_npy,
+    iter_decoded,
+    iter_shard_samples,
+    prefetch_shard,
+)
 from wdsprep.shards import ShardWriter, iter_tar_samples
 
 

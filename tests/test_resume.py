@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from shardsets import build, train_char_tokenizer
+
 from wdsprep.loader import make_loader
 
 

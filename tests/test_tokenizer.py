@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from wdsprep.kaldi import KaldiDataError
-from wdsprep.tokenizer import (SubwordSampling, Tokenizer, TokenizerFileError, derive_seed, load_tokenizer,
-                               train_tokenizer)
+from wdsprep.prep.kaldi import KaldiDataError
+from wdsprep.tokenizer import (
+    SubwordSampling,
+    Tokenizer,
+    TokenizerFileError,
+    derive_seed,
+    load_tokenizer,
+    train_tokenizer,
+)
 
 ENGLISH = ["the quick brown fox jumps over the lazy dog", "speech recognition with subword units",
            "recognition of speech in noisy rooms", "the dog recognised the speaker",

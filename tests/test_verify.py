@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from shard_helpers import cat_members, npy, packed, rewrite_tar, tar_members, write_tar
+
 from wdsprep import verify_shards
 
 

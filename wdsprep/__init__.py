@@ -4,16 +4,24 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
-from .fbank import compute_fbank
-from .inspect_shards import InspectResult, inspect_shards
-from .pack import pack_data
-from .pack_audio import pack_audio
-from .report import Report, StrictError
-from .shards import decode_key, encode_key, read_index
-from .tokenizer import SubwordSampling, Tokenizer, load_tokenizer, train_tokenizer
-from .verify import VerifyResult, verify_shards
+from wdsprep.inspect_shards import InspectResult, inspect_shards
+from wdsprep.pack import pack_data
+from wdsprep.pack_audio import pack_audio
+from wdsprep import _moved
+from wdsprep.prep.fbank import compute_fbank
+from wdsprep.report import Report, StrictError
+from wdsprep.shards import decode_key, encode_key, read_index
+from wdsprep.tokenizer import (
+    SubwordSampling,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
+from wdsprep.verify import VerifyResult, verify_shards
 
 __version__ = "0.1.0"
+
+_moved.install()  # the 0.1 module paths (wdsprep.reader, ...) still import, with a warning
 
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
            "encode_key", "decode_key", "read_index", "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .fbank import BackendUnavailable
-from .inspect_shards import DEFAULT_MAX_FRAMES
-from .kaldi import KaldiDataError
-from .report import StrictError
+from wdsprep.inspect_shards import DEFAULT_MAX_FRAMES
+from wdsprep.prep.fbank import BackendUnavailable
+from wdsprep.prep.kaldi import KaldiDataError
+from wdsprep.report import StrictError
 
 
 def _add_pack_options(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def _add_audio_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_fbank(args: argparse.Namespace) -> None:
-    from .fbank import compute_fbank
+    from wdsprep.prep.fbank import compute_fbank
 
     compute_fbank(args.wav_scp, args.out_dir, segments=args.segments, num_mel_bins=args.num_mel_bins,
                   sample_rate=args.sample_rate, dither=args.dither, backend=args.backend, channel=args.channel,
@@ -55,7 +55,7 @@ def _cmd_fbank(args: argparse.Namespace) -> None:
 
 
 def _cmd_pack_audio(args: argparse.Namespace) -> None:
-    from .pack_audio import pack_audio
+    from wdsprep.pack_audio import pack_audio
 
     pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
@@ -64,14 +64,14 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
-    from .pack import pack_data
+    from wdsprep.pack import pack_data
 
     pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
-    from .tokenizer import train_tokenizer
+    from wdsprep.tokenizer import train_tokenizer
 
     tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                           user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
@@ -80,7 +80,7 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
 
 
 def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
-    from .tokenizer import load_tokenizer
+    from wdsprep.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     lines = args.texts if args.texts else (line.rstrip("\n") for line in sys.stdin)
@@ -118,7 +118,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect_shards import inspect_shards, write_json
+    from wdsprep.inspect_shards import inspect_shards, write_json
 
     result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames)
     print(result.format(per_shard=not args.groups_only))
@@ -128,7 +128,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_shards
+    from wdsprep.verify import verify_shards
 
     result = verify_shards(args.patterns)
     print(result.format())
@@ -136,7 +136,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
-    from .dryrun import dry_run
+    from wdsprep.dryrun import dry_run
 
     dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
             epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed,

@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .shardlist import is_url
-from .shards import read_index
+from wdsprep.shardlist import is_url
+from wdsprep.shards import read_index
 
 
 @dataclass(frozen=True)

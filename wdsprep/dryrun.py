@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, TextIO
+
+from wdsprep.files import write_text
 
 
 def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None,
@@ -26,7 +27,7 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
 
     import torch.distributed as dist
 
-    from .loader import make_loader
+    from wdsprep.loader import make_loader
 
     out = out or sys.stdout
     started = False
@@ -35,7 +36,7 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
         started = True
     try:
         if hyper is not None:
-            from .hyper import make_loader_from_hyper
+            from wdsprep.hyper import make_loader_from_hyper
 
             loader = make_loader_from_hyper(hyper, num_workers=num_workers)
         else:
@@ -64,9 +65,7 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
             if dump:
                 dump.close()
         if stats_json and rank == 0:
-            tmp = Path(stats_json + ".tmp")
-            tmp.write_text(json.dumps(every_rank, indent=1), encoding="utf-8")
-            os.replace(tmp, stats_json)
+            write_text(stats_json, json.dumps(every_rank, indent=1))
         return results
     finally:
         if started:
@@ -100,6 +99,6 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
         f"  utterances/s        {utts / secs:,.0f} (slowest rank {secs:.2f} s)",
         f"  dropped             {json.dumps(dropped) if dropped else 'none'}; corrupt shards "
         f"{sum(r['corrupt_shards'] for r in ranks)}",
-        f"  discarded by early stop  " + ("unknown (no index)" if disc is None else f"{disc:.2%}"),
+        "  discarded by early stop  " + ("unknown (no index)" if disc is None else f"{disc:.2%}"),
     ]
     return "\n".join(lines)

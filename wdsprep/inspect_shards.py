@@ -22,11 +22,11 @@ from typing import IO, Sequence
 
 import numpy as np
 
-from .shardlist import expand_shards, is_url
-from .shards import LAYOUTS, TMP_SUFFIX, ShardInfo, read_index
+from wdsprep.files import atomic_path, write_text
+from wdsprep.shardlist import expand_shards, is_url
+from wdsprep.shards import LAYOUTS, ShardInfo, read_index
+from wdsprep.units import FRAMES_PER_SECOND, hours
 
-FRAMES_PER_SECOND = 100  # 10 ms frame shift
-FRAMES_PER_HOUR = FRAMES_PER_SECOND * 3600
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
 # bucket_batches is pure Python; beyond this many utterances the curve is computed on a seeded
 # random subset, which changes the efficiency only in the third decimal.
@@ -171,7 +171,7 @@ class ShardStats:
 
     @property
     def hours(self) -> float:
-        return float(self.frames.sum()) / FRAMES_PER_HOUR
+        return hours(self.frames.sum())
 
     def to_json(self) -> dict:
         return {"path": self.path, "group": self.group, "layout": self.layout, "source": self.source,
@@ -219,7 +219,7 @@ class GroupStats:
 def _length_json(frames: np.ndarray, text_lens: np.ndarray) -> dict:
     f, t = _min_med_max(frames), _min_med_max(text_lens)
     return {"utterances": int(len(frames)), "frames": int(frames.sum()),
-            "hours": round(float(frames.sum()) / FRAMES_PER_HOUR, 4),
+            "hours": round(hours(frames.sum()), 4),
             "frames_min_median_max": list(f) if f else None, "text_len_min_median_max": list(t) if t else None}
 
 
@@ -395,7 +395,10 @@ def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int],
 
 def padding_curve(lengths: np.ndarray, max_frames_list: Sequence[int], rng: np.random.Generator) -> dict[int, float]:
     """``{max_frames: real / padded frames}`` of ``bucket_batches`` over ``lengths`` shuffled by ``rng``."""
-    from .batching import bucket_batches, padding_efficiency  # the loader's batcher, not a re-implementation
+    from wdsprep.batching import (  # the loader's batcher, not a re-implementation
+        bucket_batches,
+        padding_efficiency,
+    )
 
     lengths = np.asarray(lengths)
     if len(lengths) > MAX_CURVE_UTTS:
@@ -446,18 +449,10 @@ def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
     for ax in axes[panels:]:
         ax.set_visible(False)
     fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
-    path = Path(path)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    try:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json(result: InspectResult, path: str | os.PathLike) -> None:
     """``result.to_json()`` to ``path``, atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    tmp.write_text(json.dumps(result.to_json(), indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(result.to_json(), indent=1, ensure_ascii=False))

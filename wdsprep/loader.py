@@ -48,12 +48,18 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .batching import DEFAULT_POOL_SIZE, bucket_blocks
-from .distributed import all_sum, any_rank_done, assign_shards, dist_info, shard_sizes
-from .reader import bulk_reads, iter_records, prefetch_shard, row_reader
-from .records import IN_MEMORY, Records
-from .shardlist import expand_shards
-from .tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
+from wdsprep.batching import DEFAULT_POOL_SIZE, bucket_blocks
+from wdsprep.distributed import (
+    all_sum,
+    any_rank_done,
+    assign_shards,
+    dist_info,
+    shard_sizes,
+)
+from wdsprep.reader import bulk_reads, iter_records, prefetch_shard, row_reader
+from wdsprep.records import IN_MEMORY, Records
+from wdsprep.shardlist import expand_shards
+from wdsprep.tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
 _STREAM_SHUFFLE, _STREAM_BATCH = 1, 2  # keep the per-stage generators of one worker independent

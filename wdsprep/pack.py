@@ -9,11 +9,17 @@ from typing import Callable, Sequence
 
 import kaldiio
 
-from .groups import Groups
-from .kaldi import read_feats_scp, read_text
-from .parallel import run_chunks
-from .report import Report, StrictError
-from .writer import GroupedSink, SinkResult, finalize, prepare_output, remove_partial
+from wdsprep.groups import Groups
+from wdsprep.prep.kaldi import read_feats_scp, read_text
+from wdsprep.prep.parallel import run_chunks
+from wdsprep.report import Report, StrictError
+from wdsprep.writer import (
+    GroupedSink,
+    SinkResult,
+    finalize,
+    prepare_output,
+    remove_partial,
+)
 
 PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
 

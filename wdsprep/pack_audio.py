@@ -13,13 +13,19 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .audio import AudioProblem, Utterance, read_utterances
-from .fbank import Fbank, FbankOptions, iter_features, one_torch_thread, resolve_backend
-from .groups import Groups
-from .kaldi import read_text
-from .pack import PathOrPaths, as_list, check_fmt, run_and_finalize
-from .report import Report
-from .writer import GroupedSink, SinkResult, prepare_output
+from wdsprep.groups import Groups
+from wdsprep.pack import PathOrPaths, as_list, check_fmt, run_and_finalize
+from wdsprep.prep.audio import AudioProblem, Utterance, read_utterances
+from wdsprep.prep.fbank import (
+    Fbank,
+    FbankOptions,
+    iter_features,
+    one_torch_thread,
+    resolve_backend,
+)
+from wdsprep.prep.kaldi import read_text
+from wdsprep.report import Report
+from wdsprep.writer import GroupedSink, SinkResult, prepare_output
 
 
 def pack_audio(

@@ -40,13 +40,13 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from .records import Records
-from .shardlist import is_url
-from .shards import LAYOUTS, decode_key, split_name
+from wdsprep.records import Records
+from wdsprep.shardlist import is_url
+from wdsprep.shards import LAYOUTS, decode_key, split_name
 
 _native: Any
 try:
-    from . import _native
+    from wdsprep import _native
 except ImportError:  # installed without a C compiler: the same results, slower
     _native = None
 if os.environ.get("WDSPREP_PURE_PYTHON", "") not in ("", "0"):

@@ -66,7 +66,9 @@ class Records:
         """A block from ``(uttid, features, text)`` triples; features an array, or a
         :class:`~wdsprep.reader.FileFeats` (stays in its shard).  One Python step per row: for the
         Python reader's path and for tests, not for the hot path."""
-        from .reader import FileFeats  # the reader makes blocks: imported here, not at the top
+        from wdsprep.reader import (
+            FileFeats,  # the reader makes blocks: imported here, not at the top
+        )
 
         rows = list(samples)
         r = cls.empty(len(rows))

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wdsprep.files import write_text
+
 
 class StrictError(RuntimeError):
     """Raised under ``strict=True`` when a job dropped or flagged utterances; the report is written."""
@@ -61,11 +63,7 @@ class Report:
         }
 
     def write(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_text(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")
 
     def summary(self, title: str) -> str:
         """A few lines a person reads at a glance."""

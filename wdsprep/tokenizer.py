@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
-from .kaldi import iter_table
+from wdsprep.files import write_text
+from wdsprep.prep.kaldi import iter_table
 
 PathLike = str | os.PathLike
 
@@ -143,9 +144,7 @@ class _Base:
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"format": FORMAT, "version": VERSION, "kind": self.kind, "vocab_size": self.vocab_size,
                **self.to_dict()}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_text(path, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # DataLoader workers started with "spawn" pickle the dataset; native handles (the spm

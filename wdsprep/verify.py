@@ -20,9 +20,16 @@ from typing import Sequence
 
 import numpy as np
 
-from .inspect_shards import member_kind, read_npy_header, tar_end_problem
-from .shardlist import expand_shards, is_url
-from .shards import INDEX_NAME, LAYOUTS, FolderIndex, ShardInfo, decode_key, read_index
+from wdsprep.inspect_shards import member_kind, read_npy_header, tar_end_problem
+from wdsprep.shardlist import expand_shards, is_url
+from wdsprep.shards import (
+    INDEX_NAME,
+    LAYOUTS,
+    FolderIndex,
+    ShardInfo,
+    decode_key,
+    read_index,
+)
 
 
 @dataclass(frozen=True)

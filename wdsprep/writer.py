@@ -17,11 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .groups import Groups
-from .report import Report
-from .shards import INDEX_NAME, TMP_SUFFIX, FolderIndex, ShardInfo, ShardWriter, layout_exts, write_index
+from wdsprep.groups import Groups
+from wdsprep.report import Report
+from wdsprep.shards import (
+    INDEX_NAME,
+    TMP_SUFFIX,
+    FolderIndex,
+    ShardInfo,
+    ShardWriter,
+    layout_exts,
+    write_index,
+)
+from wdsprep.units import hours
 
-FRAMES_PER_HOUR = 100 * 3600  # 10 ms frame shift
 DTYPES = ("float32", "float16")
 
 
@@ -176,7 +184,7 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
         summary[folder or "."] = {
             "utterances": sum(i.num_utts for i in infos),
             "frames": frames,
-            "hours": round(frames / FRAMES_PER_HOUR, 4),
+            "hours": round(hours(frames), 4),
             "shards": len(infos),
         }
     for r in results:

@@ -92,8 +92,8 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
     def run() -> int:
         import kaldiio
 
-        from wdsprep.kaldi import read_text
         from wdsprep.loader import bucket, collate, tokenize
+        from wdsprep.prep.kaldi import read_text
         from wdsprep.records import Records
 
         tok = wdsprep.load_tokenizer(tokenizer_path)

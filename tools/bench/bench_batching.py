@@ -22,8 +22,8 @@ import time
 from typing import Callable, Iterable
 
 import numpy as np
-
 from baselines import order_randomness, sort_window_batches, stream_batches
+
 from wdsprep.batching import DEFAULT_POOL_SIZE, bucket_batches, padding_efficiency
 
 

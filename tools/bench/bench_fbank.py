@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from wdsprep import compute_fbank, pack_audio
-from wdsprep.audio import iter_waveforms, read_utterances
-from wdsprep.fbank import BACKENDS, BackendUnavailable, Fbank, FbankOptions, one_torch_thread, resolve_backend
+from wdsprep.prep.audio import iter_waveforms, read_utterances
+from wdsprep.prep.fbank import (
+    BACKENDS,
+    BackendUnavailable,
+    Fbank,
+    FbankOptions,
+    one_torch_thread,
+    resolve_backend,
+)
 from wdsprep.report import Report
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: its test audio is the input
@@ -87,7 +93,7 @@ def main() -> None:
                                                        overwrite=True))
                     rows.append((backend, job, nj, wall, wall * nj, wall * nj / bare))
         print()
-        print(f"| backend | path | nj | RTF (wall) | RTF per process | per process / bare |")
+        print("| backend | path | nj | RTF (wall) | RTF per process | per process / bare |")
         print("| --- | --- | --- | --- | --- | --- |")
         for backend, job, nj, wall, per, ratio in rows:
             print(f"| {backend} | {job} | {nj} | {wall:.5f} | {per:.5f} | {ratio:.2f}x |")

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-
 from corpus import DataSpec, prepare, train_tokenizer_once
-from pagecache import evict, read_files as raw_read
+from pagecache import evict
+from pagecache import read_files as raw_read
 
 DIMS = DataSpec.dims
 

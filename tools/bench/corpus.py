@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from wdsprep.units import hours
+
 GROUPS = ("0:500", "500:")  # two length groups of about equal size at median 500 frames
 GROUP_DIRS = ("0_500", "500_inf")
 SPEC_FILE = "bench_spec.json"
@@ -72,7 +74,7 @@ class Corpus:
 
     @property
     def hours(self) -> float:
-        return float(self.lengths.sum()) / 100 / 3600  # 10 ms frames
+        return hours(self.lengths.sum())
 
 
 def _vocabulary(rng: np.random.Generator, n: int) -> list[str]:

@@ -12,7 +12,6 @@ import os
 from typing import Sequence
 
 
-
 def evict(files: Sequence[os.PathLike | str]) -> None:
     """Drop ``files`` from the page cache (no root needed). Dirty pages cannot be dropped, so sync first."""
     for f in files:

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from wdsprep.kaldi import KaldiDataError, read_tables, read_text
+from wdsprep.prep.kaldi import KaldiDataError, read_tables, read_text
 
 
 def check_dir(d: Path, *, check_audio: bool = True) -> dict[str, int]:

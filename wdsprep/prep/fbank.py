@@ -25,16 +25,15 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .audio import AudioProblem, Utterance, iter_waveforms, read_utterances
-from .parallel import run_chunks
-from .report import Report, StrictError
+from wdsprep.files import TMP_SUFFIX, temp_path, write_text
+from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
+from wdsprep.prep.parallel import run_chunks
+from wdsprep.report import Report, StrictError
+from wdsprep.units import FRAME_SHIFT_MS, hours
 
 BACKENDS = ("torchaudio", "kaldi-native-fbank")
 FRAME_LENGTH_MS = 25.0
-FRAME_SHIFT_MS = 10.0
 REPORT_NAME = "fbank_report.json"
-TMP_SUFFIX = ".tmp"
-FRAMES_PER_HOUR = 3600 * 1000 / FRAME_SHIFT_MS
 
 
 class BackendUnavailable(RuntimeError):
@@ -214,7 +213,7 @@ def compute_fbank(
     Args:
         wav_scp: Kaldi ``wav.scp``: ``recid path`` (WAV/FLAC/OGG/MP3...) or ``recid command |``.
         out_dir: gets ``feats.N.ark`` (one per worker), ``feats.scp`` (absolute ark paths,
-            processing order, see :func:`wdsprep.audio.read_utterances`), ``utt2num_frames`` and
+            processing order, see :func:`wdsprep.prep.audio.read_utterances`), ``utt2num_frames`` and
             ``fbank_report.json``. Earlier output of this function there is replaced; other
             files (e.g. the data dir's own ``wav.scp``) are left alone.
         segments: Kaldi ``segments`` (``uttid recid start end [channel]``, end -1 = to the end).
@@ -249,7 +248,7 @@ def compute_fbank(
         raise
     frames = sum(f for r in results for _, _, f in r.entries)
     report.groups = {"feats.scp": {"utterances": written, "frames": frames,
-                                   "hours": round(frames / FRAMES_PER_HOUR, 4)}}
+                                   "hours": round(hours(frames), 4)}}
     report.write(d / REPORT_NAME)
     print(report.summary(f"fbank ({opts.backend}): wrote {d / 'feats.scp'}"))
     if strict and report.num_dropped:
@@ -263,7 +262,7 @@ def _fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], 
 
     fbank = Fbank(opts)  # imports the backend, and torch with torchaudio, before one_torch_thread
     final = d_out / f"feats.{worker + 1}.ark"
-    res = ArkResult(d_out / f".{final.name}{TMP_SUFFIX}", final)
+    res = ArkResult(temp_path(final), final)
     with one_torch_thread(), open(res.tmp_path, "wb") as f:
         for u, feats in iter_features(chunk, fbank):
             if isinstance(feats, AudioProblem):
@@ -275,12 +274,6 @@ def _fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], 
                 res.entries.append((u.uttid, offset, feats.shape[0]))
             tick(1)
     return res
-
-
-def _write_atomic(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _finalize(d: Path, results: list[ArkResult], report: Report) -> int:
@@ -298,8 +291,8 @@ def _finalize(d: Path, results: list[ArkResult], report: Report) -> int:
             keep.add(r.final_path.name)
         else:
             r.tmp_path.unlink(missing_ok=True)
-    _write_atomic(d / "utt2num_frames", num_frames)
-    _write_atomic(d / "feats.scp", scp)
+    write_text(d / "utt2num_frames", "".join(num_frames))
+    write_text(d / "feats.scp", "".join(scp))
     # Arks of an earlier run with more workers would linger unreferenced: remove them.
     for p in d.glob("feats.*.ark"):
         if p.name not in keep and p.name.split(".")[1].isdigit():

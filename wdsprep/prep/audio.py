@@ -29,8 +29,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .kaldi import KaldiDataError, read_tables
-from .report import Report
+from wdsprep.prep.kaldi import KaldiDataError, read_tables
+from wdsprep.report import Report
 
 MAX_OVERSHOOT = 0.5  # seconds; Kaldi extract-segments --max-overshoot default
 MIN_SEGMENT_LENGTH = 0.1  # seconds; Kaldi extract-segments --min-segment-length default

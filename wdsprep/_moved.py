@@ -1,0 +1,62 @@
+"""Module paths of wdsprep 0.1 that moved when the package was laid out along the data flow.
+
+Importing an old path (``wdsprep.reader``, ``wdsprep.kaldi``...) still works for one release: it
+gives a module that takes its names from the new homes, with a DeprecationWarning naming them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from typing import Any, Sequence
+
+# old module -> the modules its names live in now (first match wins)
+MOVED: dict[str, tuple[str, ...]] = {
+    "kaldi": ("prep.kaldi",),
+    "audio": ("prep.audio",),
+    "fbank": ("prep.fbank",),
+    "parallel": ("prep.parallel",),
+}
+
+
+class _Alias(types.ModuleType):
+    """An old module path: attribute lookups go to the new homes."""
+
+    def __init__(self, name: str, homes: Sequence[str]) -> None:
+        super().__init__(name)
+        self.__homes = [importlib.import_module(f"wdsprep.{h}") for h in homes]
+
+    def __getattr__(self, attr: str) -> Any:
+        for home in self.__homes:
+            if hasattr(home, attr):
+                return getattr(home, attr)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({a for home in self.__homes for a in dir(home)})
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        prefix, _, rest = fullname.partition(".")
+        if prefix != "wdsprep" or rest not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        homes = MOVED[spec.name.partition(".")[2]]
+        warnings.warn(f"{spec.name} moved to {', '.join('wdsprep.' + h for h in homes)}; the old path goes away in "
+                      f"the next release", DeprecationWarning, stacklevel=2)
+        return _Alias(spec.name, homes)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def install() -> None:
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.append(_Finder())
