@@ -1,0 +1,40 @@
+"""Tokenizers that turn raw transcripts into label ids on the fly: SentencePiece, jieba words, characters.
+
+Ids follow CAT for every kind: 0 is ``<s>`` (also the CTC/transducer blank), 1 is ``<unk>``.
+
+A trained tokenizer is saved as ONE JSON file (never a pickle, so loading it cannot run code)::
+
+    {"format": "wdsprep-tokenizer", "version": 1, "kind": "...", "vocab_size": N, ...}
+
+- ``sentencepiece``: ``"model"`` holds the serialized SentencePiece ModelProto as base64; it is the
+  exact ``.model`` file sentencepiece would write, so ``base64 -d`` gives a file ``spm_encode`` reads.
+- ``jieba``: ``"vocab"`` (list, index = id) and ``"user_dict"`` (``[word, freq-or-null]`` entries
+  added to a private ``jieba.Tokenizer``), so loading needs no other file.
+- ``char``: ``"vocab"`` (list, index = id) and ``"keep_spaces"``.
+
+sentencepiece and jieba are imported only inside the classes that need them, so ``import wdsprep``
+stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``), ``train`` and ``file``
+(loading); ``base`` holds what they share.
+"""
+
+from wdsprep.tokenizer.base import (
+    BOS,
+    BOS_ID,
+    KINDS,
+    SPACE,
+    UNK,
+    UNK_ID,
+    SubwordSampling,
+    Tokenizer,
+    TokenizerFileError,
+    derive_seed,
+)
+from wdsprep.tokenizer.char import CharTokenizer
+from wdsprep.tokenizer.file import load_tokenizer
+from wdsprep.tokenizer.spm import SentencePieceTokenizer
+from wdsprep.tokenizer.train import train_tokenizer
+from wdsprep.tokenizer.words import JiebaTokenizer, read_user_dict
+
+__all__ = ["BOS", "BOS_ID", "KINDS", "SPACE", "UNK", "UNK_ID", "SubwordSampling", "Tokenizer", "TokenizerFileError",
+           "derive_seed", "CharTokenizer", "JiebaTokenizer", "SentencePieceTokenizer", "load_tokenizer",
+           "train_tokenizer", "read_user_dict"]

@@ -1,0 +1,46 @@
+"""Characters as tokens."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+from wdsprep.tokenizer.base import SPACE, UNK_ID, VocabTokenizer, check_ids
+
+
+class CharTokenizer(VocabTokenizer):
+    """One id per character.
+
+    Whitespace: leading/trailing whitespace is dropped and each inner run of whitespace becomes one
+    ``<space>`` token (id 2) when ``keep_spaces`` (the default; word boundaries matter for English),
+    or is dropped when not (Mandarin transcripts whose spaces are arbitrary word segmentation).
+    So ``decode(encode(t)) == " ".join(t.split())`` for in-vocabulary text.
+    """
+
+    kind = "char"
+
+    def __init__(self, vocab: Sequence[str], *, keep_spaces: bool = True) -> None:
+        super().__init__(vocab)
+        self.keep_spaces = keep_spaces
+        if keep_spaces and self._ids.get(SPACE) != 2:
+            raise ValueError(f"a char vocabulary with keep_spaces must have {SPACE!r} at id 2")
+        self._space_id = self._ids.get(SPACE, UNK_ID)
+
+    @staticmethod
+    def pieces_of(text: str, keep_spaces: bool) -> Iterator[str]:
+        words = text.split()
+        for k, w in enumerate(words):
+            if k and keep_spaces:
+                yield SPACE
+            yield from w
+
+    def encode(self, text: str) -> list[int]:
+        get = self._ids.get
+        return [get(p, UNK_ID) for p in self.pieces_of(text, self.keep_spaces)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        check_ids(ids, self.vocab_size)
+        # Id 0 is the blank/<s> and carries no text.
+        return "".join(" " if i == self._space_id and self.keep_spaces else self._pieces[i] for i in ids if i)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keep_spaces": self.keep_spaces, "vocab": self._pieces}
