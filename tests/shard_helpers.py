@@ -14,7 +14,7 @@ import pytest
 from pagecache import evict, resident_fraction
 
 from wdsprep import pack_data
-from wdsprep.shards import LAYOUTS, encode_key
+from wdsprep.format.keys import LAYOUTS, encode_key
 
 GROUPS = ["0:60", "60:150", "150:"]
 DIMS = 4

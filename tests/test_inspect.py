@@ -13,8 +13,8 @@ import pytest
 from shard_helpers import GROUPS, cat_members, kaldi_data, npy, packed, write_tar
 
 from wdsprep import inspect_shards
+from wdsprep.format.keys import encode_key
 from wdsprep.groups import Groups
-from wdsprep.shards import encode_key
 
 MF = (50, 300, 1000)  # small max_frames: the test utterances are 10..299 frames
 

@@ -193,7 +193,7 @@ def test_import_wdsprep_does_not_import_torch():
 def _samples(seed=0, n=7):
     """(uttid, features, labels) of n utterances, features read-only views like a pipe shard's, and
     their block."""
-    from wdsprep.records import Records
+    from wdsprep.loading.records import Records
 
     rng = np.random.default_rng(seed)
     out = []

@@ -24,13 +24,16 @@ from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
 
 from wdsprep import loader as loader_module
-from wdsprep import reader
+from wdsprep.format import native, shardfile, tar
+from wdsprep.format import samples as fsamples
+from wdsprep.format.samples import iter_decoded
+from wdsprep.format.shardfile import ShardError, ShardFile, read_rows
+from wdsprep.format.tar import PEEK
+from wdsprep.format.writer import ShardWriter
 from wdsprep.loader import collate, make_loader, start_collate, unpack
-from wdsprep.reader import PEEK, ShardError, ShardFile, iter_decoded, read_rows
-from wdsprep.records import Records
-from wdsprep.shards import ShardWriter
+from wdsprep.loading.records import Records
 
-needs_native = pytest.mark.skipif(reader._native is None,
+needs_native = pytest.mark.skipif(native.lib is None,
                                   reason="wdsprep._native not in use: not built, or WDSPREP_PURE_PYTHON set")
 
 
@@ -40,22 +43,22 @@ def test_built_where_a_compiler_exists():
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         pytest.skip("no C compiler or Python headers here: the Python path is expected")
-    assert reader._native is not None, ("wdsprep._native was not built although a C compiler is here: "
+    assert native.lib is not None, ("wdsprep._native was not built although a C compiler is here: "
                                         "see the output of pip install -e . for the compiler's error")
 
 
 def python_scan(src, monkeypatch):
     """What the Python walk makes of ``src``: (members, problem), or "tarfile" for the exotic."""
     with monkeypatch.context() as m:
-        m.setattr(reader, "_native", None)
+        m.setattr(native, "lib", None)
         try:
-            return reader.scan_ustar(src)
-        except reader._Exotic:
+            return tar.scan_ustar(src)
+        except tar._Exotic:
             return "tarfile"
 
 
 def c_walk(src):
-    return reader._native.walk(src.fileno() if isinstance(src, ShardFile) else src, PEEK, len(src))
+    return native.lib.walk(src.fileno() if isinstance(src, ShardFile) else src, PEEK, len(src))
 
 
 def agree(path, monkeypatch) -> bool:
@@ -77,10 +80,10 @@ def decoded(path, *, python: bool, monkeypatch):
     with monkeypatch.context() as m, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if python:
-            m.setattr(reader, "_native", None)
+            m.setattr(native, "lib", None)
         try:
             for uttid, f, text in iter_decoded(str(path), lazy=True, float32=False):
-                where = f.offset if type(f) is reader.FileFeats else np.asarray(f).tobytes()
+                where = f.offset if type(f) is shardfile.FileFeats else np.asarray(f).tobytes()
                 rows.append((uttid, tuple(f.shape), str(f.dtype), where, text))
         except ShardError as e:
             end = str(e)
@@ -92,7 +95,7 @@ def samples_agree(path, monkeypatch) -> bool:
     """The loader's read of ``path`` is the same with the C samples walk as in Python; whether C answered."""
     got = decoded(path, python=False, monkeypatch=monkeypatch)
     assert got == decoded(path, python=True, monkeypatch=monkeypatch)
-    return reader._native_samples(str(path)) is not None
+    return fsamples.native_samples(str(path)) is not None
 
 
 def ustar(path, members, fmt=tarfile.USTAR_FORMAT, mtime=0):
@@ -165,7 +168,7 @@ def test_walk_declines_what_it_does_not_parse(tmp_path, monkeypatch, kind):
     # ... and the reader still reads it, through the Python walk or tarfile.
     with tarfile.open(path) as tf:
         expected = {m.name.split(".", 1)[0] for m in tf if m.isfile()}
-    assert [k for k, _ in reader.iter_shard_samples(str(path))] == sorted(expected)
+    assert [k for k, _ in fsamples.iter_shard_samples(str(path))] == sorted(expected)
 
 
 @needs_native
@@ -241,7 +244,7 @@ def _batch(pairs):
 def test_batch_over_more_shards_than_stay_open_is_read_in_one_call(tmp_path, monkeypatch):
     # Reopening one shard closes another (whose descriptor number may be reused): the bulk read
     # works on duplicates of the descriptors, taken before any is closed.
-    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
+    monkeypatch.setattr(shardfile, "MAX_OPEN_SHARDS", 2)
     samples = []
     for k in range(4):
         w = ShardWriter(tmp_path / f"s{k}.tar")
@@ -271,7 +274,7 @@ def test_row_reader_runs_jobs_in_order_in_its_own_thread(tmp_path):
     before = _threads()
     fd = os.open(path, os.O_RDONLY)
     try:
-        r = reader._native.RowReader()
+        r = native.lib.RowReader()
         with pytest.raises(ValueError, match="without a job"):
             r.wait()
         outs = [np.full((2, 100), np.nan, np.float32) for _ in range(3)]
@@ -291,9 +294,9 @@ def test_row_reader_runs_jobs_in_order_in_its_own_thread(tmp_path):
         with pytest.raises(ValueError, match="closed"):
             r.submit(outs[0], 400, np.array([(fd, 0, 4)], np.int64))
         with pytest.raises(ValueError, match="do not fit"):
-            reader._native.RowReader().submit(outs[0], 400, np.array([(fd, 0, 404)], np.int64))
+            native.lib.RowReader().submit(outs[0], 400, np.array([(fd, 0, 404)], np.int64))
         with pytest.raises(ValueError, match=r"int64 \[n, 3\]"):
-            reader._native.RowReader().submit(outs[0], 400, np.array([fd, 0], np.int64))
+            native.lib.RowReader().submit(outs[0], 400, np.array([fd, 0], np.int64))
     finally:
         os.close(fd)
 
@@ -315,7 +318,7 @@ def test_row_reader_jobs_are_read_right_by_both_threads(tmp_path):
     data.tofile(path)
     rng = np.random.default_rng(0)
     fd = os.open(path, os.O_RDONLY)
-    r = reader._native.RowReader()
+    r = native.lib.RowReader()
     try:
         jobs = []
         for j in range(40):
@@ -359,9 +362,9 @@ def test_row_reads_in_flight_survive_their_shard_being_closed(tmp_path, monkeypa
         w.close()
         samples += feats_of(tmp_path / f"s{k}.tar")
     rows = _batch(samples)
-    r = reader.row_reader()
+    r = shardfile.row_reader()
     out = np.full((3, 300, 80), -1, np.float32)
-    reads = reader.bulk_reads(rows.sources.tolist(), rows.offsets, rows.frames * rows.dims * 4, 4)
+    reads = shardfile.bulk_reads(rows.sources.tolist(), rows.offsets, rows.frames * rows.dims * 4, 4)
     reads.start(out, r)
     for file in rows.sources:
         file._close()  # what reopening other shards does (MAX_OPEN_SHARDS) ...
@@ -379,7 +382,7 @@ def test_row_reads_in_flight_survive_their_shard_being_closed(tmp_path, monkeypa
 
 @needs_native
 def test_row_reader_refuses_a_forked_child():
-    r = reader._native.RowReader()
+    r = native.lib.RowReader()
     pid = os.fork()
     if pid == 0:  # the child: the reader's thread is not here, so it must not queue work for it
         try:
@@ -406,7 +409,7 @@ def test_float16_rows_become_exact_float32_in_c(tmp_path, background):
         w.close()
         expected[f"u{k}"] = a.astype(np.float32)
         samples += feats_of(tmp_path / f"s{k}.tar")
-    r = reader.row_reader() if background else None
+    r = shardfile.row_reader() if background else None
     try:
         b = unpack(start_collate(_batch(samples), reader=r)())
     finally:
@@ -450,11 +453,11 @@ def test_loader_batches_are_the_same_without_the_c_part(tmp_path, monkeypatch):
         loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3)
         return [(b.keys, b.feats.clone(), b.labels.clone()) for b in loader]
 
-    native = epoch()
-    monkeypatch.setattr(reader, "_native", None)
+    in_c = epoch()
+    monkeypatch.setattr(native, "lib", None)
     python = epoch()
-    assert [k for k, _, _ in native] == [k for k, _, _ in python] and len(native) > 3
-    for (_, fa, la), (_, fb, lb) in zip(native, python):
+    assert [k for k, _, _ in in_c] == [k for k, _, _ in python] and len(in_c) > 3
+    for (_, fa, la), (_, fb, lb) in zip(in_c, python):
         assert torch.equal(fa, fb) and torch.equal(la, lb)
 
 
@@ -498,25 +501,25 @@ def test_readahead_asks_only_for_a_file_not_cached(tmp_path):
     path = cold_file(tmp_path / "f.tar", 1 << 20)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert reader._native.readahead(fd, 1 << 20, 1 << 17) is True
+        assert native.lib.readahead(fd, 1 << 20, 1 << 17) is True
         path.read_bytes()
-        assert reader._native.readahead(fd, 1 << 20, 1 << 17) is False  # cached: 16 probes, no reads
+        assert native.lib.readahead(fd, 1 << 20, 1 << 17) is False  # cached: 16 probes, no reads
     finally:
         os.close(fd)
 
 
 @needs_native
 def test_buffered_samples_are_not_tracked_by_the_gc(tmp_path):
-    """Thousands wait in the buffers; tracked, they cost a full collection per epoch (see reader.untrack)."""
+    """Thousands wait in the buffers; tracked, they cost a full collection per epoch (see format.native.untrack)."""
     w = ShardWriter(tmp_path / "a.tar")
     w.write("u1", np.ones((3, 2), np.float32), "x")
     w.close()
     (_, feats, _), = iter_decoded(str(tmp_path / "a.tar"), lazy=True)
-    assert type(feats) is reader.FileFeats and not gc.is_tracked(feats)
+    assert type(feats) is shardfile.FileFeats and not gc.is_tracked(feats)
     rows = _batch([("u1", feats)])
     gc.collect()
     assert not gc.is_tracked(rows.obj) and not gc.is_tracked(rows.labels[0])  # a block, and its label tuples
-    assert reader._native.untrack(7) == 7  # objects the GC never tracks pass through
+    assert native.lib.untrack(7) == 7  # objects the GC never tracks pass through
 
 
 @needs_native

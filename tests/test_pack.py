@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from wdsprep import StrictError, pack_data
+from wdsprep.format.index import read_index
+from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.prep.kaldi import KaldiDataError
-from wdsprep.shards import decode_key, encode_key, read_index
 
 # Ids a real Kaldi data dir has, plus the awkward ones keys must survive.
 IDS = [f"spk{i % 4}-utt{i:03d}" for i in range(40)] + [

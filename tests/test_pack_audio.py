@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from wdsprep import compute_fbank, pack_audio, pack_data, read_index
-from wdsprep.shards import decode_key, iter_tar_samples
+from wdsprep.format.keys import decode_key
+from wdsprep.format.tar import iter_tar_samples
 
 AUDIO = Path(__file__).parent / "data" / "audio"
 KNF = "kaldi-native-fbank"

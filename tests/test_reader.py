@@ -16,24 +16,20 @@ import pytest
 from pagecache import resident_fraction
 from shard_helpers import cold_file, wait_for
 
-from wdsprep import reader
-from wdsprep.reader import (
-    FileFeats,
-    ShardError,
-    decode_npy,
-    iter_decoded,
-    iter_shard_samples,
-    prefetch_shard,
-)
-from wdsprep.shards import ShardWriter, iter_tar_samples
+from wdsprep.format import native, shardfile
+from wdsprep.format.npy import decode_npy
+from wdsprep.format.samples import iter_decoded, iter_shard_samples
+from wdsprep.format.shardfile import FileFeats, ShardError, prefetch_shard
+from wdsprep.format.tar import iter_tar_samples
+from wdsprep.format.writer import ShardWriter
 
 
 @pytest.fixture(autouse=True, params=["native", "python"])
 def walk(request, monkeypatch):
     """Every test here runs with the C walk (when built) and with the Python one it falls back to."""
     if request.param == "python":
-        monkeypatch.setattr(reader, "_native", None)
-    elif reader._native is None:
+        monkeypatch.setattr(native, "lib", None)
+    elif native.lib is None:
         pytest.skip("wdsprep._native not in use: not built (see test_native.py for when that is an error) "
                     "or WDSPREP_PURE_PYTHON set")
     return request.param
@@ -194,7 +190,7 @@ def test_shard_stays_open_while_a_lazy_sample_needs_it(tmp_path):
 
 def test_open_shards_are_bounded_and_reopened_on_demand(tmp_path, monkeypatch):
     """Lazy samples of many shards keep at most MAX_OPEN_SHARDS files open, and still read right."""
-    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 2)
+    monkeypatch.setattr(shardfile, "MAX_OPEN_SHARDS", 2)
     got = []
     for k in range(6):
         write_shard(tmp_path / f"s{k}.tar", n=4, seed=k)
@@ -209,7 +205,7 @@ def test_open_shards_are_bounded_and_reopened_on_demand(tmp_path, monkeypatch):
 
 
 def test_shard_replaced_while_samples_wait_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 1)
+    monkeypatch.setattr(shardfile, "MAX_OPEN_SHARDS", 1)
     write_shard(tmp_path / "a.tar", n=4, seed=1)
     write_shard(tmp_path / "b.tar", n=4, seed=2)
     waiting = list(iter_decoded(str(tmp_path / "a.tar"), lazy=True))
@@ -244,8 +240,8 @@ def test_truncated_and_empty_shards_are_reported_on_both_paths(tmp_path):
 
 def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeypatch):
     # Chunks no larger than the kernel's smallest readahead window, so every byte is asked for
-    # (see reader._READAHEAD_CHUNK) on either path.
-    monkeypatch.setattr(reader, "_READAHEAD_CHUNK_PY", reader._READAHEAD_CHUNK)
+    # (see shardfile._READAHEAD_CHUNK) on either path.
+    monkeypatch.setattr(shardfile, "_READAHEAD_CHUNK_PY", shardfile._READAHEAD_CHUNK)
     path = cold_file(tmp_path / "cold.tar")
     prefetch_shard(str(path))
     assert wait_for(lambda: resident_fraction([path]) == 1.0), resident_fraction([path])
@@ -256,7 +252,7 @@ def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeyp
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_prefetch_in_a_forked_child_while_the_parent_thread_held_the_lock(tmp_path):
     path = cold_file(tmp_path / "cold.tar")
-    with reader._ahead.lock:  # as if the readahead thread were inside it when the DataLoader forked
+    with shardfile._ahead.lock:  # as if the readahead thread were inside it when the DataLoader forked
         pid = os.fork()
         if pid == 0:  # the child: without a fresh state, prefetch_shard waits for the lock forever
             code = 1

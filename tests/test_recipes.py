@@ -64,7 +64,7 @@ def test_parse_options_sets_declared_variables_and_rejects_unknown(tmp_path: Pat
 
 
 def test_make_hyper_patterns_cover_filled_groups_and_remote_urls(tmp_path: Path) -> None:
-    from wdsprep.shardlist import expand_shards
+    from wdsprep.format.shardlist import expand_shards
 
     shards = tmp_path / "shards"
     for group, n in (("10_500", 3), ("500_1000", 1), ("1000_1500", 0)):
@@ -118,7 +118,8 @@ def test_stage1_fbank_has_every_utterance(demo_exp: Path) -> None:
 
 
 def test_stage2_every_utterance_in_exactly_one_shard_or_the_report(demo_exp: Path) -> None:
-    from wdsprep.shards import decode_key, iter_tar_samples
+    from wdsprep.format.keys import decode_key
+    from wdsprep.format.tar import iter_tar_samples
 
     train = demo_exp / "shards" / "train"
     folders = sorted(p.name for p in train.iterdir() if p.is_dir())
@@ -146,7 +147,7 @@ def test_stage3_tokenizer_covers_the_training_text(demo_exp: Path) -> None:
 
 
 def test_stage4_hyper_is_cat_style_and_its_patterns_expand_to_the_shards(demo_exp: Path) -> None:
-    from wdsprep.shardlist import expand_shards
+    from wdsprep.format.shardlist import expand_shards
 
     hyper = json.loads((demo_exp / "hyper-p.json").read_text())
     option = hyper["train"]["option"]
@@ -205,7 +206,7 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
     # The demo corpus is short: only the first groups fill; the pattern names exactly those.
     filled = sorted(d.parent.name for d in (exp / "shards" / "train").glob("*/data-00000.tar"))
     assert option["ld"].startswith(f"{exp}/shards/train/")
-    from wdsprep.shardlist import expand_shards
+    from wdsprep.format.shardlist import expand_shards
     assert sorted(expand_shards(option["ld"])) == sorted(map(str, (exp / "shards" / "train").glob("*/*.tar")))
     assert filled and set(filled) <= {"10_500", "500_1000"}
 

@@ -4,13 +4,14 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
+from wdsprep import _moved
+from wdsprep.format.index import read_index
+from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.inspect_shards import InspectResult, inspect_shards
 from wdsprep.pack import pack_data
 from wdsprep.pack_audio import pack_audio
-from wdsprep import _moved
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report, StrictError
-from wdsprep.shards import decode_key, encode_key, read_index
 from wdsprep.tokenizer import (
     SubwordSampling,
     Tokenizer,

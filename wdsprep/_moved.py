@@ -20,6 +20,10 @@ MOVED: dict[str, tuple[str, ...]] = {
     "audio": ("prep.audio",),
     "fbank": ("prep.fbank",),
     "parallel": ("prep.parallel",),
+    "shards": ("format.keys", "format.npy", "format.index", "format.writer", "format.tar", "files"),
+    "reader": ("format.shardfile", "format.samples", "format.tar", "format.npy", "loading.read"),
+    "shardlist": ("format.shardlist",),
+    "records": ("loading.records",),
 }
 
 

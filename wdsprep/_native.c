@@ -375,6 +375,8 @@ static int npy_header(const Member *m, Found *f)
     f->dims = decimal(&p, stop);
     if (f->dims < 0 || !literal(&p, stop, "), }"))
         return 0;
+    if (f->frames == 0 || f->dims == 0)
+        return 0; /* an empty matrix: the Python reader refuses it */
     if (f->dims > 0 && f->frames > ((1LL << 62) / f->itemsize) / f->dims)
         return 0;
     if (end + f->frames * f->dims * f->itemsize > m->size)
@@ -493,13 +495,26 @@ static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX
             r = NOT_PLAIN; /* the Python walk decides what such names mean */
             break;
         }
-        /* Split like webdataset (shards.split_name): the key ends at the first dot of the base name. */
+        /* The member-name rule of format/keys.py split_member: the key is the name without the
+         * longest layout suffix it ends with (so dotted ids stay whole), else it ends at the first
+         * dot of the base name, as webdataset splits. */
         Py_ssize_t base = m.name_len;
         while (base > 0 && m.name[base - 1] != '/')
             base--;
-        const char *dot = memchr(m.name + base, '.', (size_t)(m.name_len - base));
-        Py_ssize_t klen = dot ? dot - m.name : m.name_len;
-        const char *ext = dot ? dot + 1 : m.name + m.name_len;
+        Py_ssize_t klen = -1;
+        for (int l = 0; l < nlayouts; l++)
+            for (int r = 0; r < 2; r++) {
+                Py_ssize_t el = (Py_ssize_t)strlen(exts[l][r]);
+                Py_ssize_t k = m.name_len - el - 1;
+                if (k > base && (klen < 0 || k < klen) && m.name[k] == '.' &&
+                    memcmp(m.name + k + 1, exts[l][r], (size_t)el) == 0)
+                    klen = k;
+            }
+        if (klen < 0) {
+            const char *dot = memchr(m.name + base, '.', (size_t)(m.name_len - base));
+            klen = dot ? dot - m.name : m.name_len;
+        }
+        const char *ext = klen < m.name_len ? m.name + klen + 1 : m.name + m.name_len;
         Py_ssize_t elen = m.name + m.name_len - ext;
         if (klen != key_len || memcmp(key, m.name, (size_t)klen) != 0) {
             if (key_len >= 0 && (r = emit(out, key, key_len, found, nlayouts)) != MEMBER)

@@ -123,7 +123,7 @@ def bucket_blocks(
     """:func:`bucket_batches` on a stream of blocks of samples: the same batches, made by ``take``.
 
     ``blocks`` yields ``(block, lengths)`` pairs, a block being anything with ``len()`` and
-    slicing: a list of samples, or the loader's :class:`~wdsprep.records.Records`, where a pool
+    slicing: a list of samples, or the loader's :class:`~wdsprep.loading.records.Records`, where a pool
     is sorted and cut with a few numpy calls.  ``concat`` joins blocks into a pool and
     ``take(pool, rows)`` selects the rows of a batch (an int64 index array).
     """

@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.shardlist import is_url
-from wdsprep.shards import read_index
+from wdsprep.format.index import read_index
+from wdsprep.format.shardlist import is_url
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from typing import IO, Sequence
 import numpy as np
 
 from wdsprep.files import atomic_path, write_text
-from wdsprep.shardlist import expand_shards, is_url
-from wdsprep.shards import LAYOUTS, ShardInfo, read_index
+from wdsprep.format.index import ShardInfo, read_index
+from wdsprep.format.keys import LAYOUTS
+from wdsprep.format.shardlist import expand_shards, is_url
 from wdsprep.units import FRAMES_PER_SECOND, hours
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)

@@ -6,7 +6,7 @@ The data flow, composed in :meth:`ShardStream.stages` (read it first)::
       -> sample shuffle buffer -> tokenize -> filter -> bucket + batch -> collate -> Batch
 
 Every stage is a plain generator function over blocks of utterances held as columns
-(:class:`~wdsprep.records.Records`), so each moves a few hundred utterances per numpy call
+(:class:`~wdsprep.loading.records.Records`), so each moves a few hundred utterances per numpy call
 instead of one Python object at a time.  Randomness comes only from generators seeded with
 (seed, epoch, rank, worker), so the same seed, epoch and world size give the same batches, bit
 for bit, with any ``num_workers`` layout kept equal.
@@ -56,9 +56,10 @@ from wdsprep.distributed import (
     dist_info,
     shard_sizes,
 )
-from wdsprep.reader import bulk_reads, iter_records, prefetch_shard, row_reader
-from wdsprep.records import IN_MEMORY, Records
-from wdsprep.shardlist import expand_shards
+from wdsprep.format.shardfile import bulk_reads, prefetch_shard, row_reader
+from wdsprep.format.shardlist import expand_shards
+from wdsprep.loading.read import iter_records
+from wdsprep.loading.records import IN_MEMORY, Records
 from wdsprep.tokenizer import SubwordSampling, Tokenizer, derive_seed, load_tokenizer
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
@@ -342,7 +343,7 @@ def collate(batch: Records, *, shared: bool = False,
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
 
     Features still in their shard are read straight into their row, in one C call for the batch
-    (:class:`~wdsprep.reader.RowReads`): for float32 the only copy of those bytes; float16 rows
+    (:class:`~wdsprep.format.shardfile.RowReads`): for float32 the only copy of those bytes; float16 rows
     are converted on the way.  Only the padding is zeroed: ``np.zeros``
     wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
     buffer never leaks old data.
@@ -354,7 +355,7 @@ def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
                   reader: Any = None) -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
-    thread (a :func:`~wdsprep.reader.row_reader`) while the caller goes on; calling the result
+    thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
     stages of the next batches overlap it.
     """

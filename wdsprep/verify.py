@@ -20,16 +20,10 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index
+from wdsprep.format.keys import LAYOUTS, decode_key
+from wdsprep.format.shardlist import expand_shards, is_url
 from wdsprep.inspect_shards import member_kind, read_npy_header, tar_end_problem
-from wdsprep.shardlist import expand_shards, is_url
-from wdsprep.shards import (
-    INDEX_NAME,
-    LAYOUTS,
-    FolderIndex,
-    ShardInfo,
-    decode_key,
-    read_index,
-)
 
 
 @dataclass(frozen=True)

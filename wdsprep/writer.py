@@ -17,17 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from wdsprep.files import TMP_SUFFIX
+from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, write_index
+from wdsprep.format.keys import layout_exts
+from wdsprep.format.writer import ShardWriter
 from wdsprep.groups import Groups
 from wdsprep.report import Report
-from wdsprep.shards import (
-    INDEX_NAME,
-    TMP_SUFFIX,
-    FolderIndex,
-    ShardInfo,
-    ShardWriter,
-    layout_exts,
-    write_index,
-)
 from wdsprep.units import hours
 
 DTYPES = ("float32", "float16")

@@ -93,8 +93,8 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
         import kaldiio
 
         from wdsprep.loader import bucket, collate, tokenize
+        from wdsprep.loading.records import Records
         from wdsprep.prep.kaldi import read_text
-        from wdsprep.records import Records
 
         tok = wdsprep.load_tokenizer(tokenizer_path)
         texts = {k: e.value for k, e in read_text([str(text)]).items()}
@@ -351,7 +351,7 @@ def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: st
     """
     import io
 
-    from wdsprep.shards import iter_tar_samples
+    from wdsprep.format.tar import iter_tar_samples
 
     err = rel = 0.0
     n = 0
@@ -464,9 +464,9 @@ def targets(res: Results) -> list[tuple[str, float | None, float, str]]:
 
 def _reader_path() -> str:
     """Which read path the loader took: one process is ~1.8x faster with the C part."""
-    from wdsprep import reader
+    from wdsprep.format import native
 
-    return ("tar walk, row reads and readahead in C (wdsprep._native)" if reader._native is not None
+    return ("tar walk, row reads and readahead in C (wdsprep._native)" if native.lib is not None
             else "pure-Python read path (wdsprep._native not built, or WDSPREP_PURE_PYTHON set)")
 
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wdsprep.shardlist import expand_shards
+from wdsprep.format.shardlist import expand_shards
 
 
 def group_folders(shard_dir: Path) -> list[str]:

@@ -7,7 +7,7 @@ generators and sorted, cost the loader ~6 us per utterance, more than the C walk
 SentencePiece together.  Selecting 256 rows of a block costs ~5 us.
 
 A row's features are either still in their shard (``sources[i]`` is the
-:class:`~wdsprep.reader.ShardFile`, ``offsets[i]`` where the data starts, read by the collate
+:class:`~wdsprep.format.shardfile.ShardFile`, ``offsets[i]`` where the data starts, read by the collate
 straight into the batch) or an array in memory (shards from pipes and URLs; ``offsets[i] == -1``).
 """
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from wdsprep.format.shardfile import FileFeats
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
 _OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN = range(5)
@@ -64,12 +66,8 @@ class Records:
     @classmethod
     def of(cls, samples: Iterable[tuple[str, Any, str]]) -> Records:
         """A block from ``(uttid, features, text)`` triples; features an array, or a
-        :class:`~wdsprep.reader.FileFeats` (stays in its shard).  One Python step per row: for the
+        :class:`~wdsprep.format.shardfile.FileFeats` (stays in its shard).  One Python step per row: for the
         Python reader's path and for tests, not for the hot path."""
-        from wdsprep.reader import (
-            FileFeats,  # the reader makes blocks: imported here, not at the top
-        )
-
         rows = list(samples)
         r = cls.empty(len(rows))
         for i, (uttid, feats, text) in enumerate(rows):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from typing import Sequence
 
 from braceexpand import braceexpand
@@ -15,12 +16,22 @@ def is_url(s: str) -> bool:
     return s.startswith(URL_SCHEMES)
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages."""
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
     ``data-0000{0..9}.tar`` is a brace range.  URLs (``pipe:cat ...``, ``http://...``) are
-    brace-expanded only and kept as they are.  A local pattern that matches nothing is an error.
+    brace-expanded only and kept as they are.  A local pattern that matches nothing, or matches
+    anything but a regular file (a directory, a FIFO), is an error naming it.
     """
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
@@ -30,9 +41,17 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
             if is_url(p):
                 shards.append(p)
                 continue
-            matches = sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.isfile(p) else [])
+            matches = sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.lexists(p) else [])
             if not matches:
                 raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no file")
+            for m in matches:
+                try:
+                    mode = os.stat(m).st_mode  # never opened here: opening a FIFO would block
+                except OSError as e:  # a dangling symlink
+                    raise FileNotFoundError(f"shard pattern {pattern!r}: {m!r}: {e.strerror}") from None
+                if not stat.S_ISREG(mode):
+                    raise ValueError(f"shard pattern {pattern!r} matches {m!r}, a {file_kind(mode)}: only regular "
+                                     f"files (or URLs) are shards; rename or remove it, or narrow the pattern")
             shards.extend(matches)
     seen = set()
     duplicates = [s for s in shards if s in seen or seen.add(s)]

@@ -1,0 +1,87 @@
+"""Sample keys and member names: how an utterance id and a layout become tar member names, and back.
+
+A shard is a plain POSIX tar; one sample is the pair of members that share a key:
+
+============  ======================  ==========================
+layout        features                transcript
+============  ======================  ==========================
+``cat``       ``<key>.npy``           ``<key>.txt``
+``cat-v3``    ``<key>.mat.npy``       ``<key>.label.txt``
+============  ======================  ==========================
+
+The one member-name rule (:func:`split_member`): a member's key is its name without the longest
+layout suffix it ends with.  So keys with dots, such as the speed-perturbed ids
+``sp0.9-spk00-utt0003`` that CAT and webdataset write unencoded (and then cannot read back: a
+webdataset key ends at the first dot), are read whole.  Only a name with no layout suffix falls
+back to webdataset's rule.  wdsprep itself writes keys percent-encoded (:func:`encode_key`), which
+every reader can split.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+LAYOUTS: dict[str, tuple[str, str]] = {
+    "cat": ("npy", "txt"),
+    "cat-v3": ("mat.npy", "label.txt"),
+}
+ROLES = ("feats", "text")
+
+# (".ext", layout, role), longest first: "x.mat.npy" is cat-v3's "x" + ".mat.npy", not cat's "x.mat" + ".npy".
+SUFFIXES: list[tuple[str, str, str]] = sorted(
+    ((f".{ext}", layout, role) for layout, exts in LAYOUTS.items() for ext, role in zip(exts, ROLES)),
+    key=lambda t: -len(t[0]),
+)
+
+# Bytes that survive as themselves in a key; everything else is percent-encoded.  '.' must go
+# (webdataset ends a key at the first dot of a member name), and so must '/' and '%'.
+_KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def encode_key(uttid: str) -> str:
+    """Make an utterance id safe as a tar sample key; ``urllib.parse.unquote`` inverts it.
+
+    Percent-encoding is injective (``%`` itself is encoded), so two ids never share a key.
+    """
+    return "".join(chr(b) if b in _KEY_SAFE else f"%{b:02X}" for b in uttid.encode("utf-8"))
+
+
+def decode_key(key: str) -> str:
+    """The utterance id a key was made from; UnicodeDecodeError when it was not made by :func:`encode_key`."""
+    return unquote(key, errors="strict") if "%" in key else key
+
+
+def uttid_for_message(key: str | None) -> str | None:
+    """The utterance id to name in a message; the raw key when it does not decode."""
+    try:
+        return decode_key(key) if key else key
+    except UnicodeDecodeError:
+        return key
+
+
+def layout_exts(layout: str) -> tuple[str, str]:
+    """(features extension, transcript extension) of a layout, or a clear error."""
+    try:
+        return LAYOUTS[layout]
+    except KeyError:
+        raise ValueError(f"unknown shard layout {layout!r}; choose one of {sorted(LAYOUTS)}") from None
+
+
+def member_role(name: str) -> tuple[str, str, str] | None:
+    """``(key, layout, role)`` of a member name by its layout suffix; None when it has none."""
+    for suffix, layout, role in SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix) and name[-len(suffix) - 1] != "/":
+            return name[: -len(suffix)], layout, role
+    return None
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """(key, extension) of a member name: by its layout suffix, else where webdataset splits it
+    (the key ends at the first dot of the base name)."""
+    known = member_role(name)
+    if known is not None:
+        key = known[0]
+        return key, name[len(key) + 1:]
+    dirname, _, base = name.rpartition("/")
+    key, _, ext = base.partition(".")
+    return (f"{dirname}/{key}" if dirname else key), ext

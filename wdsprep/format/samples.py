@@ -1,0 +1,226 @@
+"""A shard's samples: members grouped by key, each pair decoded, damage reported the loader's way.
+
+What counts as a usable sample is decided here once, for the loader and for ``verify``
+(:func:`decode_sample`): one features member and one transcript member of a layout, an
+``.npy`` header of little-endian float16/32/64, 2-D, at least one frame, a UTF-8 transcript and
+a key that percent-decodes.  A sample that fails any of these ends the shard: one bad sample
+most likely means the shard was damaged in writing or copying.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Iterator
+
+import numpy as np
+
+from wdsprep.format import native
+from wdsprep.format.keys import LAYOUTS, decode_key, split_member, uttid_for_message
+from wdsprep.format.npy import FEATURE_DTYPES, as_features, npy_header_end, npy_layout
+from wdsprep.format.shardfile import FileFeats, ShardError, ShardFile, Source, open_shard
+from wdsprep.format.shardlist import is_url
+from wdsprep.format.tar import PEEK, Member, _Exotic, member_bytes, scan_tarfile, scan_ustar
+
+OnCorrupt = Callable[[str, "str | None", str], None]  # (shard, key or None, why): lets a caller count the damage
+
+
+def check_on_error(on_error: str) -> None:
+    if on_error not in ("warn", "raise"):
+        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+
+
+def report_damage(url: str, why: str, on_error: str, cause: Exception | None = None) -> None:
+    """Raise (``on_error="raise"``) or warn that shard ``url`` is damaged, ``why``; a warning says the
+    rest of the shard is skipped, which is what the readers then do."""
+    if on_error == "raise":
+        raise ShardError(f"shard {url}: {why}. Re-create the shard (wdsprep pack) or remove it from the shard "
+                         f"list") from cause
+    warnings.warn(f"shard {url}: {why}; the rest of the shard is skipped. Re-create the shard (wdsprep pack) "
+                  f"or remove it from the shard list", RuntimeWarning, stacklevel=3)
+
+
+def open_members(url: str, *, whole: bool = False) -> tuple[Source, list[Member], str | None]:
+    """The shard's source, its members and what is wrong with the tar (None: nothing)."""
+    try:
+        src = open_shard(url, whole=whole)
+    except (OSError, ValueError) as e:  # ShardError is a ValueError
+        return b"", [], f"cannot read: {e}"
+    try:
+        members, problem = scan_ustar(src)
+    except _Exotic:
+        members, problem = scan_tarfile(src)
+    return src, members, problem
+
+
+def group_samples(members: list[Member]) -> Iterator[tuple[str, dict[str, Member]]]:
+    """(key, {extension: member}) for each run of consecutive members that share a key."""
+    key: str | None = None
+    group: dict[str, Member] = {}
+    for m in members:
+        k, ext = split_member(m[0])
+        if k != key:
+            if key is not None:
+                yield key, group
+            key, group = k, {}
+        group[ext] = m
+    if key is not None:
+        yield key, group
+
+
+def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None,
+                   whole: bool) -> Iterator[tuple[Source, str, dict[str, Member]]]:
+    """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
+    check_on_error(on_error)
+    src, members, problem = open_members(url, whole=whole)
+    # One group at a time (a list of all groups would keep thousands of dicts alive for the GC to
+    # walk).  When the tar is damaged the last group may be missing members (the .npy arrived but
+    # not the .txt), so it is reported, not yielded.
+    count = 0
+    bad_key: str | None = None
+    groups = group_samples(members)
+    del members
+    pending = next(groups, None)
+    while pending is not None:
+        following = next(groups, None)
+        if following is None and problem is not None:
+            bad_key = pending[0]
+            break
+        count += 1
+        yield src, pending[0], pending[1]
+        pending = following
+    if problem is not None:
+        if on_corrupt is not None:
+            on_corrupt(url, bad_key, problem)
+        where = f" (at or after utterance {uttid_for_message(bad_key)!r})" if bad_key else ""
+        report_damage(url, f"{problem}{where}; {count} samples read before it", on_error)
+
+
+def iter_shard_samples(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
+                       whole: bool = False) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {extension: bytes}) for every sample of a shard.
+
+    ``whole=True`` reads a local file into memory at once instead of by positional reads (same result).
+
+    A corrupt or truncated shard yields its complete samples before the damage, then (with
+    ``on_error="warn"``) warns naming the shard and the first key not read and stops; with
+    ``on_error="raise"`` it raises :class:`ShardError`.  ``on_corrupt(url, key, why)`` is called
+    either way so the caller can count it.
+    """
+    for src, key, group in _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole):
+        yield key, {ext: member_bytes(src, m) for ext, m in group.items()}
+
+
+def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
+    """(feature member, transcript member) of a sample in either layout; ValueError naming what is there."""
+    for feat_ext, text_ext in LAYOUTS.values():
+        if feat_ext in members and text_ext in members:
+            return members[feat_ext], members[text_ext]
+    raise ValueError(f"no features + transcript pair among members {sorted(members)}; "
+                     f"expected one of {sorted(LAYOUTS.values())}")
+
+
+def _features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
+    _, offset, size, head = m
+    end = npy_header_end(head)
+    if end > len(head):  # a header longer than numpy writes: read all of it
+        head = bytes(src[offset:offset + end])
+    dtype, fortran, shape, start = npy_layout(head, size)
+    count = shape[0] * shape[1]
+    if not isinstance(src, ShardFile):
+        return as_features(np.frombuffer(src, dtype, count, offset + start), shape, fortran, float32)
+    feats = FileFeats(src, offset + start, shape[::-1] if fortran else shape, dtype, key)
+    if lazy and not fortran and dtype.itemsize != 8:
+        return feats
+    return as_features(feats.read().reshape(-1), shape, fortran, float32)
+
+
+def decode_sample(src: Source, key: str, members: dict[str, Member], *, float32: bool = True,
+                  lazy: bool = False) -> tuple[str, np.ndarray | FileFeats, str]:
+    """(utterance id, features, transcript) of one sample; ValueError (UnicodeDecodeError is one)
+    saying why the readers refuse it."""
+    feat_m, text_m = split_sample(members)
+    feats = _features(src, feat_m, key, float32=float32, lazy=lazy)
+    text = str(member_bytes(src, text_m), "utf-8")
+    return decode_key(key), feats, text
+
+
+_LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.values()]  # split_sample's order
+_ITEMSIZE_DTYPES = {4: FEATURE_DTYPES["<f4"], 2: FEATURE_DTYPES["<f2"]}
+
+
+def native_samples(url: str) -> tuple[ShardFile, list[str], list[str], np.ndarray] | None:
+    """A local shard's samples as the C part reads them: the file, keys, transcripts and
+    int64 [n, 4] (offset, frames, dims, item size); None when it leaves the shard to Python."""
+    if native.lib is None or url.startswith("pipe:") or is_url(url):
+        return None
+    try:
+        src = ShardFile(url)
+    except (OSError, ShardError):
+        return None  # the Python path reports it
+    found = native.lib.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
+    if found is None:
+        return None
+    keys, texts, layout = found
+    return src, keys, texts, np.frombuffer(layout, np.int64).reshape(-1, 4)
+
+
+def decode_keys(keys: list[str]) -> tuple[list[str], tuple[str, Exception] | None]:
+    """The utterance ids of ``keys`` up to the first that does not decode, and that key and why."""
+    if not any("%" in k for k in keys):  # rare; unquoting costs more than the walk
+        return keys, None
+    uttids = []
+    for k in keys:
+        try:
+            uttids.append(decode_key(k))
+        except UnicodeDecodeError as e:
+            return uttids, (k, e)
+    return uttids, None
+
+
+def report_undecodable(url: str, key: str, e: Exception, on_error: str, on_corrupt: OnCorrupt | None) -> None:
+    """Report a sample that cannot be decoded (raise or warn, per ``on_error``)."""
+    problem = f"sample cannot be decoded ({e})"
+    if on_corrupt is not None:
+        on_corrupt(url, key, problem)
+    report_damage(url, f"utterance {uttid_for_message(key)!r}: {problem}", on_error, e)
+
+
+def iter_decoded(
+    url: str,
+    *,
+    on_error: str = "warn",
+    on_corrupt: OnCorrupt | None = None,
+    float32: bool = True,
+    lazy: bool = False,
+    whole: bool = False,
+) -> Iterator[tuple[str, np.ndarray | FileFeats, str]]:
+    """(utterance id, features, transcript) for every sample of a shard, either layout.
+
+    Features are arrays in their own memory (pipe/URL shards and ``whole=True``: read-only views
+    on the shard's bytes).  With ``lazy``, float16/32 features of a local shard stay on disk as
+    :class:`FileFeats` until read; with ``float32=False`` float16 stays float16.
+
+    A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
+    because a shard that holds one bad sample was most likely damaged in writing or copying.
+    """
+    check_on_error(on_error)
+    # The plain shards our writer makes in one C call per shard.
+    found = native_samples(url) if lazy and not whole else None
+    if found is not None:
+        src, keys, texts, layout = found
+        uttids, bad = decode_keys(keys)
+        for i, uttid in enumerate(uttids):
+            offset, frames, dims, itemsize = layout[i].tolist()
+            yield uttid, FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], keys[i]), texts[i]
+        if bad is not None:
+            report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
+        return
+    samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole)
+    for src, key, group in samples:
+        try:
+            decoded = decode_sample(src, key, group, float32=float32, lazy=lazy)
+        except ValueError as e:
+            samples.close()
+            report_undecodable(url, key, e, on_error, on_corrupt)
+            return
+        yield decoded

@@ -1,0 +1,43 @@
+"""Reading a shard into :class:`~wdsprep.loading.records.Records` blocks: the loader's read stage.
+
+A plain local shard takes one C call (the walk, grouped into samples, with the ``.npy`` headers
+and transcripts decoded) and no Python step per sample; anything else goes through the format's
+Python reader, with the same samples and the same damage handling.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from wdsprep.format.samples import (
+    OnCorrupt,
+    check_on_error,
+    decode_keys,
+    iter_decoded,
+    native_samples,
+    report_undecodable,
+)
+from wdsprep.loading.records import Records
+
+
+def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
+                 block: int = 256) -> Iterator[Records]:
+    """A shard's samples as :class:`Records` of up to ``block`` rows each: what
+    ``iter_decoded(url, lazy=True, float32=False)`` yields (same order, same damage handling), as
+    columns."""
+    check_on_error(on_error)
+    found = native_samples(url)
+    if found is not None:
+        src, keys, texts, layout = found
+        uttids, bad = decode_keys(keys)
+        n = len(uttids)
+        rows = Records.in_shard(src, uttids, texts[:n], layout[:n])
+        for start in range(0, n, block):
+            yield rows[start:start + block]
+        if bad is not None:
+            report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
+        return
+    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True)
+    while chunk := list(itertools.islice(samples, block)):
+        yield Records.of(chunk)
