@@ -10,7 +10,7 @@ import pytest
 from demo import DEMO_DIR, pack_options
 
 from wdsprep import cli
-from wdsprep.groups import Groups
+from wdsprep.pack.groups import Groups
 from wdsprep.prep.kaldi import read_text
 
 

@@ -14,7 +14,7 @@ from shard_helpers import GROUPS, cat_members, kaldi_data, npy, packed, write_ta
 
 from wdsprep import inspect_shards
 from wdsprep.format.keys import encode_key
-from wdsprep.groups import Groups
+from wdsprep.pack.groups import Groups
 
 MF = (50, 300, 1000)  # small max_frames: the test utterances are 10..299 frames
 

@@ -245,7 +245,7 @@ def test_refuses_non_empty_output_unless_overwrite(corpus):
 
 
 def test_interrupted_pack_leaves_no_shard_under_a_final_name(corpus, monkeypatch):
-    from wdsprep import writer
+    from wdsprep.pack import sink as writer
 
     tmp, scps, txts, feats, texts = corpus
     calls = {"n": 0}

@@ -8,8 +8,7 @@ from wdsprep import _moved
 from wdsprep.format.index import read_index
 from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.inspect_shards import InspectResult, inspect_shards
-from wdsprep.pack import pack_data
-from wdsprep.pack_audio import pack_audio
+from wdsprep.pack import pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report, StrictError
 from wdsprep.tokenizer import (

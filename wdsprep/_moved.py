@@ -24,6 +24,9 @@ MOVED: dict[str, tuple[str, ...]] = {
     "reader": ("format.shardfile", "format.samples", "format.tar", "format.npy", "loading.read"),
     "shardlist": ("format.shardlist",),
     "records": ("loading.records",),
+    "groups": ("pack.groups",),
+    "writer": ("pack.sink",),
+    "pack_audio": ("pack.from_audio",),
 }
 
 

@@ -55,7 +55,7 @@ def _cmd_fbank(args: argparse.Namespace) -> None:
 
 
 def _cmd_pack_audio(args: argparse.Namespace) -> None:
-    from wdsprep.pack_audio import pack_audio
+    from wdsprep.pack.from_audio import pack_audio
 
     pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,

@@ -9,32 +9,10 @@ from typing import Callable, Sequence
 
 import kaldiio
 
-from wdsprep.groups import Groups
+from wdsprep.pack.groups import Groups
+from wdsprep.pack.sink import GroupedSink, PathOrPaths, SinkResult, as_list, check_fmt, prepare_output, run_and_finalize
 from wdsprep.prep.kaldi import read_feats_scp, read_text
-from wdsprep.prep.parallel import run_chunks
-from wdsprep.report import Report, StrictError
-from wdsprep.writer import (
-    GroupedSink,
-    SinkResult,
-    finalize,
-    prepare_output,
-    remove_partial,
-)
-
-PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
-
-
-def as_list(p: PathOrPaths) -> list[str]:
-    return [str(p)] if isinstance(p, (str, os.PathLike)) else [str(x) for x in p]
-
-
-def check_fmt(fmt: str) -> None:
-    try:
-        name = fmt % 0
-    except (TypeError, ValueError):
-        raise ValueError(f"shard name format {fmt!r} must take one integer, e.g. data-%05d.tar") from None
-    if "/" in name or not name.endswith(".tar") or name.startswith("."):
-        raise ValueError(f"shard name format {fmt!r} must give a plain file name ending in .tar")
+from wdsprep.report import Report
 
 
 def pack_data(
@@ -92,22 +70,6 @@ def pack_data(
     work = partial(_pack_chunk, d_out=d, groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
     return run_and_finalize(work, items, d, nj=nj, desc="pack", progress=progress, fmt=fmt, layout=layout,
                             dtype=dtype, groups=groups, report=report, strict=strict)
-
-
-def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
-                     fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
-                     strict: bool) -> Report:
-    """Run ``work`` over ``items`` in ``nj`` processes, then name shards and write index and report."""
-    try:
-        results = run_chunks(work, items, nj, desc=desc, progress=progress)
-        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report)
-    except BaseException:
-        remove_partial(d_out)
-        raise
-    print(report.summary(f"{desc}: wrote {d_out}"))
-    if strict and (report.num_dropped or report.num_flagged):
-        raise StrictError(f"{desc}: {report.counts()} (strict); see {d_out / 'pack_report.json'}")
-    return report
 
 
 def _pack_chunk(chunk: Sequence[tuple[str, str, str]], worker: int, tick: Callable[[int], None], *,

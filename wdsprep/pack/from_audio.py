@@ -1,7 +1,7 @@
 """``pack-audio``: ``wav.scp`` [+ ``segments``] + ``text`` -> shards, computing fbank on the way (no ark).
 
 The fused form of ``fbank`` followed by ``pack``: the same utterances in the same order meet the
-same :class:`~wdsprep.writer.GroupedSink`, so shards, index and report match what the two steps
+same :class:`~wdsprep.pack.sink.GroupedSink`, so shards, index and report match what the two steps
 give (the report names the audio reasons instead of ``missing_features``).
 """
 
@@ -13,8 +13,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-from wdsprep.groups import Groups
-from wdsprep.pack import PathOrPaths, as_list, check_fmt, run_and_finalize
+from wdsprep.pack.groups import Groups
+from wdsprep.pack.sink import GroupedSink, PathOrPaths, SinkResult, as_list, check_fmt, prepare_output, run_and_finalize
 from wdsprep.prep.audio import AudioProblem, Utterance, read_utterances
 from wdsprep.prep.fbank import (
     Fbank,
@@ -25,7 +25,6 @@ from wdsprep.prep.fbank import (
 )
 from wdsprep.prep.kaldi import read_text
 from wdsprep.report import Report
-from wdsprep.writer import GroupedSink, SinkResult, prepare_output
 
 
 def pack_audio(

@@ -14,6 +14,7 @@ import shutil
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -21,8 +22,9 @@ from wdsprep.files import TMP_SUFFIX
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, write_index
 from wdsprep.format.keys import layout_exts
 from wdsprep.format.writer import ShardWriter
-from wdsprep.groups import Groups
-from wdsprep.report import Report
+from wdsprep.pack.groups import Groups
+from wdsprep.prep.parallel import run_chunks
+from wdsprep.report import Report, StrictError
 from wdsprep.units import hours
 
 DTYPES = ("float32", "float16")
@@ -198,3 +200,34 @@ def remove_partial(d_out: str | os.PathLike) -> None:
         elif p.is_dir():
             shutil.rmtree(p)
 
+
+PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def as_list(p: PathOrPaths) -> list[str]:
+    return [str(p)] if isinstance(p, (str, os.PathLike)) else [str(x) for x in p]
+
+
+def check_fmt(fmt: str) -> None:
+    try:
+        name = fmt % 0
+    except (TypeError, ValueError):
+        raise ValueError(f"shard name format {fmt!r} must take one integer, e.g. data-%05d.tar") from None
+    if "/" in name or not name.endswith(".tar") or name.startswith("."):
+        raise ValueError(f"shard name format {fmt!r} must give a plain file name ending in .tar")
+
+
+def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
+                     fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
+                     strict: bool) -> Report:
+    """Run ``work`` over ``items`` in ``nj`` processes, then name shards and write index and report."""
+    try:
+        results = run_chunks(work, items, nj, desc=desc, progress=progress)
+        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report)
+    except BaseException:
+        remove_partial(d_out)
+        raise
+    print(report.summary(f"{desc}: wrote {d_out}"))
+    if strict and (report.num_dropped or report.num_flagged):
+        raise StrictError(f"{desc}: {report.counts()} (strict); see {d_out / 'pack_report.json'}")
+    return report
