@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 from baselines import order_randomness, sort_window, sort_window_batches, stream_batches
 
-from wdsprep.batching import (
-    bucket_batches,
-    bucket_blocks,
-    len_of_first_dim,
-    padding_efficiency,
-)
+from wdsprep.loading.batching import bucket_batches, bucket_blocks, len_of_first_dim
+from wdsprep.loading.stats import padding_efficiency
 
 
 def utts(lengths):

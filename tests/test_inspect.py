@@ -106,12 +106,12 @@ def test_inspect_reads_a_shard_the_index_does_not_list(tmp_path):
 def test_inspect_reports_bad_samples_and_goes_on(tmp_path):
     good = {"a": np.zeros((20, 4), np.float32), "b": np.zeros((30, 4), np.float32)}
     members = cat_members(good, {"a": "x", "b": "y"}, "cat")
-    members = [m for m in members if m[0] != "b.txt"] + [("c.npy", b"\x93NUMPY garbage")]
+    members = [m for m in members if m[0] != "b.txt"] + [("c.npy", b"\x93NUMPY garbage"), ("c.txt", b"z")]
     write_tar(tmp_path / "g" / "x.tar", members)
     r = inspect_shards(str(tmp_path / "g/x.tar"), max_frames_list=())
     assert r.shards[0].frames.tolist() == [20]
     assert any("'b'" in p and "transcript" in p for p in r.problems)
-    assert any("c.npy" in p for p in r.problems)
+    assert any("'c.npy'" in p and "npy" in p for p in r.problems)
 
 
 def test_inspect_names_a_truncated_tar(tmp_path):
@@ -123,7 +123,7 @@ def test_inspect_names_a_truncated_tar(tmp_path):
         cut = [t for t in tf][1]
     (tmp_path / "g" / "x.tar").write_bytes(data[:cut.offset_data + 512 * (-(-cut.size // 512))])
     r = inspect_shards(str(tmp_path / "g/x.tar"), max_frames_list=())
-    assert any(p.startswith(f"{tmp_path / 'g' / 'x.tar'}: no end-of-archive block") for p in r.problems), r.problems
+    assert any(p.startswith(f"{tmp_path / 'g' / 'x.tar'}: truncated at byte") for p in r.problems), r.problems
 
 
 def test_plot_and_padding_efficiency(pack_dir, tmp_path):

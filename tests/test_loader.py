@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from shardsets import build, strip_index, train_char_tokenizer
 
-from wdsprep.distributed import assign_shards
 from wdsprep.loader import LABEL_PAD, Batch, make_loader
+from wdsprep.loading.assign import assign_shards
 from wdsprep.tokenizer import load_tokenizer
 
 
@@ -206,7 +206,7 @@ def _samples(seed=0, n=7):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_collate_one_buffer_padded_right(shared):
-    from wdsprep.loader import collate, unpack
+    from wdsprep.loading.collate import collate, unpack
 
     samples, rows = _samples()
     p = collate(rows, shared=shared)
@@ -224,7 +224,7 @@ def test_collate_one_buffer_padded_right(shared):
 
 
 def test_shuffle_buffer_detaches_long_waiting_samples():
-    from wdsprep.loader import shuffle_buffer
+    from wdsprep.loading.stages import shuffle_buffer
 
     samples, rows = _samples(n=200)
     want = {u: f.copy() for u, f, _ in samples}
@@ -252,7 +252,7 @@ def _reservoir(rows, slots, size):
 @pytest.mark.parametrize("size", [1, 3, 50])
 def test_shuffle_buffer_by_blocks_equals_one_arrival_at_a_time(size):
     """Blocks of arrivals exchanged at once, slots taken twice or more within a block included."""
-    from wdsprep.loader import shuffle_buffer
+    from wdsprep.loading.stages import shuffle_buffer
 
     _, rows = _samples(n=300)
     cuts = np.unique(np.r_[0, np.random.default_rng(1).integers(0, 300, 40), 300])
@@ -289,7 +289,7 @@ def test_batch_buffers_recycled_only_after_the_trainer_drops_them(data, workers)
 def test_shm_pool_reuses_a_slot_only_when_freed():
     import torch.multiprocessing as mp
 
-    from wdsprep.loader import POOL_SLOTS, ShmPool
+    from wdsprep.loading.transport import POOL_SLOTS, ShmPool
 
     flags = mp.RawArray("b", 2 * POOL_SLOTS)
     pool = ShmPool(flags, worker=1)
@@ -308,7 +308,8 @@ def test_shm_pool_reuses_a_slot_only_when_freed():
 def test_shm_pool_sends_a_buffer_once_per_epoch_and_again_when_regrown():
     import torch.multiprocessing as mp
 
-    from wdsprep.loader import POOL_SLOTS, Packed, ShmPool
+    from wdsprep.loading.collate import Packed
+    from wdsprep.loading.transport import POOL_SLOTS, ShmPool
 
     flags = mp.RawArray("b", POOL_SLOTS)
     pool = ShmPool(flags, worker=0)
@@ -333,7 +334,7 @@ def test_shm_pool_frees_slots_filled_for_drained_batches():
     """Slots taken after the main process's epoch start (same serial) held discarded batches."""
     import torch.multiprocessing as mp
 
-    from wdsprep.loader import POOL_SLOTS, ShmPool
+    from wdsprep.loading.transport import POOL_SLOTS, ShmPool
 
     flags, serial = mp.RawArray("b", POOL_SLOTS), mp.RawValue("q", 1)
     pool = ShmPool(flags, worker=0, serial=serial)
@@ -383,7 +384,7 @@ def test_breaking_out_of_an_epoch_leaves_persistent_workers_usable(data):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypatch, workers):
     """Most pooled batches arrive as a slot number; batches held across epochs are never overwritten."""
-    from wdsprep.loader import SlotCache
+    from wdsprep.loading.transport import SlotCache
 
     _, out, utts, tok = data
     sent = Counter()
@@ -411,7 +412,9 @@ def test_slot_buffers_travel_once_and_held_batches_survive_epochs(data, monkeypa
 def test_slot_cache_refuses_a_stale_buffer():
     import torch
 
-    from wdsprep.loader import Packed, SlotCache, _alloc
+    from wdsprep.loading.collate import Packed
+    from wdsprep.loading.collate import alloc_buffer as _alloc
+    from wdsprep.loading.transport import SlotCache
 
     cache = SlotCache(num_workers=1)
     shape = (2, 3, 4, 1)

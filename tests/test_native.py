@@ -23,14 +23,15 @@ import torch
 from shard_helpers import cold_file, npy, wait_for
 from shardsets import build, train_char_tokenizer
 
-from wdsprep import loader as loader_module
 from wdsprep.format import native, shardfile, tar
 from wdsprep.format import samples as fsamples
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.shardfile import ShardError, ShardFile, read_rows
 from wdsprep.format.tar import PEEK
 from wdsprep.format.writer import ShardWriter
-from wdsprep.loader import collate, make_loader, start_collate, unpack
+from wdsprep.loader import make_loader
+from wdsprep.loading import stream as loader_module
+from wdsprep.loading.collate import collate, start_collate, unpack
 from wdsprep.loading.records import Records
 
 needs_native = pytest.mark.skipif(native.lib is None,

@@ -13,6 +13,8 @@ import pytest
 from shard_helpers import cat_members, npy, packed, rewrite_tar, tar_members, write_tar
 
 from wdsprep import verify_shards
+from wdsprep.format.keys import encode_key
+from wdsprep.format.samples import iter_decoded
 
 
 @pytest.fixture
@@ -59,11 +61,13 @@ def test_truncated_shard_is_named(pack_dir, where):
     cut = end if where == "block boundary" else m.offset_data + 3
     path.write_bytes(path.read_bytes()[:cut])
     found = problems_for(d, path)
-    # Match the start of the message: the tmp path itself contains "truncated".
-    expected = "no end-of-archive block" if where == "block boundary" else "tar cannot be read at member"
-    assert any(p.what.startswith(expected) and "truncated" in p.what for p in found), found
-    if where == "block boundary":  # and the two samples lost are named through the index
-        assert sum("not in the tar" in p.what for p in found) == 2
+    assert any(p.what.startswith("the tar is damaged:") and "truncated" in p.what for p in found), found
+    # The samples lost are named through the index: exactly those the loader does not read.
+    with pytest.warns(RuntimeWarning, match="truncated"):
+        read = {encode_key(uttid) for uttid, _, _ in iter_decoded(str(path))}
+    listed = json.loads((path.parent / "index.json").read_text())["shards"][1]["keys"]
+    assert {p.key for p in found if "not in the tar" in p.what} == set(listed) - read
+    assert len(read) == 1
 
 
 def test_corrupt_npy_header_is_named(pack_dir):
@@ -74,8 +78,10 @@ def test_corrupt_npy_header_is_named(pack_dir):
     rewrite_tar(path, lambda ms: [(n, b"\x93NUMPY\x01\x00\x10\x00{'descr': <bad>}\n" + data[26:] if n == name else data)
                                   for n, data in ms])
     found = problems_for(d, path)
-    assert [p.member for p in found] == [name]
+    assert [p.member for p in found] == [name, None]
     assert "npy header" in found[0].what
+    # ... and where the loader stops reading the shard: at that sample, after the one before it.
+    assert found[1].key == name[:-len(".npy")] and "1 of 4 samples read before it" in found[1].what
 
 
 def test_pickled_object_array_is_refused_not_loaded(pack_dir, tmp_path):
@@ -92,7 +98,7 @@ def test_pickled_object_array_is_refused_not_loaded(pack_dir, tmp_path):
     rewrite_tar(path, lambda ms: [(n, evil if n == name else data) for n, data in ms])
     found = problems_for(d, path)
     assert not marker.exists(), "verify unpickled a shard member"
-    assert [p.member for p in found] == [name] and "pickled" in found[0].what
+    assert [p.member for p in found] == [name, None] and "pickled" in found[0].what
 
 
 def test_missing_text_member_is_named(pack_dir):
@@ -102,7 +108,8 @@ def test_missing_text_member_is_named(pack_dir):
     key = text_name[: -len(".txt")]
     rewrite_tar(path, lambda ms: [m for m in ms if m[0] != text_name])
     found = problems_for(d, path)
-    assert [(p.key, f"no {key}.txt" in p.what) for p in found] == [(key, True)]
+    assert [(p.key, f"no {key}.txt" in p.what) for p in found] == [(key, True), (key, False)]
+    assert "the loader stops reading this shard" in found[1].what
 
 
 def test_index_mismatch_is_named(pack_dir):
@@ -133,7 +140,7 @@ def test_shard_not_in_index_is_named(pack_dir):
 
 
 def test_content_faults_without_index(tmp_path):
-    """Duplicate ids across shards, a dotted key, NaNs, non-UTF-8 text, 1-D features, stray members."""
+    """Duplicate ids across shards, NaNs, non-UTF-8 text, 1-D features, stray members; a dotted key is a note."""
     ok = np.ones((5, 3), np.float32)
     write_tar(tmp_path / "a" / "0.tar", [("dup.npy", npy(ok)), ("dup.txt", b"a")])
     write_tar(tmp_path / "a" / "1.tar", [
@@ -147,12 +154,15 @@ def test_content_faults_without_index(tmp_path):
     r = verify_shards(str(tmp_path / "a/*.tar"))
     msgs = {(p.member or p.key): p.what for p in r.problems}
     assert "also in" in msgs["d%75p"] and str(tmp_path / "a" / "0.tar") in msgs["d%75p"]
-    assert "'.'" in msgs["sp1.1-u"]
     assert "NaN" in msgs["nan.npy"]
     assert "UTF-8" in msgs["latin.txt"]
     assert "2-D" in msgs["flat.npy"]
     assert "known layout" in msgs["x.json"]
+    # The loader reads up to the first sample it refuses (the non-UTF-8 transcript), after 3.
+    assert "3 of 6 samples read before it" in msgs["latin"]
     assert len(r.problems) == 6, r.format()
+    # wdsprep reads a dotted key whole (by its layout suffix); other readers would cut it.
+    assert [n.key for n in r.notes] == ["sp1.1-u"] and "'.'" in r.notes[0].what
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -167,5 +177,5 @@ def test_cli_exit_codes(pack_dir):
     path.write_bytes(path.read_bytes()[:3000])
     bad = run_cli("verify", f"{d}/*/data-*.tar")
     assert bad.returncode == 1
-    assert f"{path}: no end-of-archive block" in bad.stdout  # cut inside a header: tarfile alone misses it
+    assert f"{path}: the tar is damaged" in bad.stdout  # cut inside a header: tarfile alone misses it
     assert run_cli("verify", f"{d}/nope/*.tar").returncode == 2

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from wdsprep import compute_fbank, inspect_shards, pack_data, train_tokenizer
-from wdsprep.dryrun import dry_run
+from wdsprep.check.dryrun import dry_run
+from wdsprep.loading.stats import efficiency
 
 # The recipe directory: wav.scp paths in the bundled corpus are relative to it (Kaldi-style).
 DEMO_DIR = Path(__file__).resolve().parent.parent / "egs" / "demo"
@@ -131,7 +132,7 @@ def _rank_summary(ranks: list[dict]) -> dict:
         "batches": sum(r["steps"] for r in ranks),
         "utterances": utts,
         "steps_per_rank": [r["steps"] for r in ranks],
-        "padding_efficiency": round(real / padded, 4) if padded else None,
+        "padding_efficiency": round(efficiency(real, padded), 4),
         "utterances_per_s": round(utts / seconds) if seconds else None,
         "discarded_fraction": ranks[0]["discarded_fraction"],
     }

@@ -5,9 +5,10 @@ are imported only by the functions that need them.
 """
 
 from wdsprep import _moved
+from wdsprep.check.inspect import InspectResult, inspect_shards
+from wdsprep.check.verify import VerifyResult, verify_shards
 from wdsprep.format.index import read_index
 from wdsprep.format.keys import decode_key, encode_key
-from wdsprep.inspect_shards import InspectResult, inspect_shards
 from wdsprep.pack import pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report, StrictError
@@ -17,7 +18,6 @@ from wdsprep.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
-from wdsprep.verify import VerifyResult, verify_shards
 
 __version__ = "0.1.0"
 

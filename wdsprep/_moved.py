@@ -27,7 +27,14 @@ MOVED: dict[str, tuple[str, ...]] = {
     "groups": ("pack.groups",),
     "writer": ("pack.sink",),
     "pack_audio": ("pack.from_audio",),
+    "distributed": ("loading.assign", "loading.collectives"),
+    "batching": ("loading.batching", "loading.stats"),
+    "inspect_shards": ("check.inspect", "check.plot"),
+    "verify": ("check.verify",),
+    "dryrun": ("check.dryrun",),
 }
+# Names the 0.1 wdsprep.loader held that moved to loading/ (wdsprep.loader is still the front).
+LOADER_MOVED = ("loading.collate", "loading.stages", "loading.transport", "loading.stream", "loading.stats")
 
 
 class _Alias(types.ModuleType):
@@ -62,6 +69,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
+
+
+def moved_attribute(module: str, attr: str, homes: Sequence[str]) -> Any:
+    """``attr`` of a module that no longer defines it, from its new home, with a DeprecationWarning."""
+    for h in homes:
+        home = importlib.import_module(f"wdsprep.{h}")
+        if hasattr(home, attr):
+            warnings.warn(f"{module}.{attr} moved to wdsprep.{h}.{attr}; the old path goes away in the next release",
+                          DeprecationWarning, stacklevel=3)
+            return getattr(home, attr)
+    raise AttributeError(f"module {module!r} has no attribute {attr!r}")
 
 
 def install() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from wdsprep.inspect_shards import DEFAULT_MAX_FRAMES
+from wdsprep.check.inspect import DEFAULT_MAX_FRAMES
 from wdsprep.prep.fbank import BackendUnavailable
 from wdsprep.prep.kaldi import KaldiDataError
 from wdsprep.report import StrictError
@@ -118,7 +118,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from wdsprep.inspect_shards import inspect_shards, write_json
+    from wdsprep.check.inspect import inspect_shards, write_json
 
     result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames)
     print(result.format(per_shard=not args.groups_only))
@@ -128,7 +128,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from wdsprep.verify import verify_shards
+    from wdsprep.check.verify import verify_shards
 
     result = verify_shards(args.patterns)
     print(result.format())
@@ -136,7 +136,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
-    from wdsprep.dryrun import dry_run
+    from wdsprep.check.dryrun import dry_run
 
     dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
             epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed,

@@ -121,8 +121,8 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
 
     ``world_size`` defaults to torch.distributed's (1 without it); rank likewise.
     """
-    from wdsprep.distributed import dist_info
     from wdsprep.loader import make_loader
+    from wdsprep.loading.collectives import dist_info
 
     p = Path(path)
     try:

@@ -39,7 +39,8 @@ from corpus import Corpus, DataSpec, prepare, train_tokenizer_once, x4_shards
 from pagecache import evict, read_files, resident_fraction
 
 import wdsprep
-from wdsprep import batching
+from wdsprep.loading import batching
+from wdsprep.loading.stats import BatchTally
 
 REPO = Path(__file__).resolve().parents[2]
 MB = 1e6
@@ -92,8 +93,9 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
     def run() -> int:
         import kaldiio
 
-        from wdsprep.loader import bucket, collate, tokenize
+        from wdsprep.loading.collate import collate
         from wdsprep.loading.records import Records
+        from wdsprep.loading.stages import bucket, tokenize
         from wdsprep.prep.kaldi import read_text
 
         tok = wdsprep.load_tokenizer(tokenizer_path)
@@ -235,19 +237,13 @@ class PaddingRow:
 
 def _padding_stats(batches: list[list[int]], lens: np.ndarray) -> tuple[float, float, list[float], int]:
     """(padding efficiency, mean displacement, batch mean lengths in output order, #batches)."""
-    real = padded = 0
-    out_order: list[int] = []
-    means: list[float] = []
+    tally = BatchTally()
     for b in batches:
-        ls = lens[b]
-        real += int(ls.sum())
-        padded += int(ls.max()) * len(b)
-        means.append(float(ls.mean()))
-        out_order.extend(b)
+        tally.add(lens[b])
     # The input stream is 0..N-1 (indices in shuffled order), so a sample's input position is its value.
-    out = np.asarray(out_order)
+    out = np.concatenate([np.asarray(b) for b in batches]) if batches else np.zeros(0, np.int64)
     disp = float(np.abs(out - np.arange(len(out))).mean())
-    return real / padded, disp, means, len(batches)
+    return tally.padding_efficiency, disp, [float(lens[b].mean()) for b in batches], len(batches)
 
 
 BATCHERS = ("CAT stream (no sort)", "WeNet sort window", "wdsprep bucket_batches")

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 lib: Any  # the module, or None; read at call time (``native.lib``), so tests can take it away
 try:
-    from wdsprep import _native as lib
+    import wdsprep._native as lib
 except ImportError:  # installed without a C compiler: the same results, slower
     lib = None
 if os.environ.get("WDSPREP_PURE_PYTHON", "") not in ("", "0"):

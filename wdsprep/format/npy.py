@@ -59,6 +59,9 @@ def npy_layout(head: bytes, size: int) -> tuple[np.dtype, bool, tuple[int, int],
     start = 10 if head[6] == 1 else 12
     descr, fortran, shape = parse_npy_header(head[start:end].decode("latin1"))
     dtype = FEATURE_DTYPES.get(descr)
+    if dtype is None and "O" in descr:
+        raise ValueError(f"pickled object array (dtype {descr!r}) refused: nothing in a shard is unpickled, "
+                         f"and an object array can only be read by unpickling")
     if dtype is None:
         raise ValueError(f"feature dtype {descr!r} refused: only little-endian float16/32/64 are read "
                          f"(object arrays would need unpickling)")

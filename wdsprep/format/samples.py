@@ -67,31 +67,38 @@ def group_samples(members: list[Member]) -> Iterator[tuple[str, dict[str, Member
         yield key, group
 
 
+def samples_before_damage(members: list[Member], problem: str | None) -> Iterator[tuple[str, dict[str, Member]]]:
+    """:func:`group_samples`, less the last group when the tar is damaged: its members may have been
+    cut off (the .npy arrived but not the .txt)."""
+    groups = group_samples(members)
+    pending = next(groups, None)
+    while pending is not None:
+        following = next(groups, None)
+        if following is None and problem is not None:
+            return
+        yield pending
+        pending = following
+
+
 def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None,
                    whole: bool) -> Iterator[tuple[Source, str, dict[str, Member]]]:
     """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
     check_on_error(on_error)
     src, members, problem = open_members(url, whole=whole)
-    # One group at a time (a list of all groups would keep thousands of dicts alive for the GC to
-    # walk).  When the tar is damaged the last group may be missing members (the .npy arrived but
-    # not the .txt), so it is reported, not yielded.
+    # One group at a time: a list of all groups would keep thousands of dicts alive for the GC to walk.
     count = 0
-    bad_key: str | None = None
-    groups = group_samples(members)
-    del members
-    pending = next(groups, None)
-    while pending is not None:
-        following = next(groups, None)
-        if following is None and problem is not None:
-            bad_key = pending[0]
-            break
+    last: str | None = None
+    for key, group in samples_before_damage(members, problem):
         count += 1
-        yield src, pending[0], pending[1]
-        pending = following
+        last = key
+        yield src, key, group
     if problem is not None:
+        groups = list(group_samples(members))
+        bad_key = groups[count][0] if count < len(groups) else None
         if on_corrupt is not None:
             on_corrupt(url, bad_key, problem)
-        where = f" (at or after utterance {uttid_for_message(bad_key)!r})" if bad_key else ""
+        where = f" (at or after utterance {uttid_for_message(bad_key)!r})" if bad_key else (
+            f" (after utterance {uttid_for_message(last)!r})" if last else "")
         report_damage(url, f"{problem}{where}; {count} samples read before it", on_error)
 
 
@@ -111,15 +118,22 @@ def iter_shard_samples(url: str, *, on_error: str = "warn", on_corrupt: OnCorrup
 
 
 def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
-    """(feature member, transcript member) of a sample in either layout; ValueError naming what is there."""
+    """(feature member, transcript member) of a sample in either layout; ValueError naming what is missing."""
     for feat_ext, text_ext in LAYOUTS.values():
         if feat_ext in members and text_ext in members:
             return members[feat_ext], members[text_ext]
-    raise ValueError(f"no features + transcript pair among members {sorted(members)}; "
-                     f"expected one of {sorted(LAYOUTS.values())}")
+    for feat_ext, text_ext in LAYOUTS.values():
+        if feat_ext in members:
+            raise ValueError(f"features .{feat_ext} but no transcript member .{text_ext}")
+        if text_ext in members:
+            raise ValueError(f"transcript .{text_ext} but no features member .{feat_ext}")
+    raise ValueError(f"no member of a known layout (.{', .'.join(sorted(members))}); expected KEY.npy + KEY.txt "
+                     f"(cat) or KEY.mat.npy + KEY.label.txt (cat-v3)")
 
 
-def _features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
+def read_features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
+    """A features member as an array (or, ``lazy``, a :class:`FileFeats` left in a local shard);
+    ValueError when the readers refuse it (see :func:`~wdsprep.format.npy.npy_layout`)."""
     _, offset, size, head = m
     end = npy_header_end(head)
     if end > len(head):  # a header longer than numpy writes: read all of it
@@ -139,7 +153,7 @@ def decode_sample(src: Source, key: str, members: dict[str, Member], *, float32:
     """(utterance id, features, transcript) of one sample; ValueError (UnicodeDecodeError is one)
     saying why the readers refuse it."""
     feat_m, text_m = split_sample(members)
-    feats = _features(src, feat_m, key, float32=float32, lazy=lazy)
+    feats = read_features(src, feat_m, key, float32=float32, lazy=lazy)
     text = str(member_bytes(src, text_m), "utf-8")
     return decode_key(key), feats, text
 

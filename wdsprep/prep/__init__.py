@@ -1,0 +1,1 @@
+"""Kaldi data dirs to features: tables (``kaldi``), audio and segments (``audio``), fbank, parallel jobs."""

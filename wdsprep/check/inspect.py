@@ -15,141 +15,22 @@ from __future__ import annotations
 import json
 import math
 import os
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from wdsprep.files import atomic_path, write_text
-from wdsprep.format.index import ShardInfo, read_index
-from wdsprep.format.keys import LAYOUTS
+from wdsprep.files import write_text
+from wdsprep.format.index import ShardInfo, read_index, scan_shard
 from wdsprep.format.shardlist import expand_shards, is_url
-from wdsprep.units import FRAMES_PER_SECOND, hours
+from wdsprep.units import hours
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
 # bucket_batches is pure Python; beyond this many utterances the curve is computed on a seeded
 # random subset, which changes the efficiency only in the third decimal.
 MAX_CURVE_UTTS = 100_000
 ALL = "all"  # name of the curve over every selected shard together (what one loader sees)
-
-# (member suffix, layout, role), longest suffix first so "x.mat.npy" is not read as cat's "x.mat" + ".npy".
-_SUFFIXES: list[tuple[str, str, str]] = sorted(
-    ((f".{ext}", layout, role) for layout, exts in LAYOUTS.items() for ext, role in zip(exts, ("feats", "text"))),
-    key=lambda t: -len(t[0]),
-)
-
-
-def member_kind(name: str) -> tuple[str, str, str] | None:
-    """``(key, layout, role)`` of a tar member name (role ``feats`` or ``text``), None if no layout has it.
-
-    The key is what precedes the layout's suffix, so a key with a dot in it (which webdataset
-    would cut at the dot) is still recognised here and can be reported by ``verify``.
-    """
-    for suffix, layout, role in _SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)], layout, role
-    return None
-
-
-def read_npy_header(fp: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from the header of an ``.npy`` stream, reading only the header bytes.
-
-    Never unpickles: an object array is reported by its dtype (``hasobject``), not loaded.
-    """
-    version = np.lib.format.read_magic(fp)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
-    elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
-    else:  # 3.0 only differs for non-latin1 field names, which a feature matrix never has
-        raise ValueError(f"npy format version {version[0]}.{version[1]}, expected 1.0 or 2.0")
-    return tuple(int(n) for n in shape), dtype
-
-
-def tar_end_problem(path: str | os.PathLike, members: Sequence[tarfile.TarInfo]) -> str | None:
-    """Why a tar does not end cleanly after its last member, or None.
-
-    ``tarfile`` stops silently at a header cut at a block boundary or a corrupt header, so a
-    truncated shard would look like a shorter good one.  A complete tar has a zero
-    end-of-archive block right after the last member's data; check that it is there.
-    """
-    end = 0
-    if members:
-        last = members[-1]
-        end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-    with open(path, "rb") as f:
-        f.seek(end)
-        block = f.read(tarfile.BLOCKSIZE)
-    if len(block) == tarfile.BLOCKSIZE and not any(block):
-        return None
-    after = f"after member {members[-1].name!r}" if members else "before the first member"
-    what = "the file ends" if len(block) < tarfile.BLOCKSIZE else "a corrupt member header follows"
-    return (f"no end-of-archive block at byte {end} ({after}): {what}, so the shard is truncated or damaged "
-            f"and anything after that point is lost; copy the shard again or repack it")
-
-
-@dataclass
-class ShardScan:
-    """What reading a tar (without an index) found: complete samples, layout(s), problems."""
-
-    info: ShardInfo
-    layouts: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)
-
-
-def scan_shard_lengths(path: str | os.PathLike) -> ShardScan:
-    """Keys, frames and transcript lengths of a tar, reading only ``.npy`` headers and text members.
-
-    A sample missing a member or with an unreadable member is left out and reported in
-    ``problems`` (``verify`` gives the full diagnosis).
-    """
-    path = str(path)
-    scan = ShardScan(ShardInfo(os.path.basename(path)))
-    samples: dict[str, dict[str, int]] = {}  # key -> {"feats": frames, "text": length}
-    members: list[tarfile.TarInfo] = []
-    try:
-        with tarfile.open(path, "r:") as tf:
-            for m in tf:
-                if not m.isfile():
-                    continue
-                members.append(m)
-                kind = member_kind(m.name)
-                if kind is None:
-                    scan.problems.append(f"{path}: member {m.name!r}: not a member of a known layout {sorted(LAYOUTS)}")
-                    continue
-                key, layout, role = kind
-                scan.layouts.add(layout)
-                fp = tf.extractfile(m)
-                try:
-                    if role == "feats":
-                        shape, dtype = read_npy_header(fp)
-                        if len(shape) != 2:
-                            raise ValueError(f"features have shape {shape}, expected 2-D (frames x dims)")
-                        value = shape[0]
-                    else:
-                        value = len(fp.read().decode("utf-8"))
-                except (ValueError, UnicodeDecodeError) as e:
-                    scan.problems.append(f"{path}: member {m.name!r}: {e}")
-                    continue
-                samples.setdefault(key, {})[role] = value
-    except (tarfile.TarError, EOFError, OSError) as e:
-        scan.problems.append(f"{path}: cannot read the tar ({type(e).__name__}: {e}); run `wdsprep verify` on it")
-    else:
-        end = tar_end_problem(path, members)
-        if end:
-            scan.problems.append(f"{path}: {end}")
-    for key, s in samples.items():
-        if "feats" in s and "text" in s:
-            scan.info.keys.append(key)
-            scan.info.frames.append(s["feats"])
-            scan.info.text_lens.append(s["text"])
-        else:
-            missing = "transcript" if "feats" in s else "features"
-            scan.problems.append(f"{path}: key {key!r}: no {missing} member; sample left out")
-    return scan
-
 
 def _min_med_max(x: np.ndarray) -> tuple[float, float, float] | None:
     return (int(x.min()), float(np.median(x)), int(x.max())) if len(x) else None
@@ -343,7 +224,7 @@ def inspect_shards(
                 continue
             if index is not None:
                 problems.append(f"{p}: not listed in {Path(folder) / 'index.json'} (stale index?); read from the tar")
-            scan = scan_shard_lengths(p)
+            scan = scan_shard(p)
             problems.extend(scan.problems)
             layout = "+".join(sorted(scan.layouts)) or "-"
             stats.append(_stats(p, names[folder], layout, "tar", scan.info))
@@ -352,6 +233,8 @@ def inspect_shards(
 
     result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems)
     if plot is not None:
+        from wdsprep.check.plot import plot_inspect  # matplotlib only when a plot is asked for
+
         result.plot = str(plot)
         plot_inspect(result, plot)
     return result
@@ -396,10 +279,8 @@ def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int],
 
 def padding_curve(lengths: np.ndarray, max_frames_list: Sequence[int], rng: np.random.Generator) -> dict[int, float]:
     """``{max_frames: real / padded frames}`` of ``bucket_batches`` over ``lengths`` shuffled by ``rng``."""
-    from wdsprep.batching import (  # the loader's batcher, not a re-implementation
-        bucket_batches,
-        padding_efficiency,
-    )
+    from wdsprep.loading.batching import bucket_batches  # the loader's batcher, not a re-implementation
+    from wdsprep.loading.stats import padding_efficiency
 
     lengths = np.asarray(lengths)
     if len(lengths) > MAX_CURVE_UTTS:
@@ -407,51 +288,6 @@ def padding_curve(lengths: np.ndarray, max_frames_list: Sequence[int], rng: np.r
     order = rng.permutation(lengths).tolist()
     return {int(mf): padding_efficiency(bucket_batches(order, max_frames=int(mf), rng=rng, length=int))
             for mf in sorted(max_frames_list)}
-
-
-def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
-    """One PNG: a frame-length histogram per group and the padding-efficiency curves; written atomically."""
-    # The object API with the Agg canvas: no pyplot, so a caller's interactive backend is left alone.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    groups = [g for g in result.groups if g.utts]
-    panels = len(groups) + (1 if result.efficiency else 0)
-    if panels == 0:
-        raise ValueError("nothing to plot: the shards hold no readable utterances")
-    ncols = min(3, panels)
-    nrows = -(-panels // ncols)
-    fig = Figure(figsize=(5.2 * ncols, 3.9 * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, g in zip(axes, groups):
-        ax.hist(g.frames, bins=min(50, max(5, int(np.sqrt(g.utts)))), color="tab:blue", edgecolor="white")
-        ax.set_title(f"{g.name}: {g.utts:,} utts, {g.hours:.2f} h", fontsize=10)
-        ax.set_xlabel("frames (10 ms)")
-        ax.set_ylabel("utterances")
-        sec = ax.secondary_xaxis("top", functions=(lambda f: f / FRAMES_PER_SECOND, lambda s: s * FRAMES_PER_SECOND))
-        sec.set_xlabel("seconds", fontsize=9)
-    if result.efficiency:
-        ax = axes[len(groups)]
-        for name, curve in result.efficiency.items():
-            mfs = sorted(curve)
-            ax.plot(mfs, [curve[m] for m in mfs], marker="o", label=name,
-                    linewidth=2.5 if name == ALL else 1.2, color="black" if name == ALL else None)
-        ax.set_xscale("log")
-        mfs = sorted({m for c in result.efficiency.values() for m in c})
-        ax.set_xticks(mfs, [_k(m) for m in mfs])
-        ax.minorticks_off()
-        ax.set_ylim(top=1.005)
-        ax.grid(True, alpha=0.3)
-        ax.set_title("padding efficiency of bucket_batches", fontsize=10)
-        ax.set_xlabel("max_frames (padded frames per batch)")
-        ax.set_ylabel("real / padded frames")
-        ax.legend(fontsize=8, loc="best")
-    for ax in axes[panels:]:
-        ax.set_visible(False)
-    fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
 
 
 def write_json(result: InspectResult, path: str | os.PathLike) -> None:

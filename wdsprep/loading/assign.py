@@ -1,4 +1,4 @@
-"""Who reads which shard: per-epoch assignment of shards to ranks and workers, and ending together.
+"""Who reads which shard: per-epoch assignment of shards to ranks and workers.
 
 Every rank computes the same assignment from (seed, epoch, world size): a permutation drawn
 afresh each epoch, then a greedy walk that gives each shard to the rank with the fewest frames so
@@ -7,8 +7,8 @@ most one shard, and because the permutation changes every epoch so does the assi
 early stop below does not discard the same utterances every epoch.  Within a rank the same greedy
 walk splits the rank's shards across its DataLoader workers.
 
-Under DDP every rank must run the same number of steps.  :func:`any_rank_done` all-reduces a
-flag (MAX) once per step, as CAT did: all ranks stop as soon as one runs dry.
+Under DDP every rank must run the same number of steps: the loader all-reduces a flag once per
+step (``collectives.any_rank_done``), as CAT did: all ranks stop as soon as one runs dry.
 """
 
 from __future__ import annotations
@@ -101,45 +101,3 @@ def assign_shards(
     order = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle)
     mine = greedy_split(order, weights, world_size)[rank]
     return greedy_split(mine, weights, max(1, num_workers))
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed when it is initialized, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _collective_device() -> "object":
-    import torch
-    import torch.distributed as dist
-
-    # nccl only reduces CUDA tensors; gloo (CPU) reduces CPU tensors.
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def any_rank_done(done: bool) -> bool:
-    """All-reduce (MAX) of this rank's "I have no batch" flag: True when any rank is out of data.
-
-    Every rank must call it the same number of times; the loader calls it once per step.
-    """
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=_collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def all_sum(values: Sequence[int]) -> list[int]:
-    """Element-wise sum of integers over ranks (one all-reduce)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(list(values), dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return [int(x) for x in t.tolist()]

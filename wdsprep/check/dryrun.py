@@ -12,6 +12,7 @@ import os
 from typing import Any, TextIO
 
 from wdsprep.files import write_text
+from wdsprep.loading.stats import efficiency
 
 
 def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None,
@@ -95,7 +96,7 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
     lines = [
         f"epoch {epoch}: {sum(r['steps'] for r in ranks):,} batches, {utts:,} utterances on {len(ranks)} rank(s)",
         f"  steps per rank      {[r['steps'] for r in ranks]}",
-        f"  padding efficiency  {real / padded if padded else float('nan'):.4f} (real/padded frames)",
+        f"  padding efficiency  {efficiency(real, padded):.4f} (real/padded frames)",
         f"  utterances/s        {utts / secs:,.0f} (slowest rank {secs:.2f} s)",
         f"  dropped             {json.dumps(dropped) if dropped else 'none'}; corrupt shards "
         f"{sum(r['corrupt_shards'] for r in ranks)}",

@@ -14,7 +14,6 @@ Pure numpy/Python: this module never imports torch, so it runs in any worker.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -207,13 +206,3 @@ def _plan_pool(
             cuts.pop()
     # Shuffle the batch order so lengths do not rise within a pool (WeNet's weak spot).
     return [order[cuts[j][0]:cuts[j][1]] for j in rng.permutation(len(cuts))], carry, new_ages
-
-
-def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
-    """``sum(lengths) / sum(B * max(lengths))`` over batches of lengths; NaN when there are no frames."""
-    real = padded = 0
-    for b in batches:
-        if len(b):
-            real += int(sum(b))
-            padded += len(b) * int(max(b))
-    return real / padded if padded else math.nan

@@ -1,0 +1,69 @@
+"""The package's layout holds: the layering contracts, torch-free stages, the 0.1 module paths."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from wdsprep import _moved
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_import_contracts_are_kept():
+    """pyproject.toml's [tool.importlinter] contracts: layers along the data flow, no torch in the stages."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    r = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_the_numpy_stages_and_the_format_run_without_torch(tmp_path):
+    code = """
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+import numpy as np
+from wdsprep.format.samples import iter_decoded
+from wdsprep.loading.batching import bucket_blocks
+from wdsprep.loading.records import Records
+from wdsprep.loading.stages import bucket, filter_samples, read_shards, shuffle_buffer, tokenize
+from wdsprep.loading.stats import WorkerTally
+blocks = shuffle_buffer(iter([Records.of([(f"u{i}", np.zeros((10 + i, 2), np.float32), "t") for i in range(9)])]),
+                        size=4, rng=np.random.default_rng(0))
+print(sum(len(b) for b in bucket(blocks, max_frames=40, rng=np.random.default_rng(1))))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "9"
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_old_module_paths_still_import_with_a_warning(old):
+    sys.modules.pop(f"wdsprep.{old}", None)
+    with pytest.warns(DeprecationWarning, match=f"wdsprep.{old} moved to"):
+        mod = importlib.import_module(f"wdsprep.{old}")
+    new = [importlib.import_module(f"wdsprep.{h}") for h in _moved.MOVED[old]]
+    # Every public name of the new homes is reachable through the old path, as the same object.
+    for home in new:
+        for name in [n for n in vars(home) if not n.startswith("_")][:20]:
+            assert getattr(mod, name) is next(getattr(h, name) for h in new if hasattr(h, name))
+
+
+def test_names_that_left_wdsprep_loader_still_resolve():
+    import wdsprep.loader
+    from wdsprep.loading.collate import collate
+    from wdsprep.loading.stages import shuffle_buffer
+
+    with pytest.warns(DeprecationWarning, match="wdsprep.loading.collate.collate"):
+        assert wdsprep.loader.collate is collate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from wdsprep.loader import shuffle_buffer as old  # noqa: F401
+    assert old is shuffle_buffer
+    with pytest.raises(AttributeError):
+        wdsprep.loader.no_such_name  # noqa: B018

@@ -1,0 +1,248 @@
+"""``verify``: read every member of every shard and name everything a loader would trip over.
+
+Built on the format's own reader (``wdsprep.format``), so what it calls a problem is what the
+loader refuses, for the same reason and in the same words: a damaged tar, a sample without one
+features and one transcript member of a layout, an ``.npy`` member the readers refuse (pickled
+object arrays from their header, never loaded; big-endian or integer data; not 2-D; empty;
+truncated), a transcript that is not UTF-8, a key that does not percent-decode.  The loader stops
+reading a shard at its first refused sample; verify goes on, names every problem, and says where
+the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
+whitespace or occur twice across the given shards, and, where a folder has an index, every
+difference between the index and the tars (keys in order, frames, transcript lengths, layout,
+dims, dtype), shards it lists that are missing and shards it does not list.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index
+from wdsprep.format.keys import LAYOUTS, decode_key, member_role
+from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
+from wdsprep.format.shardlist import expand_shards, is_url
+from wdsprep.format.tar import Member, member_bytes
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: the shard (or index) file, the member or key, and what is wrong and what to do."""
+
+    shard: str
+    what: str
+    member: str | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = f"member {self.member!r}" if self.member else f"key {self.key!r}" if self.key else None
+        return f"{self.shard}: {where}: {self.what}" if where else f"{self.shard}: {self.what}"
+
+
+@dataclass
+class VerifyResult:
+    """The shards checked, how many samples they hold, every problem found and notes that are not problems."""
+
+    shards: list[str]
+    samples: int
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self) -> str:
+        lines = [str(p) for p in self.problems] + [f"note: {n}" for n in self.notes]
+        if self.ok:
+            lines.append(f"verify: {len(self.shards)} shards, {self.samples:,} samples: OK")
+        else:
+            bad = len({p.shard for p in self.problems})
+            lines.append(f"verify: {len(self.shards)} shards, {self.samples:,} samples: "
+                         f"{len(self.problems)} problem(s) in {bad} file(s)")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Sample:
+    """What the tar holds for one key; ``frames``/``text_len`` stay None when the member is bad or missing."""
+
+    key: str
+    layout: str | None = None
+    frames: int | None = None
+    dims: int | None = None
+    dtype: str | None = None
+    text_len: int | None = None
+
+
+def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> VerifyResult:
+    """Read every member of every shard the pattern(s) name and check them and their folders' indexes."""
+    paths = expand_shards(patterns)
+    urls = [p for p in paths if is_url(p)]
+    if urls:
+        raise ValueError(f"verify reads local shards only, got {urls[0]!r}; copy the shards or mount them")
+    result = VerifyResult(paths, 0)
+    seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
+    indexes: dict[str, FolderIndex | None] = {}
+    for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in indexes:
+            indexes[folder] = _read_index(folder, result.problems)
+        shard_samples = _check_shard(path, result, seen_ids)
+        result.samples += len(shard_samples)
+        index = indexes[folder]
+        if index is not None:
+            info = {i.name: i for i in index.shards}.get(os.path.basename(path))
+            if info is None:
+                result.problems.append(Problem(path, f"not listed in {Path(folder) / INDEX_NAME}: the index is stale; "
+                                                     f"repack the folder, or re-index it (wdsprep index)"))
+            else:
+                _compare_index(path, info, index, shard_samples, result.problems)
+    for folder, index in indexes.items():
+        for info in index.shards if index else []:
+            shard = Path(folder) / info.name
+            if not shard.is_file():
+                result.problems.append(Problem(str(shard), f"listed in {Path(folder) / INDEX_NAME} ({info.num_utts} "
+                                                           f"utterances) but missing on disk; restore it or repack"))
+    return result
+
+
+def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
+    try:
+        return read_index(folder)
+    except ValueError as e:
+        problems.append(Problem(str(Path(folder) / INDEX_NAME), str(e)))
+        return None
+
+
+def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str]]) -> list[_Sample]:
+    """Every sample of a shard checked as the loader reads it; a sample is a run of members sharing a key."""
+    problems = result.problems
+    src, members, damage = open_members(path)
+    samples: list[_Sample] = []
+    stop: str | None = None  # the first sample the loader refuses: it reads no further
+    for key, group in samples_before_damage(members, damage):
+        s = _Sample(key)
+        refused = _check_sample(path, src, s, group, problems)
+        if not refused:
+            refused = _check_key(path, s, seen, result)
+        if refused and stop is None:
+            stop = key
+        samples.append(s)
+    if damage is not None:
+        problems.append(Problem(path, f"the tar is damaged: {damage}; everything from there on is lost (the loader "
+                                      f"stops there); copy the shard again or repack it"))
+    if stop is not None:
+        read = next(i for i, s in enumerate(samples) if s.key == stop)
+        problems.append(Problem(path, f"the loader stops reading this shard at this sample ({read} of "
+                                      f"{len(samples)} samples read before it) and skips the rest", key=stop))
+    return samples
+
+
+def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], problems: list[Problem]) -> bool:
+    """Check one sample's members; True when the loader refuses it."""
+    names = [m[0] for m in group.values()]
+    roles = [member_role(n) for n in names]
+    for name, role in zip(names, roles):
+        if role is None:
+            problems.append(Problem(path, "not a member of a known layout; expected KEY.npy + KEY.txt (cat) or "
+                                          "KEY.mat.npy + KEY.label.txt (cat-v3)", member=name))
+    layouts = sorted({r[1] for r in roles if r is not None})
+    if len(layouts) > 1:
+        problems.append(Problem(path, f"members {names} mix layouts {layouts}; a sample is KEY.npy + KEY.txt (cat) or "
+                                      f"KEY.mat.npy + KEY.label.txt (cat-v3); repack it", key=s.key))
+    try:
+        feat_m, text_m = split_sample(group)
+    except ValueError:
+        if len(layouts) == 1:
+            have = {r[2] for r in roles if r is not None}
+            missing = LAYOUTS[layouts[0]][0 if "text" in have else 1]
+            problems.append(Problem(path, f"has {', '.join(names)} but no {s.key}.{missing}; the loader cannot use "
+                                          f"this sample; repack it", key=s.key))
+        return True
+    s.layout = next(layout for layout, exts in LAYOUTS.items() if group.get(exts[0]) is feat_m)
+    refused = False
+    try:
+        feats = read_features(src, feat_m, s.key, float32=False, lazy=False)
+    except ValueError as e:
+        problems.append(Problem(path, f"{e}; repack the shard from the Kaldi features", member=feat_m[0]))
+        refused = True
+    else:
+        finite = np.isfinite(feats)
+        if not finite.all():
+            problems.append(Problem(path, f"{int(feats.size - finite.sum())} NaN/Inf value(s) in the features; fix "
+                                          f"the source features and repack", member=feat_m[0]))
+        s.frames, s.dims, s.dtype = int(feats.shape[0]), int(feats.shape[1]), str(feats.dtype)
+    try:
+        s.text_len = len(member_bytes(src, text_m).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        problems.append(Problem(path, f"transcript is not UTF-8 ({e}); fix the text file and repack", member=text_m[0]))
+        refused = True
+    return refused
+
+
+def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: VerifyResult) -> bool:
+    """Check a sample's key and id; True when the loader refuses it (a key that does not decode)."""
+    problems = result.problems
+    try:
+        uttid = decode_key(s.key)
+    except UnicodeDecodeError as e:
+        problems.append(Problem(path, f"key does not percent-decode to a UTF-8 id ({e}); repack it", key=s.key))
+        return True
+    if "." in s.key:
+        result.notes.append(Problem(path, "key contains '.': wdsprep reads it whole, but webdataset and CAT's own "
+                                          "readers end a key at the first '.'", key=s.key))
+    if not uttid or any(c.isspace() for c in uttid):
+        problems.append(Problem(path, f"id {uttid!r} is empty or has whitespace, which Kaldi ids cannot; repack it",
+                                key=s.key))
+    first = seen.get(uttid)
+    if first is None:
+        seen[uttid] = (path, s.key)
+    else:
+        where = "earlier in this shard" if first[0] == path else f"also in {first[0]}"
+        problems.append(Problem(path, f"utterance {uttid!r} is {where} (key {first[1]!r}); each id may be packed "
+                                      f"once, drop one of the copies", key=s.key))
+    return False
+
+
+def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list[_Sample],
+                   problems: list[Problem]) -> None:
+    """The index's record of a shard must match the tar, key by key."""
+    where = f"{INDEX_NAME} of {os.path.dirname(path) or '.'}"
+    if not len(info.keys) == len(info.frames) == len(info.text_lens):
+        problems.append(Problem(path, f"{where} has {len(info.keys)} keys, {len(info.frames)} frame counts and "
+                                      f"{len(info.text_lens)} text lengths; the index is damaged, repack the folder"))
+    tar_keys = [s.key for s in samples]
+    if tar_keys != info.keys:
+        in_tar, in_index = set(tar_keys), set(info.keys)
+        for k in info.keys:
+            if k not in in_tar:
+                problems.append(Problem(path, f"listed in {where} but not in the tar", key=k))
+        for k in tar_keys:
+            if k not in in_index:
+                problems.append(Problem(path, f"in the tar but not in {where}", key=k))
+        if in_tar == in_index:
+            i = next(i for i, (a, b) in enumerate(zip(tar_keys, info.keys)) if a != b)
+            problems.append(Problem(path, f"samples are in a different order than in {where} (first at sample {i}: "
+                                          f"tar {tar_keys[i]!r}, index {info.keys[i]!r}); repack the folder"))
+    by_key = {s.key: s for s in samples}
+    for k, frames, text_len in zip(info.keys, info.frames, info.text_lens):
+        s = by_key.get(k)
+        if s is None:
+            continue
+        if s.frames is not None and s.frames != frames:
+            problems.append(Problem(path, f"{where} says {frames} frames, the tar has {s.frames}", key=k))
+        if s.text_len is not None and s.text_len != text_len:
+            problems.append(Problem(path, f"{where} says a {text_len}-character transcript, the tar has {s.text_len}",
+                                    key=k))
+        if s.dims is not None and index.dims is not None and s.dims != index.dims:
+            problems.append(Problem(path, f"{s.dims} feature dims, {where} says {index.dims}", key=k))
+        if s.dtype is not None and s.dtype != index.dtype:
+            problems.append(Problem(path, f"features are {s.dtype}, {where} says {index.dtype}", key=k))
+    layouts = {s.layout for s in samples if s.layout}
+    if layouts - {index.layout}:
+        problems.append(Problem(path, f"members of layout {sorted(layouts)} but {where} says {index.layout!r}; "
+                                      f"repack the folder"))

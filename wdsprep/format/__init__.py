@@ -1,0 +1,7 @@
+"""The shard format: the only code that knows the bytes on disk.
+
+``keys`` (sample keys and the member-name rule), ``npy`` (feature headers), ``tar`` (the walk),
+``shardfile`` (positional reads, row reads, readahead), ``samples`` (members grouped and decoded,
+damage reported), ``index`` (the per-folder index), ``writer`` (one shard), ``shardlist``
+(patterns to shard lists).  The C part (``_native``) sits behind ``native``.
+"""

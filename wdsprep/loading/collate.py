@@ -1,0 +1,186 @@
+"""Batches: padding a batch's utterances into one buffer, and the layout of that buffer, defined once.
+
+A collated batch is one flat byte buffer (:class:`Packed`): lens, label_lens (int64 [B]), labels
+(int64 [B, U]), then feats (float32 [B, T, D]).  :class:`BatchLayout` says where each part sits;
+the collate writes through it and :meth:`BatchLayout.batch` hands the trainer a :class:`Batch`
+of four tensors that are views on the buffer (no copy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from wdsprep.format.shardfile import bulk_reads
+from wdsprep.loading.records import IN_MEMORY, Records
+
+LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
+
+
+class Batch(NamedTuple):
+    """One rank's batch.  The first four unpack like CAT's collate: ``xs, x_lens, ys, y_lens = batch[:4]``.
+
+    ``feats`` float32 [B, T, D], zero-padded; ``feat_lens`` int64 [B]; ``labels`` int64 [B, U]
+    padded with :data:`LABEL_PAD` (0); ``label_lens`` int64 [B]; ``keys`` the utterance ids.
+    Utterances are sorted by length, longest first (what ``pack_padded_sequence`` wants).
+    """
+
+    feats: torch.Tensor
+    feat_lens: torch.Tensor
+    labels: torch.Tensor
+    label_lens: torch.Tensor
+    keys: list[str]
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where the parts of a packed batch of ``n`` utterances (``t`` frames of ``d`` dims, ``u``
+    labels at most) sit in its buffer: the int64 parts first, so every part is aligned."""
+
+    n: int
+    t: int
+    d: int
+    u: int
+
+    @property
+    def _ends(self) -> tuple[int, int, int, int]:
+        n, t, d, u = self.n, self.t, self.d, self.u
+        return 8 * n, 16 * n, 16 * n + 8 * n * u, 16 * n + 8 * n * u + 4 * n * t * d
+
+    @property
+    def nbytes(self) -> int:
+        return self._ends[3]
+
+    def views(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views (lens, label_lens, labels, feats) on a uint8 buffer: what the collate writes."""
+        o1, o2, o3, o4 = self._ends
+        return (buf[:o1].view(np.int64), buf[o1:o2].view(np.int64), buf[o2:o3].view(np.int64).reshape(self.n, self.u),
+                buf[o3:o4].view(np.float32).reshape(self.n, self.t, self.d))
+
+    def batch(self, buf: torch.Tensor, keys: list[str]) -> Batch:
+        """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy)."""
+        o1, o2, o3, o4 = self._ends
+        return Batch(buf[o3:o4].view(torch.float32).view(self.n, self.t, self.d), buf[:o1].view(torch.int64),
+                     buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys)
+
+
+class Packed(NamedTuple):
+    """A collated batch as one flat byte buffer plus its shape: what a worker sends.
+
+    A :class:`Batch` has four tensors; sent from a worker, each would cost its own file
+    descriptor hand-over.  All four are views on ``buf``, so one hand-over carries the batch.
+    A pooled slot's buffer is sent only on the slot's first use per epoch; after that ``buf`` is
+    None and the main process reads the slot's memory through the handle it kept (see ShmPool).
+    """
+
+    buf: torch.Tensor | None  # uint8, laid out as BatchLayout(*shape) says
+    shape: tuple[int, int, int, int]  # B, T, D, U
+    keys: list[str]
+    slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
+    gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
+
+    @property
+    def layout(self) -> BatchLayout:
+        return BatchLayout(*self.shape)
+
+
+def unpack(p: Packed) -> Batch:
+    """The :class:`Batch` of a packed batch (views on its buffer)."""
+    return p.layout.batch(p.buf, p.keys)
+
+
+def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
+    """An uninitialized uint8 buffer; ``shared``: in shared memory from the start.
+
+    DataLoader workers send tensors through shared memory and copy every tensor that is not
+    already there; allocating the batch there directly makes sending it a handle, not a copy.
+    ``_new_shared`` is what torch's own ``default_collate`` uses in workers for the same reason.
+    """
+    if shared:
+        storage = torch.UntypedStorage._new_shared(max(1, nbytes))
+        return torch.empty(0, dtype=torch.uint8).set_(storage)[:nbytes]
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def collate(batch: Records, *, shared: bool = False,
+            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
+    """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
+
+    Features still in their shard are read straight into their row, in one C call for the batch
+    (:class:`~wdsprep.format.shardfile.RowReads`): for float32 the only copy of those bytes; float16 rows
+    are converted on the way.  Only the padding is zeroed: ``np.zeros``
+    wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
+    buffer never leaks old data.
+    """
+    return start_collate(batch, shared=shared, alloc=alloc)()
+
+
+def start_collate(batch: Records, *, shared: bool = False,
+                  alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
+                  reader: Any = None) -> Callable[[], Packed]:
+    """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
+    thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
+    waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
+    stages of the next batches overlap it.
+    """
+    batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
+    n = len(batch)
+    lens, label_lens, dims = batch.frames, batch.label_lens, batch.dims
+    uttids = batch.uttids.tolist()
+    d = int(dims[0])
+    if (dims != d).any():
+        i = int(np.flatnonzero(dims != d)[0])
+        raise ValueError(f"utterance {uttids[i]!r} has {dims[i]} feature dims, {uttids[0]!r} in the same "
+                         f"batch has {d}: mixed feature sets in trset?")
+    layout = BatchLayout(n, int(lens[0]), d, int(label_lens.max(initial=0)))
+    buf, slot = alloc(layout.nbytes) if alloc is not None else (alloc_buffer(layout.nbytes, shared), -1)
+    v_lens, v_label_lens, v_labels, v_feats = layout.views(buf.numpy())
+    v_lens[:] = lens
+    v_label_lens[:] = label_lens
+    # Labels in one go: the row-major True cells of the mask are exactly the concatenated labels.
+    v_labels[...] = LABEL_PAD
+    v_labels[np.arange(layout.u) < label_lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(batch.labels), np.int64, int(label_lens.sum()))
+    offsets, itemsizes, sources = batch.offsets, batch.itemsizes, batch.sources.tolist()
+    # The common case, features of one dtype still in the shards, in one C call (float16 is
+    # converted there, in the same thread: torch's conversion, parallel on every core, left its
+    # threads spinning on the core the read needed).
+    reads = None
+    if (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
+        reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))
+    if reads is not None:
+        reads.start(v_feats, reader)
+
+    def finish() -> Packed:
+        done = reads.wait() if reads is not None else 0
+        # Whatever the bulk read left, row by row (which raises the error naming a row that
+        # cannot be read).
+        with warnings.catch_warnings():
+            # from_numpy warns that a read-only array (a view on an in-memory pipe/URL shard) is not
+            # writable; the tensor is only ever read here.
+            warnings.simplefilter("ignore", UserWarning)
+            t_feats = torch.from_numpy(v_feats)
+            for i in range(done, n):
+                k = int(lens[i])
+                row = v_feats[i, :k]
+                if offsets[i] == IN_MEMORY:
+                    feats = sources[i]
+                else:  # float32 straight into the batch
+                    feats = row if itemsizes[i] == 4 else np.empty((k, d), np.float16)
+                    sources[i].readinto(feats, int(offsets[i]), f"utterance {uttids[i]!r}")
+                if feats is not row:
+                    if feats.dtype == np.float32:
+                        row[...] = feats  # numpy's call overhead is lower than torch's for a plain copy
+                    else:
+                        # numpy converts float16 element by element (~10x slower than the copy); torch's
+                        # conversion is vectorized, and writes straight into the batch.
+                        t_feats[i, :k].copy_(torch.from_numpy(feats))
+                v_feats[i, k:] = 0
+        return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot)
+
+    return finish

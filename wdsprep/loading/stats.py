@@ -1,0 +1,125 @@
+"""What an epoch did, as typed counts that add up across workers and ranks.
+
+:class:`BatchTally` is the one place real ÷ padded frames is computed; :class:`WorkerTally` is
+what a worker sends the main process with each item (counts since its previous item);
+:class:`LoaderStats` is one rank's epoch, as ``loader.stats``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class BatchTally:
+    """Batches' utterances and frames."""
+
+    batches: int = 0
+    utterances: int = 0
+    real_frames: int = 0
+    padded_frames: int = 0  # B x longest, summed over batches
+    oversize_batches: int = 0  # a single utterance longer than max_frames
+
+    def add(self, frames: np.ndarray | Sequence[int], max_frames: int | None = None) -> None:
+        """One batch, by its utterances' frame counts."""
+        if not len(frames):
+            return
+        longest = int(max(frames))
+        self.batches += 1
+        self.utterances += len(frames)
+        self.real_frames += int(sum(frames))
+        self.padded_frames += len(frames) * longest
+        self.oversize_batches += int(max_frames is not None and longest > max_frames)
+
+    def merge(self, other: BatchTally) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real / padded frames (NaN before any frames)."""
+        return efficiency(self.real_frames, self.padded_frames)
+
+
+def efficiency(real_frames: int, padded_frames: int) -> float:
+    """Real / padded frames; NaN when nothing was padded (no batch yet)."""
+    return real_frames / padded_frames if padded_frames else math.nan
+
+
+def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
+    """Real / padded frames over batches given as their utterances' frame counts; NaN for none."""
+    t = BatchTally()
+    for b in batches:
+        t.add(b)
+    return t.padding_efficiency
+
+
+@dataclass
+class WorkerTally:
+    """Counts a worker sends with an item, since its previous item; the main process adds them up."""
+
+    read: int = 0  # samples decoded from shards
+    corrupt_shards: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)  # reason -> utterances not in any batch
+    skipped: BatchTally = field(default_factory=BatchTally)  # a resumed epoch's batches before its first step
+
+    def take(self) -> WorkerTally:
+        """These counts, leaving this tally at zero."""
+        out = WorkerTally(self.read, self.corrupt_shards, self.dropped, self.skipped)
+        self.read = self.corrupt_shards = 0
+        self.dropped, self.skipped = Counter(), BatchTally()
+        return out
+
+
+@dataclass
+class LoaderStats:
+    """What one epoch of this rank did so far; ``dropped`` holds every sample not in a batch, by reason."""
+
+    epoch: int = 0
+    steps: int = 0
+    utterances: int = 0  # in yielded batches
+    read: int = 0  # decoded from shards (includes samples later dropped or still buffered)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> samples
+    corrupt_shards: int = 0
+    real_frames: int = 0
+    padded_frames: int = 0
+    oversize_batches: int = 0
+    assigned: int | None = None  # utterances in this rank's shards (known with an index)
+    # After a DDP training epoch: utterances of the whole epoch that no rank put into a batch or
+    # dropped by a filter, because the epoch stopped when the first rank ran dry.
+    discarded: int | None = None
+    discarded_fraction: float | None = None
+    seconds: float = 0.0
+
+    def add_batches(self, t: BatchTally, *, steps: bool = True) -> None:
+        """Batches this rank yielded; ``steps=False`` for a resumed epoch's batches before its
+        first step, whose steps the resumed position already counts."""
+        self.steps += t.batches if steps else 0
+        self.utterances += t.utterances
+        self.real_frames += t.real_frames
+        self.padded_frames += t.padded_frames
+        self.oversize_batches += t.oversize_batches
+
+    def add_worker(self, t: WorkerTally) -> None:
+        self.read += t.read
+        self.corrupt_shards += t.corrupt_shards
+        if t.dropped:
+            self.dropped = dict(Counter(self.dropped) + t.dropped)
+        self.add_batches(t.skipped, steps=False)
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real / padded frames over the batches yielded (NaN before the first)."""
+        return efficiency(self.real_frames, self.padded_frames)
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "padding_efficiency": self.padding_efficiency}
