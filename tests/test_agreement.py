@@ -44,7 +44,8 @@ def test_every_reader_refuses_the_same_sample_for_the_same_reason(tmp_path, bad,
     assert [p.key for p in stop] == ["u2"] and "2 of 4 samples read" in stop[0].what
 
     i = inspect_shards(str(path), max_frames_list=())
-    assert i.shards[0].utts == 3  # the refused sample is left out of the numbers, and named
+    assert i.shards[0].utts == 2  # what the loader reads; the refused sample and the rest are named
+    assert any("2 are lost" in p for p in i.problems)
     assert any("'u2.npy'" in p and why in p for p in i.problems)
 
     with pytest.raises(ShardError, match=f"utterance 'u2'.*{why}"):
@@ -57,6 +58,6 @@ def test_every_reader_refuses_the_same_sample_for_the_same_reason(tmp_path, bad,
         warnings.simplefilter("always")
         keys = [k for b in loader for k in b.keys]
     assert sorted(keys) == ["u0", "u1"]  # the loader stops at the sample verify named
-    # Without an index the samples lost are not known: the shard is counted, no utterance is claimed.
-    assert loader.stats.corrupt_shards == 1 and loader.stats.dropped == {}
+    # Planned from its headers (no index), the shard's refused sample and all after it are known lost.
+    assert loader.stats.corrupt_shards == 1 and loader.stats.dropped == {"unreadable": 2}
     assert any(why in str(w.message) and "u2" in str(w.message) for w in caught)

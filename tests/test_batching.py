@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from baselines import order_randomness, sort_window, sort_window_batches, stream_batches
 
-from wdsprep.loading.batching import bucket_batches, bucket_blocks, len_of_first_dim
+from wdsprep.loading.batching import bucket_batches, len_of_first_dim
 from wdsprep.loading.stats import padding_efficiency
 
 
@@ -226,39 +226,35 @@ def test_max_carry_bounds_delay(max_carry):
     assert all(out_pos[k] < (int(k[1:]) // 1000 + 1 + max_carry) * pool_len for k in out_pos)
 
 
-def test_batches_leave_at_an_even_pace_while_the_next_pool_fills():
-    """A pool's batches are yielded while the next pool is read, not in one burst after it.
-
-    Workers of a DataLoader deliver in turn; a burst followed by a whole pool of reading made the
-    others wait.  The batches and their order stay those of a pool cut all at once.
-    """
-    samples = utts(lognormal(5000, seed=3))
-    consumed = 0
-
-    def counting():
-        nonlocal consumed
-        for s in samples:
-            consumed += 1
-            yield s
-
-    at = [consumed for _ in bucket_batches(counting(), max_frames=5000, rng=np.random.default_rng(0),
-                                           length=length, pool_size=1000)]
-    gaps = np.diff([0, *at])
-    per_pool = len(at) / 5  # ~batches per pool of 1000
-    assert gaps[1:-int(per_pool)].max() <= 2 * 1000 / per_pool  # no pool-long silence between batches
-    assert 1000 < at[0] <= 1000 + 2 * 1000 / per_pool  # after the first pool, a few samples into the next
-    # The same batches as cutting every pool at once: every sample once, under the bound.
-    check_bound_and_complete(samples, run(samples, pool_size=1000), 5000)
+def _greedy_cuts(lengths, max_frames, cap):
+    """The cut rule one sample at a time (the reference the bisection must equal)."""
+    cuts, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        size = i - start
+        if size and (size >= cap or (size + 1) * max(longest, n) > max_frames):
+            cuts.append((start, i))
+            start, longest = i, n
+        else:
+            longest = max(longest, n)
+    if start < len(lengths):
+        cuts.append((start, len(lengths)))
+    return cuts
 
 
-@pytest.mark.parametrize("max_carry", [0, 1])
-def test_blocks_of_any_size_give_the_batches_of_one_sample_at_a_time(max_carry):
-    """The loader feeds the bucketing blocks of rows; a block may close a pool part way."""
+@pytest.mark.parametrize("max_frames,cap", [(5000, None), (20_000, 7), (400, None), (3000, 1)])
+def test_cut_by_bisection_equals_cutting_one_sample_at_a_time(max_frames, cap):
+    from wdsprep.loading.batching import _cut
+
+    for seed in range(5):
+        lengths = sorted(lognormal(3000, seed=seed).tolist())
+        assert _cut(lengths, max_frames, cap) == _greedy_cuts(lengths, max_frames, cap or len(lengths))
+
+
+def test_batches_of_samples_are_the_batches_of_their_lengths():
+    from wdsprep.loading.batching import bucket_pools
+
     samples = utts(lognormal(5000, seed=4))
-    want = run(samples, max_frames=5000, pool_size=700, max_carry=max_carry)
-    cuts = np.unique(np.r_[0, np.random.default_rng(2).integers(0, 5000, 60), 5000]).tolist()
-    blocks = [(samples[a:b], [s[1] for s in samples[a:b]]) for a, b in zip(cuts[:-1], cuts[1:])]
-    got = list(bucket_blocks(iter(blocks), concat=lambda parts: [s for p in parts for s in p],
-                             take=lambda pool, rows: [pool[i] for i in rows], max_frames=5000,
-                             rng=np.random.default_rng(0), pool_size=700, max_carry=max_carry))
-    assert got == want and len(want) > 50
+    positions, starts = bucket_pools(np.array([s[1] for s in samples]), max_frames=5000, rng=np.random.default_rng(0),
+                                     pool_size=700)
+    want = [[samples[i] for i in positions[a:b]] for a, b in zip(starts[:-1], starts[1:])]
+    assert run(samples, max_frames=5000, pool_size=700) == want and len(want) > 50

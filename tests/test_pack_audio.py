@@ -86,7 +86,8 @@ def test_pack_audio_equals_fbank_then_pack(tmp_path: Path) -> None:
         np.testing.assert_array_equal(one[k][0], two[k][0])
         assert one[k][1] == two[k][1]
     for group in ("0_200", "200_inf"):
-        assert read_index(tmp_path / "one" / group).to_json() == read_index(tmp_path / "two" / group).to_json()
+        one_index, two_index = read_index(tmp_path / "one" / group), read_index(tmp_path / "two" / group)
+        assert one_index.shards == two_index.shards and one_index.sizes.tolist() == two_index.sizes.tolist()
         tars = [sorted((tmp_path / d / group).glob("*.tar")) for d in ("one", "two")]
         for a, b in zip(*tars):
             assert a.read_bytes() == b.read_bytes(), f"{a.name} differs"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tarfile
@@ -13,6 +12,7 @@ import pytest
 from shard_helpers import cat_members, npy, packed, rewrite_tar, tar_members, write_tar
 
 from wdsprep import verify_shards
+from wdsprep.format.index import read_index
 from wdsprep.format.keys import encode_key
 from wdsprep.format.samples import iter_decoded
 
@@ -65,7 +65,7 @@ def test_truncated_shard_is_named(pack_dir, where):
     # The samples lost are named through the index: exactly those the loader does not read.
     with pytest.warns(RuntimeWarning, match="truncated"):
         read = {encode_key(uttid) for uttid, _, _ in iter_decoded(str(path))}
-    listed = json.loads((path.parent / "index.json").read_text())["shards"][1]["keys"]
+    listed = read_index(path.parent).shard(1).keys
     assert {p.key for p in found if "not in the tar" in p.what} == set(listed) - read
     assert len(read) == 1
 
@@ -114,14 +114,14 @@ def test_missing_text_member_is_named(pack_dir):
 
 def test_index_mismatch_is_named(pack_dir):
     d, _ = pack_dir
-    index = d / "60_150" / "index.json"
-    j = json.loads(index.read_text())
-    entry = j["shards"][1]
-    entry["frames"][2] += 7
-    index.write_text(json.dumps(j))
+    index = read_index(d / "60_150")
+    frames = np.array(index.frames)
+    row = int(index.starts[1]) + 2  # the third utterance of the second shard
+    frames[row] += 7
+    np.save(d / "60_150" / "index.frames.npy", frames)
     found = problems_for(d, shard(d))
-    assert [p.key for p in found] == [entry["keys"][2]]
-    assert f"says {entry['frames'][2]} frames" in found[0].what
+    assert [p.key for p in found] == [index.keys()[row]]
+    assert f"says {frames[row]} frames" in found[0].what
 
 
 def test_shard_missing_from_disk_is_named(pack_dir):

@@ -24,6 +24,7 @@ import gc
 import os
 import time
 import warnings
+from collections import Counter
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -31,9 +32,12 @@ from torch.utils.data import DataLoader
 
 from wdsprep import _moved
 from wdsprep.format.shardlist import expand_shards
+from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
-from wdsprep.loading.collectives import all_sum, any_rank_done, dist_info
+from wdsprep.loading.collectives import dist_info, gather, loader_group
+from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
+from wdsprep.loading.shardset import shard_set
 from wdsprep.loading.stats import BatchTally, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ShardStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
@@ -74,18 +78,22 @@ def _pin(buf: torch.Tensor) -> torch.Tensor:
 
 
 class Loader:
-    """Iterate for one epoch of :class:`Batch`; call :meth:`set_epoch` before each epoch.
+    """One epoch of :class:`Batch` per iteration; call :meth:`set_epoch` before each epoch.
 
-    With ``persistent_workers`` (the default) the worker processes, their buffer pools and one
-    DataLoader live as long as the Loader; the epoch reaches them through shared memory.
+    ``len(loader)`` is exactly the number of batches this rank yields in the epoch set, the same
+    on every rank in training.  With ``persistent_workers`` (the default) the worker processes,
+    their buffer pools and one DataLoader live as long as the Loader; the epoch reaches them
+    through shared memory.
     """
 
-    def __init__(self, dataset: ShardStream, *, num_workers: int, sync: bool, prefetch_factor: int | None = None,
-                 pin_memory: bool = False, persistent_workers: bool = True) -> None:
+    def __init__(self, dataset: ShardStream, *, num_workers: int, group: Any = None, collective_timeout: float = 300.0,
+                 prefetch_factor: int | None = None, pin_memory: bool = False,
+                 persistent_workers: bool = True) -> None:
         self.dataset = dataset
-        self.control = dataset.control  # the workers' side of it is the dataset's; this Loader writes it
+        self.control = dataset.control  # the readers' side of it is the dataset's; this Loader writes it
         self.num_workers = num_workers
-        self.sync = sync  # all-reduce the quit flag each step (DDP training)
+        self.group = group  # the loader's gloo group under DDP (checks only), else None
+        self.collective_timeout = collective_timeout
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -96,93 +104,110 @@ class Loader:
             warnings.warn("pin_memory=True but CUDA is not available: batches are not pinned", stacklevel=2)
         self.epoch = 0
         self.stats = LoaderStats()
-        self._cursors: dict[int, tuple[int, int]] = {}
         self._loader: DataLoader | None = None  # kept with persistent workers
         self._slots: SlotCache | None = None  # the main process's side of the workers' pools
         self._iteration = 0  # which iteration of the loader may take batches (see _batches)
-        self._position = (0, 0, False)  # (epoch, step, complete): see state_dict
-        self._resume: tuple[int, int, bool] | None = None  # a loaded position, for that epoch's next iteration
+        # Where the current (or next) iteration of the epoch starts: the epoch's earlier runs as
+        # (world size, workers, steps), set by load_state_dict; then its progress.
+        self._runs: list[tuple[int, int, int]] = []
+        self._steps = 0  # batches this iteration yielded
+        self._complete = False  # the epoch ended (or the loaded state said so)
+        self._resume: tuple[int, list[tuple[int, int, int]], bool] | None = None  # a loaded position, not yet used
+        self._planned: tuple[int, tuple, Assignment] | None = None  # (epoch, runs, assignment) last computed
+        self._warned_idle = False
+        self._iterating = False
+
+    @property
+    def rank(self) -> int:
+        return self.dataset.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dataset.world_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: the shard order, the assignment and every shuffle derive from it."""
-        self.epoch = int(epoch)
-        if self._position[0] != self.epoch:
-            self._position = (self.epoch, 0, False)
-        if self._resume is not None and self._resume[0] != self.epoch:
-            self._resume = None  # the trainer moved on from the epoch it resumed in
+        """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it."""
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._runs, self._steps, self._complete = [], 0, False
+            if self._resume is not None and self._resume[0] != epoch:
+                self._resume = None  # the trainer moved on from the epoch it resumed in
+        self.epoch = epoch
+
+    def _start(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """(earlier runs, complete) the next iteration of the epoch starts from: a loaded position, or the start."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1], self._resume[2]
+        return [], False
+
+    def assignment(self, runs: list[tuple[int, int, int]] | None = None) -> Assignment:
+        """Who yields which planned batches of the epoch set, after ``runs`` (default: where the next
+        iteration starts)."""
+        runs = self._start()[0] if runs is None else runs
+        key = tuple(runs)
+        if self._planned is None or self._planned[:2] != (self.epoch, key):
+            counts = self.dataset.plan(self.epoch).counts
+            self._planned = (self.epoch, key, self.dataset.assignment(counts, runs))
+        return self._planned[2]
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the next (or current) iteration of the epoch set: the whole
+        epoch, or what is left of it after :meth:`load_state_dict`.  The same on every rank."""
+        if self._iterating:
+            return 0 if self._complete else self.assignment(self._runs).steps[self.rank]
+        runs, complete = self._start()
+        return 0 if complete else self.assignment(runs).steps[self.rank]
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as a few numbers, for a checkpoint; see :meth:`load_state_dict`.
 
-        (seed, epoch, world size, num_workers) determine every batch, so the position is ``step``,
-        the batches of ``epoch`` yielded so far (``complete`` once the epoch ended).  Under DDP
-        (training) every rank is at the same step, so rank 0's state restores every rank.
-        ``fingerprint`` identifies the shards, the tokenizer and the batching options;
-        ``cursors[w] = (shards finished, samples read in the current shard)`` of each worker is for
-        people (the reader runs ahead of ``step`` by the shuffle buffer and prefetch).
+        Every batch is a function of (seed, epoch, the plan's inputs), and which batches each
+        rank has yielded a function of the runs' topologies and steps: ``runs`` lists the epoch's
+        runs so far as ``[world_size, num_workers, steps]``.  Under DDP (training) every rank is
+        at the same step, so rank 0's state restores every rank, on any world size and workers.
         """
-        ds = self.dataset
-        epoch, step, complete = self._position
-        return {"seed": ds.cfg.seed, "epoch": epoch, "step": step, "complete": complete, "rank": ds.rank,
-                "world_size": ds.world_size, "num_workers": self.num_workers, "fingerprint": ds.fingerprint(),
-                "cursors": {w: list(c) for w, c in sorted(self._cursors.items())}}
+        if self._resume is not None and self._resume[0] == self.epoch:  # loaded, not iterated yet
+            runs, complete = self._resume[1], self._resume[2]
+        else:
+            runs = self._runs + ([(self.world_size, self.num_workers, self._steps)] if self._steps else [])
+            complete = self._complete
+        return {"version": STATE_VERSION, "seed": self.dataset.cfg.seed, "epoch": self.epoch,
+                "step": sum(s for _, _, s in runs), "complete": complete,
+                "runs": [list(r) for r in runs], "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration of ``state["epoch"]`` yields exactly
-        the batches that epoch had left, then its stats cover the whole epoch.
+        """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
+        the next iteration of ``state["epoch"]`` yields the planned batches not yet yielded, dealt
+        anew over the ranks (equal steps again; at most one batch per rank left over).
 
-        The skipped part is replayed without reading features: the stages run over it (~10 us per
-        utterance, in each worker and once more in the main process to plan the workers' turns).
-        Raises ValueError when the loader would make different batches from the saved one's.
-        With ``subword_sampling`` the segmentations are sampled afresh: SentencePiece's sampling
-        does not repeat across processes (see docs/loader.md).
+        Raises ValueError when the state was saved for other shards, options or seed, or names a
+        position past the end of its epoch.
         """
         ds = self.dataset
-        missing = {"seed", "epoch", "step", "complete", "world_size", "num_workers", "fingerprint"} - set(state)
+        missing = {"version", "seed", "epoch", "runs", "complete", "fingerprint"} - set(state)
         if missing:
-            raise ValueError(f"not a wdsprep loader state: missing {sorted(missing)}")
-        mine = {"seed": ds.cfg.seed, "world_size": ds.world_size, "num_workers": self.num_workers}
-        wrong = [f"{k}={state[k]} (this loader: {v})" for k, v in mine.items() if state[k] != v]
-        if wrong:
-            raise ValueError(f"the loader state was saved with {', '.join(wrong)}: the batches depend on "
-                             f"these, so build the loader with the saved values to resume")
+            raise ValueError(f"not a wdsprep loader state (version {STATE_VERSION}): missing {sorted(missing)}")
+        if state["seed"] != ds.cfg.seed:
+            raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
+                             f"the batches depend on it; build the loader with the saved seed to resume")
         if state["fingerprint"] != ds.fingerprint():
-            raise ValueError("the loader state was saved for other shards, tokenizer or batching options "
+            raise ValueError("the loader state was saved for other shards, index, tokenizer or batching options "
                              "(fingerprint differs): resuming would not continue the same epoch")
-        if state["step"] < 0:
-            raise ValueError(f"step must be >= 0, got {state['step']}")
-        self.epoch = int(state["epoch"])
-        self._position = self._resume = (self.epoch, int(state["step"]), bool(state["complete"]))
-
-    def _skip_plan(self, step: int) -> tuple[list[int], list[bool]]:
-        """For a resumed epoch: per worker, how many of its batches come before ``step``, and
-        whether it hands out a placeholder first.
-
-        The DataLoader takes items from the workers in turn (worker 0, 1, ... again), a worker's
-        last item being its final counts; a worker whose items are spent drops out of the turns.
-        Replaying every worker's batches in that order finds the worker ``last`` that made batch
-        ``step``.  A new iteration starts its turns at worker 0, so every worker up to ``last``
-        hands out a placeholder first: then the remaining batches come in the same order as they
-        would have (an item without a batch, placeholder or final counts, never moves a batch).
-        """
-        n = self.num_workers
-        if n == 0 or step == 0:
-            return [step] * max(1, n), [False] * max(1, n)
-        replays = [self.dataset.replay(w) for w in range(n)]
-        skip, done, made, last = [0] * n, [False] * n, 0, -1
-        while made < step and not all(done):
-            for w in range(n):
-                if done[w]:
-                    continue
-                if next(replays[w], None) is None:
-                    done[w] = True
-                else:
-                    skip[w] += 1
-                    made += 1
-                last = w
-                if made == step:
-                    break
-        return skip, [w <= last for w in range(n)]
+        epoch = int(state["epoch"])
+        runs: list[tuple[int, int, int]] = []
+        counts = ds.plan(epoch).counts
+        for world, workers, steps in state["runs"]:
+            run = (int(world), int(workers), int(steps))
+            if run[0] < 1 or run[1] < 0:
+                raise ValueError(f"the loader state has a run on world size {run[0]} with {run[1]} workers")
+            total = epoch_assignment(counts, runs, run[0], run[1], equal=ds.cfg.train).steps[0]
+            if not 0 <= run[2] <= total:
+                raise ValueError(f"the loader state says step {run[2]} of epoch {epoch} on world size {run[0]} with "
+                                 f"{run[1]} workers, but that run of the epoch has {total} steps: the state is not "
+                                 f"from these shards and options, or was edited")
+            runs.append(run)
+        self.set_epoch(epoch)
+        self._resume = (epoch, runs, bool(state["complete"]))
 
     def _dataloader(self) -> DataLoader | ShardStream:
         """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
@@ -224,14 +249,15 @@ class Loader:
             buf = _pin(p.buf) if self._pin else p.buf
         return unpack(p._replace(buf=buf))
 
-    def _batches(self, iteration: int) -> Iterator[Batch]:
-        """This rank's batches with the workers' counts folded into :attr:`stats`."""
+    def _batches(self, iteration: int, expected: list[tuple[int, int]]) -> Iterator[Batch]:
+        """This rank's batches, in the order the assignment says, with the readers' counts folded in."""
         st = self.stats
         loader = self._dataloader()
         slots = self._slots
         assert slots is not None
         slots.new_epoch()  # before iter(): the workers resume the moment it returns
         items = iter(loader)
+        k = 0
         while True:
             # Hand back what the trainer dropped before asking for the next batch: with
             # num_workers=0 it is collated right now, into a buffer still in the CPU cache.
@@ -239,71 +265,103 @@ class Loader:
             item = next(items, None)
             if item is None:
                 break
-            packed, delta, (worker, shard_i, sample_i) = item
-            self._cursors[worker] = (shard_i, sample_i)
+            packed, delta, worker, bid = item
             st.add_worker(delta)
-            if packed is not None:
-                batch = self._receive(packed, worker)
-                del packed  # only the yielded Batch may keep the buffer alive
-                yield batch
-                del batch
-                if iteration != self._iteration:
-                    # Persistent workers serve one iteration at a time: an older one resumed would
-                    # take the newer one's batches.
-                    raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
-                                       "finish or drop the old iterator first")
+            if packed is None:
+                continue
+            if k >= len(expected) or bid != expected[k]:
+                # The resume of another run relies on this order (DataLoader workers in turn).
+                raise RuntimeError(f"loader bug: batch {bid} came as this rank's batch {k}, the assignment says "
+                                   f"{expected[k] if k < len(expected) else 'no more'}")
+            k += 1
+            batch = self._receive(packed, worker)
+            del packed  # only the yielded Batch may keep the buffer alive
+            yield batch
+            del batch
+            if iteration != self._iteration:
+                # Persistent workers serve one iteration at a time: an older one resumed would
+                # take the newer one's batches.
+                raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
+                                   "finish or drop the old iterator first")
 
     def __iter__(self) -> Iterator[Batch]:
         ds = self.dataset
-        first, complete = 0, False
-        if self._resume is not None and self._resume[0] == self.epoch:
-            _, first, complete = self._resume
+        self._runs, self._complete = self._start()
         self._resume = None
-        self._position = (self.epoch, first, complete)
-        self.control.epoch = self.epoch  # shared memory: persistent workers read it when they resume
-        self.stats = st = LoaderStats(epoch=self.epoch, steps=first, assigned=ds.assigned_utts(self.epoch))
-        self._cursors = {}
-        if complete:
-            return  # resumed at the end of this epoch
+        self._steps = 0
+        plan = ds.plan(self.epoch)
+        a = self.assignment(self._runs)
+        self.stats = st = self._planned_stats(plan, a)
+        if self._complete:
+            return
+        self._warn_idle(a)
         start = time.perf_counter()
-        self.control.set_resume(*self._skip_plan(first))  # read by the workers in iter()
+        self.control.write(self.epoch, plan.counts, self._runs)  # read by the readers in iter()
+        expected = rank_order(a, self.rank, next_turn(plan.counts, self._runs, self.world_size, self.num_workers,
+                                                      self.rank, equal=ds.cfg.train))
         self._iteration += 1
-        batches = self._batches(self._iteration)
+        batches = self._batches(self._iteration, expected)
+        self._iterating = True
         try:
-            while True:
-                batch = next(batches, None)  # prefetch one: the flag says whether this rank has a batch
-                if self.sync:
-                    if any_rank_done(batch is None):
-                        break
-                elif batch is None:
-                    break
+            for batch in batches:
                 counted = BatchTally()
-                counted.add(batch.feat_lens.numpy(), ds.cfg.max_frames)
+                counted.add(batch.feat_lens.numpy(), ds.cfg.plan.max_frames)
                 st.add_batches(counted)
+                self._steps += 1
                 st.seconds = time.perf_counter() - start
-                self._position = (self.epoch, st.steps, False)
                 yield batch
                 batch = None  # so the buffer is handed back as soon as the trainer drops it
-            self._position = (self.epoch, st.steps, True)
         finally:
             # Stopped early: non-persistent workers shut down; persistent ones are drained by the
             # next epoch's iter() (torch discards their in-flight batches).
             batches.close()
+            self._iterating = False
         st.seconds = time.perf_counter() - start
-        self._account_discarded()
+        if self._steps != len(expected):
+            raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {len(expected)}")
+        self._complete = True
+        if self.group is not None and ds.cfg.train:  # dev mode: ranks end apart, and need not meet
+            ranks = gather(self.group, [self.epoch, self._steps, ds.fingerprint()], timeout=self.collective_timeout,
+                           where=f"end of epoch {self.epoch}")
+            if len({tuple(r) for r in ranks}) > 1:
+                raise RuntimeError(f"wdsprep loader: ranks ended epoch {self.epoch} differently "
+                                   f"([epoch, steps, fingerprint] per rank: {ranks})")
 
-    def _account_discarded(self) -> None:
-        """How much of the epoch no rank used: all-reduced so every rank reports the same."""
-        st, ds = self.stats, self.dataset
-        total = ds.sizes.total_utts
-        used = [st.utterances, st.num_dropped]
-        if self.sync:
-            used = all_sum(used)  # every rank reaches this after the same (last) step
-        if total is None:
-            return
-        st.discarded = max(0, total - sum(used)) if (self.sync or ds.world_size == 1) else None
-        if st.discarded is not None:
-            st.discarded_fraction = st.discarded / total if total else 0.0
+    def _planned_stats(self, plan: EpochPlan, a: Assignment) -> LoaderStats:
+        """The stats an iteration starts from: what the plan gives this rank, and what it leaves out."""
+        st = LoaderStats(epoch=self.epoch, steps=sum(s for _, _, s in self._runs),
+                         planned_steps=0 if self._complete else a.steps[self.rank])
+        utts = lambda tasks: sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])  # noqa: E731
+                                 for t in tasks)
+        st.assigned = sum(utts(tasks) for tasks in a.workers[self.rank])
+        total = sum(int(s.starts[-1]) for s in plan.streams)
+        st.discarded = utts(a.discarded)
+        st.discarded_fraction = st.discarded / total if total else 0.0
+        if not self._runs:  # what the plan left out, counted once, by the rank the stream was dealt to
+            lost = self.dataset.shards.lost
+            for s in plan.streams:
+                if a.owners[s.stream] != self.rank:
+                    continue
+                unreadable = int(lost[s.shards].sum()) if len(s.shards) else 0
+                extra = Counter(s.dropped) + Counter({"unreadable": unreadable})
+                if extra:
+                    st.dropped = dict(Counter(st.dropped) + extra)
+        return st
+
+    def _warn_idle(self, a: Assignment) -> None:
+        readers = a.workers[self.rank]
+        idle = sum(not tasks for tasks in readers)
+        # A corpus too small for a stream per reader pads less in fewer streams: no warning then.
+        big = self.dataset.shards.num_utts >= MIN_STREAM_UTTS * self.world_size * self.num_workers
+        if idle and self.num_workers > 1 and big and not self._warned_idle:
+            self._warned_idle = True
+            warnings.warn(f"rank {self.rank}: {idle} of {self.num_workers} DataLoader workers get no batches this epoch: "
+                          f"the plan has {len(self.dataset.plan(self.epoch).streams)} streams for "
+                          f"{self.world_size} ranks x {self.num_workers} workers; pass streams= at least "
+                          f"{self.world_size * self.num_workers} (or fewer workers)", UserWarning, stacklevel=3)
+
+
+STATE_VERSION = 2
 
 
 def make_loader(
@@ -323,11 +381,13 @@ def make_loader(
     subword_sampling: SubwordSampling | None = None,
     pool_size: int = DEFAULT_POOL_SIZE,
     tokenize_group: int = 256,
+    streams: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     prefetch_factor: int | None = None,
     pin_memory: bool = False,
     persistent_workers: bool = True,
+    collective_timeout: float = 300.0,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -337,24 +397,27 @@ def make_loader(
         tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
             utterance becomes a batch of its own.
-        seed: with the epoch (and world size), decides every shuffle and so every batch.
-        shuffle_buffer: samples held by the shuffle buffer (per worker).
-        num_workers: DataLoader worker processes per rank; shards are split among them.
+        seed: with the epoch, decides every shuffle and so every batch, on any world size and workers.
+        shuffle_buffer: samples held by each stream's shuffle buffer.
+        num_workers: DataLoader worker processes per rank; the rank's streams are split among them.
         max_batch_size: optional cap on utterances per batch.
         min_frames, max_utt_frames: drop utterances outside these lengths (counted in stats).
         ctc_subsampling: drop utterances with ``frames // ctc_subsampling <= label length``.
-        train: False for dev/validation: no shuffle, no early stop, each utterance once.
+        train: False for dev/validation: no shuffle, every batch yielded once, ranks may differ in steps.
         on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
         subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
-        pool_size: samples sorted together by the bucketing stage (see ``wdsprep.loading.batching``).
-        tokenize_group: utterances per block through the stages: read, shuffled and tokenized
-            (one ``encode_batch`` call) together.
+        pool_size: samples sorted together by the bucketing (see ``wdsprep.loading.batching``).
+        tokenize_group: utterances per block when a shard's samples are read.
+        streams: canonical streams the epoch is planned in (default: min(shards, 64)); each is read
+            by one reader, so at least world_size x num_workers keeps every worker busy.
         rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
         prefetch_factor: batches each worker prepares ahead (torch's default: 2).
         pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process
             copies each batch into pinned memory (CUDA only; without CUDA it warns and does nothing).
         persistent_workers: keep the worker processes (and their buffers) from one epoch to the
             next instead of starting them every epoch; the batches are the same either way.
+        collective_timeout: seconds a rank waits for the others at the loader's start and at the
+            end of each epoch (under DDP) before naming the ranks that did not come.
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
@@ -367,21 +430,34 @@ def make_loader(
     d_rank, d_world = dist_info()
     rank = d_rank if rank is None else rank
     world_size = d_world if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world size {world_size}")
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
-    cfg = LoaderConfig(max_frames=max_frames, seed=seed, shuffle_buffer=shuffle_buffer, max_batch_size=max_batch_size,
-                       min_frames=min_frames, max_utt_frames=max_utt_frames, ctc_subsampling=ctc_subsampling,
-                       train=train, on_error=on_error, subword_sampling=subword_sampling, pool_size=pool_size,
-                       tokenize_group=tokenize_group)
-    dataset = ShardStream(expand_shards(trset), tokenizer, cfg, rank=rank, world_size=world_size,
-                          num_workers=num_workers, control=WorkerControl(num_workers))
-    # The per-step all-reduce needs a process group; explicit rank/world without one just split shards.
-    import torch.distributed as dist
-
-    sync = train and world_size > 1 and dist.is_available() and dist.is_initialized()
+    options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
+                          pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
+                          train=train)
+    cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
+                       subword_sampling=subword_sampling, tokenize_group=tokenize_group)
+    shards = shard_set(expand_shards(trset))
+    dataset = ShardStream(shards, tokenizer, cfg, rank=rank, world_size=world_size, num_workers=num_workers,
+                          control=WorkerControl(options.num_streams(len(shards), shards.num_utts)))
+    first = dataset.plan(0)
+    if train and first.num_batches < world_size:
+        raise ValueError(f"{first.num_batches} batches in an epoch for {world_size} ranks: every rank needs at "
+                         f"least one (fewer ranks, a smaller max_frames, or more data)")
+    # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
+    # process group just take their share.
+    group = loader_group(collective_timeout) if world_size > 1 else None
+    if group is not None:
+        fingerprints = gather(group, dataset.fingerprint(), timeout=collective_timeout, where="make_loader")
+        odd = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
+        if odd:
+            raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints {fingerprints}): "
+                             f"give every rank the same trset, index and loader options")
     _settle_heap()
-    return Loader(dataset, num_workers=num_workers, sync=sync, prefetch_factor=prefetch_factor,
-                  pin_memory=pin_memory, persistent_workers=persistent_workers)
+    return Loader(dataset, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
+                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)
 
 
 def __getattr__(name: str) -> Any:

@@ -86,29 +86,34 @@ def pass_kaldiio(scp: Path, seed: int) -> Callable[[], int]:
 
 def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_frames: int,
                           seed: int) -> Callable[[], int]:
-    """The map-style loader doing the loader's work: random-order ``load_scp``, then the loader's own
-    tokenize, bucket and collate stages. Same work per utterance, only the read differs."""
+    """The map-style loader doing the loader's work: batches planned by the loader's own bucketing
+    over the lengths in a random order (a length-aware sampler over ``utt2num_frames``), each
+    utterance read by ``load_scp`` (random access), then the loader's own tokenize and collate.
+    Same work per utterance, only the read differs."""
     state = {"round": 0}
 
     def run() -> int:
         import kaldiio
 
+        from wdsprep.loading.batching import bucket_pools
         from wdsprep.loading.collate import collate
         from wdsprep.loading.records import Records
-        from wdsprep.loading.stages import bucket, tokenize
         from wdsprep.prep.kaldi import read_text
 
         tok = wdsprep.load_tokenizer(tokenizer_path)
         texts = {k: e.value for k, e in read_text([str(text)]).items()}
+        frames = {k: int(e.value) for k, e in read_text([str(scp.parent / "utt2num_frames")]).items()}
         d = kaldiio.load_scp(str(scp))
-        keys = list(d.keys())
         rng = np.random.default_rng([seed, 6, state["round"]])
         state["round"] += 1
+        keys = list(d.keys())
         order = [keys[i] for i in rng.permutation(len(keys))]
-        blocks = (Records.of((k, d[k], texts[k]) for k in order[a:a + 256]) for a in range(0, len(order), 256))
+        positions, starts = bucket_pools(np.array([frames[k] for k in order]), max_frames=max_frames, rng=rng)
         n = 0
-        for b in bucket(tokenize(blocks, tok, sampling=None), max_frames=max_frames, rng=rng):
-            n += len(collate(b).keys)
+        for a, b in zip(starts[:-1], starts[1:]):
+            batch = [order[i] for i in positions[a:b]]
+            rows = Records.of((k, d[k], texts[k]) for k in batch)
+            n += len(collate(rows.with_labels(tok.encode_batch(rows.texts.tolist()))).keys)
         return n
 
     return run

@@ -163,7 +163,7 @@ def x4_shards(c: Corpus) -> list[str]:
             d = root / f"copy{k}" / g
             d.mkdir(parents=True, exist_ok=True)
             src = c.work / "shards-f32" / g
-            for p in [*src.glob("data-*.tar"), src / "index.json"]:
+            for p in [*src.glob("data-*.tar"), *src.glob("index.*")]:
                 link = d / p.name
                 if p.exists() and not link.exists():
                     link.symlink_to(p)

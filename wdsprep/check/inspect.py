@@ -215,12 +215,13 @@ def inspect_shards(
         except ValueError as e:
             problems.append(f"{e}; its shards were read instead")
             index = None
-        listed = {s.name: s for s in index.shards} if index else {}
         stats = []
         for p in shard_paths:
-            name = os.path.basename(p)
-            if name in listed:
-                stats.append(_stats(p, names[folder], index.layout, "index", listed[name]))
+            i = None if index is None else index.position(os.path.basename(p))
+            if i is not None:
+                a, b = index.starts[i], index.starts[i + 1]
+                stats.append(ShardStats(p, names[folder], index.layout, "index", np.asarray(index.frames[a:b], np.int64),
+                                        np.asarray(index.text_lens[a:b], np.int64)))
                 continue
             if index is not None:
                 problems.append(f"{p}: not listed in {Path(folder) / 'index.json'} (stale index?); read from the tar")

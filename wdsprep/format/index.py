@@ -1,25 +1,41 @@
-"""The per-folder index of a shard set: every shard's utterances, frames and transcript lengths.
+"""The per-folder index of a shard set: every shard's size and totals, every utterance's frames.
 
-Written by ``pack`` beside the shards it packs; the loader plans from it, ``inspect`` reads it
-instead of the tars, ``verify`` holds it against them.
+Written by ``pack`` (and by ``wdsprep index`` for shards packed elsewhere) beside the shards; the
+loader plans every epoch from it without reading a tar, ``inspect`` reads it instead of the
+tars, ``verify`` holds it against them.  On disk, per folder:
+
+- ``index.json``: layout, dims, dtype and per shard its name, byte size, mtime, utterances, frames
+  and a digest of its frame column: small, read in O(shards);
+- ``index.frames.npy``, ``index.text_lens.npy``: int32 per utterance, in shard order, memory-mapped
+  when read, so a process touches only the pages it uses;
+- ``index.keys.txt``: the sample keys, one per line, read only by what needs them (``verify``).
+
+``index.json`` is written last: a folder whose ``index.json`` is there has the rest.  Version 1
+indexes (one JSON holding every key) are still read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from wdsprep.files import write_text
+import numpy as np
+
+from wdsprep.files import atomic_path, write_text
 
 INDEX_NAME = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE = "index.frames.npy", "index.text_lens.npy", "index.keys.txt"
+INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE)  # everything an index writes
 
 
 @dataclass
 class ShardInfo:
-    """What the index records about one shard."""
+    """One shard's record, utterance by utterance (what the writer and a scan produce)."""
 
     name: str
     keys: list[str] = field(default_factory=list)
@@ -34,92 +50,170 @@ class ShardInfo:
     def num_frames(self) -> int:
         return int(sum(self.frames))
 
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "num_utts": self.num_utts,
-            "num_frames": self.num_frames,
-            "keys": self.keys,
-            "frames": self.frames,
-            "text_lens": self.text_lens,
-        }
+
+def frames_digest(frames: np.ndarray) -> str:
+    """A short digest of a shard's frame column: the plan depends on every value of it."""
+    return hashlib.blake2b(np.ascontiguousarray(frames, np.int32).tobytes(), digest_size=8).hexdigest()
+
+
+class FolderIndex:
+    """The index of one shard folder: columns over all its utterances, in shard order.
+
+    ``utts[i]`` utterances of shard ``names[i]`` start at row ``starts[i]`` of ``frames`` and
+    ``text_lens``; ``sizes``/``mtimes`` are -1 where unknown (a version 1 index).
+    """
+
+    def __init__(self, layout: str, dims: int | None, dtype: str, names: Sequence[str], utts: np.ndarray,
+                 frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
+                 mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
+                 keys: list[str] | None = None, folder: str | os.PathLike | None = None) -> None:
+        self.layout, self.dims, self.dtype = layout, dims, dtype
+        self.names = list(names)
+        self.utts = np.asarray(utts, np.int64)
+        self.frames, self.text_lens = frames, text_lens
+        n = len(self.names)
+        self.sizes = np.full(n, -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
+        self.mtimes = np.full(n, -1, np.int64) if mtimes is None else np.asarray(mtimes, np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.utts)])
+        self.digests = list(digests) if digests is not None else [
+            frames_digest(frames[a:b]) for a, b in zip(self.starts[:-1], self.starts[1:])]
+        self._keys = keys
+        self.folder = None if folder is None else Path(folder)
+        self._position: dict[str, int] | None = None
+        if len(frames) != self.starts[-1] or len(text_lens) != len(frames):
+            raise ValueError(f"index columns hold {len(frames)} frame counts and {len(text_lens)} transcript "
+                             f"lengths for {self.starts[-1]} utterances")
 
     @classmethod
-    def from_json(cls, d: dict) -> "ShardInfo":
-        return cls(d["name"], list(d["keys"]), [int(x) for x in d["frames"]], [int(x) for x in d["text_lens"]])
-
-
-@dataclass
-class FolderIndex:
-    """The index of one shard folder (``index.json``): layout, feature dims and every shard."""
-
-    layout: str
-    dims: int | None
-    dtype: str
-    shards: list[ShardInfo]
+    def from_shards(cls, layout: str, dims: int | None, dtype: str, infos: Sequence[ShardInfo], *,
+                    sizes: Sequence[int] | None = None, mtimes: Sequence[int] | None = None) -> FolderIndex:
+        frames = np.fromiter((f for i in infos for f in i.frames), np.int32)
+        text_lens = np.fromiter((x for i in infos for x in i.text_lens), np.int32)
+        return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
+                   frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
+                   mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys])
 
     @property
     def num_utts(self) -> int:
-        return sum(s.num_utts for s in self.shards)
+        return int(self.starts[-1])
 
     @property
     def num_frames(self) -> int:
-        return sum(s.num_frames for s in self.shards)
+        return int(self.frames.sum(dtype=np.int64))
 
-    def to_json(self) -> dict:
+    def position(self, name: str) -> int | None:
+        """Which shard of the index ``name`` is, or None when the index does not list it."""
+        if self._position is None:
+            self._position = {n: i for i, n in enumerate(self.names)}
+        return self._position.get(name)
+
+    def keys(self) -> list[str]:
+        """Every sample key, in shard order (read from ``index.keys.txt`` on first use)."""
+        if self._keys is None:
+            assert self.folder is not None
+            path = self.folder / KEYS_FILE
+            try:
+                self._keys = path.read_text(encoding="utf-8").split("\n")[:-1]
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"{path}: cannot read the index's keys ({e}); re-index the folder "
+                                 f"(wdsprep index)") from None
+            if len(self._keys) != self.num_utts:
+                raise ValueError(f"{path}: {len(self._keys)} keys for {self.num_utts} utterances; the index is "
+                                 f"damaged, re-index the folder (wdsprep index)")
+        return self._keys
+
+    def shard(self, i: int) -> ShardInfo:
+        """Shard ``i``'s record, keys included."""
+        a, b = int(self.starts[i]), int(self.starts[i + 1])
+        return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist())
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """Every shard's record (reads the keys: for ``verify``, not for planning)."""
+        return [self.shard(i) for i in range(len(self.names))]
+
+    def summary(self) -> dict:
+        """``index.json``'s content."""
         return {
-            "version": INDEX_VERSION,
-            "layout": self.layout,
-            "dims": self.dims,
-            "dtype": self.dtype,
-            "num_utts": self.num_utts,
-            "num_frames": self.num_frames,
-            "shards": [s.to_json() for s in self.shards],
+            "version": INDEX_VERSION, "layout": self.layout, "dims": self.dims, "dtype": self.dtype,
+            "num_utts": self.num_utts, "num_frames": self.num_frames,
+            "shards": [{"name": n, "size": int(s), "mtime_ns": int(m), "utts": int(u),
+                        "frames": int(self.frames[a:a + u].sum(dtype=np.int64)), "frames_digest": d}
+                       for n, s, m, u, a, d in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
+                                                   self.digests)],
         }
 
 
 def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
-    """Write ``folder/index.json`` atomically."""
-    return write_text(Path(folder) / INDEX_NAME, json.dumps(index.to_json(), ensure_ascii=False,
-                                                            separators=(",", ":")))
+    """Write a folder's index, every file atomically and ``index.json`` last."""
+    folder = Path(folder)
+    keys = index.keys()
+    bad = next((k for k in keys if "\n" in k), None)
+    if bad is not None:
+        raise ValueError(f"{folder}: sample key {bad!r} holds a newline; such a shard cannot be indexed")
+    for name, column in ((FRAMES_FILE, index.frames), (TEXT_LENS_FILE, index.text_lens)):
+        with atomic_path(folder / name) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, np.ascontiguousarray(column, np.int32), allow_pickle=False)
+    write_text(folder / KEYS_FILE, "".join(k + "\n" for k in keys))
+    return write_text(folder / INDEX_NAME, json.dumps(index.summary(), ensure_ascii=False, separators=(",", ":")))
 
 
 def read_index(folder: str | os.PathLike) -> FolderIndex | None:
     """The index of a shard folder, or None when it has none (e.g. shards CAT wrote)."""
-    path = Path(folder) / INDEX_NAME
+    folder = Path(folder)
+    path = folder / INDEX_NAME
     if not path.is_file():
         return None
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-        if d.get("version") != INDEX_VERSION:
-            raise ValueError(f"index version {d.get('version')!r}, this wdsprep reads {INDEX_VERSION}")
-        return FolderIndex(d["layout"], d.get("dims"), d.get("dtype", "float32"),
-                           [ShardInfo.from_json(s) for s in d["shards"]])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: unreadable shard index ({e}); delete it to read the shards without one") from e
+        version = d.get("version")
+        if version == 1:
+            infos = [ShardInfo(s["name"], list(s["keys"]), [int(x) for x in s["frames"]],
+                               [int(x) for x in s["text_lens"]]) for s in d["shards"]]
+            index = FolderIndex.from_shards(d["layout"], d.get("dims"), d.get("dtype", "float32"), infos)
+            index.folder = folder
+            return index
+        if version != INDEX_VERSION:
+            raise ValueError(f"index version {version!r}; this wdsprep reads 1 and {INDEX_VERSION}")
+        shards = d["shards"]
+        # mmap: a loader over 15M utterances maps 60 MB per column instead of reading it.
+        frames = np.load(folder / FRAMES_FILE, mmap_mode="r", allow_pickle=False)
+        text_lens = np.load(folder / TEXT_LENS_FILE, mmap_mode="r", allow_pickle=False)
+        return FolderIndex(d["layout"], d.get("dims"), d.get("dtype", "float32"), [s["name"] for s in shards],
+                           np.array([s["utts"] for s in shards], np.int64), frames, text_lens,
+                           sizes=np.array([s["size"] for s in shards], np.int64),
+                           mtimes=np.array([s["mtime_ns"] for s in shards], np.int64),
+                           digests=[s["frames_digest"] for s in shards], folder=folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index) or delete "
+                         f"{', '.join(INDEX_FILES)} to read the shards without one") from e
 
 
 @dataclass
 class ShardScan:
-    """What reading a shard's headers found: its complete samples (as an index entry), layouts, problems."""
+    """What reading a shard's headers found: the samples the loader reads (as an index entry), what
+    it would refuse, layouts, dims and dtypes."""
 
     info: ShardInfo
     layouts: set[str] = field(default_factory=set)
     dims: set[int] = field(default_factory=set)
     dtypes: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+    lost: int = 0  # samples from the first refused one on: the loader stops reading there
 
 
 def scan_shard(path: str | os.PathLike) -> ShardScan:
     """Keys, frames and transcript lengths of a shard from its tar and ``.npy`` headers and its
     transcripts (feature data is not read), as an index entry.
 
-    A sample the loader would refuse is left out and named in ``problems``, as is damage to the
-    tar (``verify`` gives the full diagnosis).
+    Like the loader, the scan stops at the first sample the loader refuses: what is before it is
+    the entry, and that sample and every one after it are counted in ``lost`` and named in
+    ``problems``, as is damage to the tar (``verify`` gives the full diagnosis).
     """
     from wdsprep.format.keys import member_role
     from wdsprep.format.npy import npy_header_end, npy_layout
-    from wdsprep.format.samples import open_members, samples_before_damage, split_sample
+    from wdsprep.format.samples import group_samples, open_members, samples_before_damage, split_sample
     from wdsprep.format.tar import member_bytes
 
     path = str(path)
@@ -138,8 +232,8 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
             where = f"member {text_m[0]!r}"
             text_len = len(member_bytes(src, text_m).decode("utf-8"))
         except ValueError as e:
-            scan.problems.append(f"{path}: {where}: {e}; sample left out")
-            continue
+            problem = f"{where}: {e}"
+            break
         role = member_role(feat_m[0])
         scan.layouts.add(role[1] if role else "?")
         scan.dims.add(int(shape[1]))
@@ -148,5 +242,7 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
         scan.info.frames.append(int(shape[0]))
         scan.info.text_lens.append(text_len)
     if problem is not None:
-        scan.problems.append(f"{path}: {problem}; the rest of the shard is lost (copy it again or repack it)")
+        scan.lost = sum(1 for _ in group_samples(members)) - scan.info.num_utts
+        scan.problems.append(f"{path}: {problem}; the loader reads the {scan.info.num_utts} samples before it, "
+                             f"{scan.lost} are lost (copy the shard again or repack it)")
     return scan

@@ -1,103 +1,191 @@
-"""Who reads which shard: per-epoch assignment of shards to ranks and workers.
+"""Who yields which planned batches: streams dealt to ranks and workers, steps equal by construction.
 
-Every rank computes the same assignment from (seed, epoch, world size): a permutation drawn
-afresh each epoch, then a greedy walk that gives each shard to the rank with the fewest frames so
-far (frames from the index; the file size stands in without one).  Totals per rank differ by at
-most one shard, and because the permutation changes every epoch so does the assignment, so the
-early stop below does not discard the same utterances every epoch.  Within a rank the same greedy
-walk splits the rank's shards across its DataLoader workers.
+Pure functions of the plan's batch counts per stream and the topology (world size, workers per
+rank); no I/O, no torch.  Every rank computes the same assignment.
 
-Under DDP every rank must run the same number of steps: the loader all-reduces a flag once per
-step (``collectives.any_rank_done``), as CAT did: all ranks stop as soon as one runs dry.
+Training: streams are dealt whole to ranks, largest first, each to the rank with the fewest
+batches so far.  Every rank then yields exactly ``T = total // world_size`` batches: a rank
+dealt more gives the surplus off the end of its streams to ranks dealt fewer (they read those
+few shards too: the only shards read twice), and the fewer than ``world_size`` batches left over
+are the epoch's discarded tail, at most one batch per rank.  Dev mode (``equal=False``) keeps
+every batch: ranks may yield different numbers of batches.
+
+Within a rank, a stream's batches go to one worker, so its shards are read in order by one
+reader.  A rank's batches reach the trainer in the DataLoader's order: one from each worker in
+turn, a worker whose batches are spent dropping out of the turns (:func:`rank_order`); with that,
+the batches consumed after ``k`` steps on any topology are known, which is what resuming on
+another topology needs (:func:`consumed`).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from wdsprep.format.index import read_index
-from wdsprep.format.shardlist import is_url
-
 
 @dataclass(frozen=True)
-class ShardSizes:
-    """Per shard: the weight used to balance ranks, and the utterance count when an index knows it."""
+class Task:
+    """Batches ``start:stop`` of one stream, read in order by one worker."""
 
-    weights: list[int]
-    utts: list[int | None]
+    stream: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Assignment:
+    """Per rank, per worker, the tasks it reads, in order; and what no rank yields."""
+
+    world_size: int
+    num_workers: int  # DataLoader workers per rank; 0 reads in the main process (one reader)
+    workers: list[list[list[Task]]]  # [rank][reader] -> tasks
+    steps: list[int]  # batches each rank yields
+    owners: list[int]  # per stream: the rank it was dealt to (-1: nothing of it left)
+    discarded: list[Task] = field(default_factory=list)
+
+    def tasks(self, rank: int, reader: int) -> list[Task]:
+        return self.workers[rank][reader]
 
     @property
-    def total_utts(self) -> int | None:
-        """Utterances in all shards, or None when some shard has no index entry."""
-        return None if any(u is None for u in self.utts) else sum(self.utts)  # type: ignore[misc]
+    def num_discarded(self) -> int:
+        return sum(len(t) for t in self.discarded)
 
 
-def shard_sizes(shards: Sequence[str]) -> ShardSizes:
-    """Frames and utterance counts from each folder's ``index.json``; file size (or 1 for URLs) otherwise."""
-    indexes: dict[str, dict] = {}
-    weights: list[int] = []
-    utts: list[int | None] = []
-    for shard in shards:
-        if is_url(shard):
-            weights.append(1)
-            utts.append(None)
-            continue
-        folder = str(Path(shard).parent)
-        if folder not in indexes:
-            index = read_index(folder)
-            indexes[folder] = {} if index is None else {s.name: s for s in index.shards}
-        info = indexes[folder].get(Path(shard).name)
-        if info is not None:
-            weights.append(max(1, info.num_frames))
-            utts.append(info.num_utts)
-        else:
-            weights.append(max(1, os.path.getsize(shard)))
-            utts.append(None)
-    return ShardSizes(weights, utts)
+def _ranges(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) runs of True in a boolean mask."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
-def greedy_split(order: Sequence[int], weights: Sequence[int], parts: int) -> list[list[int]]:
-    """Walk ``order`` and give each item to the part with the least weight so far (ties: lowest part)."""
-    loads = [0] * parts
-    out: list[list[int]] = [[] for _ in range(parts)]
-    for i in order:
-        p = loads.index(min(loads))
-        out[p].append(i)
-        loads[p] += weights[i]
+def assign(counts: Sequence[int], world_size: int, num_workers: int, *, equal: bool = True,
+           consumed: Sequence[np.ndarray] | None = None) -> Assignment:
+    """Deal the batches of an epoch whose streams hold ``counts[s]`` batches.
+
+    ``consumed[s]`` (a boolean mask per stream) marks batches a resumed epoch already yielded;
+    only the rest are dealt.  Streams go to ranks and readers by their whole size, so on the
+    topology that consumed them each reader is left exactly the rest of its own batches.
+    """
+    if world_size < 1 or num_workers < 0:
+        raise ValueError(f"world size must be >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
+    left: list[list[tuple[int, int]]] = []  # per stream: runs of batches still to yield
+    for s, n in enumerate(counts):
+        mask = np.ones(int(n), bool) if consumed is None else ~np.asarray(consumed[s], bool)
+        left.append(_ranges(mask))
+    sizes = [int(n) for n in counts]
+    # Streams to ranks: largest first, each to the least loaded rank (ties: the lower rank).
+    rank_streams: list[list[int]] = [[] for _ in range(world_size)]
+    dealt = [0] * world_size
+    owners = [-1] * len(sizes)
+    for s in sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (-sizes[s], s)):
+        r = dealt.index(min(dealt))
+        rank_streams[r].append(s)
+        dealt[r] += sizes[s]
+        owners[s] = r
+    own: list[list[list[Task]]] = [[[Task(s, a, b) for a, b in left[s]] for s in streams] for streams in rank_streams]
+    loads = [sum(len(t) for unit in units for t in unit) for units in own]
+    received: list[list[Task]] = [[] for _ in range(world_size)]
+    discarded: list[Task] = []
+    if equal:
+        target = sum(loads) // world_size
+        pool: list[Task] = []  # surplus, peeled off the end of the donors' streams
+        for r in range(world_size):
+            surplus = loads[r] - target
+            for unit in reversed(own[r]):
+                while surplus > 0 and unit:
+                    last = unit[-1]
+                    give = min(surplus, len(last))
+                    pool.append(Task(last.stream, last.stop - give, last.stop))
+                    surplus -= give
+                    if give == len(last):
+                        unit.pop()
+                    else:
+                        unit[-1] = Task(last.stream, last.start, last.stop - give)
+            loads[r] = min(loads[r], target)
+        # In stream order, not peeling order: what is left of these runs when an epoch is resumed
+        # on the same topology then goes to the same ranks as before.
+        pool.sort(key=lambda t: (t.stream, t.start))
+        for r in range(world_size):
+            need = target - loads[r]
+            while need > 0:
+                task = pool.pop(0)
+                take = min(need, len(task))
+                received[r].append(Task(task.stream, task.start, task.start + take))
+                if take < len(task):
+                    pool.insert(0, Task(task.stream, task.start + take, task.stop))
+                need -= take
+            loads[r] = target
+        discarded = pool
+    readers = max(1, num_workers)
+    workers: list[list[list[Task]]] = []
+    for r in range(world_size):
+        # A stream's tasks stay together (one reader reads its shards in order), dealt by the
+        # stream's whole size; then each received run of another rank's stream, in stream order
+        # (weighed as nothing: they are short, and what is left of them changes as they are read).
+        # Both stay put as the epoch is consumed, so a resumed reader has the rest of its own list.
+        units = [(sizes[s], u) for s, u in sorted(zip(rank_streams[r], own[r]), key=lambda x: (-sizes[x[0]], x[0]))]
+        units += [(0, [t]) for t in received[r]]
+        per_reader: list[list[Task]] = [[] for _ in range(readers)]
+        load = [0] * readers
+        for weight, u in units:
+            w = load.index(min(load))
+            per_reader[w].extend(u)
+            load[w] += weight
+        workers.append(per_reader)
+    return Assignment(world_size, num_workers, workers, loads, owners, discarded)
+
+
+def _turns(a: Assignment, rank: int, first: int = 0) -> list[tuple[int, tuple[int, int]]]:
+    """(reader, (stream, batch)) in the order rank ``rank`` yields them: its readers in turn, one
+    batch each, a reader whose batches are spent dropping out (what torch's DataLoader does with
+    workers).  Readers before ``first`` that have batches hand out a placeholder first (a resumed
+    run: they had taken their turn of that round already)."""
+    lists = [[None] * (w < first and bool(tasks)) + [(t.stream, j) for t in tasks for j in range(t.start, t.stop)]
+             for w, tasks in enumerate(a.workers[rank])]
+    out: list[tuple[int, tuple[int, int]]] = []
+    for k in range(max(map(len, lists), default=0)):
+        out.extend((w, lst[k]) for w, lst in enumerate(lists) if k < len(lst) and lst[k] is not None)
     return out
 
 
-def epoch_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """The order shards are dealt in this epoch: a fresh permutation per (seed, epoch), or as listed."""
-    if not shuffle:
-        return list(range(num_shards))
-    # The same on every rank and worker: it only depends on (seed, epoch).
-    return np.random.default_rng([seed, epoch]).permutation(num_shards).tolist()
+def rank_order(a: Assignment, rank: int, first: int = 0) -> list[tuple[int, int]]:
+    """(stream, batch) in the order rank ``rank`` yields them (see :func:`_turns`)."""
+    return [b for _, b in _turns(a, rank, first)]
 
 
-def assign_shards(
-    weights: Sequence[int], *, world_size: int, rank: int, num_workers: int, seed: int, epoch: int,
-    shuffle: bool, names: Sequence[str] | None = None, allow_idle_ranks: bool = False,
-) -> list[list[int]]:
-    """Shard indices for each worker of ``rank`` this epoch, in reading order.
+def next_turn(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], world_size: int, num_workers: int,
+              rank: int, *, equal: bool = True) -> int:
+    """The reader whose turn is next after the last of ``runs``, when it ran on this topology (0 else):
+    resumed, readers before it hand out a placeholder first, so the batches come in the order the
+    interrupted run would have yielded them."""
+    if not runs or tuple(runs[-1][:2]) != (world_size, num_workers) or num_workers < 2:
+        return 0
+    # The last run started where the ones before it left off, with its own first turn.
+    *before, (_, _, steps) = runs
+    first = next_turn(counts, before, world_size, num_workers, rank, equal=equal)
+    turns = _turns(epoch_assignment(counts, before, world_size, num_workers, equal=equal), rank, first)
+    return turns[steps][0] if steps < len(turns) else 0
 
-    Fewer shards than ranks is an error in training (a rank without data would end every epoch
-    at step 0); ``allow_idle_ranks`` (dev mode) lets such a rank simply yield nothing.  Fewer
-    shards than ``world_size * num_workers`` is fine: workers without a shard yield nothing.
-    """
-    n = len(weights)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world size {world_size}")
-    if n < world_size and not allow_idle_ranks:
-        where = f" ({names[0]} ...)" if names else ""
-        raise ValueError(f"{n} shards{where} for {world_size} ranks: every rank needs at least one shard "
-                         f"(better several per worker). Repack with a smaller --utts-per-shard so there "
-                         f"are at least {world_size * max(1, num_workers)} shards")
-    order = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle)
-    mine = greedy_split(order, weights, world_size)[rank]
-    return greedy_split(mine, weights, max(1, num_workers))
+
+def consumed(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], *, equal: bool = True) -> list[np.ndarray]:
+    """Per stream, the batches an epoch had yielded after ``runs``: runs of it, in turn, on
+    ``(world_size, num_workers, steps)``, each resumed where the one before stopped."""
+    done = [np.zeros(int(n), bool) for n in counts]
+    for i, (world_size, num_workers, steps) in enumerate(runs):
+        a = assign(counts, world_size, num_workers, equal=equal, consumed=done)
+        for rank in range(world_size):
+            first = next_turn(counts, runs[:i], world_size, num_workers, rank, equal=equal)
+            for stream, j in rank_order(a, rank, first)[:steps]:
+                done[stream][j] = True
+    return done
+
+
+def epoch_assignment(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], world_size: int, num_workers: int,
+                     *, equal: bool = True) -> Assignment:
+    """The assignment of what an epoch has left after ``runs`` (see :func:`consumed`), on this topology."""
+    done = consumed(counts, runs, equal=equal) if runs else None
+    return assign(counts, world_size, num_workers, equal=equal, consumed=done)

@@ -64,6 +64,9 @@ class BatchLayout:
 
     def batch(self, buf: torch.Tensor, keys: list[str]) -> Batch:
         """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy)."""
+        if not self.n:  # every utterance of the batch was filtered out: empty tensors of the right ranks
+            return Batch(torch.zeros(0, 0, self.d), torch.zeros(0, dtype=torch.int64),
+                         torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys)
         o1, o2, o3, o4 = self._ends
         return Batch(buf[o3:o4].view(torch.float32).view(self.n, self.t, self.d), buf[:o1].view(torch.int64),
                      buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys)
@@ -108,7 +111,7 @@ def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
 
 
 def collate(batch: Records, *, shared: bool = False,
-            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None) -> Packed:
+            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None, dims: int | None = None) -> Packed:
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
 
     Features still in their shard are read straight into their row, in one C call for the batch
@@ -117,27 +120,28 @@ def collate(batch: Records, *, shared: bool = False,
     wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
     buffer never leaks old data.
     """
-    return start_collate(batch, shared=shared, alloc=alloc)()
+    return start_collate(batch, shared=shared, alloc=alloc, dims=dims)()
 
 
 def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
-                  reader: Any = None) -> Callable[[], Packed]:
+                  reader: Any = None, dims: int | None = None) -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
     thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
-    stages of the next batches overlap it.
+    stages of the next batches overlap it.  ``dims`` shapes an empty batch (every utterance of it
+    was filtered out): feats [0, 0, dims].
     """
     batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
     n = len(batch)
-    lens, label_lens, dims = batch.frames, batch.label_lens, batch.dims
+    lens, label_lens, row_dims = batch.frames, batch.label_lens, batch.dims
     uttids = batch.uttids.tolist()
-    d = int(dims[0])
-    if (dims != d).any():
-        i = int(np.flatnonzero(dims != d)[0])
-        raise ValueError(f"utterance {uttids[i]!r} has {dims[i]} feature dims, {uttids[0]!r} in the same "
+    d = int(row_dims[0]) if n else int(dims or 0)
+    if (row_dims != d).any():
+        i = int(np.flatnonzero(row_dims != d)[0])
+        raise ValueError(f"utterance {uttids[i]!r} has {row_dims[i]} feature dims, {uttids[0]!r} in the same "
                          f"batch has {d}: mixed feature sets in trset?")
-    layout = BatchLayout(n, int(lens[0]), d, int(label_lens.max(initial=0)))
+    layout = BatchLayout(n, int(lens[0]) if n else 0, d, int(label_lens.max(initial=0)))
     buf, slot = alloc(layout.nbytes) if alloc is not None else (alloc_buffer(layout.nbytes, shared), -1)
     v_lens, v_label_lens, v_labels, v_feats = layout.views(buf.numpy())
     v_lens[:] = lens
@@ -151,7 +155,7 @@ def start_collate(batch: Records, *, shared: bool = False,
     # converted there, in the same thread: torch's conversion, parallel on every core, left its
     # threads spinning on the core the read needed).
     reads = None
-    if (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
+    if n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
         reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))
     if reads is not None:
         reads.start(v_feats, reader)

@@ -1,8 +1,18 @@
-"""The few collectives the loader makes under ``torch.distributed``."""
+"""The loader's few collectives under ``torch.distributed``, each bounded in time.
+
+Steps are equal by construction (the epoch plan), so nothing is exchanged per step.  What is
+left: at loader start, every rank checks that all planned from the same shards and options; at
+each epoch's end, that all yielded the same number of batches.  Both run on a gloo group of the
+loader's own (whatever the trainer's backend), behind a monitored barrier, so a rank that hangs
+or died is named after ``timeout`` seconds instead of every other rank blocking for gloo's 30
+minutes.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from datetime import timedelta
+from typing import Any
 
 
 def dist_info() -> tuple[int, int]:
@@ -14,34 +24,35 @@ def dist_info() -> tuple[int, int]:
     return 0, 1
 
 
-def _collective_device() -> "object":
-    import torch
-    import torch.distributed as dist
+def loader_group(timeout: float) -> Any:
+    """A gloo process group for the loader's checks, or None without torch.distributed.
 
-    # nccl only reduces CUDA tensors; gloo (CPU) reduces CPU tensors.
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def any_rank_done(done: bool) -> bool:
-    """All-reduce (MAX) of this rank's "I have no batch" flag: True when any rank is out of data.
-
-    Every rank must call it the same number of times; the loader calls it once per step.
+    Every rank must call it at the same point (``make_loader`` does).
     """
-    import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=_collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
 
 
-def all_sum(values: Sequence[int]) -> list[int]:
-    """Element-wise sum of integers over ranks (one all-reduce)."""
-    import torch
+class RankTimeout(RuntimeError):
+    """A rank did not reach one of the loader's collectives in time; the message names it."""
+
+
+def gather(group: Any, value: Any, *, timeout: float, where: str) -> list[Any]:
+    """Every rank's ``value`` (plain data), after a barrier that names whoever does not come in ``timeout`` s."""
     import torch.distributed as dist
 
-    t = torch.tensor(list(values), dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return [int(x) for x in t.tolist()]
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout), wait_all_ranks=True)
+    except RuntimeError as e:
+        found = re.search(r"[Rr]anks? ([\d, ]+) failed", str(e))
+        who = f"rank(s) {found.group(1).strip()}" if found else "another rank"
+        raise RankTimeout(
+            f"wdsprep loader, {where}: {who} did not answer within {timeout:g} s (rank {dist.get_rank()} "
+            f"waited). A rank that stopped stepping or died: look at its log. If the ranks are only this far "
+            f"apart (a long evaluation on one rank), raise make_loader(collective_timeout=...) ({e})") from None
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)  # plain dicts of numbers and strings we made
+    return out

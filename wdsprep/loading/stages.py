@@ -1,159 +1,144 @@
-"""The loader's stages: plain generator functions over blocks of utterances held as columns.
+"""The loader's run-time stages: plain generator functions from planned batches to labelled rows.
 
-Each takes an iterator of :class:`~wdsprep.loading.records.Records` and yields them on, so a few
-hundred utterances move per numpy call.  They are composed in one place,
-``ShardStream.stages`` (``stream.py``).  numpy only: no torch here, so they run and test anywhere.
+The epoch plan (``plan.py``) decided every batch; these stages read them.  Each takes an iterator
+of ``(batch id, rows)`` pairs, ``rows`` a :class:`~wdsprep.loading.records.Records` block held as
+columns, and yields them on.  They are composed in one place, ``ShardStream.stages``
+(``stream.py``).  numpy only: no torch here, so they run and test anywhere.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from wdsprep.format.shardfile import prefetch_shard
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE, bucket_blocks
+from wdsprep.format.samples import report_damage
+from wdsprep.format.shardfile import ShardError, prefetch_shard
+from wdsprep.loading.assign import Task
+from wdsprep.loading.plan import StreamPlan
 from wdsprep.loading.read import iter_records
-from wdsprep.loading.records import IN_MEMORY, Records
+from wdsprep.loading.records import Records
+from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
-_NEVER = np.iinfo(np.int64).max
+BatchId = tuple[int, int]  # (stream, batch of that stream)
+Planned = tuple[BatchId, np.ndarray]  # a batch's global utterance rows
+Rows = tuple[BatchId, Records]
 
 
-def read_shards(shards: Sequence[str], utts: Sequence[int | None], *, on_error: str, counts: WorkerTally,
-                cursor: list[int], block: int) -> Iterator[Records]:
-    """Every sample of every shard in order, in blocks of up to ``block``; a corrupt shard's unread
-    rest is counted.
+def planned_batches(tasks: Sequence[Task], plan_of: Callable[[int], StreamPlan]) -> Iterator[Planned]:
+    """The batches of ``tasks`` in order, each as the global rows the plan gave it."""
+    for task in tasks:
+        plan = plan_of(task.stream)
+        for j in range(task.start, task.stop):
+            yield (task.stream, j), plan.batch(j)
 
-    ``cursor`` is updated in place to [shards finished, samples read from the current shard]:
-    with (seed, epoch, rank, worker) it is the worker's position in the epoch.
+
+class _Shard:
+    """A shard read for the batches that need it: its rows, why any planned row is missing, and
+    how many of its planned rows are still to be used."""
+
+    __slots__ = ("rows", "missing", "waiting")
+
+    def __init__(self, rows: Records, missing: str, waiting: int) -> None:
+        self.rows, self.missing, self.waiting = rows, missing, waiting
+
+
+def read_batches(planned: Iterator[Planned], shards: ShardSet, plan_of: Callable[[int], StreamPlan], *,
+                 tasks: Sequence[Task], on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
+    """Each planned batch's rows, read from the shards; rows a shard does not deliver are left
+    out of their batch and counted.
+
+    Every shard a task needs is read once, when its first batch needs it, in the order its stream
+    reads them (the next one read ahead meanwhile), and let go after the last batch that needs it.
     """
-    for i, (shard, expected) in enumerate(zip(shards, utts)):
-        cursor[0], cursor[1] = i, 0
-        if i == 0:
-            prefetch_shard(shard)
-        if i + 1 < len(shards):
-            prefetch_shard(shards[i + 1])  # a cold next shard streams in while this one is decoded
-        corrupt: list[str] = []
-        for rows in iter_records(shard, on_error=on_error, block=block,
-                                 on_corrupt=lambda url, key, why: corrupt.append(url)):
-            cursor[1] += len(rows)
-            counts.read += len(rows)
-            yield rows
-        if corrupt:
-            counts.corrupt_shards += 1
-            # Without an index the number of samples lost is unknown: only the shard is counted.
-            if expected is not None and expected > cursor[1]:
-                counts.dropped["corrupt_shard"] += expected - cursor[1]
-    cursor[0], cursor[1] = len(shards), 0
+    waiting: dict[int, int] = {}  # shard -> planned rows of these tasks in it
+    order: list[int] = []  # the shards in the order the tasks' streams read them
+    for task in tasks:
+        plan = plan_of(task.stream)
+        used, n = np.unique(shards.shard_of(plan.rows[plan.starts[task.start]:plan.starts[task.stop]]),
+                            return_counts=True)
+        fresh = {s for s in used.tolist() if s not in waiting}
+        order.extend(s for s in plan.shards.tolist() if s in fresh)
+        for s, k in zip(used.tolist(), n.tolist()):
+            waiting[s] = waiting.get(s, 0) + k
+    position = {s: i for i, s in enumerate(order)}
+    loaded: dict[int, _Shard] = {}
+    ahead = 0  # order[:ahead] have been asked to be read ahead
+    for bid, rows in planned:
+        owner = shards.shard_of(rows)
+        within = rows - shards.starts[owner]
+        present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
+        for s in present:
+            if s not in loaded:
+                while ahead <= min(position[s] + 1, len(order) - 1):  # this shard, and the next streams in
+                    prefetch_shard(shards.urls[order[ahead]])
+                    ahead += 1
+                got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block)
+                loaded[s] = _Shard(got, missing, waiting[s])
+        have = within < np.array([len(loaded[s].rows) for s in owner.tolist()], np.int64)
+        for s in present:
+            lost = int(((owner == s) & ~have).sum())
+            if lost:
+                counts.dropped[loaded[s].missing] += lost
+        slots = [np.flatnonzero((owner == s) & have) for s in present]
+        parts = [loaded[s].rows[within[k]] for s, k in zip(present, slots)]
+        got_rows = Records.concat(parts) if parts else Records.empty()
+        # Back to the planned order within the batch (the collate sorts by length, ties in this order).
+        yield bid, got_rows[np.argsort(np.concatenate(slots), kind="stable")] if parts else got_rows
+        for s in present:
+            shard = loaded[s]
+            shard.waiting -= int((owner == s).sum())
+            if shard.waiting <= 0:
+                del loaded[s]  # its last planned row is used: let its file (or bytes) go
 
 
-def shuffle_buffer(blocks: Iterator[Records], *, size: int, rng: np.random.Generator) -> Iterator[Records]:
-    """Reservoir-style shuffle: keep ``size`` samples; each arrival takes a random slot, and the
-    sample it replaces goes out.
-
-    A block of arrivals is exchanged at once (:func:`_exchange`); the samples go out in the same
-    order as one arrival at a time.  At the end the buffer goes out in random order.
-
-    Features of a pipe or URL shard are views on the shard's bytes in memory, so one sample left
-    in the buffer would keep the whole shard alive; a few stay for many shards (the wait is
-    geometric), which made peak RSS grow with the data set.  Every ``size`` arrivals, such samples
-    that waited more than ``2 * size`` arrivals (~14% of them) get their features copied out, so
-    only the last few shards stay in memory.  (Local shards' features are still on disk.)
-    """
-    if size <= 1:
-        yield from blocks
-        return
-    filling: list[Records] = []
-    buf: Records | None = None  # once full: the buffer's own copy, overwritten in place
-    born = np.zeros(size, np.int64)  # arrival number of each slot's sample
-    arrivals = 0
-    for rows in blocks:
-        if buf is None:
-            room = size - arrivals
-            filling.append(rows[:room])
-            arrivals += len(filling[-1])
-            if arrivals < size:
-                continue
-            full = Records.concat(filling)
-            buf = Records(full.num.copy(), full.obj.copy())
-            born[:] = np.arange(1, size + 1)
-            rows = rows[room:]
-        if not len(rows):
-            continue
-        slots = rng.integers(size, size=len(rows))
-        yield _exchange(buf, rows, slots, born, arrivals)
-        before, arrivals = arrivals, arrivals + len(rows)
-        if arrivals // size > before // size:
-            _detach_waiting(buf, born, arrivals - 2 * size)
-    rest = buf if buf is not None else Records.concat(filling) if filling else Records.empty()
-    if len(rest):
-        yield rest[rng.permutation(len(rest))]
+def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int) -> tuple[Records, str]:
+    """What shard ``s`` delivers, checked against the frames it was planned with, and the reason
+    any planned row it does not deliver is counted under."""
+    url = shards.urls[s]
+    corrupt: list[str] = []
+    blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why)))
+    rows = Records.concat(blocks) if blocks else Records.empty()
+    counts.read += len(rows)
+    if corrupt:
+        counts.corrupt_shards += 1
+    planned = shards.frames[shards.starts[s]:shards.starts[s + 1]]
+    n = min(len(rows), len(planned))
+    differ = np.flatnonzero(rows.frames[:n] != planned[:n])
+    if len(rows) < len(planned) and not corrupt and not len(differ):
+        # The tar ended cleanly before the samples the index lists (a zero block where a header
+        # was): damage all the same, reported as such rather than lost quietly.
+        report_damage(url, f"it ends after {len(rows)} samples, its index lists {len(planned)}", on_error)
+        counts.corrupt_shards += 1
+    if len(rows) <= len(planned) and not len(differ):
+        return rows, "corrupt_shard"
+    at = (f"sample {differ[0]} has {rows.frames[differ[0]]} frames, the index {planned[differ[0]]}" if len(differ)
+          else f"{len(rows)} samples, the index {len(planned)}")
+    msg = (f"shard {url} does not match the index the epoch was planned from ({at}): it was changed after it "
+           f"was indexed. Re-index it (wdsprep index --refresh) or repack it")
+    if on_error == "raise":
+        raise ShardError(msg)
+    warnings.warn(f"{msg}; its utterances are skipped", RuntimeWarning, stacklevel=2)
+    counts.stale_shards += 1
+    return Records.empty(), "stale_shard"
 
 
-def _exchange(buf: Records, arrivals: Records, slots: np.ndarray, born: np.ndarray, before: int) -> Records:
-    """What a reservoir emits when ``arrivals[t]`` replaces slot ``slots[t]`` for t = 0, 1, ...: the
-    slot's sample just before, which is the last earlier arrival that took that slot, or the
-    buffer's.  ``buf`` (and ``born``, after ``before`` arrivals) then hold each slot's last taker."""
-    m = len(arrivals)
-    order = np.argsort(slots, kind="stable")  # arrivals grouped by slot, in arrival order within a slot
-    grouped = slots[order]
-    edge = np.ones(m + 1, bool)
-    edge[1:-1] = grouped[1:] != grouped[:-1]
-    first, last = edge[:-1], edge[1:]  # of its slot's group
-    # Row of [buf[slots]; arrivals] each arrival's output comes from.
-    source = np.empty(m, np.int64)
-    source[order[first]] = order[first]  # the buffer's sample: buf[slots[t]] is row t
-    source[order[~first]] = m + order[np.flatnonzero(~first) - 1]  # the group's previous arrival
-    out = Records.concat([buf[slots], arrivals])[source]
-    buf.put(grouped[last], arrivals[order[last]])
-    born[grouped[last]] = before + 1 + order[last]
-    return out
+def tokenize(batches: Iterator[Rows], tokenizer: Tokenizer, *, sampling: SubwordSampling | None) -> Iterator[Rows]:
+    """Labels from raw text, one ``encode_batch`` call per batch (one C++ call for spm)."""
+    for bid, rows in batches:
+        yield bid, rows.with_labels(tokenizer.encode_batch(rows.texts.tolist(), sampling=sampling))
 
 
-def _detach_waiting(buf: Records, born: np.ndarray, older_than: int) -> None:
-    """Copy out in-memory features of samples in the buffer since before arrival ``older_than``."""
-    for j in np.flatnonzero(born < older_than).tolist():
-        feats = buf.sources[j]
-        if buf.offsets[j] == IN_MEMORY and feats.base is not None:  # a view on a shard's bytes
-            buf.sources[j] = np.array(feats)  # same values, own memory
-        born[j] = _NEVER
-
-
-def tokenize(blocks: Iterator[Records], tokenizer: Tokenizer, *, sampling: SubwordSampling | None) -> Iterator[Records]:
-    """Labels from raw text, one ``encode_batch`` call per block (one C++ call for spm)."""
-    for rows in blocks:
-        yield rows.with_labels(tokenizer.encode_batch(rows.texts.tolist(), sampling=sampling))
-
-
-def filter_samples(blocks: Iterator[Records], *, min_frames: int | None, max_utt_frames: int | None,
-                   ctc_subsampling: int | None, counts: WorkerTally) -> Iterator[Records]:
-    """Drop what the model cannot use; every drop is counted by its first reason."""
-    for rows in blocks:
-        t = rows.frames
-        keep = np.ones(len(rows), bool)
-        checks = []
-        if min_frames is not None:
-            checks.append(("too_short", t < min_frames))
-        if max_utt_frames is not None:
-            checks.append(("too_long", t > max_utt_frames))
-        if ctc_subsampling is not None:
-            # CTC needs at least one output frame per label (CAT's filter: T // sub > U).
-            checks.append(("ctc_too_short", t // ctc_subsampling <= rows.label_lens))
-        for reason, bad in checks:
-            dropped = int(np.count_nonzero(bad & keep))
-            if dropped:
-                counts.dropped[reason] += dropped
-                keep &= ~bad
-        if keep.all():
-            yield rows
-        elif keep.any():
-            yield rows[keep]
-
-
-def bucket(blocks: Iterator[Records], *, max_frames: int, rng: np.random.Generator, max_batch_size: int | None = None,
-           pool_size: int = DEFAULT_POOL_SIZE) -> Iterator[Records]:
-    """Batches of similar length in random order: :func:`~wdsprep.loading.batching.bucket_batches` on blocks."""
-    return bucket_blocks(((rows, rows.frames) for rows in blocks), concat=Records.concat, take=Records.__getitem__,
-                         max_frames=max_frames, rng=rng, max_batch_size=max_batch_size, pool_size=pool_size)
+def filter_ctc(batches: Iterator[Rows], *, ctc_subsampling: int | None, counts: WorkerTally) -> Iterator[Rows]:
+    """Drop utterances CTC cannot align (CAT's rule: ``frames // subsampling > labels``), counted;
+    the batch stays, so the step count never changes (it may even be empty)."""
+    for bid, rows in batches:
+        if ctc_subsampling is not None and len(rows):
+            bad = rows.frames // ctc_subsampling <= rows.label_lens
+            if bad.any():
+                counts.dropped["ctc_too_short"] += int(bad.sum())
+                rows = rows[~bad]
+        yield bid, rows

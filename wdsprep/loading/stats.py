@@ -65,14 +65,14 @@ class WorkerTally:
 
     read: int = 0  # samples decoded from shards
     corrupt_shards: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)  # reason -> utterances not in any batch
-    skipped: BatchTally = field(default_factory=BatchTally)  # a resumed epoch's batches before its first step
+    stale_shards: int = 0  # changed after they were indexed: refused
+    dropped: Counter[str] = field(default_factory=Counter)  # reason -> planned utterances not in their batch
 
     def take(self) -> WorkerTally:
         """These counts, leaving this tally at zero."""
-        out = WorkerTally(self.read, self.corrupt_shards, self.dropped, self.skipped)
-        self.read = self.corrupt_shards = 0
-        self.dropped, self.skipped = Counter(), BatchTally()
+        out = WorkerTally(self.read, self.corrupt_shards, self.stale_shards, self.dropped)
+        self.read = self.corrupt_shards = self.stale_shards = 0
+        self.dropped = Counter()
         return out
 
 
@@ -81,25 +81,26 @@ class LoaderStats:
     """What one epoch of this rank did so far; ``dropped`` holds every sample not in a batch, by reason."""
 
     epoch: int = 0
-    steps: int = 0
-    utterances: int = 0  # in yielded batches
-    read: int = 0  # decoded from shards (includes samples later dropped or still buffered)
-    dropped: dict[str, int] = field(default_factory=dict)  # reason -> samples
+    steps: int = 0  # batches yielded in the epoch (a resumed epoch counts the runs before it)
+    planned_steps: int = 0  # batches this iteration yields: len(loader)
+    utterances: int = 0  # in the batches this iteration yielded
+    assigned: int = 0  # utterances the plan put in this iteration's batches of this rank
+    read: int = 0  # samples decoded from shards (a shard shared to even out ranks is read whole)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> planned utterances not delivered
     corrupt_shards: int = 0
+    stale_shards: int = 0
     real_frames: int = 0
     padded_frames: int = 0
     oversize_batches: int = 0
-    assigned: int | None = None  # utterances in this rank's shards (known with an index)
-    # After a DDP training epoch: utterances of the whole epoch that no rank put into a batch or
-    # dropped by a filter, because the epoch stopped when the first rank ran dry.
-    discarded: int | None = None
-    discarded_fraction: float | None = None
+    # Utterances of the epoch's discarded tail: the planned batches left over when the world size
+    # does not divide them (fewer than one per rank); the same on every rank.
+    discarded: int = 0
+    discarded_fraction: float = 0.0
     seconds: float = 0.0
 
-    def add_batches(self, t: BatchTally, *, steps: bool = True) -> None:
-        """Batches this rank yielded; ``steps=False`` for a resumed epoch's batches before its
-        first step, whose steps the resumed position already counts."""
-        self.steps += t.batches if steps else 0
+    def add_batches(self, t: BatchTally) -> None:
+        """Batches this rank yielded."""
+        self.steps += t.batches
         self.utterances += t.utterances
         self.real_frames += t.real_frames
         self.padded_frames += t.padded_frames
@@ -108,9 +109,9 @@ class LoaderStats:
     def add_worker(self, t: WorkerTally) -> None:
         self.read += t.read
         self.corrupt_shards += t.corrupt_shards
+        self.stale_shards += t.stale_shards
         if t.dropped:
             self.dropped = dict(Counter(self.dropped) + t.dropped)
-        self.add_batches(t.skipped, steps=False)
 
     @property
     def padding_efficiency(self) -> float:

@@ -25,36 +25,40 @@ _FREE, _BUSY = 0, 1
 
 
 class WorkerControl:
-    """What the Loader tells its workers, in shared memory: persistent workers were forked with a
-    copy of the dataset, so only shared memory reaches them after the fork.
+    """What the Loader tells its readers each epoch, in shared memory: persistent workers were forked
+    with a copy of the dataset, so only shared memory reaches them after the fork.
 
-    The Loader owns it and writes it before each epoch's ``iter()``; the workers read it when
-    they start the epoch.
+    The epoch, the plan's batch count per stream, and a resumed epoch's earlier runs (world size,
+    workers, steps each): from these a reader works out the plan and its own share itself.  The
+    Loader owns it and writes it before each epoch's ``iter()``.
     """
 
-    def __init__(self, num_workers: int) -> None:
+    MAX_SEGMENTS = 64  # runs of one epoch: resumes within an epoch, one row each
+
+    def __init__(self, num_streams: int) -> None:
         self._epoch = mp.RawValue("q", 0)
-        # A resumed epoch's plan per worker (see Loader._skip_plan): batches to make without
-        # reading them, and whether to hand out a placeholder item first.
-        self._skip = mp.RawArray("q", max(1, num_workers))
-        self._lead = mp.RawArray("b", max(1, num_workers))
+        self._counts = mp.RawArray("q", max(1, num_streams))
+        self._num_streams = num_streams
+        self._segments = mp.RawArray("q", 3 * self.MAX_SEGMENTS)
+        self._num_segments = mp.RawValue("q", 0)
         # (flags, serial) of the Loader's SlotCache, set before the workers start: see ShmPool.
         self.pool: tuple[Any, Any] | None = None
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch.value
-
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
+    def write(self, epoch: int, counts: np.ndarray, segments: list[tuple[int, int, int]]) -> None:
+        if len(segments) > self.MAX_SEGMENTS:
+            raise ValueError(f"an epoch resumed {len(segments)} times; at most {self.MAX_SEGMENTS} are kept")
         self._epoch.value = epoch
+        self._counts[:self._num_streams] = [int(c) for c in counts]
+        flat = [int(x) for seg in segments for x in seg]
+        self._segments[:len(flat)] = flat
+        self._num_segments.value = len(segments)
 
-    def set_resume(self, skip: list[int], lead: list[bool]) -> None:
-        self._skip[:], self._lead[:] = skip, lead
-
-    def resume(self, worker: int) -> tuple[int, bool]:
-        """(batches to skip, whether a placeholder goes first) for ``worker`` this epoch."""
-        return self._skip[worker], bool(self._lead[worker])
+    def read(self) -> tuple[int, np.ndarray, list[tuple[int, int, int]]]:
+        """(epoch, batches per stream, earlier runs of the epoch)."""
+        k = self._num_segments.value
+        flat = self._segments[:3 * k]
+        return (self._epoch.value, np.array(self._counts[:self._num_streams], np.int64),
+                [tuple(flat[i:i + 3]) for i in range(0, 3 * k, 3)])  # type: ignore[misc]
 
 
 class ShmPool:

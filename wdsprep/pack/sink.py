@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from wdsprep.files import TMP_SUFFIX
-from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, write_index
+from wdsprep.format.index import INDEX_FILES, FolderIndex, ShardInfo, write_index
 from wdsprep.format.keys import layout_exts
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.groups import Groups
@@ -144,7 +144,7 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
             )
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             for p in folder.iterdir():
-                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (INDEX_NAME, REPORT_NAME)):
+                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)):
                     p.unlink()
             if folder != d and not any(folder.iterdir()):
                 folder.rmdir()
@@ -169,14 +169,18 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
     folders = [""] if groups is None else [g.folder for g in groups]
     summary = {}
     for folder in folders:
-        infos = []
+        infos, stats = [], []
         for r in results:
             for info in r.shards.get(folder, []):
                 final = fmt % len(infos)
                 os.replace(d / folder / info.name, d / folder / final)
                 infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens))
+                stats.append(os.stat(d / folder / final))
         if infos:
-            write_index(d / folder, FolderIndex(layout, next(iter(dims), None), dtype, infos))
+            # Size and mtime let a reader see that a shard changed after it was indexed.
+            write_index(d / folder, FolderIndex.from_shards(layout, next(iter(dims), None), dtype, infos,
+                                                            sizes=[s.st_size for s in stats],
+                                                            mtimes=[s.st_mtime_ns for s in stats]))
         frames = sum(i.num_frames for i in infos)
         summary[folder or "."] = {
             "utterances": sum(i.num_utts for i in infos),

@@ -1,0 +1,131 @@
+"""The indexed shard set an epoch is planned from: every shard's utterances and every utterance's frames.
+
+Built once per loader from each folder's index (``format/index.py``): O(shards) JSON plus one
+memory-mapped frame column per folder.  A shard that changed since it was indexed (its size or
+mtime differ) is refused at once, naming it: it is never read against a stale index.  Shards
+that no index lists (CAT's, a copied folder, pipes and URLs) are scanned here, headers only, with
+a warning that ``wdsprep index`` would save that scan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from wdsprep.format.index import INDEX_NAME, FolderIndex, frames_digest, read_index, scan_shard
+from wdsprep.format.shardlist import is_url
+
+
+class StaleIndexError(ValueError):
+    """A shard differs from what its folder's index says; the message names it and what to do."""
+
+
+@dataclass
+class ShardSet:
+    """Shards in list order, their utterances as rows ``starts[i]:starts[i + 1]`` of ``frames``."""
+
+    urls: list[str]
+    utts: np.ndarray  # int64 [S]
+    frames: np.ndarray  # int32 [N]: every utterance's frames, shard after shard
+    digests: list[str]  # per shard: frames_digest of its rows
+    sizes: np.ndarray  # int64 [S]: bytes each shard should have, -1 where unknown
+    dims: int | None = None  # feature dims, when an index or a scan says
+    scanned: int = 0  # shards read here because no index listed them
+    lost: np.ndarray | None = None  # int64 [S]: samples a scan found the loader cannot read (damage)
+
+    def __post_init__(self) -> None:
+        self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
+        if self.lost is None:
+            self.lost = np.zeros(len(self.urls), np.int64)
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    @property
+    def num_utts(self) -> int:
+        return int(self.starts[-1])
+
+    def shard_of(self, utts: np.ndarray) -> np.ndarray:
+        """The shard of each global utterance row."""
+        return np.searchsorted(self.starts, utts, side="right") - 1
+
+    def fingerprint(self) -> str:
+        """What the plan depends on: per shard its last two path parts (a moved corpus keeps its
+        fingerprint), utterance count and frame column."""
+        doc = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d] for u, n, d in zip(self.urls, self.utts, self.digests)]
+        return hashlib.blake2b(json.dumps(doc).encode(), digest_size=8).hexdigest()
+
+
+def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
+    """Why local shard ``i`` of ``index`` no longer is the shard indexed (``st`` its stat), or None."""
+    size, mtime = int(index.sizes[i]), int(index.mtimes[i])
+    if size >= 0 and st.st_size != size:
+        return f"it has {st.st_size:,} bytes, the index says {size:,}"
+    if mtime >= 0 and st.st_mtime_ns != mtime:
+        return "its modification time differs from the index's (same size)"
+    return None
+
+
+def shard_set(urls: Sequence[str]) -> ShardSet:
+    """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists."""
+    indexes: dict[str, FolderIndex | None] = {}
+    utts: list[int] = []
+    sizes: list[int] = []
+    digests: list[str] = []
+    columns: list[np.ndarray] = []
+    unlisted: list[int] = []
+    dims: set[int] = set()
+    for k, url in enumerate(urls):
+        folder = url.rsplit("/", 1)[0] if is_url(url) else os.path.dirname(os.path.abspath(url))
+        if folder not in indexes:
+            indexes[folder] = None if is_url(url) else read_index(folder)
+        index = indexes[folder]
+        i = None if index is None else index.position(url.rsplit("/", 1)[-1])
+        if i is None:
+            unlisted.append(k)
+            utts.append(0)
+            sizes.append(-1)
+            digests.append("")
+            columns.append(np.zeros(0, np.int32))
+            continue
+        assert index is not None
+        if index.dims is not None:
+            dims.add(int(index.dims))
+        why = stale_reason(index, i, os.stat(url))
+        if why is not None:
+            raise StaleIndexError(
+                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{Path(folder) / INDEX_NAME} lists. If the folder was copied without keeping file times, "
+                f"or the shard was replaced on purpose, re-index it (wdsprep index --refresh '{url}'); "
+                f"otherwise restore the shard or repack")
+        a, b = int(index.starts[i]), int(index.starts[i + 1])
+        utts.append(b - a)
+        sizes.append(int(index.sizes[i]))
+        digests.append(index.digests[i])
+        columns.append(np.asarray(index.frames[a:b], np.int32))
+    lost = np.zeros(len(urls), np.int64)
+    if unlisted:
+        t0 = time.perf_counter()
+        for k in unlisted:
+            scan = scan_shard(urls[k])
+            lost[k] = scan.lost
+            for problem in scan.problems:
+                warnings.warn(problem, RuntimeWarning, stacklevel=3)
+            frames = np.asarray(scan.info.frames, np.int32)
+            utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
+            dims |= scan.dims
+        some = urls[unlisted[0]]
+        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {some}): read their "
+                      f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
+                      f"the index beside them once", UserWarning, stacklevel=3)
+    frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
+    return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
+                    dims.pop() if len(dims) == 1 else None, len(unlisted), lost)
