@@ -171,6 +171,30 @@ def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
     assert not list(demo_exp.glob(".*.tmp")), "a temporary checkpoint was left behind"
     assert "epoch 1 | train loss" in p.stdout
 
+    # The checkpoint holds the loader's place: a job of one rank goes on with epoch 1's batches left.
+    import torch
+
+    import wdsprep
+
+    saved = torch.load(demo_exp / "epoch1.pt", weights_only=False)["loader"]
+    assert (saved["epoch"], saved["runs"], saved["complete"]) == (1, [[2, 0, 3]], False)
+    hyper = demo_exp / "hyper-p.json"
+    per_rank = {k: saved["options"][k] for k in ("max_frames", "max_batch_size")}  # as train.py keeps them
+    whole = wdsprep.make_loader_from_hyper(hyper, world_size=1, rank=0, ctc_subsampling=4, **per_rank)
+    whole.set_epoch(1)
+    resumed = wdsprep.make_loader_from_hyper(hyper, world_size=1, rank=0, ctc_subsampling=4, **per_rank)
+    with pytest.raises(ValueError, match="max_frames=500 .this loader: 1000.*bucket_size"):
+        wdsprep.make_loader_from_hyper(hyper, world_size=1, rank=0, ctc_subsampling=4).load_state_dict(saved)
+    resumed.load_state_dict(saved)
+    assert len(resumed) in (len(whole) - 6, len(whole) - 5)  # 3 steps x 2 ranks done (the 2-rank tail may be left)
+    exp2 = demo_exp / "resumed"
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+         str(DEMO / "local" / "train.py"), "--hyper", str(hyper), "--exp-dir", str(exp2), "--resume",
+         str(demo_exp / "epoch1.pt"), "--epochs", "1"], timeout=240)
+    again = json.loads((exp2 / "history.json").read_text())
+    assert [h["epoch"] for h in again] == [1, 1] and again[1]["steps"] == len(resumed)
+    assert again[1]["global_step"] == 3 + len(resumed)
+
 
 @pytest.mark.slow
 def test_training_loss_falls_below_the_ctc_plateau(demo_exp: Path, tmp_path: Path) -> None:

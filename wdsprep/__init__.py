@@ -7,7 +7,7 @@ are imported only by the functions that need them.
 from wdsprep import _moved
 from wdsprep.check.inspect import InspectResult, inspect_shards
 from wdsprep.check.verify import VerifyResult, verify_shards
-from wdsprep.format.index import read_index
+from wdsprep.format.index import index_shards, read_index
 from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.pack import pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 _moved.install()  # the 0.1 module paths (wdsprep.reader, ...) still import, with a warning
 
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
-           "encode_key", "decode_key", "read_index", "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",
+           "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",
            "inspect_shards", "InspectResult", "verify_shards", "VerifyResult"]
 
 # The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.

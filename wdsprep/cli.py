@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,27 +136,98 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _cmd_dry_run(args: argparse.Namespace) -> None:
-    from wdsprep.check.dryrun import dry_run
+def _cmd_index(args: argparse.Namespace) -> int:
+    from wdsprep.format.index import index_shards
 
-    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, max_frames=args.max_frames,
-            epochs=args.epochs, dump_keys=args.dump_keys, num_workers=args.num_workers, seed=args.seed,
-            stats_json=args.stats_json)
+    result = index_shards(args.patterns, refresh=args.refresh, force=args.force)
+    print(result.format())
+    return 0 if result.ok else 1
+
+
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("index", help="write the index of shards packed elsewhere (CAT's, a copied folder): "
+                                     "headers only; exit 1 if a sample is unreadable")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    p.add_argument("--refresh", action="store_true",
+                   help="read again the shards that changed since they were indexed (size or mtime), keep the rest")
+    p.add_argument("--force", action="store_true", help="read every shard again")
+    p.set_defaults(func=_cmd_index)
+
+
+def _cmd_dry_run(args: argparse.Namespace) -> None:
+    from wdsprep.check.dryrun import dry_run, plan_report
+
+    opts = _loader_options(args)
+    if args.plan:
+        if args.trset is None or args.max_frames is None:
+            raise ValueError("dry-run --plan needs --trset and --max-frames (it reads only the index)")
+        for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
+                     "pin_memory", "persistent_workers", "collective_timeout"):
+            opts.pop(name, None)  # run-time options: they do not change the plan
+        plan_report(args.trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
+        return
+    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
+            stats_json=args.stats_json, num_workers=args.num_workers, **opts)
+
+
+def _add_loader_options(p: argparse.ArgumentParser) -> None:
+    """The options of make_loader, one flag each (the CLI mirrors the API)."""
+    g = p.add_argument_group("loader options (make_loader's; with --hyper they override hyper-p.json)")
+    g.add_argument("--max-frames", type=int, help="padded frames per rank batch (B x longest)")
+    g.add_argument("--seed", type=int, help="with the epoch, decides every shuffle (default: 0)")
+    g.add_argument("--shuffle-buffer", type=int, help="utterances each stream's shuffle buffer holds (default: 2000)")
+    g.add_argument("--max-batch-size", type=int, help="utterances per batch at most")
+    g.add_argument("--min-frames", type=int, help="drop shorter utterances (counted)")
+    g.add_argument("--max-utt-frames", type=int, help="drop longer utterances (counted)")
+    g.add_argument("--ctc-subsampling", type=int, help="drop utterances with frames // N <= label length (CAT's CTC rule)")
+    g.add_argument("--pool-size", type=int, help="utterances sorted together into batches (default: 4000)")
+    g.add_argument("--streams", type=int, help="canonical streams the epoch is planned in (default: min(shards, 64, "
+                                               "utterances // 1000))")
+    g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
+    g.add_argument("--on-error", choices=["warn", "raise"], help="a damaged shard: warn and count, or stop")
+    g.add_argument("--subword-sampling", type=float, metavar="ALPHA", help="SentencePiece subword sampling with this alpha")
+    g.add_argument("--tokenize-group", type=int, help="utterances per block when a shard is read (default: 256)")
+    g.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead")
+    g.add_argument("--pin-memory", action="store_true", help="page-locked batches (CUDA)")
+    g.add_argument("--no-persistent-workers", action="store_true", help="start the workers anew every epoch")
+    g.add_argument("--collective-timeout", type=float, help="seconds a rank waits for the others (default: 300)")
+
+
+def _loader_options(args: argparse.Namespace) -> dict:
+    """The loader options given on the command line, as make_loader's keyword arguments."""
+    from wdsprep.tokenizer import SubwordSampling
+
+    names = ("max_frames", "seed", "shuffle_buffer", "max_batch_size", "min_frames", "max_utt_frames",
+             "ctc_subsampling", "pool_size", "streams", "on_error", "tokenize_group", "prefetch_factor",
+             "collective_timeout")
+    opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if args.dev:
+        opts["train"] = False
+    if args.subword_sampling is not None:
+        opts["subword_sampling"] = SubwordSampling(alpha=args.subword_sampling)
+    if args.pin_memory:
+        opts["pin_memory"] = True
+    if args.no_persistent_workers:
+        opts["persistent_workers"] = False
+    return opts
 
 
 def _add_dry_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dry-run", help="iterate the training loader without a model and report (torchrun-safe)")
+    p = sub.add_parser("dry-run", help="the training loader without a model: its plan (--plan), or a real pass "
+                                       "(torchrun-safe)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
     src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
     p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
-    p.add_argument("--max-frames", type=int, help="padded frames per rank batch (with --trset)")
+    p.add_argument("--plan", action="store_true", help="print the epoch's plan from the index; read no feature")
+    p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
+                   help="ranks to plan for, with --plan (default: $WORLD_SIZE or 1)")
     p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     p.add_argument("--dump-keys", metavar="FILE",
                    help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
     p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
+    _add_loader_options(p)
     p.set_defaults(func=_cmd_dry_run)
 
 
@@ -232,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
-    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_tokenizer_parser, _add_inspect, _add_verify,
+    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_index, _add_tokenizer_parser, _add_inspect, _add_verify,
                 _add_dry_run, _add_checkout_tools):
         add(sub)
     return parser

@@ -25,6 +25,7 @@ import os
 import time
 import warnings
 from collections import Counter
+from dataclasses import asdict
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -173,7 +174,8 @@ class Loader:
             complete = self._complete
         return {"version": STATE_VERSION, "seed": self.dataset.cfg.seed, "epoch": self.epoch,
                 "step": sum(s for _, _, s in runs), "complete": complete,
-                "runs": [list(r) for r in runs], "fingerprint": self.dataset.fingerprint()}
+                "runs": [list(r) for r in runs], "options": asdict(self.dataset.cfg.plan),
+                "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
@@ -190,6 +192,12 @@ class Loader:
         if state["seed"] != ds.cfg.seed:
             raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
                              f"the batches depend on it; build the loader with the saved seed to resume")
+        mine = asdict(ds.cfg.plan)
+        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items() if mine.get(k) != v]
+        if differ:
+            raise ValueError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
+                             f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
+                             f"over the world size: pass max_frames as saved)")
         if state["fingerprint"] != ds.fingerprint():
             raise ValueError("the loader state was saved for other shards, index, tokenizer or batching options "
                              "(fingerprint differs): resuming would not continue the same epoch")

@@ -1,31 +1,37 @@
-"""``wdsprep dry-run``: iterate the training loader with no model, the check before a long job.
+"""``wdsprep dry-run``: the loader without a model, the check before a long job.
 
-Reports per epoch: batches (steps), utterances, padding efficiency, utterances/s, dropped by
-reason, corrupt shards and the fraction the DDP early stop discarded.  Works under ``torchrun``
-(gloo on CPU): every rank iterates its share and rank 0 prints the summary of all ranks.
+Two ways:
+
+- ``dry-run --plan --world-size N``: the epoch's plan at N ranks, from the index alone (no
+  feature is read, no tokenizer needed): steps per rank, utterances and hours, padding
+  efficiency, what the plan leaves out and the discarded tail.
+- ``dry-run``: iterate the real loader.  Per epoch: steps, utterances delivered against planned,
+  padding efficiency, utterances/s, dropped by reason, corrupt shards, the discarded tail.  Works
+  under ``torchrun`` (gloo on CPU): every rank iterates its share, rank 0 prints every rank's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from typing import Any, TextIO
 
 from wdsprep.files import write_text
-from wdsprep.loading.stats import efficiency
+from wdsprep.loading.stats import BatchTally, efficiency
+from wdsprep.units import hours
 
 
-def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None,
-            max_frames: int | None = None, epochs: int = 1, dump_keys: str | None = None,
-            num_workers: int = 0, seed: int = 0, stats_json: str | None = None,
-            out: TextIO | None = None) -> list[dict[str, Any]]:
+def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None, epochs: int = 1,
+            dump_keys: str | None = None, stats_json: str | None = None, out: TextIO | None = None,
+            **loader_options: Any) -> list[dict[str, Any]]:
     """Iterate ``epochs`` epochs; returns this rank's per-epoch stats (and prints a summary on rank 0).
 
+    ``loader_options`` go to :func:`wdsprep.make_loader` (with ``hyper``: override its options).
     ``stats_json``: rank 0 writes ``[[stats of rank r for epoch e, ...] for e]`` there, for tools
     that want the numbers rather than the printout.
     """
-    import sys
-
     import torch.distributed as dist
 
     from wdsprep.loader import make_loader
@@ -39,12 +45,12 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
         if hyper is not None:
             from wdsprep.hyper import make_loader_from_hyper
 
-            loader = make_loader_from_hyper(hyper, num_workers=num_workers)
+            loader = make_loader_from_hyper(hyper, **loader_options)
         else:
-            if trset is None or tokenizer is None or max_frames is None:
+            if trset is None or tokenizer is None or loader_options.get("max_frames") is None:
                 raise ValueError("dry-run needs --hyper FILE, or --trset, --tokenizer and --max-frames")
-            loader = make_loader(trset, tokenizer, max_frames=max_frames, num_workers=num_workers, seed=seed)
-        rank, world = loader.dataset.rank, loader.dataset.world_size
+            loader = make_loader(trset, tokenizer, **loader_options)
+        rank, world = loader.rank, loader.world_size
         dump = open(f"{dump_keys}.rank{rank}" if dump_keys and world > 1 else dump_keys, "w",
                     encoding="utf-8") if dump_keys else None
         results = []
@@ -85,21 +91,80 @@ def _gather(st: dict[str, Any], world: int) -> list[dict[str, Any]]:
 
 def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
     utts = sum(r["utterances"] for r in ranks)
-    real = sum(r["real_frames"] for r in ranks)
-    padded = sum(r["padded_frames"] for r in ranks)
+    planned = sum(r["assigned"] for r in ranks)
     secs = max(r["seconds"] for r in ranks) or float("nan")
     dropped: dict[str, int] = {}
     for r in ranks:
         for k, v in r["dropped"].items():
             dropped[k] = dropped.get(k, 0) + v
-    disc = ranks[0]["discarded_fraction"]
+    eff = efficiency(sum(r["real_frames"] for r in ranks), sum(r["padded_frames"] for r in ranks))
     lines = [
         f"epoch {epoch}: {sum(r['steps'] for r in ranks):,} batches, {utts:,} utterances on {len(ranks)} rank(s)",
-        f"  steps per rank      {[r['steps'] for r in ranks]}",
-        f"  padding efficiency  {efficiency(real, padded):.4f} (real/padded frames)",
+        f"  steps per rank      {[r['steps'] for r in ranks]} (planned {[r['planned_steps'] for r in ranks]})",
+        f"  utterances          {utts:,} delivered of {planned:,} planned",
+        f"  padding efficiency  {eff:.4f} (real/padded frames)",
         f"  utterances/s        {utts / secs:,.0f} (slowest rank {secs:.2f} s)",
         f"  dropped             {json.dumps(dropped) if dropped else 'none'}; corrupt shards "
         f"{sum(r['corrupt_shards'] for r in ranks)}",
-        "  discarded by early stop  " + ("unknown (no index)" if disc is None else f"{disc:.2%}"),
+        f"  discarded tail      {ranks[0]['discarded']:,} utterances ({ranks[0]['discarded_fraction']:.2%})",
     ]
     return "\n".join(lines)
+
+
+def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
+                out: TextIO | None = None, **plan_options: Any) -> list[dict[str, Any]]:
+    """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
+    returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
+    (``max_frames`` and any of the batching options ``make_loader`` takes)."""
+    from wdsprep.format.shardlist import expand_shards
+    from wdsprep.loading.assign import epoch_assignment, rank_order
+    from wdsprep.loading.plan import PlanOptions, plan_epoch
+    from wdsprep.loading.shardset import shard_set
+
+    out = out or sys.stdout
+    shards = shard_set(expand_shards(trset))
+    options = PlanOptions(**plan_options)
+    reports = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        plan = plan_epoch(shards.utts, shards.frames, options, seed=seed, epoch=epoch)
+        a = epoch_assignment(plan.counts, [], world_size, num_workers, equal=options.train)
+        seconds = time.perf_counter() - t0
+        ranks = []
+        for r in range(world_size):
+            tally = BatchTally()
+            for s, j in rank_order(a, r):
+                tally.add(shards.frames[plan.streams[s].batch(j)], options.max_frames)
+            ranks.append(tally)
+        left = BatchTally()
+        for t in a.discarded:
+            for j in range(t.start, t.stop):
+                left.add(shards.frames[plan.streams[t.stream].batch(j)])
+        total = BatchTally()
+        for t in ranks:
+            total.merge(t)
+        dropped = {**plan.dropped, **({"unreadable": int(shards.lost.sum())} if shards.lost.any() else {})}
+        report = {"epoch": epoch, "world_size": world_size, "num_workers": num_workers, "streams": len(plan.streams),
+                  "steps_per_rank": [t.batches for t in ranks], "utterances": total.utterances,
+                  "hours": round(hours(total.real_frames), 4), "padding_efficiency": total.padding_efficiency,
+                  "dropped": dropped, "discarded_batches": left.batches, "discarded_utterances": left.utterances,
+                  "planning_seconds": round(seconds, 3)}
+        reports.append(report)
+        out.write(_plan_summary(report, shards.num_utts) + "\n")
+    return reports
+
+
+def _plan_summary(r: dict[str, Any], num_utts: int) -> str:
+    steps = r["steps_per_rank"]
+    shown = steps if len(steps) <= 16 else f"{steps[:8]} ... ({len(steps)} ranks)"
+    return "\n".join([
+        f"epoch {r['epoch']} planned for {r['world_size']} rank(s) x {max(1, r['num_workers'])} reader(s), "
+        f"{r['streams']} streams ({r['planning_seconds']:.2f} s, no feature read)",
+        f"  steps per rank      {shown}",
+        f"  utterances          {r['utterances']:,} of {num_utts:,} indexed, {r['hours']:.2f} hours",
+        f"  padding efficiency  {r['padding_efficiency']:.4f}",
+        f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
+        f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "
+        f"(at most one batch per rank)",
+    ])
+

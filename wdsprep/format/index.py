@@ -66,7 +66,8 @@ class FolderIndex:
     def __init__(self, layout: str, dims: int | None, dtype: str, names: Sequence[str], utts: np.ndarray,
                  frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
-                 keys: list[str] | None = None, folder: str | os.PathLike | None = None) -> None:
+                 keys: list[str] | None = None, folder: str | os.PathLike | None = None,
+                 lost: np.ndarray | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
@@ -74,6 +75,8 @@ class FolderIndex:
         n = len(self.names)
         self.sizes = np.full(n, -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
         self.mtimes = np.full(n, -1, np.int64) if mtimes is None else np.asarray(mtimes, np.int64)
+        # Samples past the first one the loader refuses (a damaged shard indexed as it is).
+        self.lost = np.zeros(n, np.int64) if lost is None else np.asarray(lost, np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.utts)])
         self.digests = list(digests) if digests is not None else [
             frames_digest(frames[a:b]) for a, b in zip(self.starts[:-1], self.starts[1:])]
@@ -86,12 +89,14 @@ class FolderIndex:
 
     @classmethod
     def from_shards(cls, layout: str, dims: int | None, dtype: str, infos: Sequence[ShardInfo], *,
-                    sizes: Sequence[int] | None = None, mtimes: Sequence[int] | None = None) -> FolderIndex:
+                    sizes: Sequence[int] | None = None, mtimes: Sequence[int] | None = None,
+                    lost: Sequence[int] | None = None) -> FolderIndex:
         frames = np.fromiter((f for i in infos for f in i.frames), np.int32)
         text_lens = np.fromiter((x for i in infos for x in i.text_lens), np.int32)
         return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
                    frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
-                   mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys])
+                   mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys],
+                   lost=None if lost is None else np.asarray(lost))
 
     @property
     def num_utts(self) -> int:
@@ -138,9 +143,10 @@ class FolderIndex:
             "version": INDEX_VERSION, "layout": self.layout, "dims": self.dims, "dtype": self.dtype,
             "num_utts": self.num_utts, "num_frames": self.num_frames,
             "shards": [{"name": n, "size": int(s), "mtime_ns": int(m), "utts": int(u),
-                        "frames": int(self.frames[a:a + u].sum(dtype=np.int64)), "frames_digest": d}
-                       for n, s, m, u, a, d in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
-                                                   self.digests)],
+                        "frames": int(self.frames[a:a + u].sum(dtype=np.int64)), "frames_digest": d,
+                        **({"lost": int(x)} if x else {})}
+                       for n, s, m, u, a, d, x in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
+                                                      self.digests, self.lost)],
         }
 
 
@@ -184,7 +190,8 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
                            np.array([s["utts"] for s in shards], np.int64), frames, text_lens,
                            sizes=np.array([s["size"] for s in shards], np.int64),
                            mtimes=np.array([s["mtime_ns"] for s in shards], np.int64),
-                           digests=[s["frames_digest"] for s in shards], folder=folder)
+                           digests=[s["frames_digest"] for s in shards], folder=folder,
+                           lost=np.array([s.get("lost", 0) for s in shards], np.int64))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index) or delete "
                          f"{', '.join(INDEX_FILES)} to read the shards without one") from e
@@ -246,3 +253,110 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
         scan.problems.append(f"{path}: {problem}; the loader reads the {scan.info.num_utts} samples before it, "
                              f"{scan.lost} are lost (copy the shard again or repack it)")
     return scan
+
+
+@dataclass
+class IndexResult:
+    """What ``wdsprep index`` did, per folder, and every sample it found the loader cannot read."""
+
+    folders: dict[str, str] = field(default_factory=dict)  # folder -> what was done ("written", "up to date", ...)
+    shards: int = 0
+    scanned: int = 0
+    utterances: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self) -> str:
+        lines = [f"{folder}: {what}" for folder, what in self.folders.items()]
+        lines += self.problems
+        lines.append(f"index: {len(self.folders)} folder(s), {self.shards} shards ({self.scanned} read), "
+                     f"{self.utterances:,} utterances" + ("" if self.ok else f"; {len(self.problems)} problem(s)"))
+        return "\n".join(lines)
+
+
+def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, refresh: bool = False,
+                 force: bool = False, progress: bool | None = None) -> IndexResult:
+    """Write the index of every folder the pattern(s) name, from the shards' headers (no feature data).
+
+    A folder without an index gets one.  A folder whose index is current is left alone.  One whose
+    shards changed since it was indexed (size or mtime) is an error, unless ``refresh``: then the
+    changed shards (and those it does not list) are read again and the rest kept; ``force`` reads
+    every shard again.  Entries of shards the patterns do not name are kept while the shard exists.
+    """
+    from tqdm import tqdm
+
+    from wdsprep.format.shardlist import expand_shards, is_url
+
+    paths = expand_shards(patterns)
+    urls = [p for p in paths if is_url(p)]
+    if urls:
+        raise ValueError(f"index reads local shards, got {urls[0]!r}; index a local copy and upload its index files "
+                         f"({', '.join(INDEX_FILES)}) beside the shards")
+    by_folder: dict[Path, list[Path]] = {}
+    for p in paths:
+        by_folder.setdefault(Path(p).resolve().parent, []).append(Path(p).resolve())
+    result = IndexResult()
+    bar = tqdm(total=len(paths), desc="index", unit="shard", disable=None if progress is None else not progress)
+    with bar:
+        for folder, shards in by_folder.items():
+            old = read_index(folder)
+            entries: dict[str, tuple[ShardInfo, int, int, int]] = {}  # name -> (info, size, mtime, lost)
+            stale: list[str] = []
+            upgrade = old is not None and bool((old.sizes < 0).any())  # version 1: no sizes, read it all again
+            if old is not None and not force and not upgrade:
+                for i, name in enumerate(old.names):
+                    path = folder / name
+                    if not path.is_file():
+                        continue  # gone: its entry goes too
+                    st = path.stat()
+                    if (old.sizes[i] >= 0 and st.st_size != old.sizes[i]) or old.mtimes[i] < 0 or (
+                            st.st_mtime_ns != old.mtimes[i]):
+                        stale.append(name)
+                    else:
+                        entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
+            todo = [s for s in shards if s.name not in entries]
+            if stale and not refresh and not force:
+                raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
+                                 f"pass --refresh to read them again (or repack the folder)")
+            if not todo and old is not None and not force and not stale and not upgrade:
+                result.folders[str(folder)] = "up to date"
+                result.shards += len(shards)
+                result.utterances += old.num_utts
+                bar.update(len(shards))
+                continue
+            layouts, dims, dtypes = set(), set(), set()
+            for path in todo:
+                st = path.stat()
+                scan = scan_shard(path)
+                result.scanned += 1
+                result.problems.extend(scan.problems)
+                layouts |= scan.layouts
+                dims |= scan.dims
+                dtypes |= scan.dtypes
+                entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
+                bar.update(1)
+            bar.update(len(shards) - len(todo))
+            if old is not None and entries.keys() - {p.name for p in todo}:
+                layouts.add(old.layout)
+                dtypes.add(old.dtype)
+                if old.dims is not None:
+                    dims.add(old.dims)
+            for what, found in (("layouts", layouts), ("feature dims", dims), ("dtypes", dtypes)):
+                if len(found) > 1:
+                    raise ValueError(f"{folder}: shards of different {what} {sorted(map(str, found))}; a folder is "
+                                     f"one shard set: move them apart")
+            names = sorted(entries)
+            infos = [entries[n][0] for n in names]
+            index = FolderIndex.from_shards(layouts.pop() if layouts else "cat", dims.pop() if dims else None,
+                                            dtypes.pop() if dtypes else "float32", infos,
+                                            sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
+                                            lost=[entries[n][3] for n in names])
+            write_index(folder, index)
+            what = "indexed" if old is None else "upgraded from version 1" if upgrade else "re-indexed"
+            result.folders[str(folder)] = f"{what}: {len(names)} shards, {len(todo)} read"
+            result.shards += len(shards)
+            result.utterances += index.num_utts
+    return result

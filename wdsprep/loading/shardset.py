@@ -83,6 +83,7 @@ def shard_set(urls: Sequence[str]) -> ShardSet:
     columns: list[np.ndarray] = []
     unlisted: list[int] = []
     dims: set[int] = set()
+    lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
     for k, url in enumerate(urls):
         folder = url.rsplit("/", 1)[0] if is_url(url) else os.path.dirname(os.path.abspath(url))
         if folder not in indexes:
@@ -107,11 +108,12 @@ def shard_set(urls: Sequence[str]) -> ShardSet:
                 f"or the shard was replaced on purpose, re-index it (wdsprep index --refresh '{url}'); "
                 f"otherwise restore the shard or repack")
         a, b = int(index.starts[i]), int(index.starts[i + 1])
+        lost_in[k] = int(index.lost[i])
         utts.append(b - a)
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
         columns.append(np.asarray(index.frames[a:b], np.int32))
-    lost = np.zeros(len(urls), np.int64)
+    lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
         for k in unlisted:

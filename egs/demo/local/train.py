@@ -131,14 +131,14 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def build_loaders(hyper_path: str, hyper: dict, world: int) -> tuple[Any, Any, Any]:
+def build_loaders(hyper_path: str, hyper: dict, world: int, **train_overrides: Any) -> tuple[Any, Any, Any]:
     """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``.
 
     Both drop utterances the model cannot align (``frames // 4 <= label_len``): the loader's CTC
     filter uses the same x4 the conv front end applies, so CTC never sees an impossible target
     and ``zero_infinity`` stays a safety net instead of silently zeroing real losses.
     """
-    train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING)
+    train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING, **train_overrides)
     # The loader's own tokenizer object: the labels it makes and the output layer's size can
     # never come from two different files.
     tokenizer = train.dataset.tokenizer
@@ -158,8 +158,8 @@ def format_stats(stats: Any) -> str:
         return ""
     d = stats.to_dict()
     parts = [f"utts {d['utterances']}", f"padding efficiency {d['padding_efficiency']:.3f}"]
-    if d.get("discarded_fraction") is not None:
-        parts.append(f"discarded {d['discarded_fraction']:.3f} (DDP early stop)")
+    if d.get("discarded"):
+        parts.append(f"discarded {d['discarded']} (the tail the world size does not divide)")
     if d.get("dropped"):
         parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d["dropped"].items())))
     return ", ".join(parts)
@@ -168,6 +168,10 @@ def format_stats(stats: Any) -> str:
 # ----------------------------------------------------------------------------------------- train
 def ctc_sums(model: nn.Module, batch: Any, ctc: nn.CTCLoss, device: torch.device) -> tuple[torch.Tensor, int]:
     """(summed CTC loss over the batch, number of label tokens)."""
+    if not len(batch.keys):
+        # Every utterance of this planned batch was filtered out (CTC length rule): the step still
+        # happens on every rank, so DDP's gradient all-reduce stays in step; it adds nothing.
+        return sum(p.sum() for p in model.parameters()) * 0.0, 0
     feats = batch.feats.to(device, non_blocking=True)
     feat_lens = batch.feat_lens.to(device)
     labels = batch.labels.to(device)
@@ -190,9 +194,6 @@ def run_epoch(model: nn.Module, loader: Iterable, ctc: nn.CTCLoss, d: Dist, *, o
     model.train(train)
     with torch.set_grad_enabled(train):
         for batch in loader:
-            if train and max_steps is not None and step >= max_steps:
-                # Every rank sees the same step count, so all break here together (no hung collective).
-                break
             loss, ntok = ctc_sums(model, batch, ctc, d.device)
             if train:
                 for g in optim.param_groups:
@@ -205,6 +206,10 @@ def run_epoch(model: nn.Module, loader: Iterable, ctc: nn.CTCLoss, d: Dist, *, o
             loss_sum += float(loss.detach())
             tokens += ntok
             steps += 1
+            if train and max_steps is not None and step >= max_steps:
+                # Before asking for another batch: the loader's state then says exactly what was
+                # trained.  Every rank sees the same step count, so all break here together.
+                break
     loss_sum, tokens = all_sum([loss_sum, float(tokens)], d)
     return (loss_sum / tokens if tokens else math.nan), steps, step
 
@@ -235,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exp-dir", help="where checkpoints and history.json go (default: the hyper file's folder)")
     ap.add_argument("--epochs", type=int, help="override train:option epochs")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in total (tests)")
+    ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint: model, optimizer, step and the "
+                    "loader's place in its epoch (on any number of ranks)")
     args = ap.parse_args(argv)
 
     hyper = json.loads(Path(args.hyper).read_text(encoding="utf-8"))
@@ -246,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     # One seed for everything random in the model: every rank builds the same initial weights.
     torch.manual_seed(opts["seed"])
 
-    train_loader, dev_loader, tokenizer = build_loaders(args.hyper, hyper, d.world)
+    ckpt = torch.load(args.resume, map_location="cpu", weights_only=False) if args.resume else None  # our own file
+    # Resumed, the per-rank batches stay as planned: CAT's bucket_size is split over the world
+    # size, so on another world size max_frames is taken from the saved loader state.
+    keep = {k: ckpt["loader"]["options"][k] for k in ("max_frames", "max_batch_size")} if ckpt else {}
+    train_loader, dev_loader, tokenizer = build_loaders(args.hyper, hyper, d.world, **keep)
     m = hyper.get("model", {})
     model = CTCModel(idim=int(m.get("idim", 80)), vocab_size=tokenizer.vocab_size,
                      d_model=int(m.get("d_model", 144)), lstm_layers=int(m.get("lstm_layers", 2)),
@@ -260,9 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     ctc = nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
 
     history: list[dict] = []
-    step = 0
+    step, first = 0, 1
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optim.load_state_dict(ckpt["optimizer"])
+        step, history = ckpt["step"], ckpt["history"]
+        train_loader.load_state_dict(ckpt["loader"])  # the epoch goes on with the batches it had left
+        first = ckpt["loader"]["epoch"]
     exp_dir.mkdir(parents=True, exist_ok=True)
-    for epoch in range(1, opts["epochs"] + 1):
+    for epoch in range(first, opts["epochs"] + 1):
         t0 = time.time()
         train_loader.set_epoch(epoch)
         train_loss, steps, step = run_epoch(ddp, train_loader, ctc, d, optim=optim, step=step, opts=opts,
@@ -279,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         if d.main:
             ckpt = exp_dir / f"epoch{epoch}.pt"
             save_atomic({"model": model.state_dict(), "optimizer": optim.state_dict(), "epoch": epoch,
-                         "step": step, "hyper": hyper, "history": history}, ckpt)
+                         "step": step, "hyper": hyper, "history": history,
+                         "loader": train_loader.state_dict()}, ckpt)
             tmp = exp_dir / ".history.json.tmp"
             tmp.write_text(json.dumps(history, indent=1) + "\n", encoding="utf-8")
             os.replace(tmp, exp_dir / "history.json")
