@@ -301,3 +301,15 @@ def test_webdataset_reads_the_shards(corpus):
     assert set(got) == set(IDS)
     np.testing.assert_array_equal(got["sp1.1-spk1-utt3"][0], feats["sp1.1-spk1-utt3"])
     assert got["a.b.c"][1] == texts["a.b.c"]
+
+
+def test_byte_order_mark_is_not_part_of_the_first_id(tmp_path):
+    """Notepad and some exporters start UTF-8 files with a BOM; Kaldi tables must not see it in the first id."""
+    feats = {"u1": np.ones((5, 2), np.float32), "u2": np.ones((6, 2), np.float32)}
+    scp = write_ark(tmp_path / "a.ark", feats)
+    scp.write_bytes(b"\xef\xbb\xbf" + scp.read_bytes())
+    text = write_text(tmp_path / "text", {"u1": "a", "u2": "b"})
+    text.write_bytes(b"\xef\xbb\xbf" + text.read_bytes())
+    report = pack_data([scp], [text], tmp_path / "out")
+    assert report.num_dropped == 0, report.to_json()["not_written"]
+    assert set(all_samples(tmp_path / "out")) == {"u1", "u2"}

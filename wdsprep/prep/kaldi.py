@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 PathLike = str | os.PathLike
+BOM = "\ufeff"
 
 
 class KaldiDataError(ValueError):
@@ -36,7 +37,8 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
     """Lines ``uttid<whitespace>value`` of a Kaldi table, UTF-8, blank lines skipped.
 
     The value is everything after the first run of whitespace, trailing whitespace removed,
-    inner whitespace kept (the Kaldi ``text`` convention).
+    inner whitespace kept (the Kaldi ``text`` convention).  A UTF-8 byte-order mark at the start
+    of the file (Notepad and some exporters write one) is not part of the first id.
     """
     path = str(path)
     try:
@@ -52,6 +54,8 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
                     f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start}); convert the file, "
                     f"e.g. iconv -f GBK -t UTF-8"
                 ) from None
+            if lineno == 1 and line.startswith(BOM):
+                line = line[1:]
             line = line.rstrip()
             if not line.strip():
                 continue
