@@ -9,7 +9,9 @@ reading a shard at its first refused sample; verify goes on, names every problem
 the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
-dims, dtype), shards it lists that are missing and shards it does not list.
+dims, dtype), shards it lists that are missing and shards it does not list.  A folder of a pack
+that did not finish (its marker is still there, :mod:`wdsprep.format.commit`) is a problem too:
+the loader refuses it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.format import commit
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
@@ -80,7 +83,7 @@ class _Sample:
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes."""
-    paths = expand_shards(patterns)
+    paths = expand_shards(patterns, check_commit=False)  # reported below, with everything else
     urls = [p for p in paths if is_url(p)]
     if urls:
         raise ValueError(f"verify reads local shards only, got {urls[0]!r}; copy the shards or mount them")
@@ -90,6 +93,9 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
     for path in paths:
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in indexes:
+            unfinished = commit.problem(folder)
+            if unfinished is not None:
+                result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
             indexes[folder] = _read_index(folder, result.problems)
         shard_samples = _check_shard(path, result, seen_ids)
         result.samples += len(shard_samples)

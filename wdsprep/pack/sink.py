@@ -3,8 +3,13 @@
 Each worker process owns a :class:`GroupedSink`: it checks every utterance, routes it to the
 shard of its length group and records every utterance it could not pack, with the reason.
 Workers write shards under hidden names (``.w000-00000.tar``, invisible to ``data-*.tar``
-globs); :func:`finalize` then gives them their final names in a deterministic order, writes each
-folder's ``index.json`` and ``DIR/pack_report.json``.
+globs); :func:`finalize` then writes each folder's ``index.json`` and ``DIR/pack_report.json``,
+gives the shards their final names in a deterministic order and commits the pack.
+
+A pack is a commit (:mod:`wdsprep.format.commit`): :func:`prepare_output` marks the directory
+before it changes anything there, and the marker goes only once everything is written and on
+disk.  A pack that fails removes what it wrote (:func:`abandon`); one that is killed leaves the
+marker, and readers refuse its folders until a ``pack --overwrite`` completes it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from wdsprep.files import TMP_SUFFIX
+from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
+from wdsprep.format.commit import abandon_marker, begin, commit, marker
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, write_index
 from wdsprep.format.keys import layout_exts
 from wdsprep.format.writer import ShardWriter
@@ -85,10 +91,11 @@ class GroupedSink:
         writer = self._open.get(folder)
         if writer is None:
             writer = self._open[folder] = self._new_shard(folder)
-        writer.write(uttid, feats, text)
+        with naming(writer.tmp_path):  # a full disk fails a write() that names no file
+            writer.write(uttid, feats, text)
         if len(writer) >= self.utts_per_shard:
-            self.result.shards[folder].append(writer.close())
             del self._open[folder]
+            self.result.shards[folder].append(_close(writer))
 
     def drop(self, reason: str, uttid: str, detail: str | None = None) -> None:
         self.result.report.drop(reason, uttid, detail)
@@ -101,15 +108,29 @@ class GroupedSink:
         return ShardWriter(d / f".w{self.worker:03d}-{n:05d}.tar", self.layout, mtime=0)
 
     def close(self) -> SinkResult:
-        for folder, writer in self._open.items():
-            self.result.shards[folder].append(writer.close())
-        self._open.clear()
+        while self._open:
+            folder, writer = self._open.popitem()
+            self.result.shards[folder].append(_close(writer))
         return self.result
 
     def abort(self) -> None:
-        for writer in self._open.values():
-            writer.abort()
-        self._open.clear()
+        """Drop the open shards; quietly, so the error that brought us here is the one reported
+        (on a full disk, closing a shard fails again)."""
+        while self._open:
+            _, writer = self._open.popitem()
+            try:
+                writer.abort()
+            except OSError:
+                pass
+
+
+def _close(writer: ShardWriter) -> ShardInfo:
+    """Finish a shard and get its bytes onto the disk before the pack may declare itself complete
+    (here, in the worker, the syncs of many shards overlap with packing)."""
+    with naming(writer.tmp_path):
+        info = writer.close()
+    sync(writer.path)
+    return info
 
 
 def feature_problem(feats: np.ndarray) -> str | None:
@@ -127,28 +148,35 @@ def feature_problem(feats: np.ndarray) -> str | None:
 
 
 def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
-    """Create ``d_out``; refuse a non-empty one unless ``overwrite``, which removes earlier pack output.
+    """Create ``d_out`` and mark it as being packed; refuse a non-empty one unless ``overwrite``,
+    which removes earlier pack output.
 
     Overwrite removes only what pack writes (``*.tar``, partial and hidden worker shards,
     ``index.json``, ``pack_report.json``) in ``d_out`` and its immediate sub-folders, then any
-    sub-folder left empty; other files are kept.
+    sub-folder left empty; other files are kept.  The marker goes in first, so a pack killed
+    while it removes the old output leaves no folder that looks complete.
     """
     d = Path(d_out)
     if d.exists() and not d.is_dir():
         raise FileExistsError(f"{d} exists and is not a directory")
     if d.is_dir() and any(d.iterdir()):
         if not overwrite:
+            unfinished = os.path.lexists(marker(d))
             raise FileExistsError(
+                f"{d} holds a pack that did not finish; pass --overwrite (overwrite=True) to redo it"
+                if unfinished else
                 f"{d} is not empty; pick a new output directory or pass --overwrite (overwrite=True) "
                 f"to replace the shards, indexes and report an earlier pack wrote there"
             )
+    make_dir(d)
+    begin(d)
+    if overwrite:
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             for p in folder.iterdir():
                 if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (INDEX_NAME, REPORT_NAME)):
                     p.unlink()
             if folder != d and not any(folder.iterdir()):
                 folder.rmdir()
-    d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -156,27 +184,33 @@ REPORT_NAME = "pack_report.json"
 
 
 def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, layout: str, dtype: str,
-             groups: Groups | None, report: Report) -> Report:
-    """Rename worker shards to ``fmt % i`` (worker order, then shard order), write indexes and the report.
+             groups: Groups | None, report: Report, created: list[Path] | None = None) -> Report:
+    """Write indexes and the report, rename worker shards to ``fmt % i`` (worker order, then shard
+    order) and commit the pack.
 
     ``report`` already holds what was found before packing (e.g. missing labels); the workers'
-    findings are merged into it.
+    findings are merged into it.  Every file given its final name is appended to ``created``, so
+    a failure can remove them (:func:`abandon`).  The files that need disk space are written
+    before any shard is renamed, and the marker goes last, after everything is synced.
     """
+    created = [] if created is None else created
     d = Path(d_out)
     dims = {r.dims for r in results if r.dims is not None}
     if len(dims) > 1:
         raise ValueError(f"utterances have different feature dims {sorted(dims)}; pack them separately")
     folders = [""] if groups is None else [g.folder for g in groups]
     summary = {}
+    renames: list[tuple[Path, Path]] = []
+    indexes: dict[str, list[ShardInfo]] = {}
     for folder in folders:
         infos = []
         for r in results:
             for info in r.shards.get(folder, []):
                 final = fmt % len(infos)
-                os.replace(d / folder / info.name, d / folder / final)
+                renames.append((d / folder / info.name, d / folder / final))
                 infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens))
         if infos:
-            write_index(d / folder, FolderIndex(layout, next(iter(dims), None), dtype, infos))
+            indexes[folder] = infos
         frames = sum(i.num_frames for i in infos)
         summary[folder or "."] = {
             "utterances": sum(i.num_utts for i in infos),
@@ -187,8 +221,39 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
     for r in results:
         report.merge(r.report)
     report.groups = summary
-    report.write(d / REPORT_NAME)
+    for folder, infos in indexes.items():
+        created.append(write_index(d / folder, FolderIndex(layout, next(iter(dims), None), dtype, infos)))
+    created.append(report.write(d / REPORT_NAME))
+    metadata = list(created)
+    for src, dst in renames:
+        os.replace(src, dst)
+        created.append(dst)
+    # The shards were synced by their workers; now the small files and the renames, then the commit.
+    for p in metadata:
+        sync(p)
+    for folder in indexes:
+        sync(d / folder)
+    commit(d)
     return report
+
+
+def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
+    """After a failed pack: remove what it wrote, so nothing partial is mistaken for output.
+
+    The finished files (``created``), hidden worker shards and sub-folders left empty go first,
+    the marker last; should anything fail to go, the marker stays and readers refuse the folder.
+    """
+    d = Path(d_out)
+    try:
+        for p in reversed(created):
+            p.unlink(missing_ok=True)
+        remove_partial(d)
+        for p in d.iterdir():
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    except OSError:
+        return
+    abandon_marker(d)
 
 
 def remove_partial(d_out: str | os.PathLike) -> None:
@@ -220,12 +285,14 @@ def check_fmt(fmt: str) -> None:
 def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
                      fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
                      strict: bool) -> Report:
-    """Run ``work`` over ``items`` in ``nj`` processes, then name shards and write index and report."""
+    """Run ``work`` over ``items`` in ``nj`` processes, then write index and report, name shards and commit."""
+    created: list[Path] = []
     try:
         results = run_chunks(work, items, nj, desc=desc, progress=progress)
-        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report)
+        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
+                          created=created)
     except BaseException:
-        remove_partial(d_out)
+        abandon(d_out, created)
         raise
     print(report.summary(f"{desc}: wrote {d_out}"))
     if strict and (report.num_dropped or report.num_flagged):
