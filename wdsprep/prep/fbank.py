@@ -284,6 +284,10 @@ def _finalize(d: Path, results: list[ArkResult], report: Report) -> int:
         for uttid, offset, frames in r.entries:
             scp.append(f"{uttid} {r.final_path}:{offset}\n")
             num_frames.append(f"{uttid} {frames}\n")
+    # feats.scp is what makes the arks usable, so it goes first and comes back last: a job stopped
+    # in between must not leave the old one, whose offsets point into the new arks (other utterances).
+    for name in ("feats.scp", "utt2num_frames"):
+        (d / name).unlink(missing_ok=True)
     keep = set()
     for r in results:
         if r.entries:
