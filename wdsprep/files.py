@@ -48,7 +48,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             yield tmp
             os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # e.g. its folder is a file: the error being raised already says so
+            pass
         raise
 
 
@@ -73,8 +76,9 @@ def make_dir(path: str | os.PathLike) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        raise NotADirectoryError(f"{blocker} is a file, so the folder {path} cannot be made there; "
-                                 f"pick another path or move the file") from None
+        where = "" if blocker == path else f", so the folder {path} cannot be made there"
+        raise NotADirectoryError(f"{blocker} is a file, not a folder{where}; pick another path or move the file") \
+            from None
     return path
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
 from wdsprep.format.commit import abandon_marker, begin, commit, marker
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, write_index
@@ -42,18 +43,29 @@ class SinkResult:
 
     shards: dict[str, list[ShardInfo]] = field(default_factory=lambda: defaultdict(list))  # folder -> shards
     report: Report = field(default_factory=Report)
-    dims: int | None = None
+    dims: int | None = None  # of the features written
+    dim_counts: dict[int, int] = field(default_factory=dict)  # feature dims -> utterances that have them
+    dim_first: dict[int, str] = field(default_factory=dict)  # feature dims -> the first utterance with them
 
 
 class GroupedSink:
-    """Routes (uttid, features, text) to per-group shards of at most ``utts_per_shard`` utterances."""
+    """Routes (uttid, features, text) to per-group shards of at most ``utts_per_shard`` utterances.
+
+    Feature dimensions must agree across the whole pack.  With ``dims`` set, utterances of other
+    dimensions are dropped as ``other_dims``.  Without it, every utterance's dimension is counted;
+    once a second one turns up the pack is bound to fail (:func:`finalize` names the dimensions
+    and their counts), so the sink stops writing and only counts (:attr:`counting_only`: the
+    caller may then pass dimensions alone, to :meth:`count`).  Either way the outcome depends
+    neither on the order of the input nor on the number of workers.
+    """
 
     def __init__(self, d_out: str | os.PathLike, groups: Groups | None, *, worker: int = 0,
-                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32"):
+                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32", dims: int | None = None):
         if utts_per_shard < 1:
             raise ValueError("utts_per_shard must be >= 1")
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: choose one of {DTYPES}")
+        check_dims(dims)
         layout_exts(layout)
         self.d_out = Path(d_out)
         self.groups = groups
@@ -61,14 +73,33 @@ class GroupedSink:
         self.utts_per_shard = utts_per_shard
         self.layout = layout
         self.dtype = np.dtype(dtype)
+        self.keep_dims = dims
+        self.counting_only = False
         self.result = SinkResult()
         self._open: dict[str, ShardWriter] = {}
 
+    def count(self, uttid: str, dims: int) -> None:
+        """Note an utterance's feature dimension; in counting-only mode that is all there is to do."""
+        counts = self.result.dim_counts
+        counts[dims] = counts.get(dims, 0) + 1
+        self.result.dim_first.setdefault(dims, uttid)
+        if self.keep_dims is None and not self.counting_only and len(counts) > 1:
+            self.counting_only = True
+            self.abort()  # the pack will fail; writing on would only fill the disk
+
     def add(self, uttid: str, feats: np.ndarray, text: str) -> None:
         """Pack one utterance, or record why it cannot be packed."""
+        if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[1] > 0:
+            self.count(uttid, feats.shape[1])
+            if self.counting_only:
+                return
+            if self.keep_dims is not None and feats.shape[1] != self.keep_dims:
+                self.result.report.drop("other_dims", uttid, f"{feats.shape[1]} feature dims; only "
+                                                             f"{self.keep_dims}-dim features are packed (dims)")
+                return
+        elif self.counting_only:
+            return
         problem = feature_problem(feats)
-        if problem is None and self.result.dims is not None and feats.shape[1] != self.result.dims:
-            problem = f"{feats.shape[1]} feature dims, earlier utterances have {self.result.dims}"
         if problem is None and self.dtype != feats.dtype:
             feats = feats.astype(self.dtype)
             if not np.isfinite(feats).all():
@@ -127,10 +158,31 @@ class GroupedSink:
 def _close(writer: ShardWriter) -> ShardInfo:
     """Finish a shard and get its bytes onto the disk before the pack may declare itself complete
     (here, in the worker, the syncs of many shards overlap with packing)."""
-    with naming(writer.tmp_path):
-        info = writer.close()
+    try:
+        with naming(writer.tmp_path):
+            info = writer.close()
+    except BaseException:
+        try:
+            writer.abort()  # the partial file goes; closing it again may fail as the first close did
+        except OSError:
+            pass
+        raise
     sync(writer.path)
     return info
+
+
+def check_dims(dims: int | None) -> None:
+    if dims is not None and (not isinstance(dims, int) or dims < 1):
+        raise ValueError(f"dims must be a positive number of feature dimensions, got {dims!r}")
+
+
+def mixed_dims_error(counts: dict[int, int], first: dict[int, str]) -> DataError:
+    """The error of a pack whose features have several dimensions: each with its count and first utterance."""
+    ranked = sorted(counts, key=lambda d: (-counts[d], d))
+    found = "; ".join(f"{d} dims in {counts[d]:,} utterance(s), the first {first[d]}" for d in ranked)
+    return DataError(f"the features have different dimensions ({found}); nothing was packed. Pack each dimension "
+                     f"into a directory of its own, or pass --dims {ranked[0]} (dims={ranked[0]}) to pack the "
+                     f"{ranked[0]}-dim features and report the others as other_dims")
 
 
 def feature_problem(feats: np.ndarray) -> str | None:
@@ -184,20 +236,29 @@ REPORT_NAME = "pack_report.json"
 
 
 def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, layout: str, dtype: str,
-             groups: Groups | None, report: Report, created: list[Path] | None = None) -> Report:
+             groups: Groups | None, report: Report, dims: int | None = None,
+             created: list[Path] | None = None) -> Report:
     """Write indexes and the report, rename worker shards to ``fmt % i`` (worker order, then shard
     order) and commit the pack.
 
     ``report`` already holds what was found before packing (e.g. missing labels); the workers'
-    findings are merged into it.  Every file given its final name is appended to ``created``, so
+    findings are merged into it.  Features of more than one dimension are an error unless
+    ``dims`` chose one (the workers then dropped the others).  Every file given its final name is appended to ``created``, so
     a failure can remove them (:func:`abandon`).  The files that need disk space are written
     before any shard is renamed, and the marker goes last, after everything is synced.
     """
     created = [] if created is None else created
     d = Path(d_out)
-    dims = {r.dims for r in results if r.dims is not None}
-    if len(dims) > 1:
-        raise ValueError(f"utterances have different feature dims {sorted(dims)}; pack them separately")
+    counts: dict[int, int] = {}
+    first: dict[int, str] = {}
+    for r in results:  # in worker order, so "first" is the first in input order
+        for ndim, n in r.dim_counts.items():
+            counts[ndim] = counts.get(ndim, 0) + n
+            first.setdefault(ndim, r.dim_first[ndim])
+    if dims is None and len(counts) > 1:
+        raise mixed_dims_error(counts, first)
+    written_dims = {r.dims for r in results if r.dims is not None}
+    assert len(written_dims) <= 1, written_dims
     folders = [""] if groups is None else [g.folder for g in groups]
     summary = {}
     renames: list[tuple[Path, Path]] = []
@@ -222,7 +283,7 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
         report.merge(r.report)
     report.groups = summary
     for folder, infos in indexes.items():
-        created.append(write_index(d / folder, FolderIndex(layout, next(iter(dims), None), dtype, infos)))
+        created.append(write_index(d / folder, FolderIndex(layout, next(iter(written_dims), None), dtype, infos)))
     created.append(report.write(d / REPORT_NAME))
     metadata = list(created)
     for src, dst in renames:
@@ -259,7 +320,8 @@ def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
 def remove_partial(d_out: str | os.PathLike) -> None:
     """After a failed pack: remove hidden worker shards so nothing partial is mistaken for output."""
     d = Path(d_out)
-    for p in [*d.glob(".w*"), *d.glob("*/.w*")]:
+    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
+    for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
         if p.is_file():
             p.unlink()
         elif p.is_dir():
@@ -284,13 +346,13 @@ def check_fmt(fmt: str) -> None:
 
 def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
                      fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
-                     strict: bool) -> Report:
+                     strict: bool, dims: int | None = None) -> Report:
     """Run ``work`` over ``items`` in ``nj`` processes, then write index and report, name shards and commit."""
     created: list[Path] = []
     try:
         results = run_chunks(work, items, nj, desc=desc, progress=progress)
         report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
-                          created=created)
+                          dims=dims, created=created)
     except BaseException:
         abandon(d_out, created)
         raise
