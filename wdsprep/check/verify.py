@@ -11,7 +11,7 @@ whitespace or occur twice across the given shards, and, where a folder has an in
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
 dims, dtype), shards it lists that are missing and shards it does not list.  A folder of a pack
 that did not finish (its marker is still there, :mod:`wdsprep.format.commit`) is a problem too:
-the loader refuses it.
+the loader refuses it; so are shards whose features differ in dimension from the others given.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
     result = VerifyResult(paths, 0)
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
+    dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
     for path in paths:
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in indexes:
@@ -99,6 +100,10 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
             indexes[folder] = _read_index(folder, result.problems)
         shard_samples = _check_shard(path, result, seen_ids)
         result.samples += len(shard_samples)
+        for sample in shard_samples:
+            if sample.dims is not None:
+                n, first = dims_seen.get(sample.dims, (0, path))
+                dims_seen[sample.dims] = (n + 1, first)
         index = indexes[folder]
         if index is not None:
             info = {i.name: i for i in index.shards}.get(os.path.basename(path))
@@ -107,6 +112,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
                                                      f"repack the folder, or re-index it (wdsprep index)"))
             else:
                 _compare_index(path, info, index, shard_samples, result.problems)
+    _check_dims(dims_seen, result.problems)
     for folder, index in indexes.items():
         for info in index.shards if index else []:
             shard = Path(folder) / info.name
@@ -114,6 +120,17 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
                 result.problems.append(Problem(str(shard), f"listed in {Path(folder) / INDEX_NAME} ({info.num_utts} "
                                                            f"utterances) but missing on disk; restore it or repack"))
     return result
+
+
+def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
+    """One loader reads all the shards given, and refuses a batch whose features differ in dimension."""
+    if len(dims_seen) < 2:
+        return
+    ranked = sorted(dims_seen, key=lambda d: (-dims_seen[d][0], d))
+    found = "; ".join(f"{d} dims in {dims_seen[d][0]:,} sample(s), the first in {dims_seen[d][1]}" for d in ranked)
+    problems.append(Problem(dims_seen[ranked[1]][1], f"the shards hold features of different dimensions ({found}): "
+                                                      f"the loader fails on the first batch that mixes them; give "
+                                                      f"it (and verify) one feature set at a time"))
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
