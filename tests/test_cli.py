@@ -200,3 +200,14 @@ def test_pack_report_and_summary_name_unreadable_arks(world, tmp_path):
     whys = [x["why"] for x in report["not_written"]["bad_features"]]
     assert whys and all(w.startswith(f"{cut}: ") and "byte" in w and "truncated" in w for w in whys)
     assert np.isclose(len(whys) / len(lines), 0.5, atol=0.15)
+
+
+def test_output_piped_into_head_is_not_an_error(tmp_path):
+    """``wdsprep verify ... | head``: the reader goes away early; that is no error to report."""
+    scp, text, _, _ = kaldi_data(tmp_path / "kaldi", n=300)
+    for d in ("a", "b"):  # the same ids twice: a problem line per utterance, more than a pipe holds
+        main(["pack", "--scp", str(scp), "--text", str(text), "--out", str(tmp_path / d)])
+    r = subprocess.run(f"{sys.executable} -m wdsprep verify '{tmp_path}/{{a,b}}/data-*.tar' | head -1",
+                       shell=True, capture_output=True, text=True, timeout=120)
+    assert r.stdout.count("\n") == 1 and "also in" in r.stdout
+    assert r.stderr == "", r.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -309,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as e:
         if args.debug:
             raise
+        if isinstance(e, BrokenPipeError) and e.filename is None:  # stdout closed early (... | head): not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit's flush fails again
+            return 141  # as a shell reports a process ended by SIGPIPE
         code, line = failure(e, command)
         print(line, file=sys.stderr)
         return code
