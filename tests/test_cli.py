@@ -211,3 +211,23 @@ def test_output_piped_into_head_is_not_an_error(tmp_path):
                        shell=True, capture_output=True, text=True, timeout=120)
     assert r.stdout.count("\n") == 1 and "also in" in r.stdout
     assert r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("command,module,function", [("verify", "wdsprep.check.verify", "open_members"),
+                                                     ("inspect", "wdsprep.check.inspect", "scan_shard")])
+def test_a_read_error_names_the_shard(tmp_path, capsys, monkeypatch, command, module, function):
+    """An I/O error of the disk (EIO, simulated: read(2) names no file) says which shard it hit."""
+    from wdsprep.format.index import INDEX_NAME
+
+    shards, _, _ = packed(tmp_path)
+    for index in shards.rglob(INDEX_NAME):  # so inspect reads the tars
+        index.unlink()
+
+    def eio(path, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(f"{module}.{function}", eio)
+    assert main([command, f"{shards}/*/data-*.tar"]) == 1
+    err = capsys.readouterr().err
+    first = sorted(shards.glob("*/data-*.tar"))[0]
+    assert err.startswith(f"wdsprep {command}: error: {first}: Input/output error; the disk"), err

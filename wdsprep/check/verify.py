@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.files import naming
 from wdsprep.format import commit
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
@@ -98,7 +99,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
             if unfinished is not None:
                 result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
             indexes[folder] = _read_index(folder, result.problems)
-        shard_samples = _check_shard(path, result, seen_ids)
+        with naming(path):  # a read error (EIO) says which shard
+            shard_samples = _check_shard(path, result, seen_ids)
         result.samples += len(shard_samples)
         for sample in shard_samples:
             if sample.dims is not None:
