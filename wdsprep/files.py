@@ -3,9 +3,10 @@
 Everything wdsprep writes (shards, arks, indexes, reports, tokenizers, plots) is written under a
 hidden temporary name in the destination folder and renamed to its final name once complete, so
 an interrupted or failed job never leaves a half-written file under a final name; ``os.replace``
-is atomic within a file system.  Output of many files that only make sense together (a pack's
-shards, indexes and report) is committed as a whole: :mod:`wdsprep.format.commit`.  The temporary name starts with a dot and ends in :data:`TMP_SUFFIX`, so
-globs such as ``data-*.tar`` never match it, and ``pack --overwrite`` knows what to clean up.
+is atomic within a file system.  The temporary name starts with a dot and ends in
+:data:`TMP_SUFFIX`, so globs such as ``data-*.tar`` never match it, and ``pack --overwrite``
+knows what to clean up.  Output of many files that only make sense together (a pack's shards,
+indexes and report) is committed as a whole: :mod:`wdsprep.format.commit`.
 
 A ``write()`` or ``close()`` that fails (a full disk: ``ENOSPC``) raises an ``OSError`` naming no
 file; :func:`naming` gives it the name of the file being written, so the message can say where.

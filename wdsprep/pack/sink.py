@@ -243,9 +243,10 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
 
     ``report`` already holds what was found before packing (e.g. missing labels); the workers'
     findings are merged into it.  Features of more than one dimension are an error unless
-    ``dims`` chose one (the workers then dropped the others).  Every file given its final name is appended to ``created``, so
-    a failure can remove them (:func:`abandon`).  The files that need disk space are written
-    before any shard is renamed, and the marker goes last, after everything is synced.
+    ``dims`` chose one (the workers then dropped the others).  Every file given its final name
+    is appended to ``created``, so a failure can remove them (:func:`abandon`).  The files that
+    need disk space are written before any shard is renamed, and the marker goes last, after
+    everything is synced.
     """
     created = [] if created is None else created
     d = Path(d_out)

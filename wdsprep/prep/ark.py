@@ -131,8 +131,9 @@ class ArkReader:
             raise
         except Exception as e:  # kaldiio's parsers raise AssertionError, ValueError, RuntimeError, ...
             what = f"{where[0]}: the matrix at byte {where[1]:,}" if where else f"{rxfile!r}"
-            raise ArkError(f"{what} cannot be read ({type(e).__name__}: {str(e).strip() or 'kaldiio gives no reason'}); "
-                           f"check that feats.scp and the arks belong together, or recompute the features") from None
+            why = str(e).strip() or "kaldiio gives no reason"
+            raise ArkError(f"{what} cannot be read ({type(e).__name__}: {why}); check that feats.scp and the "
+                           f"arks belong together, or recompute the features") from None
 
     def close(self) -> None:
         for fd, _ in self._arks.values():
