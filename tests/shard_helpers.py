@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import io
+import subprocess
 import tarfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -94,3 +97,34 @@ def wait_for(condition, seconds=20.0):
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
     return condition()
+
+
+@contextmanager
+def small_fs(path: Path, size: str):
+    """A real file system of ``size`` (a tmpfs) mounted at ``path``, for disk-full tests; skips where
+    mounting is not permitted (not root, or no CAP_SYS_ADMIN in the container)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode(errors='replace').strip()})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(fs: Path) -> Path:
+    """Fill a file system to the last byte (so the next write fails with ENOSPC); returns the filler."""
+    filler = fs / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 65536):
+                pass
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        try:
+            while f.write(b"\0"):
+                pass
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+    return filler

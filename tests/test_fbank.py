@@ -281,3 +281,28 @@ def test_interrupted_job_leaves_no_output_under_final_names(tmp_path: Path, monk
     with pytest.raises(KeyboardInterrupt):
         compute_fbank(scp, tmp_path / "out", backend=KNF, progress=False)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_rerun_stopped_after_the_arks_leaves_no_feats_scp_pointing_into_them(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second run renames its arks over the first run's; stopped before its feats.scp is written,
+    the first feats.scp must not remain, its offsets pointing into the new arks (other utterances)."""
+    from wdsprep.prep import fbank
+
+    out = tmp_path / "out"
+    first = write_scp(tmp_path / "wav1.scp", [("a", str(AUDIO / "en_16k.wav")), ("b", str(AUDIO / "zh_22k.wav"))])
+    compute_fbank(first, out, backend=KNF, progress=False)
+    assert set(feats_of(out)) == {"a", "b"}
+    second = write_scp(tmp_path / "wav2.scp", [("b", str(AUDIO / "zh_22k.wav")), ("a", str(AUDIO / "en_16k.wav"))])
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fbank, "write_text", stop)
+    with pytest.raises(KeyboardInterrupt):
+        compute_fbank(second, out, backend=KNF, progress=False)
+    assert not (out / "feats.scp").exists() and not (out / "utt2num_frames").exists()
+    monkeypatch.undo()
+    compute_fbank(second, out, backend=KNF, progress=False)
+    got = feats_of(out)
+    np.testing.assert_allclose(got["a"], fbank_of_file(AUDIO / "en_16k.wav"), atol=1e-4)

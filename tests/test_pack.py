@@ -197,7 +197,8 @@ def test_bad_features_are_reported_not_packed(tmp_path):
     report = pack_data([scp], [text], tmp_path / "out")
     bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
     assert set(bad) == {"nan", "vector", "inf", "cut"}
-    assert "2-D" in bad["vector"] and "NaN" in bad["nan"] and "cannot read" in bad["cut"]
+    assert "2-D" in bad["vector"] and "NaN" in bad["nan"]
+    assert f"{tmp_path / 'a.ark'}: byte offset 999,999 is past the end of the ark" in bad["cut"]
     assert set(all_samples(tmp_path / "out")) == {"good"}
 
 
@@ -301,3 +302,110 @@ def test_webdataset_reads_the_shards(corpus):
     assert set(got) == set(IDS)
     np.testing.assert_array_equal(got["sp1.1-spk1-utt3"][0], feats["sp1.1-spk1-utt3"])
     assert got["a.b.c"][1] == texts["a.b.c"]
+
+
+def test_byte_order_mark_is_not_part_of_the_first_id(tmp_path):
+    """Notepad and some exporters start UTF-8 files with a BOM; Kaldi tables must not see it in the first id."""
+    feats = {"u1": np.ones((5, 2), np.float32), "u2": np.ones((6, 2), np.float32)}
+    scp = write_ark(tmp_path / "a.ark", feats)
+    scp.write_bytes(b"\xef\xbb\xbf" + scp.read_bytes())
+    text = write_text(tmp_path / "text", {"u1": "a", "u2": "b"})
+    text.write_bytes(b"\xef\xbb\xbf" + text.read_bytes())
+    report = pack_data([scp], [text], tmp_path / "out")
+    assert report.num_dropped == 0, report.to_json()["not_written"]
+    assert set(all_samples(tmp_path / "out")) == {"u1", "u2"}
+
+
+def ark_with_entries(tmp_path: Path, n: int = 6, dims: int = 5) -> tuple[Path, Path, list[tuple[str, int]]]:
+    """An ark of n matrices written by kaldiio, its scp and text; returns (scp, text, [(uttid, offset)])."""
+    rng = np.random.default_rng(1)
+    feats = {f"u{i}": rng.standard_normal((30 + i, dims)).astype(np.float32) for i in range(n)}
+    scp = write_ark(tmp_path / "a.ark", feats)
+    entries = [(line.split()[0], int(line.rsplit(":", 1)[1])) for line in scp.read_text().splitlines()]
+    return scp, write_text(tmp_path / "text", {u: "x" for u in feats}), entries
+
+
+def test_truncated_ark_is_reported_with_ark_offset_and_utterance(tmp_path):
+    scp, text, entries = ark_with_entries(tmp_path)
+    ark = tmp_path / "a.ark"
+    cut = entries[3][1] + 40  # inside the 4th matrix's data
+    ark.write_bytes(ark.read_bytes()[:cut])
+    report = pack_data([scp], [text], tmp_path / "out")
+    bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
+    assert set(bad) == {"u3", "u4", "u5"}
+    assert bad["u3"].startswith(f"{ark}: the 33 x 5 FM matrix at byte {entries[3][1]:,} ends at byte")
+    assert f"past the end of the ark ({cut:,} bytes): the ark is truncated" in bad["u3"]
+    assert f"byte offset {entries[4][1]:,} is past the end of the ark" in bad["u4"]
+    assert "AssertionError" not in json.dumps(report.to_json())
+    assert set(all_samples(tmp_path / "out")) == {"u0", "u1", "u2"}
+
+
+def test_offsets_that_do_not_fit_the_ark_are_named(tmp_path):
+    import pickle
+
+    scp, text, entries = ark_with_entries(tmp_path)
+    ark = tmp_path / "a.ark"
+    # A pickled entry kaldiio would unpickle (it runs code): wdsprep must refuse it unread.
+    boom = tmp_path / "boom"
+    evil = b"PKL" + pickle.dumps(Path.touch.__get__(boom))  # noqa: S301 - the test writes it, never loads it
+    with open(ark, "ab") as f:
+        evil_at = f.tell()
+        f.write(evil)
+    lines = scp.read_text().splitlines()
+    lines[1] = f"u1 {ark}:{entries[1][1] + 7}"  # off by a few bytes: inside the header
+    lines[2] = f"u2 {ark}:{evil_at}"
+    scp.write_text("\n".join(lines) + "\n")
+    report = pack_data([scp], [text], tmp_path / "out")
+    bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
+    assert set(bad) == {"u1", "u2"}
+    assert f"{ark}: no Kaldi matrix at byte {entries[1][1] + 7:,}" in bad["u1"]
+    assert "feats.scp and the ark do not belong together" in bad["u1"]
+    assert f"no Kaldi matrix at byte {evil_at:,} (found b'PKL" in bad["u2"]
+    assert not boom.exists()
+
+
+@pytest.fixture
+def mixed_dims(tmp_path):
+    """One 40-dim utterance first, then 80-dim ones: the case where the first utterance decided before."""
+    rng = np.random.default_rng(2)
+    feats = {"a-first": rng.standard_normal((20, 40)).astype(np.float32)}
+    feats.update({f"b-{i:02d}": rng.standard_normal((20 + i, 80)).astype(np.float32) for i in range(9)})
+    scp = write_ark(tmp_path / "a.ark", feats)
+    return tmp_path, scp, write_text(tmp_path / "text", {u: "x" for u in feats}), feats
+
+
+@pytest.mark.parametrize("nj", [1, 2])
+def test_mixed_dims_fail_by_default_naming_each_dimension(mixed_dims, nj):
+    tmp, scp, text, feats = mixed_dims
+    out = tmp / f"out{nj}"
+    with pytest.raises(ValueError) as e:
+        pack_data([scp], [text], out, nj=nj, progress=False)
+    msg = str(e.value)
+    assert "80 dims in 9 utterance(s), the first b-00" in msg
+    assert "40 dims in 1 utterance(s), the first a-first" in msg
+    assert "--dims 80" in msg
+    assert [p for p in out.rglob("*")] == [], "a failed pack leaves nothing"
+
+
+@pytest.mark.parametrize("nj", [1, 2])
+def test_dims_keeps_one_dimension_and_reports_the_others(mixed_dims, nj):
+    tmp, scp, text, feats = mixed_dims
+    out = tmp / f"out{nj}"
+    report = pack_data([scp], [text], out, dims=80, nj=nj, progress=False)
+    assert set(all_samples(out)) == {u for u, f in feats.items() if f.shape[1] == 80}
+    got = json.loads((out / "pack_report.json").read_text())
+    assert got["not_written"]["other_dims"] == [{"uttid": "a-first", "why": "40 feature dims; only 80-dim "
+                                                                             "features are packed (dims)"}]
+    assert got["counts"] == {"other_dims": 1} and report.num_dropped == 1
+    assert read_index(out).dims == 80
+
+
+def test_mixed_dims_on_the_command_line(mixed_dims):
+    tmp, scp, text, feats = mixed_dims
+    cmd = [sys.executable, "-m", "wdsprep", "pack", "--scp", str(scp), "--text", str(text), "--out", str(tmp / "o")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "different dimensions" in r.stderr and "--dims 80" in r.stderr
+    r = subprocess.run(cmd + ["--dims", "80", "--strict"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "other_dims" in r.stderr
+    assert len(all_samples(tmp / "o")) == 9

@@ -109,9 +109,10 @@ def test_load_state_for_another_epoch_is_dropped_by_set_epoch(data):
 
 @pytest.mark.parametrize("change,match", [
     (dict(seed=9), "seed=4 .this loader: 9."),
-    (dict(max_frames=1300), "fingerprint"),
-    (dict(shuffle_buffer=10), "fingerprint"),
-    (dict(streams=3), "fingerprint"),
+    (dict(max_frames=1300), "max_frames=1200 .this loader: 1300."),
+    (dict(shuffle_buffer=10), "shuffle_buffer=2000 .this loader: 10."),
+    (dict(streams=3), "streams=None .this loader: 3."),
+    (dict(ctc_subsampling=4), "fingerprint"),
 ])
 def test_a_state_that_would_give_other_batches_is_refused(data, change, match):
     trset, tok, _ = data

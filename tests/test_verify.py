@@ -7,6 +7,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import kaldiio
 import numpy as np
 import pytest
 from shard_helpers import cat_members, npy, packed, rewrite_tar, tar_members, write_tar
@@ -179,3 +180,23 @@ def test_cli_exit_codes(pack_dir):
     assert bad.returncode == 1
     assert f"{path}: the tar is damaged" in bad.stdout  # cut inside a header: tarfile alone misses it
     assert run_cli("verify", f"{d}/nope/*.tar").returncode == 2
+
+
+def test_shards_of_different_feature_dims_are_named(tmp_path):
+    """Two packs of different dims given to one loader: it fails on the first mixed batch, so verify says so."""
+    from wdsprep import pack_data
+
+    rng = np.random.default_rng(5)
+    for dims, n in ((40, 3), (80, 5)):
+        feats = {f"d{dims}-u{i}": rng.standard_normal((20 + i, dims)).astype(np.float32) for i in range(n)}
+        k = tmp_path / f"k{dims}"
+        k.mkdir()
+        kaldiio.save_ark(str(k / "feats.ark"), feats, scp=str(k / "feats.scp"))
+        (k / "text").write_text("".join(f"{u} x\n" for u in feats))
+        pack_data(k / "feats.scp", k / "text", tmp_path / "shards" / str(dims), progress=False)
+    r = verify_shards(f"{tmp_path}/shards/{{40,80}}/data-*.tar")
+    assert len(r.problems) == 1, r.format()
+    p = r.problems[0]
+    assert p.shard == str(tmp_path / "shards" / "40" / "data-00000.tar")
+    assert "80 dims in 5 sample(s)" in p.what and "40 dims in 3 sample(s)" in p.what
+    assert verify_shards(f"{tmp_path}/shards/80/data-*.tar").ok

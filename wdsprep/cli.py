@@ -1,17 +1,28 @@
-"""The ``wdsprep`` command line; each subcommand mirrors one Python function."""
+"""The ``wdsprep`` command line; each subcommand mirrors one Python function.
+
+A command that fails prints one line, ``wdsprep CMD: error: ...``, naming the file and what to
+do, and exits with status 2 when the command line cannot be carried out as written (an option
+value, an input path that does not exist or is a directory, an output path in the way) and 1
+when the data is wrong or reading or writing failed (a malformed Kaldi file, a damaged shard, an
+unfinished pack, a full disk; ``--strict`` drops; ``verify`` problems).  ``wdsprep --debug CMD``
+shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from wdsprep.check.inspect import DEFAULT_MAX_FRAMES
+from wdsprep.errors import DataError
+from wdsprep.format.shardfile import ShardError
 from wdsprep.prep.fbank import BackendUnavailable
-from wdsprep.prep.kaldi import KaldiDataError
 from wdsprep.report import StrictError
+from wdsprep.tokenizer.base import TokenizerFileError
 
 
 def _add_pack_options(p: argparse.ArgumentParser) -> None:
@@ -68,7 +79,8 @@ def _cmd_pack(args: argparse.Namespace) -> None:
     from wdsprep.pack import pack_data
 
     pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
-              layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
+              layout=args.layout, dtype=args.dtype, dims=args.dims, nj=args.nj, strict=args.strict,
+              overwrite=args.overwrite)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
@@ -244,6 +256,9 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pack", help="feats.scp + text -> length-grouped tar shards")
     p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
     _add_pack_options(p)
+    p.add_argument("--dims", type=int, metavar="N",
+                   help="pack only N-dim features and report the others as other_dims (without it, features "
+                        "of more than one dimension fail the pack)")
     p.set_defaults(func=_cmd_pack)
 
 
@@ -302,6 +317,7 @@ def _add_checkout_tools(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
     for add in (_add_fbank, _add_pack, _add_pack_audio, _add_index, _add_tokenizer_parser, _add_inspect, _add_verify,
@@ -310,18 +326,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Paths given on the command line that do not exist, are in the way or are of the wrong kind.
+USAGE_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+# What to do about the OS errors a data job meets.
+OS_ERROR_HINTS = {
+    errno.ENOSPC: "the file system is full: free space or write elsewhere, then run the command again",
+    errno.EDQUOT: "the disk quota is used up: free space or write elsewhere, then run the command again",
+    errno.EACCES: "check the permissions of that file and its folder",
+    errno.EPERM: "check the permissions of that file and its folder",
+    errno.EROFS: "the file system is read-only: write elsewhere",
+    errno.EIO: "the disk or network file system reports an I/O error: check it, then run the command again",
+    errno.ENOTDIR: "a part of that path is a file, not a folder",
+    errno.EISDIR: "that is a folder; give a file",
+}
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for an OS error: the file, what happened and, where there is one, what to do."""
+    if e.strerror is None:  # raised by wdsprep with a sentence of its own
+        return str(e)
+    where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else e.filename
+    line = f"{where}: {e.strerror}" if where is not None else f"{e.strerror} (errno {e.errno})"
+    hint = OS_ERROR_HINTS.get(e.errno)
+    return f"{line}; {hint}" if hint else line
+
+
+def failure(e: BaseException, command: str) -> tuple[int, str]:
+    """Exit status and the one line to print for the exception that ended ``command``."""
+    if isinstance(e, KeyboardInterrupt):
+        return 130, f"wdsprep {command}: interrupted"
+    if isinstance(e, StrictError):
+        return 1, f"wdsprep {command}: {e}"
+    if isinstance(e, OSError):
+        return (2 if isinstance(e, USAGE_OS_ERRORS) else 1), f"wdsprep {command}: error: {describe_os_error(e)}"
+    if isinstance(e, (DataError, ShardError, TokenizerFileError)):
+        return 1, f"wdsprep {command}: error: {e}"
+    if isinstance(e, (ValueError, BackendUnavailable)):  # an option or argument the library cannot work with
+        return 2, f"wdsprep {command}: error: {e}"
+    return 1, (f"wdsprep {command}: error: {type(e).__name__}: {e} (unexpected; 'wdsprep --debug {command} ...' "
+               f"shows where it happened, please report it)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in CHECKOUT_TOOLS:
-        return run_checkout_tool(argv[0], argv[1:])
+    debug = bool(argv) and argv[0] == "--debug"
+    rest = argv[1:] if debug else argv
+    if rest and rest[0] in CHECKOUT_TOOLS:
+        return run_checkout_tool(rest[0], rest[1:])
     args = build_parser().parse_args(argv)
+    command = args.command if args.command != "tokenizer" else f"tokenizer {args.tokenizer_command}"
     try:
         # A subcommand may return an exit status (1: it ran and found problems).
         status = args.func(args)
-    except (KaldiDataError, FileExistsError, ValueError, FileNotFoundError, BackendUnavailable) as e:
-        print(f"wdsprep {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except StrictError as e:
-        print(f"wdsprep {args.command}: {e}", file=sys.stderr)
-        return 1
+    except (Exception, KeyboardInterrupt) as e:
+        if args.debug:
+            raise
+        if isinstance(e, BrokenPipeError) and e.filename is None:  # stdout closed early (... | head): not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit's flush fails again
+            return 141  # as a shell reports a process ended by SIGPIPE
+        code, line = failure(e, command)
+        print(line, file=sys.stderr)
+        return code
     return status or 0

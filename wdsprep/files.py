@@ -1,10 +1,15 @@
-"""Output files appear whole or not at all.
+"""Output files appear whole or not at all, and an IO error names the file it happened on.
 
 Everything wdsprep writes (shards, arks, indexes, reports, tokenizers, plots) is written under a
 hidden temporary name in the destination folder and renamed to its final name once complete, so
-an interrupted or failed job never leaves a file under a final name; ``os.replace`` is atomic
-within a file system.  The temporary name starts with a dot and ends in :data:`TMP_SUFFIX`, so
-globs such as ``data-*.tar`` never match it, and ``pack --overwrite`` knows what to clean up.
+an interrupted or failed job never leaves a half-written file under a final name; ``os.replace``
+is atomic within a file system.  The temporary name starts with a dot and ends in
+:data:`TMP_SUFFIX`, so globs such as ``data-*.tar`` never match it, and ``pack --overwrite``
+knows what to clean up.  Output of many files that only make sense together (a pack's shards,
+indexes and report) is committed as a whole: :mod:`wdsprep.format.commit`.
+
+A ``write()`` or ``close()`` that fails (a full disk: ``ENOSPC``) raises an ``OSError`` naming no
+file; :func:`naming` gives it the name of the file being written, so the message can say where.
 """
 
 from __future__ import annotations
@@ -24,15 +29,31 @@ def temp_path(path: str | os.PathLike) -> Path:
 
 
 @contextmanager
+def naming(path: str | os.PathLike, *aliases: str | os.PathLike) -> Iterator[None]:
+    """An ``OSError`` raised in the block about no file (or about one of ``aliases``, e.g. the
+    temporary name) is re-raised about ``path``: the error then names the file the user knows."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is not None and (e.filename is None or str(e.filename) in {str(a) for a in aliases}):
+            e.filename, e.filename2 = str(path), None
+        raise
+
+
+@contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Write to the yielded temporary path; on leaving the block it becomes ``path``, or is removed
-    if the block raised."""
+    if the block raised.  An ``OSError`` of the write or the rename names ``path``."""
     tmp = temp_path(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with naming(path, tmp):
+            yield tmp
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # e.g. its folder is a file: the error being raised already says so
+            pass
         raise
 
 
@@ -48,3 +69,29 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def make_dir(path: str | os.PathLike) -> Path:
+    """``mkdir -p path``; when a file stands where a folder must be, the error names that file."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        where = "" if blocker == path else f", so the folder {path} cannot be made there"
+        raise NotADirectoryError(f"{blocker} is a file, not a folder{where}; pick another path or move the file") \
+            from None
+    return path
+
+
+def sync(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a folder's entries (names made by rename), to the disk.
+
+    A job that declares its output complete syncs it first: after a power cut, what the
+    declaration covers must be on the disk, not only in the page cache.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

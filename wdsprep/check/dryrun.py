@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from wdsprep.files import write_text
+from wdsprep.files import naming, write_text
 from wdsprep.loading.stats import BatchTally, efficiency
 from wdsprep.units import hours
 
@@ -60,7 +60,8 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
                 loader.set_epoch(epoch)
                 for step, batch in enumerate(loader):
                     if dump:
-                        dump.write("".join(f"{epoch}\t{step}\t{k}\n" for k in batch.keys))
+                        with naming(dump.name):  # a full disk: say which file
+                            dump.write("".join(f"{epoch}\t{step}\t{k}\n" for k in batch.keys))
                 st = loader.stats.to_dict()
                 results.append(st)
                 gathered = _gather(st, world)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.files import write_text
+from wdsprep.files import naming, write_text
 from wdsprep.format.index import ShardInfo, read_index, scan_shard
 from wdsprep.format.shardlist import expand_shards, is_url
 from wdsprep.units import hours
@@ -225,7 +225,8 @@ def inspect_shards(
                 continue
             if index is not None:
                 problems.append(f"{p}: not listed in {Path(folder) / 'index.json'} (stale index?); read from the tar")
-            scan = scan_shard(p)
+            with naming(p):  # a read error (EIO) says which shard
+                scan = scan_shard(p)
             problems.extend(scan.problems)
             layout = "+".join(sorted(scan.layouts)) or "-"
             stats.append(_stats(p, names[folder], layout, "tar", scan.info))

@@ -9,7 +9,9 @@ reading a shard at its first refused sample; verify goes on, names every problem
 the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
-dims, dtype), shards it lists that are missing and shards it does not list.
+dims, dtype), shards it lists that are missing and shards it does not list.  A folder of a pack
+that did not finish (its marker is still there, :mod:`wdsprep.format.commit`) is a problem too:
+the loader refuses it; so are shards whose features differ in dimension from the others given.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index
+from wdsprep.files import naming
+from wdsprep.format import commit
+from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index, stale_reason
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
 from wdsprep.format.shardlist import expand_shards, is_url
@@ -80,27 +84,41 @@ class _Sample:
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes."""
-    paths = expand_shards(patterns)
+    paths = expand_shards(patterns, check_commit=False)  # reported below, with everything else
     urls = [p for p in paths if is_url(p)]
     if urls:
         raise ValueError(f"verify reads local shards only, got {urls[0]!r}; copy the shards or mount them")
     result = VerifyResult(paths, 0)
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
+    dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
     for path in paths:
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in indexes:
+            unfinished = commit.problem(folder)
+            if unfinished is not None:
+                result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
             indexes[folder] = _read_index(folder, result.problems)
-        shard_samples = _check_shard(path, result, seen_ids)
+        with naming(path):  # a read error (EIO) says which shard
+            shard_samples = _check_shard(path, result, seen_ids)
         result.samples += len(shard_samples)
+        for sample in shard_samples:
+            if sample.dims is not None:
+                n, first = dims_seen.get(sample.dims, (0, path))
+                dims_seen[sample.dims] = (n + 1, first)
         index = indexes[folder]
         if index is not None:
-            info = {i.name: i for i in index.shards}.get(os.path.basename(path))
-            if info is None:
+            i = index.position(os.path.basename(path))
+            if i is None:
                 result.problems.append(Problem(path, f"not listed in {Path(folder) / INDEX_NAME}: the index is stale; "
-                                                     f"repack the folder, or re-index it (wdsprep index)"))
+                                                     f"repack the folder, or re-index it (wdsprep index --refresh)"))
             else:
-                _compare_index(path, info, index, shard_samples, result.problems)
+                why = stale_reason(index, i, os.stat(path))
+                if why is not None:
+                    result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
+                                                         f"it; re-index it (wdsprep index --refresh) or repack"))
+                _compare_index(path, index.shard(i), index, shard_samples, result.problems)
+    _check_dims(dims_seen, result.problems)
     for folder, index in indexes.items():
         for info in index.shards if index else []:
             shard = Path(folder) / info.name
@@ -110,9 +128,23 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
     return result
 
 
+def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
+    """One loader reads all the shards given, and refuses a batch whose features differ in dimension."""
+    if len(dims_seen) < 2:
+        return
+    ranked = sorted(dims_seen, key=lambda d: (-dims_seen[d][0], d))
+    found = "; ".join(f"{d} dims in {dims_seen[d][0]:,} sample(s), the first in {dims_seen[d][1]}" for d in ranked)
+    problems.append(Problem(dims_seen[ranked[1]][1], f"the shards hold features of different dimensions ({found}): "
+                                                      f"the loader fails on the first batch that mixes them; give "
+                                                      f"it (and verify) one feature set at a time"))
+
+
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
     try:
-        return read_index(folder)
+        index = read_index(folder)
+        if index is not None:
+            index.keys()  # read here, so a missing or damaged keys file is one problem, named
+        return index
     except ValueError as e:
         problems.append(Problem(str(Path(folder) / INDEX_NAME), str(e)))
         return None

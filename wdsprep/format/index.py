@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.errors import DataError
 from wdsprep.files import atomic_path, write_text
 
 INDEX_NAME = "index.json"
@@ -120,11 +121,11 @@ class FolderIndex:
             try:
                 self._keys = path.read_text(encoding="utf-8").split("\n")[:-1]
             except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"{path}: cannot read the index's keys ({e}); re-index the folder "
-                                 f"(wdsprep index)") from None
+                raise DataError(f"{path}: cannot read the index's keys ({e}); re-index the folder "
+                                f"(wdsprep index --force)") from None
             if len(self._keys) != self.num_utts:
-                raise ValueError(f"{path}: {len(self._keys)} keys for {self.num_utts} utterances; the index is "
-                                 f"damaged, re-index the folder (wdsprep index)")
+                raise DataError(f"{path}: {len(self._keys)} keys for {self.num_utts} utterances; the index is "
+                                f"damaged, re-index the folder (wdsprep index --force)")
         return self._keys
 
     def shard(self, i: int) -> ShardInfo:
@@ -148,6 +149,16 @@ class FolderIndex:
                        for n, s, m, u, a, d, x in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
                                                       self.digests, self.lost)],
         }
+
+
+def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
+    """Why local shard ``i`` of ``index`` no longer is the shard indexed (``st`` its stat), or None."""
+    size, mtime = int(index.sizes[i]), int(index.mtimes[i])
+    if size >= 0 and st.st_size != size:
+        return f"it has {st.st_size:,} bytes, the index says {size:,}"
+    if mtime >= 0 and st.st_mtime_ns != mtime:
+        return "its modification time differs from the index's (same size)"
+    return None
 
 
 def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
@@ -193,8 +204,8 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
                            digests=[s["frames_digest"] for s in shards], folder=folder,
                            lost=np.array([s.get("lost", 0) for s in shards], np.int64))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index) or delete "
-                         f"{', '.join(INDEX_FILES)} to read the shards without one") from e
+        raise DataError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index --force) or "
+                        f"delete {', '.join(INDEX_FILES)} to read the shards without one") from e
 
 
 @dataclass

@@ -9,6 +9,8 @@ from typing import Sequence
 
 from braceexpand import braceexpand
 
+from wdsprep.format.commit import check_committed
+
 URL_SCHEMES = ("pipe:", "http://", "https://", "gs://", "s3://", "ais://")
 
 
@@ -25,13 +27,16 @@ def file_kind(mode: int) -> str:
     return "special file"
 
 
-def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
+                  check_commit: bool = True) -> list[str]:
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
     ``data-0000{0..9}.tar`` is a brace range.  URLs (``pipe:cat ...``, ``http://...``) are
     brace-expanded only and kept as they are.  A local pattern that matches nothing, or matches
-    anything but a regular file (a directory, a FIFO), is an error naming it.
+    anything but a regular file (a directory, a FIFO), is an error naming it.  So is a folder of
+    local shards written by a pack that did not finish (:mod:`wdsprep.format.commit`;
+    ``check_commit=False`` leaves that to the caller, as ``verify`` reports it among its problems).
     """
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
@@ -60,4 +65,7 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> 
                          f"each shard may be read once per epoch")
     if not shards:
         raise FileNotFoundError(f"no shards in {list(map(str, patterns))}")
+    if check_commit:
+        for folder in dict.fromkeys(os.path.dirname(os.path.abspath(s)) for s in shards if not is_url(s)):
+            check_committed(folder)
     return shards

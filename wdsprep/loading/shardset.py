@@ -20,11 +20,12 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.format.index import INDEX_NAME, FolderIndex, frames_digest, read_index, scan_shard
+from wdsprep.errors import DataError
+from wdsprep.format.index import INDEX_NAME, FolderIndex, frames_digest, read_index, scan_shard, stale_reason
 from wdsprep.format.shardlist import is_url
 
 
-class StaleIndexError(ValueError):
+class StaleIndexError(DataError):
     """A shard differs from what its folder's index says; the message names it and what to do."""
 
 
@@ -62,16 +63,6 @@ class ShardSet:
         fingerprint), utterance count and frame column."""
         doc = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d] for u, n, d in zip(self.urls, self.utts, self.digests)]
         return hashlib.blake2b(json.dumps(doc).encode(), digest_size=8).hexdigest()
-
-
-def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
-    """Why local shard ``i`` of ``index`` no longer is the shard indexed (``st`` its stat), or None."""
-    size, mtime = int(index.sizes[i]), int(index.mtimes[i])
-    if size >= 0 and st.st_size != size:
-        return f"it has {st.st_size:,} bytes, the index says {size:,}"
-    if mtime >= 0 and st.st_mtime_ns != mtime:
-        return "its modification time differs from the index's (same size)"
-    return None
 
 
 def shard_set(urls: Sequence[str]) -> ShardSet:

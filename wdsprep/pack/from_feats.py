@@ -7,10 +7,18 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-import kaldiio
-
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.sink import GroupedSink, PathOrPaths, SinkResult, as_list, check_fmt, prepare_output, run_and_finalize
+from wdsprep.pack.sink import (
+    GroupedSink,
+    PathOrPaths,
+    SinkResult,
+    as_list,
+    check_dims,
+    check_fmt,
+    prepare_output,
+    run_and_finalize,
+)
+from wdsprep.prep.ark import ArkError, ArkReader
 from wdsprep.prep.kaldi import read_feats_scp, read_text
 from wdsprep.report import Report
 
@@ -25,6 +33,7 @@ def pack_data(
     utts_per_shard: int = 2000,
     layout: str = "cat",
     dtype: str = "float32",
+    dims: int | None = None,
     nj: int = 1,
     strict: bool = False,
     overwrite: bool = False,
@@ -41,6 +50,9 @@ def pack_data(
         utts_per_shard: utterances per shard at most.
         layout: ``"cat"`` (``.npy``/``.txt``) or ``"cat-v3"`` (``.mat.npy``/``.label.txt``).
         dtype: ``"float32"`` or ``"float16"`` (half the bytes; readers return float32).
+        dims: pack only features of this many dimensions and report the others as ``other_dims``.
+            Without it, features of more than one dimension fail the pack, naming each dimension,
+            how many utterances have it and the first of them.
         nj: worker processes.
         strict: raise :class:`StrictError` (after writing the report) if any utterance was not
             packed or has an empty transcript.
@@ -51,6 +63,7 @@ def pack_data(
         The report, also written to ``d_out/pack_report.json``.
     """
     check_fmt(fmt)
+    check_dims(dims)
     groups = Groups(filter_group) if filter_group else None
     feats = read_feats_scp(as_list(f_scps))
     labels = read_text(as_list(f_labels))
@@ -67,28 +80,33 @@ def pack_data(
         else:
             items.append((uttid, e.value, label.value))
 
-    work = partial(_pack_chunk, d_out=d, groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
+    work = partial(_pack_chunk, d_out=d, groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype,
+                   dims=dims)
     return run_and_finalize(work, items, d, nj=nj, desc="pack", progress=progress, fmt=fmt, layout=layout,
-                            dtype=dtype, groups=groups, report=report, strict=strict)
+                            dtype=dtype, groups=groups, report=report, strict=strict, dims=dims)
 
 
 def _pack_chunk(chunk: Sequence[tuple[str, str, str]], worker: int, tick: Callable[[int], None], *,
-                d_out: Path, groups: Groups | None, utts_per_shard: int, layout: str, dtype: str) -> SinkResult:
-    sink = GroupedSink(d_out, groups, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
-    fds: dict = {}  # kaldiio keeps each ark open here, so a chunk reads its arks sequentially
+                d_out: Path, groups: Groups | None, utts_per_shard: int, layout: str, dtype: str,
+                dims: int | None) -> SinkResult:
+    sink = GroupedSink(d_out, groups, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype,
+                       dims=dims)
+    arks = ArkReader()  # keeps each ark open, so a chunk reads its arks sequentially
     try:
         for uttid, rxfile, text in chunk:
             try:
-                feats = kaldiio.load_mat(rxfile, fd_dict=fds)
-            except Exception as e:  # any failure of the ark reader means this entry is unreadable
-                sink.drop("bad_features", uttid, f"cannot read {rxfile}: {type(e).__name__}: {e}")
-            else:
-                sink.add(uttid, feats, text)
+                # Once the pack is bound to fail on mixed dimensions, the headers alone tell the rest.
+                header = arks.header(rxfile) if sink.counting_only else None
+                if header is not None and header.cols is not None:
+                    sink.count(uttid, header.cols)
+                else:
+                    sink.add(uttid, arks.load(rxfile), text)
+            except ArkError as e:  # this utterance's matrix is unreadable; the message says where and why
+                sink.drop("bad_features", uttid, str(e))
             tick(1)
         return sink.close()
     except BaseException:
         sink.abort()
         raise
     finally:
-        for f in fds.values():
-            f.close()
+        arks.close()

@@ -3,8 +3,13 @@
 Each worker process owns a :class:`GroupedSink`: it checks every utterance, routes it to the
 shard of its length group and records every utterance it could not pack, with the reason.
 Workers write shards under hidden names (``.w000-00000.tar``, invisible to ``data-*.tar``
-globs); :func:`finalize` then gives them their final names in a deterministic order, writes each
-folder's ``index.json`` and ``DIR/pack_report.json``.
+globs); :func:`finalize` then writes each folder's ``index.json`` and ``DIR/pack_report.json``,
+gives the shards their final names in a deterministic order and commits the pack.
+
+A pack is a commit (:mod:`wdsprep.format.commit`): :func:`prepare_output` marks the directory
+before it changes anything there, and the marker goes only once everything is written and on
+disk.  A pack that fails removes what it wrote (:func:`abandon`); one that is killed leaves the
+marker, and readers refuse its folders until a ``pack --overwrite`` completes it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from wdsprep.files import TMP_SUFFIX
+from wdsprep.errors import DataError
+from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
+from wdsprep.format.commit import abandon_marker, begin, commit, marker
 from wdsprep.format.index import INDEX_FILES, FolderIndex, ShardInfo, write_index
 from wdsprep.format.keys import layout_exts
 from wdsprep.format.writer import ShardWriter
@@ -36,18 +43,29 @@ class SinkResult:
 
     shards: dict[str, list[ShardInfo]] = field(default_factory=lambda: defaultdict(list))  # folder -> shards
     report: Report = field(default_factory=Report)
-    dims: int | None = None
+    dims: int | None = None  # of the features written
+    dim_counts: dict[int, int] = field(default_factory=dict)  # feature dims -> utterances that have them
+    dim_first: dict[int, str] = field(default_factory=dict)  # feature dims -> the first utterance with them
 
 
 class GroupedSink:
-    """Routes (uttid, features, text) to per-group shards of at most ``utts_per_shard`` utterances."""
+    """Routes (uttid, features, text) to per-group shards of at most ``utts_per_shard`` utterances.
+
+    Feature dimensions must agree across the whole pack.  With ``dims`` set, utterances of other
+    dimensions are dropped as ``other_dims``.  Without it, every utterance's dimension is counted;
+    once a second one turns up the pack is bound to fail (:func:`finalize` names the dimensions
+    and their counts), so the sink stops writing and only counts (:attr:`counting_only`: the
+    caller may then pass dimensions alone, to :meth:`count`).  Either way the outcome depends
+    neither on the order of the input nor on the number of workers.
+    """
 
     def __init__(self, d_out: str | os.PathLike, groups: Groups | None, *, worker: int = 0,
-                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32"):
+                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32", dims: int | None = None):
         if utts_per_shard < 1:
             raise ValueError("utts_per_shard must be >= 1")
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: choose one of {DTYPES}")
+        check_dims(dims)
         layout_exts(layout)
         self.d_out = Path(d_out)
         self.groups = groups
@@ -55,14 +73,33 @@ class GroupedSink:
         self.utts_per_shard = utts_per_shard
         self.layout = layout
         self.dtype = np.dtype(dtype)
+        self.keep_dims = dims
+        self.counting_only = False
         self.result = SinkResult()
         self._open: dict[str, ShardWriter] = {}
 
+    def count(self, uttid: str, dims: int) -> None:
+        """Note an utterance's feature dimension; in counting-only mode that is all there is to do."""
+        counts = self.result.dim_counts
+        counts[dims] = counts.get(dims, 0) + 1
+        self.result.dim_first.setdefault(dims, uttid)
+        if self.keep_dims is None and not self.counting_only and len(counts) > 1:
+            self.counting_only = True
+            self.abort()  # the pack will fail; writing on would only fill the disk
+
     def add(self, uttid: str, feats: np.ndarray, text: str) -> None:
         """Pack one utterance, or record why it cannot be packed."""
+        if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[1] > 0:
+            self.count(uttid, feats.shape[1])
+            if self.counting_only:
+                return
+            if self.keep_dims is not None and feats.shape[1] != self.keep_dims:
+                self.result.report.drop("other_dims", uttid, f"{feats.shape[1]} feature dims; only "
+                                                             f"{self.keep_dims}-dim features are packed (dims)")
+                return
+        elif self.counting_only:
+            return
         problem = feature_problem(feats)
-        if problem is None and self.result.dims is not None and feats.shape[1] != self.result.dims:
-            problem = f"{feats.shape[1]} feature dims, earlier utterances have {self.result.dims}"
         if problem is None and self.dtype != feats.dtype:
             feats = feats.astype(self.dtype)
             if not np.isfinite(feats).all():
@@ -85,10 +122,11 @@ class GroupedSink:
         writer = self._open.get(folder)
         if writer is None:
             writer = self._open[folder] = self._new_shard(folder)
-        writer.write(uttid, feats, text)
+        with naming(writer.tmp_path):  # a full disk fails a write() that names no file
+            writer.write(uttid, feats, text)
         if len(writer) >= self.utts_per_shard:
-            self.result.shards[folder].append(writer.close())
             del self._open[folder]
+            self.result.shards[folder].append(_close(writer))
 
     def drop(self, reason: str, uttid: str, detail: str | None = None) -> None:
         self.result.report.drop(reason, uttid, detail)
@@ -101,15 +139,50 @@ class GroupedSink:
         return ShardWriter(d / f".w{self.worker:03d}-{n:05d}.tar", self.layout, mtime=0)
 
     def close(self) -> SinkResult:
-        for folder, writer in self._open.items():
-            self.result.shards[folder].append(writer.close())
-        self._open.clear()
+        while self._open:
+            folder, writer = self._open.popitem()
+            self.result.shards[folder].append(_close(writer))
         return self.result
 
     def abort(self) -> None:
-        for writer in self._open.values():
-            writer.abort()
-        self._open.clear()
+        """Drop the open shards; quietly, so the error that brought us here is the one reported
+        (on a full disk, closing a shard fails again)."""
+        while self._open:
+            _, writer = self._open.popitem()
+            try:
+                writer.abort()
+            except OSError:
+                pass
+
+
+def _close(writer: ShardWriter) -> ShardInfo:
+    """Finish a shard and get its bytes onto the disk before the pack may declare itself complete
+    (here, in the worker, the syncs of many shards overlap with packing)."""
+    try:
+        with naming(writer.tmp_path):
+            info = writer.close()
+    except BaseException:
+        try:
+            writer.abort()  # the partial file goes; closing it again may fail as the first close did
+        except OSError:
+            pass
+        raise
+    sync(writer.path)
+    return info
+
+
+def check_dims(dims: int | None) -> None:
+    if dims is not None and (not isinstance(dims, int) or dims < 1):
+        raise ValueError(f"dims must be a positive number of feature dimensions, got {dims!r}")
+
+
+def mixed_dims_error(counts: dict[int, int], first: dict[int, str]) -> DataError:
+    """The error of a pack whose features have several dimensions: each with its count and first utterance."""
+    ranked = sorted(counts, key=lambda d: (-counts[d], d))
+    found = "; ".join(f"{d} dims in {counts[d]:,} utterance(s), the first {first[d]}" for d in ranked)
+    return DataError(f"the features have different dimensions ({found}); nothing was packed. Pack each dimension "
+                     f"into a directory of its own, or pass --dims {ranked[0]} (dims={ranked[0]}) to pack the "
+                     f"{ranked[0]}-dim features and report the others as other_dims")
 
 
 def feature_problem(feats: np.ndarray) -> str | None:
@@ -127,28 +200,35 @@ def feature_problem(feats: np.ndarray) -> str | None:
 
 
 def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
-    """Create ``d_out``; refuse a non-empty one unless ``overwrite``, which removes earlier pack output.
+    """Create ``d_out`` and mark it as being packed; refuse a non-empty one unless ``overwrite``,
+    which removes earlier pack output.
 
     Overwrite removes only what pack writes (``*.tar``, partial and hidden worker shards,
     ``index.json``, ``pack_report.json``) in ``d_out`` and its immediate sub-folders, then any
-    sub-folder left empty; other files are kept.
+    sub-folder left empty; other files are kept.  The marker goes in first, so a pack killed
+    while it removes the old output leaves no folder that looks complete.
     """
     d = Path(d_out)
     if d.exists() and not d.is_dir():
         raise FileExistsError(f"{d} exists and is not a directory")
     if d.is_dir() and any(d.iterdir()):
         if not overwrite:
+            unfinished = os.path.lexists(marker(d))
             raise FileExistsError(
+                f"{d} holds a pack that did not finish; pass --overwrite (overwrite=True) to redo it"
+                if unfinished else
                 f"{d} is not empty; pick a new output directory or pass --overwrite (overwrite=True) "
                 f"to replace the shards, indexes and report an earlier pack wrote there"
             )
+    make_dir(d)
+    begin(d)
+    if overwrite:
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             for p in folder.iterdir():
                 if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)):
                     p.unlink()
             if folder != d and not any(folder.iterdir()):
                 folder.rmdir()
-    d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -156,31 +236,45 @@ REPORT_NAME = "pack_report.json"
 
 
 def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, layout: str, dtype: str,
-             groups: Groups | None, report: Report) -> Report:
-    """Rename worker shards to ``fmt % i`` (worker order, then shard order), write indexes and the report.
+             groups: Groups | None, report: Report, dims: int | None = None,
+             created: list[Path] | None = None) -> Report:
+    """Write indexes and the report, rename worker shards to ``fmt % i`` (worker order, then shard
+    order) and commit the pack.
 
     ``report`` already holds what was found before packing (e.g. missing labels); the workers'
-    findings are merged into it.
+    findings are merged into it.  Features of more than one dimension are an error unless
+    ``dims`` chose one (the workers then dropped the others).  Every file given its final name
+    is appended to ``created``, so a failure can remove them (:func:`abandon`).  The files that
+    need disk space are written before any shard is renamed, and the marker goes last, after
+    everything is synced.
     """
+    created = [] if created is None else created
     d = Path(d_out)
-    dims = {r.dims for r in results if r.dims is not None}
-    if len(dims) > 1:
-        raise ValueError(f"utterances have different feature dims {sorted(dims)}; pack them separately")
+    counts: dict[int, int] = {}
+    first: dict[int, str] = {}
+    for r in results:  # in worker order, so "first" is the first in input order
+        for ndim, n in r.dim_counts.items():
+            counts[ndim] = counts.get(ndim, 0) + n
+            first.setdefault(ndim, r.dim_first[ndim])
+    if dims is None and len(counts) > 1:
+        raise mixed_dims_error(counts, first)
+    written_dims = {r.dims for r in results if r.dims is not None}
+    assert len(written_dims) <= 1, written_dims
     folders = [""] if groups is None else [g.folder for g in groups]
     summary = {}
+    renames: list[tuple[Path, Path]] = []
+    indexes: dict[str, tuple[list[ShardInfo], list[os.stat_result]]] = {}
     for folder in folders:
         infos, stats = [], []
         for r in results:
             for info in r.shards.get(folder, []):
                 final = fmt % len(infos)
-                os.replace(d / folder / info.name, d / folder / final)
+                renames.append((d / folder / info.name, d / folder / final))
                 infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens))
-                stats.append(os.stat(d / folder / final))
+                # Size and mtime (kept by the rename) let a reader see a shard changed after it was indexed.
+                stats.append(os.stat(d / folder / info.name))
         if infos:
-            # Size and mtime let a reader see that a shard changed after it was indexed.
-            write_index(d / folder, FolderIndex.from_shards(layout, next(iter(dims), None), dtype, infos,
-                                                            sizes=[s.st_size for s in stats],
-                                                            mtimes=[s.st_mtime_ns for s in stats]))
+            indexes[folder] = (infos, stats)
         frames = sum(i.num_frames for i in infos)
         summary[folder or "."] = {
             "utterances": sum(i.num_utts for i in infos),
@@ -191,14 +285,49 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
     for r in results:
         report.merge(r.report)
     report.groups = summary
-    report.write(d / REPORT_NAME)
+    for folder, (infos, stats) in indexes.items():
+        write_index(d / folder, FolderIndex.from_shards(layout, next(iter(written_dims), None), dtype, infos,
+                                                        sizes=[s.st_size for s in stats],
+                                                        mtimes=[s.st_mtime_ns for s in stats]))
+        created.extend(d / folder / name for name in INDEX_FILES)
+    created.append(report.write(d / REPORT_NAME))
+    metadata = list(created)
+    for src, dst in renames:
+        os.replace(src, dst)
+        created.append(dst)
+    # The shards were synced by their workers; now the small files and the renames, then the commit.
+    for p in metadata:
+        sync(p)
+    for folder in indexes:
+        sync(d / folder)
+    commit(d)
     return report
+
+
+def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
+    """After a failed pack: remove what it wrote, so nothing partial is mistaken for output.
+
+    The finished files (``created``), hidden worker shards and sub-folders left empty go first,
+    the marker last; should anything fail to go, the marker stays and readers refuse the folder.
+    """
+    d = Path(d_out)
+    try:
+        for p in reversed(created):
+            p.unlink(missing_ok=True)
+        remove_partial(d)
+        for p in d.iterdir():
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    except OSError:
+        return
+    abandon_marker(d)
 
 
 def remove_partial(d_out: str | os.PathLike) -> None:
     """After a failed pack: remove hidden worker shards so nothing partial is mistaken for output."""
     d = Path(d_out)
-    for p in [*d.glob(".w*"), *d.glob("*/.w*")]:
+    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
+    for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
         if p.is_file():
             p.unlink()
         elif p.is_dir():
@@ -223,13 +352,15 @@ def check_fmt(fmt: str) -> None:
 
 def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
                      fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
-                     strict: bool) -> Report:
-    """Run ``work`` over ``items`` in ``nj`` processes, then name shards and write index and report."""
+                     strict: bool, dims: int | None = None) -> Report:
+    """Run ``work`` over ``items`` in ``nj`` processes, then write index and report, name shards and commit."""
+    created: list[Path] = []
     try:
         results = run_chunks(work, items, nj, desc=desc, progress=progress)
-        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report)
+        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
+                          dims=dims, created=created)
     except BaseException:
-        remove_partial(d_out)
+        abandon(d_out, created)
         raise
     print(report.summary(f"{desc}: wrote {d_out}"))
     if strict and (report.num_dropped or report.num_flagged):

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from wdsprep.files import TMP_SUFFIX, temp_path, write_text
+from wdsprep.files import TMP_SUFFIX, make_dir, naming, temp_path, write_text
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report, StrictError
@@ -235,7 +235,7 @@ def compute_fbank(
         raise FileExistsError(f"{d} exists and is not a directory")
     report = Report()
     utts = read_utterances(wav_scp, segments, report)
-    d.mkdir(parents=True, exist_ok=True)
+    make_dir(d)
 
     work = partial(_fbank_chunk, d_out=d, opts=opts)
     results: list[ArkResult] = []
@@ -263,7 +263,7 @@ def _fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], 
     fbank = Fbank(opts)  # imports the backend, and torch with torchaudio, before one_torch_thread
     final = d_out / f"feats.{worker + 1}.ark"
     res = ArkResult(temp_path(final), final)
-    with one_torch_thread(), open(res.tmp_path, "wb") as f:
+    with one_torch_thread(), naming(res.tmp_path), open(res.tmp_path, "wb") as f:  # ENOSPC names the ark
         for u, feats in iter_features(chunk, fbank):
             if isinstance(feats, AudioProblem):
                 res.report.drop(feats.reason, u.uttid, feats.detail)
@@ -284,6 +284,10 @@ def _finalize(d: Path, results: list[ArkResult], report: Report) -> int:
         for uttid, offset, frames in r.entries:
             scp.append(f"{uttid} {r.final_path}:{offset}\n")
             num_frames.append(f"{uttid} {frames}\n")
+    # feats.scp is what makes the arks usable, so it goes first and comes back last: a job stopped
+    # in between must not leave the old one, whose offsets point into the new arks (other utterances).
+    for name in ("feats.scp", "utt2num_frames"):
+        (d / name).unlink(missing_ok=True)
     keep = set()
     for r in results:
         if r.entries:

@@ -5,16 +5,21 @@ Every error names the file and the line, so a user can open the file and fix it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from wdsprep.errors import DataError
+from wdsprep.files import naming
+
 PathLike = str | os.PathLike
+BOM = "\ufeff"
 
 
-class KaldiDataError(ValueError):
+class KaldiDataError(DataError):
     """Bad input in a Kaldi data-dir file; the message names file and line."""
 
 
@@ -36,14 +41,15 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
     """Lines ``uttid<whitespace>value`` of a Kaldi table, UTF-8, blank lines skipped.
 
     The value is everything after the first run of whitespace, trailing whitespace removed,
-    inner whitespace kept (the Kaldi ``text`` convention).
+    inner whitespace kept (the Kaldi ``text`` convention).  A UTF-8 byte-order mark at the start
+    of the file (Notepad and some exporters write one) is not part of the first id.
     """
     path = str(path)
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        raise KaldiDataError(f"{path}: no such file") from None
-    with f:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+    with f, naming(path):  # a read error (EIO) names the table
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -52,6 +58,8 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
                     f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start}); convert the file, "
                     f"e.g. iconv -f GBK -t UTF-8"
                 ) from None
+            if lineno == 1 and line.startswith(BOM):
+                line = line[1:]
             line = line.rstrip()
             if not line.strip():
                 continue
@@ -93,6 +101,14 @@ def ark_path(rxfile: str) -> str | None:
         return None
     m = _ARK_OFFSET.match(rxfile)
     return m.group("path") if m else rxfile
+
+
+def ark_offset(rxfile: str) -> tuple[str, int] | None:
+    """(ark file, byte offset) of an scp value ``path.ark:offset[range]``, or None for anything else (a pipe)."""
+    if rxfile.endswith("|"):
+        return None
+    m = _ARK_OFFSET.match(rxfile)
+    return (m.group("path"), int(m.group("offset"))) if m else None
 
 
 def read_feats_scp(paths: Sequence[PathLike]) -> dict[str, Entry]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from wdsprep.files import write_text
+from wdsprep.files import make_dir, write_text
 
 PathLike = str | os.PathLike
 
@@ -112,7 +112,7 @@ class TokenizerBase:
         path = Path(path)
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         doc = {"format": FORMAT, "version": VERSION, "kind": self.kind, "vocab_size": self.vocab_size,
                **self.to_dict()}
         write_text(path, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")

@@ -1,0 +1,175 @@
+"""A pack is a commit: killed or out of disk at any point, it never leaves a folder that reads as complete.
+
+The kills are real (SIGKILL of a pack process at a chosen file operation), the full disks are
+real where a tmpfs can be mounted, and what is checked is what a user would run next: the loader,
+``inspect``, ``verify``, and the pack again.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from shard_helpers import fill, small_fs
+from shardsets import make_kaldi_dir, train_char_tokenizer
+
+from wdsprep import inspect_shards, pack_data, verify_shards
+from wdsprep.format.commit import MARKER_NAME, UncommittedPackError
+from wdsprep.format.index import INDEX_FILES
+from wdsprep.pack import sink
+
+GROUPS = ["0:150", "150:300", "300:"]
+N = 300
+
+# Runs pack_data in a process of its own that SIGKILLs itself just before the n-th call of
+# os.<op> (replace or unlink) on a file whose name matches the pattern.
+KILL_AT = r"""
+import fnmatch, json, os, signal, sys
+op, pattern, n, kwargs = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+real, calls = getattr(os, op), [0]
+def deadly(*args, **kw):
+    target = args[1] if op == "replace" else args[0]
+    if fnmatch.fnmatch(os.path.basename(os.fspath(target)), pattern):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kw)
+setattr(os, op, deadly)
+from wdsprep import pack_data
+pack_data(**kwargs)
+"""
+
+
+@pytest.fixture(scope="module")
+def kaldi(tmp_path_factory):
+    root = tmp_path_factory.mktemp("commit")
+    utts = make_kaldi_dir(root / "kaldi", N, seed=3)
+    return root, root / "kaldi", utts, train_char_tokenizer(root, root / "kaldi" / "text")
+
+
+def pack_args(kd: Path, out: Path, **kw) -> dict:
+    return dict(f_scps=str(kd / "feats.scp"), f_labels=str(kd / "text"), d_out=str(out), filter_group=GROUPS,
+                utts_per_shard=23, progress=False, **kw)
+
+
+def killed_pack(kd: Path, out: Path, op: str, pattern: str, n: int, **kw) -> None:
+    args = pack_args(kd, out, **kw)
+    r = subprocess.run([sys.executable, "-c", KILL_AT, op, pattern, str(n), json.dumps(args)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, f"the pack was not killed where the test meant: {r.returncode} {r.stderr[-2000:]}"
+
+
+def read_all(pattern: str, tok: Path) -> list[str]:
+    from wdsprep.loader import make_loader
+
+    return [k for b in make_loader(pattern, tok, max_frames=4000, train=False) for k in b.keys]
+
+
+def assert_refused(out: Path, tok: Path) -> None:
+    """Every reader refuses the folder with a message naming it and saying to re-run the pack."""
+    pattern = f"{out}/*/data-*.tar"
+    with pytest.raises(UncommittedPackError, match="did not finish") as e:
+        read_all(pattern, tok)
+    assert str(out) in str(e.value) and "--overwrite" in str(e.value)
+    with pytest.raises(UncommittedPackError, match=MARKER_NAME):
+        inspect_shards(pattern)
+    r = verify_shards(pattern)
+    assert not r.ok and any(MARKER_NAME in p.what and "loader refuses" in p.what for p in r.problems), r.format()
+    cli = subprocess.run([sys.executable, "-m", "wdsprep", "verify", pattern], capture_output=True, text=True)
+    assert cli.returncode == 1 and "did not finish" in cli.stdout
+
+
+def assert_complete(out: Path, utts: dict, tok: Path) -> None:
+    pattern = f"{out}/*/data-*.tar"
+    assert sorted(read_all(pattern, tok)) == sorted(utts)
+    assert verify_shards(pattern).ok
+    assert not (out / MARKER_NAME).exists()
+    assert json.loads((out / "pack_report.json").read_text())["written"]["utterances"] == len(utts)
+
+
+# Where the kill lands: mid-way through the shard renames; everything written but the commit itself.
+@pytest.mark.parametrize("op,pattern,n", [("replace", "data-*.tar", 9), ("unlink", MARKER_NAME, 1)])
+def test_pack_killed_in_its_finalize_is_refused_until_overwrite_completes_it(kaldi, op, pattern, n):
+    root, kd, utts, tok = kaldi
+    out = root / f"out-{op}"
+    killed_pack(kd, out, op, pattern, n)
+    assert list(out.glob("*/data-*.tar")), "the kill should have left final-named shards"
+    assert_refused(out, tok)
+    with pytest.raises(FileExistsError, match="did not finish"):
+        pack_data(**pack_args(kd, out))
+    pack_data(**pack_args(kd, out, overwrite=True))
+    assert_complete(out, utts, tok)
+
+
+def test_overwrite_killed_while_removing_the_old_pack_is_refused(kaldi):
+    root, kd, utts, tok = kaldi
+    out = root / "out-overwrite"
+    pack_data(**pack_args(kd, out))
+    assert_complete(out, utts, tok)
+    killed_pack(kd, out, "unlink", "data-*.tar", 3, overwrite=True)  # old shards half removed, indexes left
+    assert_refused(out, tok)
+    pack_data(**pack_args(kd, out, overwrite=True))
+    assert_complete(out, utts, tok)
+
+
+def test_pack_killed_before_any_shard_is_named_leaves_nothing_to_read(kaldi):
+    root, kd, utts, tok = kaldi
+    out = root / "out-early"
+    killed_pack(kd, out, "replace", "index.json", 2)
+    assert not list(out.glob("*/data-*.tar"))
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        read_all(f"{out}/*/data-*.tar", tok)
+    pack_data(**pack_args(kd, out, overwrite=True))
+    assert_complete(out, utts, tok)
+
+
+def test_disk_full_in_finalize_removes_the_pack_and_names_the_file(kaldi, tmp_path, monkeypatch):
+    """A real full file system (tmpfs) when the second index is written."""
+    root, kd, utts, tok = kaldi
+    with small_fs(tmp_path / "fs", "4m") as fs:
+        out = fs / "out"
+        real, calls = sink.write_index, []
+
+        def fill_then_write(folder, index):
+            calls.append(folder)
+            if len(calls) == 2:
+                fill(fs)
+            return real(folder, index)
+
+        monkeypatch.setattr(sink, "write_index", fill_then_write)
+        with pytest.raises(OSError) as e:
+            pack_data(**pack_args(kd, out))
+        # The error names the index file that did not fit (its columns are written first).
+        assert e.value.errno == errno.ENOSPC and e.value.filename in {str(calls[1] / f) for f in INDEX_FILES}
+        assert [p for p in out.rglob("*")] == [], "a failed pack leaves nothing behind"
+        monkeypatch.undo()
+        (fs / "filler").unlink()
+        pack_data(**pack_args(kd, out))  # the folder is empty again: no --overwrite needed
+        assert_complete(out, utts, tok)
+
+
+def test_failure_after_shards_were_renamed_removes_them(kaldi, tmp_path, monkeypatch):
+    """ENOSPC (simulated: renames need no space, but a directory block may) half-way through the renames."""
+    root, kd, utts, tok = kaldi
+    out = tmp_path / "out"
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        if Path(dst).name.startswith("data-"):
+            calls.append(dst)
+            if len(calls) == 7:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(sink.os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        pack_data(**pack_args(kd, out))
+    assert [p for p in out.rglob("*")] == []
+    monkeypatch.undo()
+    pack_data(**pack_args(kd, out))
+    assert_complete(out, utts, tok)
