@@ -273,3 +273,35 @@ def test_cli_train_and_encode(text_file: Path, toks: dict[str, Tokenizer], tmp_p
     assert r.returncode == 2 and "nope.json" in r.stderr
     with pytest.raises(FileExistsError, match="overwrite"):
         train_tokenizer("char", [text_file], out)
+
+
+def test_cli_spm_options_reach_the_trainer(text_file: Path, tmp_path: Path) -> None:
+    """Every option of train_tokenizer is reachable from the CLI, sentencepiece's trainer options included."""
+    from wdsprep.cli import key_value
+
+    assert key_value("add_dummy_prefix=false") == ("add_dummy_prefix", False)
+    assert key_value("input_sentence_size=1000") == ("input_sentence_size", 1000)
+    assert key_value("split_by_whitespace=True") == ("split_by_whitespace", True)
+    assert key_value("seed_sentencepiece_size=1e3") == ("seed_sentencepiece_size", 1000.0)
+    assert key_value("user_defined_symbols=<a>,<b>") == ("user_defined_symbols", "<a>,<b>")
+    opts = {"add_dummy_prefix": False, "use_all_vocab": True}
+    api = train_tokenizer("sentencepiece", [text_file], tmp_path / "api.json", model_type="char",
+                          character_coverage=1.0, spm_options=opts)
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--model-type", "char", "--character-coverage", "1.0",
+             "--text", str(text_file), "--out", str(tmp_path / "cli.json"),
+             "--spm-option", "add_dummy_prefix=false", "--spm-option", "use_all_vocab=true")
+    assert r.returncode == 0, r.stderr
+    cli = load_tokenizer(tmp_path / "cli.json")
+    default = train_tokenizer("sentencepiece", [text_file], tmp_path / "default.json", model_type="char",
+                              character_coverage=1.0)
+    texts = transcripts()
+    assert [cli.encode(t) for t in texts] == [api.encode(t) for t in texts]
+    assert [default.encode(t) for t in texts] != [api.encode(t) for t in texts]  # the option made a difference
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--text", str(text_file), "--out", str(tmp_path / "x"),
+             "--vocab-size", "50", "--spm-option", "add_dummy_prefix")
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--text", str(text_file), "--out", str(tmp_path / "x"),
+             "--vocab-size", "50", "--spm-option", "bos_id=3")
+    assert r.returncode == 2 and "bos_id" in r.stderr
+    with pytest.raises(ValueError, match="for --kind sentencepiece"):
+        train_tokenizer("char", [text_file], tmp_path / "c.json", spm_options=opts)

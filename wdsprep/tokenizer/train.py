@@ -66,6 +66,8 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
         raise ValueError("no training text given; pass one or more Kaldi text files")
     if user_dict is not None and kind != "jieba":
         raise ValueError(f"a user dictionary is for --kind jieba, not {kind!r}")
+    if spm_options and kind != "sentencepiece":
+        raise ValueError(f"sentencepiece options ({', '.join(spm_options)}) are for --kind sentencepiece, not {kind!r}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
@@ -101,7 +103,10 @@ def _train_spm(text_files: Sequence[PathLike], vocab_size: int | None, model_typ
         raise ValueError(f"unknown sentencepiece model type {model_type!r}; choose one of {', '.join(SPM_MODEL_TYPES)}")
     clash = sorted(SPM_FIXED & options.keys())
     if clash:
-        raise ValueError(f"spm_options may not set {', '.join(clash)}: wdsprep fixes them (ids 0=<s>, 1=<unk>)")
+        raise ValueError(f"spm_options may not set {', '.join(clash)}: wdsprep fixes them (ids 0=<s>, 1=<unk>), "
+                         f"or they have their own option (vocab_size, model_type)")
+    if "character_coverage" in options:
+        raise ValueError("set character_coverage with its own option (CLI: --character-coverage), not in spm_options")
     texts = list(_transcripts(text_files))
     if not texts:
         raise ValueError(f"no non-empty transcript in {', '.join(map(str, text_files))}; nothing to train on")
