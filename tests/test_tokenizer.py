@@ -305,3 +305,34 @@ def test_cli_spm_options_reach_the_trainer(text_file: Path, tmp_path: Path) -> N
     assert r.returncode == 2 and "bos_id" in r.stderr
     with pytest.raises(ValueError, match="for --kind sentencepiece"):
         train_tokenizer("char", [text_file], tmp_path / "c.json", spm_options=opts)
+
+
+def test_sentencepiece_model_file_loads_directly(toks: dict[str, Tokenizer], text_file: Path, tmp_path: Path) -> None:
+    """A CAT user's spm .model (protobuf, no pickle) is a tokenizer as it is, with the model's own ids."""
+    import warnings
+
+    import sentencepiece as spm
+
+    model = tmp_path / "spm.model"
+    model.write_bytes(base64.b64decode(toks["sentencepiece"].to_dict()["model"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # CAT's convention: no warning
+        tok = load_tokenizer(model)
+    assert [tok.encode(t) for t in transcripts()] == [toks["sentencepiece"].encode(t) for t in transcripts()]
+    # A model trained with sentencepiece's defaults (<unk>=0, <s>=1, </s>=2): ids kept, with a warning.
+    plain_text = tmp_path / "plain.txt"
+    plain_text.write_text("\n".join(transcripts()), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(plain_text), model_prefix=str(tmp_path / "plain"), vocab_size=60,
+                                   character_coverage=1.0, minloglevel=2)
+    with pytest.warns(UserWarning, match=r"id 0 is '<unk>'.*blank.*ids are kept"):
+        plain = load_tokenizer(tmp_path / "plain.model")
+    ref = spm.SentencePieceProcessor(model_file=str(tmp_path / "plain.model"))
+    assert [plain.encode(t) for t in transcripts()] == [ref.encode(t) for t in transcripts()]
+    assert plain.vocab_size == ref.vocab_size()
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(TokenizerFileError, match="nor a sentencepiece .model"):
+        load_tokenizer(junk)
+    (tmp_path / "empty.model").write_bytes(b"")
+    with pytest.raises(TokenizerFileError, match="nor a sentencepiece .model"):
+        load_tokenizer(tmp_path / "empty.model")
