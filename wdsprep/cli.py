@@ -109,6 +109,13 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
 
 
+def _cmd_tokenizer_import_cat(args: argparse.Namespace) -> None:
+    from wdsprep.tokenizer import import_cat_tokenizer
+
+    tok = import_cat_tokenizer(args.file, args.out, overwrite=args.overwrite)
+    print(f"{args.out}: {tok.kind} tokenizer from {args.file}, vocab_size {tok.vocab_size} (CAT's ids)", file=sys.stderr)
+
+
 def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import load_tokenizer
 
@@ -126,7 +133,9 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
     p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
-    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char"], required=True)
+    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char", "simple"], required=True,
+                   help="simple: the units transcripts write with spaces between them (words, phones), "
+                        "as CAT's SimpleTokenizer")
     p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
     p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
@@ -143,8 +152,15 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
                         "--spm-option add_dummy_prefix=false --spm-option use_all_vocab=true (CAT's char recipes)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_tokenizer_train)
+    p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "
+                        "-> one JSON tokenizer file with CAT's ids")
+    p.add_argument("file", help="CAT's tokenizer file, e.g. exp/NAME/tokenizer.tknz, or a sentencepiece .model")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_tokenizer_import_cat)
     p = tsub.add_parser("encode", help="print pieces and ids of TEXT (or of each stdin line)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer file from 'wdsprep tokenizer train'")
+    p.add_argument("--tokenizer", required=True,
+                   help="tokenizer file from 'wdsprep tokenizer train' or 'import-cat', or a sentencepiece .model")
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)

@@ -9,8 +9,10 @@ import pickletools
 from pathlib import Path
 from typing import Any, Mapping
 
-from wdsprep.tokenizer.base import FORMAT, KINDS, VERSION, PathLike, Tokenizer, TokenizerFileError
+from wdsprep.tokenizer.base import FILE_KINDS, FORMAT, VERSION, PathLike, Tokenizer, TokenizerFileError
 from wdsprep.tokenizer.char import CharTokenizer
+from wdsprep.tokenizer.lexicon import LexiconTokenizer
+from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer, sentencepiece_from_model
 from wdsprep.tokenizer.words import JiebaTokenizer
 
@@ -24,13 +26,19 @@ def from_doc(doc: Mapping[str, Any], where: str, num_threads: int = 1) -> Tokeni
         if kind == "char":
             return CharTokenizer(doc["vocab"], keep_spaces=bool(doc["keep_spaces"]))  # type: ignore[return-value]
         if kind == "jieba":
-            return JiebaTokenizer(doc["vocab"], user_dict=doc.get("user_dict") or [])  # type: ignore[return-value]
+            return JiebaTokenizer(doc["vocab"], user_dict=doc.get("user_dict") or [],  # type: ignore[return-value]
+                                  dictionary=doc.get("dictionary"), whitespace=doc.get("whitespace", "drop"))
+        if kind == "simple":
+            return SimpleTokenizer(doc["vocab"])  # type: ignore[return-value]
+        if kind == "lexicon":
+            return LexiconTokenizer(doc["units"], doc["lexicon"], unk=doc["unk"],  # type: ignore[return-value]
+                                    segment=doc.get("segment", "whitespace"), dictionary=doc.get("dictionary"))
     except KeyError as e:
         raise TokenizerFileError(f"{where}: {kind} tokenizer lacks the {e.args[0]!r} field; the file is damaged, "
                                  f"retrain it with wdsprep tokenizer train") from None
     except (binascii.Error, RuntimeError, ValueError, TypeError) as e:
         raise TokenizerFileError(f"{where}: damaged {kind} tokenizer ({e}); retrain it with wdsprep tokenizer train") from None
-    raise TokenizerFileError(f"{where}: unknown tokenizer kind {kind!r}; this version knows {', '.join(KINDS)}")
+    raise TokenizerFileError(f"{where}: unknown tokenizer kind {kind!r}; this version knows {', '.join(FILE_KINDS)}")
 
 
 def looks_like_pickle(raw: bytes) -> bool:
@@ -81,9 +89,9 @@ def load_tokenizer(path: PathLike, *, num_threads: int = 1) -> Tokenizer:
         return tok  # type: ignore[return-value]
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TokenizerFileError(f"{path}: JSON but not a wdsprep tokenizer (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in range(1, VERSION + 1):
         raise TokenizerFileError(f"{path}: tokenizer file version {doc.get('version')!r}; this wdsprep reads "
-                                 f"version {VERSION}")
+                                 f"versions 1 to {VERSION} (a newer wdsprep wrote it?)")
     tok = from_doc(doc, str(path), num_threads)
     if "vocab_size" in doc and doc["vocab_size"] != tok.vocab_size:
         raise TokenizerFileError(f"{path}: says vocab_size {doc['vocab_size']} but holds {tok.vocab_size} pieces; "

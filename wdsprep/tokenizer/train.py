@@ -23,6 +23,7 @@ from wdsprep.tokenizer.base import (
     TokenizerBase,
 )
 from wdsprep.tokenizer.char import CharTokenizer
+from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer
 from wdsprep.tokenizer.words import JiebaTokenizer, make_jieba, read_user_dict
 
@@ -52,7 +53,8 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
     """Train a tokenizer on the transcripts of Kaldi ``text`` files, save it to ``out``, return it.
 
     ``vocab_size`` counts every id including ``<s>`` and ``<unk>``; required for sentencepiece
-    (except ``model_type="char"``), optional for char/jieba (the most frequent pieces are kept).
+    (except ``model_type="char"``), optional for char/jieba/simple (the most frequent pieces are
+    kept).  ``simple``: the units the transcripts write with spaces between them (words, phones).
     ``model_type`` and ``character_coverage`` apply to sentencepiece, ``user_dict`` to jieba,
     ``keep_spaces`` to char. ``spm_options`` are passed to ``SentencePieceTrainer.train`` (e.g.
     ``input_sentence_size``), except options that would break the id convention.
@@ -79,6 +81,13 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
         counts.pop(SPACE, None)
         limit = None if vocab_size is None else vocab_size - len(specials)
         tok = CharTokenizer(specials + _ranked(counts, limit), keep_spaces=keep_spaces)
+    elif kind == "simple":
+        _check_vocab_size(vocab_size, 2)
+        counts = Counter(u for t in _transcripts(files) for u in t.split())
+        for special in (BOS, UNK):
+            counts.pop(special, None)
+        limit = None if vocab_size is None else vocab_size - 2
+        tok = SimpleTokenizer([BOS, UNK] + _ranked(counts, limit))
     elif kind == "jieba":
         _check_vocab_size(vocab_size, 2)
         entries = read_user_dict(user_dict) if user_dict is not None else []
