@@ -124,6 +124,8 @@ def test_jieba_with_cats_userdict(cat_jieba: JiebaTokenizer, tmp_path: Path):
     ours = imported(cat, tmp_path, "jieba-ud")
     assert ours.vocab_size == cat.vocab_size == len(words) + 2
     assert same_ids(ours, cat) == len(TEXTS)
+    # DataLoader workers started with spawn get a pickled copy: the dictionary and rule go along.
+    assert same_ids(pickle.loads(pickle.dumps(ours)), cat) == len(TEXTS)
     assert json.loads((tmp_path / "jieba-ud.json").read_text(encoding="utf-8"))["version"] == 2
 
 
@@ -167,6 +169,7 @@ def test_lexicon_tokenizers_ids_are_cats(cat_jieba: JiebaTokenizer, tmp_path: Pa
     ours = imported(compose, tmp_path, "compose")
     assert ours.kind == "lexicon" and ours.vocab_size == compose.vocab_size
     assert same_ids(ours, compose) == len(TEXTS)
+    assert same_ids(pickle.loads(pickle.dumps(ours)), compose) == len(TEXTS)
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))

@@ -28,7 +28,7 @@ ENGLISH = ["the quick brown fox jumps over the lazy dog", "speech recognition wi
 MANDARIN = ["我们今天去北京开会", "今天天气很好 我们去公园", "语音识别是一个有趣的问题", "我爱 hello world 语音识别",
             "北京的天气今天很好"]
 SPM_OPTS = dict(vocab_size=80, character_coverage=1.0, spm_options={"hard_vocab_limit": False})
-KINDS = ["char", "jieba", "sentencepiece"]
+KINDS = ["char", "jieba", "sentencepiece", "simple"]
 STDERR_SPAM = ("trainer_interface", "Building prefix dict", "Loading model cost", "unigram_model_trainer")
 
 
@@ -56,6 +56,7 @@ def toks(text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         "char": train_tokenizer("char", [text_file], out / "char.json"),
         "jieba": train_tokenizer("jieba", [text_file], out / "jieba.json"),
         "sentencepiece": train_tokenizer("sentencepiece", [text_file], out / "spm.json", **SPM_OPTS),
+        "simple": train_tokenizer("simple", [text_file], out / "simple.json"),
     }
 
 
@@ -74,7 +75,7 @@ def test_cat_id_convention_and_unknowns(toks: dict[str, Tokenizer], kind: str) -
     assert tok.encode_batch(["", "the dog"])[0] == []
 
 
-@pytest.mark.parametrize("kind", ["char", "sentencepiece"])
+@pytest.mark.parametrize("kind", ["char", "sentencepiece", "simple"])
 def test_round_trip(toks: dict[str, Tokenizer], kind: str) -> None:
     tok = toks[kind]
     for t in transcripts():
@@ -95,7 +96,7 @@ def test_jieba_words_spaces_and_latin(toks: dict[str, Tokenizer]) -> None:
 
 
 def test_vocab_size_caps_char_and_jieba(text_file: Path, tmp_path: Path) -> None:
-    for kind in ("char", "jieba"):
+    for kind in ("char", "jieba", "simple"):
         tok = train_tokenizer(kind, [text_file], tmp_path / f"{kind}.json", vocab_size=12)
         assert tok.vocab_size == 12
         ids = [i for t in transcripts() for i in tok.encode(t)]
@@ -127,6 +128,8 @@ def test_saved_file_is_json_and_reloads(toks: dict[str, Tokenizer], tmp_path: Pa
     raw = path.read_bytes()
     doc = json.loads(raw)
     assert raw[:1] == b"{" and doc["format"] == "wdsprep-tokenizer" and doc["kind"] == kind
+    # Version 1 readers can read what they know; a new kind says version 2, so they refuse it.
+    assert doc["version"] == (2 if kind == "simple" else 1)
     with pytest.raises(pickle.UnpicklingError):
         pickle.loads(raw)
     loaded = load_tokenizer(path)
@@ -153,6 +156,7 @@ def test_load_errors(toks: dict[str, Tokenizer], tmp_path: Path) -> None:
         "not a wdsprep tokenizer": {"hello": 1},
         "unknown tokenizer kind": {**doc, "kind": "wordpiece"},
         "version": {**doc, "version": 99},
+        "versions 1 to 2": {**doc, "version": 0},
         "damaged": {**doc, "model": base64.b64encode(b"not a model proto").decode()},
         "lacks the 'model' field": {k: v for k, v in doc.items() if k != "model"},
     }
@@ -199,7 +203,7 @@ def test_subword_sampling_is_seeded(toks: dict[str, Tokenizer]) -> None:
 
 
 def test_sampling_validation(toks: dict[str, Tokenizer]) -> None:
-    for kind in ("char", "jieba"):
+    for kind in ("char", "jieba", "simple"):
         with pytest.raises(ValueError, match="sentencepiece"):
             toks[kind].encode_batch(["the dog"], sampling=SubwordSampling())
         toks[kind].seed(3)  # a no-op, but callable for every kind
