@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from wdsprep.check.inspect import DEFAULT_MAX_FRAMES
@@ -295,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in CHECKOUT_TOOLS:
         return run_checkout_tool(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    # A warning is a line for the user, not a Python traceback-like "file:line: UserWarning".
+    plain = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_, **__: f"wdsprep {args.command}: warning: {message}\n"
     try:
         # A subcommand may return an exit status (1: it ran and found problems).
         status = args.func(args)
@@ -304,4 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     except StrictError as e:
         print(f"wdsprep {args.command}: {e}", file=sys.stderr)
         return 1
+    finally:
+        warnings.formatwarning = plain
     return status or 0

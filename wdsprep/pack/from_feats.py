@@ -10,7 +10,16 @@ from typing import Callable, Sequence
 import kaldiio
 
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.sink import GroupedSink, PathOrPaths, SinkResult, as_list, check_fmt, prepare_output, run_and_finalize
+from wdsprep.pack.sink import (
+    GroupedSink,
+    PathOrPaths,
+    SinkResult,
+    as_list,
+    check_dtype,
+    check_fmt,
+    prepare_output,
+    run_and_finalize,
+)
 from wdsprep.prep.kaldi import read_feats_scp, read_text
 from wdsprep.report import Report
 
@@ -51,6 +60,7 @@ def pack_data(
         The report, also written to ``d_out/pack_report.json``.
     """
     check_fmt(fmt)
+    check_dtype(dtype, layout)
     groups = Groups(filter_group) if filter_group else None
     feats = read_feats_scp(as_list(f_scps))
     labels = read_text(as_list(f_labels))
