@@ -238,6 +238,17 @@ def test_code_in_the_pickle_is_refused_and_never_run(tmp_path: Path):
     assert not canary.exists()
 
 
+def test_another_jiebas_dictionary_is_said(monkeypatch: pytest.MonkeyPatch):
+    """CAT's vocabulary without a userdict is the dictionary CAT's jieba had; a different one here warns."""
+    from wdsprep.tokenizer import cat as cat_import
+
+    words = ["北京", "北", "今天", "今"]
+    monkeypatch.setattr(cat_import, "default_dictionary_words", lambda: words)
+    cat_import._check_default_dictionary(["<s>", "<unk>", *words], "x.tknz")  # the same: silent
+    with pytest.warns(UserWarning, match=r"x.tknz: .*3 words\) is not this jieba's bundled dictionary .*1 differ"):
+        cat_import._check_default_dictionary(["<s>", "<unk>", *words[:3]], "x.tknz")
+
+
 def test_damaged_and_foreign_files(tmp_path: Path):
     with cat_module():
         good = pickle.dumps(SimpleTokenizer(["a", "b"]))
@@ -245,6 +256,9 @@ def test_damaged_and_foreign_files(tmp_path: Path):
     _refused(tmp_path, pickle.dumps({"vocab": ["a"]}), "not a CAT tokenizer")
     with pytest.raises(TokenizerFileError, match="not a CAT tokenizer"):
         read_cat_pickle(pickle.dumps([1, 2, 3]), "x.tknz")
+    (tmp_path / "t.json").write_text('{"format": "wdsprep-tokenizer"}')
+    with pytest.raises(TokenizerFileError, match="JSON, not CAT's pickled tokenizer"):
+        read_cat_tokenizer(tmp_path / "t.json")
     (tmp_path / "junk.tknz").write_bytes(b"\x00\x01junk")
     with pytest.raises(TokenizerFileError, match="junk.tknz"):
         read_cat_tokenizer(tmp_path / "junk.tknz")

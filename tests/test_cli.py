@@ -18,6 +18,7 @@ MIRRORS = [
     (("pack-audio",), wdsprep.pack_audio, {"f_labels": "text", "d_out": "out"}, {}),
     (("tokenizer", "train"), wdsprep.train_tokenizer,
      {"text_files": "text", "keep_spaces": "drop_spaces", "spm_options": "spm_option"}, {}),
+    (("tokenizer", "import-cat"), wdsprep.import_cat_tokenizer, {"path": "file"}, {}),
     (("inspect",), wdsprep.inspect_shards, {"max_frames_list": "max_frames"}, {}),
     (("verify",), wdsprep.verify_shards, {}, {}),
     (("dry-run",), dry_run, {}, {"out": "the report goes to stdout"}),

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from wdsprep.tokenizer import Tokenizer
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 # Keys this module consumes (after normalize_keys); everything else in train:option is passed through.
@@ -185,7 +187,7 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
 
 
 def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None,
-                           tokenizer: Any = None, **overrides: Any):
+                           tokenizer: Tokenizer | str | os.PathLike | None = None, **overrides: Any):
     """The training loader a CAT ``hyper-p.json`` describes; ``overrides`` go to :func:`make_loader`.
 
     ``tokenizer`` (a path or a tokenizer) replaces the one the file names, e.g. the JSON that

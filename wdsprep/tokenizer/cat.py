@@ -378,6 +378,9 @@ def read_cat_tokenizer(path: PathLike) -> TokenizerBase:
         raise FileNotFoundError(f"{path}: no such CAT tokenizer file (CAT writes exp/NAME/tokenizer.tknz)") from None
     except IsADirectoryError:
         raise TokenizerFileError(f"{path}: is a directory; pass CAT's tokenizer.tknz") from None
+    if raw.lstrip()[:1] == b"{":
+        raise TokenizerFileError(f"{path}: JSON, not CAT's pickled tokenizer; if it is a wdsprep tokenizer file, "
+                                 f"use it as it is")
     if raw[:1] != b"\x80":
         # A sentencepiece .model is CAT's too; older pickle protocols are tried as pickles.
         tok = sentencepiece_from_model(raw, str(path))
