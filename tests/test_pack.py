@@ -146,7 +146,8 @@ def test_cat_v3_layout_and_no_groups(corpus):
 def test_float16_halves_bytes(corpus):
     tmp, scps, txts, feats, texts = corpus
     pack_data(scps, txts, tmp / "f32")
-    pack_data(scps, txts, tmp / "f16", dtype="float16")
+    with pytest.warns(UserWarning, match="CAT's own reader"):
+        pack_data(scps, txts, tmp / "f16", dtype="float16")
     f16 = all_samples(tmp / "f16")
     x = load_npy(f16["spk1-utt001"][1]["npy"])
     assert x.dtype == np.float16
@@ -409,3 +410,22 @@ def test_mixed_dims_on_the_command_line(mixed_dims):
     r = subprocess.run(cmd + ["--dims", "80", "--strict"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "other_dims" in r.stderr
     assert len(all_samples(tmp / "o")) == 9
+
+
+def test_float16_says_only_wdsprep_converts(corpus):
+    """CAT's reader (webdataset .decode()) hands float16 arrays on as they are: pack says so."""
+    import webdataset as wds
+
+    tmp, scps, txts, feats, texts = corpus
+    for layout in ("cat", "cat-v3"):
+        cmd = [sys.executable, "-m", "wdsprep", "pack", "--scp", *map(str, scps), "--text", *map(str, txts),
+               "--out", str(tmp / layout), "--dtype", "float16", "--layout", layout]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"wdsprep pack: warning: {layout} layout with float16 features" in r.stderr
+        assert "UserWarning" not in r.stderr  # a line for the user, not Python's warning format
+    ds = wds.WebDataset(sorted(str(p) for p in (tmp / "cat").glob("*.tar")), shardshuffle=False).decode()
+    assert {s["npy"].dtype for s in ds} == {np.dtype(np.float16)}  # what CAT's model would get
+    with pytest.raises(ValueError, match="dtype 'bfloat16'"):
+        pack_data(scps, txts, tmp / "x", dtype="bfloat16")
+    assert not (tmp / "x").exists()  # refused before anything was written

@@ -28,7 +28,7 @@ ENGLISH = ["the quick brown fox jumps over the lazy dog", "speech recognition wi
 MANDARIN = ["我们今天去北京开会", "今天天气很好 我们去公园", "语音识别是一个有趣的问题", "我爱 hello world 语音识别",
             "北京的天气今天很好"]
 SPM_OPTS = dict(vocab_size=80, character_coverage=1.0, spm_options={"hard_vocab_limit": False})
-KINDS = ["char", "jieba", "sentencepiece"]
+KINDS = ["char", "jieba", "sentencepiece", "simple"]
 STDERR_SPAM = ("trainer_interface", "Building prefix dict", "Loading model cost", "unigram_model_trainer")
 
 
@@ -56,6 +56,7 @@ def toks(text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         "char": train_tokenizer("char", [text_file], out / "char.json"),
         "jieba": train_tokenizer("jieba", [text_file], out / "jieba.json"),
         "sentencepiece": train_tokenizer("sentencepiece", [text_file], out / "spm.json", **SPM_OPTS),
+        "simple": train_tokenizer("simple", [text_file], out / "simple.json"),
     }
 
 
@@ -74,7 +75,7 @@ def test_cat_id_convention_and_unknowns(toks: dict[str, Tokenizer], kind: str) -
     assert tok.encode_batch(["", "the dog"])[0] == []
 
 
-@pytest.mark.parametrize("kind", ["char", "sentencepiece"])
+@pytest.mark.parametrize("kind", ["char", "sentencepiece", "simple"])
 def test_round_trip(toks: dict[str, Tokenizer], kind: str) -> None:
     tok = toks[kind]
     for t in transcripts():
@@ -95,7 +96,7 @@ def test_jieba_words_spaces_and_latin(toks: dict[str, Tokenizer]) -> None:
 
 
 def test_vocab_size_caps_char_and_jieba(text_file: Path, tmp_path: Path) -> None:
-    for kind in ("char", "jieba"):
+    for kind in ("char", "jieba", "simple"):
         tok = train_tokenizer(kind, [text_file], tmp_path / f"{kind}.json", vocab_size=12)
         assert tok.vocab_size == 12
         ids = [i for t in transcripts() for i in tok.encode(t)]
@@ -127,6 +128,8 @@ def test_saved_file_is_json_and_reloads(toks: dict[str, Tokenizer], tmp_path: Pa
     raw = path.read_bytes()
     doc = json.loads(raw)
     assert raw[:1] == b"{" and doc["format"] == "wdsprep-tokenizer" and doc["kind"] == kind
+    # Version 1 readers can read what they know; a new kind says version 2, so they refuse it.
+    assert doc["version"] == (2 if kind == "simple" else 1)
     with pytest.raises(pickle.UnpicklingError):
         pickle.loads(raw)
     loaded = load_tokenizer(path)
@@ -153,6 +156,7 @@ def test_load_errors(toks: dict[str, Tokenizer], tmp_path: Path) -> None:
         "not a wdsprep tokenizer": {"hello": 1},
         "unknown tokenizer kind": {**doc, "kind": "wordpiece"},
         "version": {**doc, "version": 99},
+        "versions 1 to 2": {**doc, "version": 0},
         "damaged": {**doc, "model": base64.b64encode(b"not a model proto").decode()},
         "lacks the 'model' field": {k: v for k, v in doc.items() if k != "model"},
     }
@@ -199,7 +203,7 @@ def test_subword_sampling_is_seeded(toks: dict[str, Tokenizer]) -> None:
 
 
 def test_sampling_validation(toks: dict[str, Tokenizer]) -> None:
-    for kind in ("char", "jieba"):
+    for kind in ("char", "jieba", "simple"):
         with pytest.raises(ValueError, match="sentencepiece"):
             toks[kind].encode_batch(["the dog"], sampling=SubwordSampling())
         toks[kind].seed(3)  # a no-op, but callable for every kind
@@ -273,3 +277,66 @@ def test_cli_train_and_encode(text_file: Path, toks: dict[str, Tokenizer], tmp_p
     assert r.returncode == 2 and "nope.json" in r.stderr
     with pytest.raises(FileExistsError, match="overwrite"):
         train_tokenizer("char", [text_file], out)
+
+
+def test_cli_spm_options_reach_the_trainer(text_file: Path, tmp_path: Path) -> None:
+    """Every option of train_tokenizer is reachable from the CLI, sentencepiece's trainer options included."""
+    from wdsprep.cli import key_value
+
+    assert key_value("add_dummy_prefix=false") == ("add_dummy_prefix", False)
+    assert key_value("input_sentence_size=1000") == ("input_sentence_size", 1000)
+    assert key_value("split_by_whitespace=True") == ("split_by_whitespace", True)
+    assert key_value("seed_sentencepiece_size=1e3") == ("seed_sentencepiece_size", 1000.0)
+    assert key_value("user_defined_symbols=<a>,<b>") == ("user_defined_symbols", "<a>,<b>")
+    opts = {"add_dummy_prefix": False, "use_all_vocab": True}
+    api = train_tokenizer("sentencepiece", [text_file], tmp_path / "api.json", model_type="char",
+                          character_coverage=1.0, spm_options=opts)
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--model-type", "char", "--character-coverage", "1.0",
+             "--text", str(text_file), "--out", str(tmp_path / "cli.json"),
+             "--spm-option", "add_dummy_prefix=false", "--spm-option", "use_all_vocab=true")
+    assert r.returncode == 0, r.stderr
+    cli = load_tokenizer(tmp_path / "cli.json")
+    default = train_tokenizer("sentencepiece", [text_file], tmp_path / "default.json", model_type="char",
+                              character_coverage=1.0)
+    texts = transcripts()
+    assert [cli.encode(t) for t in texts] == [api.encode(t) for t in texts]
+    assert [default.encode(t) for t in texts] != [api.encode(t) for t in texts]  # the option made a difference
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--text", str(text_file), "--out", str(tmp_path / "x"),
+             "--vocab-size", "50", "--spm-option", "add_dummy_prefix")
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr
+    r = _cli("tokenizer", "train", "--kind", "sentencepiece", "--text", str(text_file), "--out", str(tmp_path / "x"),
+             "--vocab-size", "50", "--spm-option", "bos_id=3")
+    assert r.returncode == 2 and "bos_id" in r.stderr
+    with pytest.raises(ValueError, match="for --kind sentencepiece"):
+        train_tokenizer("char", [text_file], tmp_path / "c.json", spm_options=opts)
+
+
+def test_sentencepiece_model_file_loads_directly(toks: dict[str, Tokenizer], text_file: Path, tmp_path: Path) -> None:
+    """A CAT user's spm .model (protobuf, no pickle) is a tokenizer as it is, with the model's own ids."""
+    import warnings
+
+    import sentencepiece as spm
+
+    model = tmp_path / "spm.model"
+    model.write_bytes(base64.b64decode(toks["sentencepiece"].to_dict()["model"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # CAT's convention: no warning
+        tok = load_tokenizer(model)
+    assert [tok.encode(t) for t in transcripts()] == [toks["sentencepiece"].encode(t) for t in transcripts()]
+    # A model trained with sentencepiece's defaults (<unk>=0, <s>=1, </s>=2): ids kept, with a warning.
+    plain_text = tmp_path / "plain.txt"
+    plain_text.write_text("\n".join(transcripts()), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(plain_text), model_prefix=str(tmp_path / "plain"), vocab_size=60,
+                                   character_coverage=1.0, minloglevel=2)
+    with pytest.warns(UserWarning, match=r"id 0 is '<unk>'.*blank.*ids are kept"):
+        plain = load_tokenizer(tmp_path / "plain.model")
+    ref = spm.SentencePieceProcessor(model_file=str(tmp_path / "plain.model"))
+    assert [plain.encode(t) for t in transcripts()] == [ref.encode(t) for t in transcripts()]
+    assert plain.vocab_size == ref.vocab_size()
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(TokenizerFileError, match="nor a sentencepiece .model"):
+        load_tokenizer(junk)
+    (tmp_path / "empty.model").write_bytes(b"")
+    with pytest.raises(TokenizerFileError, match="nor a sentencepiece .model"):
+        load_tokenizer(tmp_path / "empty.model")

@@ -15,6 +15,7 @@ from wdsprep.report import Report, StrictError
 from wdsprep.tokenizer import (
     SubwordSampling,
     Tokenizer,
+    import_cat_tokenizer,
     load_tokenizer,
     train_tokenizer,
 )
@@ -24,7 +25,8 @@ __version__ = "0.1.0"
 _moved.install()  # the 0.1 module paths (wdsprep.reader, ...) still import, with a warning
 
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
-           "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer", "train_tokenizer",
+           "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer",
+           "train_tokenizer", "import_cat_tokenizer",
            "inspect_shards", "InspectResult", "verify_shards", "VerifyResult"]
 
 # The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.

@@ -15,6 +15,7 @@ import errno
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from wdsprep.check.inspect import DEFAULT_MAX_FRAMES
@@ -41,6 +42,12 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards, indexes and report of an earlier pack in --out")
+    _add_progress(p)
+
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: only on a terminal)")
 
 
 def _add_audio_options(p: argparse.ArgumentParser) -> None:
@@ -63,7 +70,7 @@ def _cmd_fbank(args: argparse.Namespace) -> None:
 
     compute_fbank(args.wav_scp, args.out_dir, segments=args.segments, num_mel_bins=args.num_mel_bins,
                   sample_rate=args.sample_rate, dither=args.dither, backend=args.backend, channel=args.channel,
-                  nj=args.nj, strict=args.strict)
+                  nj=args.nj, strict=args.strict, progress=args.progress)
 
 
 def _cmd_pack_audio(args: argparse.Namespace) -> None:
@@ -72,7 +79,8 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
     pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
-               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite)
+               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite,
+               progress=args.progress)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -80,7 +88,28 @@ def _cmd_pack(args: argparse.Namespace) -> None:
 
     pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, dims=args.dims, nj=args.nj, strict=args.strict,
-              overwrite=args.overwrite)
+              overwrite=args.overwrite, progress=args.progress)
+
+
+def option_value(text: str) -> bool | int | float | str:
+    """A KEY=VALUE option's value as sentencepiece's trainer wants it: true/false, an int, a float, or the text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def key_value(text: str) -> tuple[str, bool | int | float | str]:
+    """``KEY=VALUE`` -> (key, parsed value); argparse turns the ValueError into a usage error."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. add_dummy_prefix=false), got {text!r}")
+    return key.strip(), option_value(value)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
@@ -88,8 +117,16 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
 
     tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                           user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
-                          character_coverage=args.character_coverage, overwrite=args.overwrite)
+                          character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
+                          overwrite=args.overwrite)
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
+
+
+def _cmd_tokenizer_import_cat(args: argparse.Namespace) -> None:
+    from wdsprep.tokenizer import import_cat_tokenizer
+
+    tok = import_cat_tokenizer(args.file, args.out, overwrite=args.overwrite)
+    print(f"{args.out}: {tok.kind} tokenizer from {args.file}, vocab_size {tok.vocab_size} (CAT's ids)", file=sys.stderr)
 
 
 def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
@@ -109,7 +146,9 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
     p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
-    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char"], required=True)
+    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char", "simple"], required=True,
+                   help="simple: the units transcripts write with spaces between them (words, phones), "
+                        "as CAT's SimpleTokenizer")
     p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
     p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
@@ -121,10 +160,20 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--user-dict", help="jieba: user dictionary, lines 'word [freq] [tag]'; stored in the output")
     p.add_argument("--drop-spaces", action="store_true",
                    help="char: drop whitespace instead of a <space> token (e.g. word-segmented Mandarin)")
+    p.add_argument("--spm-option", action="append", type=key_value, metavar="KEY=VALUE",
+                   help="sentencepiece: a trainer option, repeatable (values true/false, numbers or text), e.g. "
+                        "--spm-option add_dummy_prefix=false --spm-option use_all_vocab=true (CAT's char recipes)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_tokenizer_train)
+    p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "
+                        "-> one JSON tokenizer file with CAT's ids")
+    p.add_argument("file", help="CAT's tokenizer file, e.g. exp/NAME/tokenizer.tknz, or a sentencepiece .model")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_tokenizer_import_cat)
     p = tsub.add_parser("encode", help="print pieces and ids of TEXT (or of each stdin line)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer file from 'wdsprep tokenizer train'")
+    p.add_argument("--tokenizer", required=True,
+                   help="tokenizer file from 'wdsprep tokenizer train' or 'import-cat', or a sentencepiece .model")
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)
@@ -133,7 +182,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from wdsprep.check.inspect import inspect_shards, write_json
 
-    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames)
+    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames, seed=args.seed)
     print(result.format(per_shard=not args.groups_only))
     if args.json:
         write_json(result, args.json)
@@ -151,7 +200,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_index(args: argparse.Namespace) -> int:
     from wdsprep.format.index import index_shards
 
-    result = index_shards(args.patterns, refresh=args.refresh, force=args.force)
+    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
 
@@ -163,6 +212,8 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true",
                    help="read again the shards that changed since they were indexed (size or mtime), keep the rest")
     p.add_argument("--force", action="store_true", help="read every shard again")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: only on a terminal)")
     p.set_defaults(func=_cmd_index)
 
 
@@ -249,6 +300,7 @@ def _add_fbank(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out-dir", required=True, help="gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json")
     p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
+    _add_progress(p)
     p.set_defaults(func=_cmd_fbank)
 
 
@@ -277,6 +329,8 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-frames", nargs="*", type=int, default=list(DEFAULT_MAX_FRAMES),
                    metavar="N", help="max_frames for the padding-efficiency curve; none to skip (default: %(default)s)")
     p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the shuffle the padding-efficiency curve is computed on (default: %(default)s)")
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -375,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_checkout_tool(rest[0], rest[1:])
     args = build_parser().parse_args(argv)
     command = args.command if args.command != "tokenizer" else f"tokenizer {args.tokenizer_command}"
+    # A warning is a line for the user, not a Python traceback-like "file:line: UserWarning".
+    plain = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_, **__: f"wdsprep {command}: warning: {message}\n"
     try:
         # A subcommand may return an exit status (1: it ran and found problems).
         status = args.func(args)
@@ -387,4 +444,6 @@ def main(argv: list[str] | None = None) -> int:
         code, line = failure(e, command)
         print(line, file=sys.stderr)
         return code
+    finally:
+        warnings.formatwarning = plain
     return status or 0

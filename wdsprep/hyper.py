@@ -1,13 +1,18 @@
 """Build the training loader from a CAT ``hyper-p.json`` (``train:option``), old or current keys.
 
+Keys are read as CAT reads them: ``-`` and ``_`` are the same (CAT's ``parse_args_from_var``
+does ``k.replace("-", "_")``), so ``"large-dataset"`` is ``large_dataset`` and ``"bucket-size"``
+is ``bucket_size`` (:func:`normalize_keys`, applied to the whole ``train:option`` mapping).
+
 Current CAT keys: ``ld`` (shard pattern), ``tokenizer``, ``batch_size``, ``batching_mode``
 (``batch`` | ``bucket``), ``bucket_size`` (frames of the GLOBAL batch; CAT gives each rank
 ``bucket_size // world_size``), ``ld_shuffle_buffer``, ``ld_bucket_count_padding``.
 Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
-Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  Booleans
-are parsed strictly: ``"false"`` is False here (CAT's ``bool("false")`` is True).
+Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
+key the loader does not act on is never dropped silently: it warns and says why.  Booleans are
+parsed strictly: ``"false"`` is False here (CAT's ``bool("false")`` is True).
 """
 
 from __future__ import annotations
@@ -19,13 +24,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from wdsprep.tokenizer import Tokenizer
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
-# Keys this module consumes; everything else in train:option is passed through.
+# Keys this module consumes (after normalize_keys); everything else in train:option is passed through.
 _KNOWN = {"ld", "trset", "large_dataset", "tokenizer", "batch_size", "batching_mode", "bucket_size",
-          "ld_shuffle_buffer", "ld_bucket_count_padding", "seed"}
+          "ld_shuffle_buffer", "ld_bucket_count_padding", "seed", "batching_uneven", "dynamic_batch_mode"}
 # batching_mode=batch without bucket_size: no frame bound, only the utterance count.
 NO_FRAME_BOUND = 2**62
+
+
+def normalize_keys(option: Mapping[str, Any], where: str = "hyper-p.json") -> dict[str, Any]:
+    """``train:option`` spelled as CAT reads it: every ``-`` in a key becomes ``_``.
+
+    CAT lets the later of two spellings of one key win without a word; here two spellings with
+    different values are an error, since only one of them can be meant.
+    """
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in option.items():
+        norm = key.replace("-", "_")
+        if norm in out and out[norm] != value:
+            raise ValueError(f"{where}: train:option sets {norm!r} twice, as {spelled[norm]!r}: {out[norm]!r} and "
+                             f"{key!r}: {value!r}; keep one")
+        out[norm] = value
+        spelled[norm] = key
+    return out
 
 
 def parse_bool(value: Any, key: str) -> bool:
@@ -37,6 +62,16 @@ def parse_bool(value: Any, key: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"train:option {key!r} must be a boolean (true/false), got {value!r}")
+
+
+def _int(opt: Mapping[str, Any], key: str, where: str) -> int:
+    value = opt[key]
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: train:option {key!r} must be an integer, got {value!r}") from None
 
 
 def _tokenizer_path(value: Any, where: str) -> str:
@@ -51,12 +86,17 @@ def _tokenizer_path(value: Any, where: str) -> str:
 
 @dataclass
 class HyperOptions:
-    """What ``train:option`` says about the loader, resolved for one world size."""
+    """What ``train:option`` says about the loader, resolved for one world size.
+
+    ``ignored``: batching keys that were read but that the loader does not act on, each with why
+    (each also raised a warning).
+    """
 
     trset: str
     tokenizer: str
     loader_kwargs: dict[str, Any]
     passthrough: dict[str, Any] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
 
 
 def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mapping[str, Any]:
@@ -71,58 +111,93 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
+def _shard_pattern(opt: Mapping[str, Any], where: str) -> str:
+    if opt.get("ld"):
+        return str(opt["ld"])
+    if "large_dataset" in opt and parse_bool(opt["large_dataset"], "large_dataset"):
+        trset = opt.get("trset")
+        if not trset:
+            raise ValueError(f"{where}: large_dataset is true but train:option has neither 'ld' nor 'trset'; set 'ld' "
+                             f"to the shard pattern (current CAT reads only 'ld'; 'large-dataset' no longer does anything)")
+        if str(trset).endswith(".pkl"):
+            raise ValueError(f"{where}: trset {trset!r} is CAT's pickled data, not shards; set 'ld' to the shard pattern")
+        return str(trset)
+    raise ValueError(f"{where}: train:option names no shards; set 'ld' (or, older CAT, "
+                     f"'large_dataset': true with 'trset') to a shard pattern such as data/*/data-*.tar")
+
+
 def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "hyper-p.json") -> HyperOptions:
-    """Resolve CAT's keys to :func:`wdsprep.make_loader` arguments (pure: no files are opened)."""
-    opt = train_option(hyper, where)
-    if "ld" in opt and opt["ld"]:
-        trset = opt["ld"]
-    elif "large_dataset" in opt and parse_bool(opt["large_dataset"], "large_dataset"):
-        if not opt.get("trset"):
-            raise ValueError(f"{where}: large_dataset is true but train:option has no 'trset' shard pattern")
-        trset = opt["trset"]
-    else:
-        raise ValueError(f"{where}: train:option names no shards; set 'ld' (or, older CAT, "
-                         f"'large_dataset': true with 'trset') to a shard pattern such as data/*/data-*.tar")
+    """Resolve CAT's keys to :func:`wdsprep.make_loader` arguments (pure: no files are opened).
+
+    Batch bounds: ``bucket_size // world_size`` -> ``max_frames`` and ``batch_size // world_size``
+    -> ``max_batch_size``.  ``batching_mode: "bucket"`` bounds by frames only (``batch_size`` is
+    not used, as in CAT); ``"batch"`` needs ``batch_size`` and also applies ``bucket_size`` when
+    given (CAT's ``ld`` loader would not); without ``batching_mode`` whichever is given applies.
+    CAT's ``bucket_size`` of -1 (its default) means none.
+    """
+    opt = normalize_keys(train_option(hyper, where), where)
+    trset = _shard_pattern(opt, where)
     tok = opt.get("tokenizer", hyper.get("tokenizer"))
     if tok is None:
         raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level {{\"tokenizer\": {{\"file\": PATH}}}}")
 
-    mode = opt.get("batching_mode", "bucket" if "bucket_size" in opt else "batch")
-    if mode not in ("batch", "bucket"):
+    mode = opt.get("batching_mode")
+    if mode not in (None, "batch", "bucket"):
         raise ValueError(f"{where}: batching_mode must be 'batch' or 'bucket', got {mode!r}")
     kw: dict[str, Any] = {}
-    if "bucket_size" in opt:
+    ignored: dict[str, str] = {}
+    bucket_size = _int(opt, "bucket_size", where) if "bucket_size" in opt else None
+    if bucket_size is not None and bucket_size <= 0:
+        bucket_size = None  # CAT's default -1: no frame budget
+    if bucket_size is not None:
         # CAT: bucket_size is the global frame budget, each rank gets its share.
-        kw["max_frames"] = int(opt["bucket_size"]) // world_size
+        kw["max_frames"] = bucket_size // world_size
         if kw["max_frames"] < 1:
-            raise ValueError(f"{where}: bucket_size {opt['bucket_size']} split over {world_size} ranks is < 1 frame")
-    if mode == "batch":
-        if "batch_size" not in opt:
-            raise ValueError(f"{where}: batching_mode 'batch' needs batch_size (the global batch size)")
-        kw["max_batch_size"] = max(1, int(opt["batch_size"]) // world_size)
-        kw.setdefault("max_frames", NO_FRAME_BOUND)
-    elif "max_frames" not in kw:
-        raise ValueError(f"{where}: batching_mode 'bucket' needs bucket_size (global frames per batch)")
+            raise ValueError(f"{where}: bucket_size {bucket_size} split over {world_size} ranks is < 1 frame")
+    if mode == "bucket":
+        if bucket_size is None:
+            raise ValueError(f"{where}: batching_mode 'bucket' needs bucket_size > 0 (global frames per batch)")
+        if "batch_size" in opt:
+            ignored["batch_size"] = "batching_mode 'bucket' bounds batches by bucket_size only (so does CAT's ld loader)"
+    elif "batch_size" in opt:
+        kw["max_batch_size"] = max(1, _int(opt, "batch_size", where) // world_size)
+    elif mode == "batch" or bucket_size is None:
+        raise ValueError(f"{where}: batching_mode 'batch' needs batch_size (the global batch size); "
+                         f"or set batching_mode 'bucket' with bucket_size (global frames per batch)")
+    kw.setdefault("max_frames", NO_FRAME_BOUND)
     if "ld_shuffle_buffer" in opt:
-        kw["shuffle_buffer"] = int(opt["ld_shuffle_buffer"])
+        kw["shuffle_buffer"] = _int(opt, "ld_shuffle_buffer", where)  # <= 1: no shuffle buffer, as CAT's <= 0
     if "seed" in opt:
-        kw["seed"] = int(opt["seed"])
+        kw["seed"] = _int(opt, "seed", where)
     if "ld_bucket_count_padding" in opt and not parse_bool(opt["ld_bucket_count_padding"], "ld_bucket_count_padding"):
         # Counting only real frames lets one long utterance among short ones blow the budget;
         # wdsprep always bounds padded frames, which bucketing keeps close to the real ones.
         warnings.warn(f"{where}: ld_bucket_count_padding=false: wdsprep always bounds padded frames "
                       f"(B x longest <= bucket_size/world); bucketing keeps padding low", UserWarning, stacklevel=2)
+    if "batching_uneven" in opt and parse_bool(opt["batching_uneven"], "batching_uneven"):
+        ignored["batching_uneven"] = ("CAT turns it off for ld too; wdsprep deals shards to ranks by frames and ends "
+                                      "every rank's epoch at the same step")
+    if "dynamic_batch_mode" in opt:
+        ignored["dynamic_batch_mode"] = ("older CAT's option for pickled data, which it turned off for large datasets; "
+                                         "use batching_mode and bucket_size")
+    for key, why in ignored.items():
+        warnings.warn(f"{where}: train:option {key}={opt[key]!r} is not used: {why}", UserWarning, stacklevel=2)
     passthrough = {k: v for k, v in opt.items() if k not in _KNOWN}
-    return HyperOptions(str(trset), _tokenizer_path(tok, where), kw, passthrough)
+    return HyperOptions(trset, _tokenizer_path(tok, where), kw, passthrough, ignored)
 
 
-def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None, **overrides: Any):
+def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None,
+                           tokenizer: Tokenizer | str | os.PathLike | None = None, **overrides: Any):
     """The training loader a CAT ``hyper-p.json`` describes; ``overrides`` go to :func:`make_loader`.
 
-    ``world_size`` defaults to torch.distributed's (1 without it); rank likewise.
+    ``tokenizer`` (a path or a tokenizer) replaces the one the file names, e.g. the JSON that
+    ``wdsprep tokenizer import-cat`` made from the ``.tknz`` CAT's ``tokenizer.file`` points at.
+    When the file's top-level ``tokenizer`` records ``|V|`` (CAT's output classes), the tokenizer
+    must have that many ids.  ``world_size`` defaults to torch.distributed's (1 without it); rank likewise.
     """
     from wdsprep.loader import make_loader
     from wdsprep.loading.collectives import dist_info
+    from wdsprep.tokenizer import load_tokenizer
 
     p = Path(path)
     try:
@@ -134,7 +209,15 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
     if world_size is None:
         world_size = dist_info()[1]
     o = loader_options(hyper, world_size=world_size, where=str(p))
-    tok = Path(o.tokenizer)
-    if not tok.is_absolute() and not tok.exists() and (p.parent / tok).exists():
-        tok = p.parent / tok  # recipes often give paths relative to the experiment dir
+    tok = tokenizer
+    if tok is None:
+        tok = Path(o.tokenizer)
+        if not tok.is_absolute() and not tok.exists() and (p.parent / tok).exists():
+            tok = p.parent / tok  # recipes often give paths relative to the experiment dir
+    if isinstance(tok, (str, os.PathLike)):
+        tok = load_tokenizer(tok)
+    classes = hyper.get("tokenizer", {}).get("|V|") if isinstance(hyper.get("tokenizer"), Mapping) else None
+    if classes is not None and int(classes) != tok.vocab_size:
+        raise ValueError(f"{p}: tokenizer '|V|' is {classes} (the model's output classes) but the tokenizer has "
+                         f"{tok.vocab_size} ids; use the tokenizer the model was trained with")
     return make_loader(o.trset, tok, **{**o.loader_kwargs, "world_size": world_size, **overrides})

@@ -45,7 +45,8 @@ def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: st
         if hyper is not None:
             from wdsprep.hyper import make_loader_from_hyper
 
-            loader = make_loader_from_hyper(hyper, **loader_options)
+            # --tokenizer names the file to use instead of hyper-p.json's (a CAT .tknz imported as JSON).
+            loader = make_loader_from_hyper(hyper, **({"tokenizer": tokenizer} if tokenizer else {}), **loader_options)
         else:
             if trset is None or tokenizer is None or loader_options.get("max_frames") is None:
                 raise ValueError("dry-run needs --hyper FILE, or --trset, --tokenizer and --max-frames")

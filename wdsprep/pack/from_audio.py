@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.sink import GroupedSink, PathOrPaths, SinkResult, as_list, check_fmt, prepare_output, run_and_finalize
+from wdsprep.pack.sink import (
+    GroupedSink,
+    PathOrPaths,
+    SinkResult,
+    as_list,
+    check_dtype,
+    check_fmt,
+    prepare_output,
+    run_and_finalize,
+)
 from wdsprep.prep.audio import AudioProblem, Utterance, read_utterances
 from wdsprep.prep.fbank import (
     Fbank,
@@ -59,6 +68,7 @@ def pack_audio(
         ``missing_label``, ``outside_groups``, ...).
     """
     check_fmt(fmt)
+    check_dtype(dtype, layout)
     opts = FbankOptions(num_mel_bins, sample_rate, dither, backend, channel)
     opts = replace(opts, backend=resolve_backend(backend))  # fail early, in this process, with the reason
     groups = Groups(filter_group) if filter_group else None

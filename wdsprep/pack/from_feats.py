@@ -14,6 +14,7 @@ from wdsprep.pack.sink import (
     SinkResult,
     as_list,
     check_dims,
+    check_dtype,
     check_fmt,
     prepare_output,
     run_and_finalize,
@@ -64,6 +65,7 @@ def pack_data(
     """
     check_fmt(fmt)
     check_dims(dims)
+    check_dtype(dtype, layout)
     groups = Groups(filter_group) if filter_group else None
     feats = read_feats_scp(as_list(f_scps))
     labels = read_text(as_list(f_labels))

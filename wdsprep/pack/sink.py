@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,6 +349,24 @@ def check_fmt(fmt: str) -> None:
         raise ValueError(f"shard name format {fmt!r} must take one integer, e.g. data-%05d.tar") from None
     if "/" in name or not name.endswith(".tar") or name.startswith("."):
         raise ValueError(f"shard name format {fmt!r} must give a plain file name ending in .tar")
+
+
+FLOAT16_NOTE = ("float16 features: wdsprep's loader returns them as float32, but CAT's own reader (webdataset's "
+                 ".decode()) hands the float16 arrays to the model as they are; train on these shards with wdsprep's "
+                 "loader, or pack float32 for CAT")
+
+
+def check_dtype(dtype: str, layout: str) -> None:
+    """Refuse an unknown dtype before any work starts; say plainly what float16 means for CAT.
+
+    Both layouts are CAT's, so a float16 shard looks like one CAT can read; it can, but its
+    model gets float16 tensors it was not built for.
+    """
+    layout_exts(layout)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float16":
+        warnings.warn(f"{layout} layout with {FLOAT16_NOTE}", UserWarning, stacklevel=3)
 
 
 def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,

@@ -11,15 +11,24 @@ A trained tokenizer is saved as ONE JSON file (never a pickle, so loading it can
 - ``jieba``: ``"vocab"`` (list, index = id) and ``"user_dict"`` (``[word, freq-or-null]`` entries
   added to a private ``jieba.Tokenizer``), so loading needs no other file.
 - ``char``: ``"vocab"`` (list, index = id) and ``"keep_spaces"``.
+- ``simple``: ``"vocab"``; the transcript split at whitespace, each unit looked up (CAT's SimpleTokenizer).
+- ``lexicon`` (imported from CAT): ``"units"``, ``"lexicon"`` (word -> unit ids), ``"unk"``,
+  ``"segment"`` (``whitespace`` or ``jieba``) and ``"dictionary"``.
+
+``"version"`` is the lowest file version that holds the tokenizer: 1 unless it needs what version
+2 added (the ``simple`` and ``lexicon`` kinds, jieba's ``"dictionary"`` and ``"whitespace"``).
+CAT's pickled ``.tknz`` is converted once by :func:`import_cat_tokenizer`, which reads the pickle's
+opcodes without unpickling it (``cat``); a sentencepiece ``.model`` loads as it is.
 
 sentencepiece and jieba are imported only inside the classes that need them, so ``import wdsprep``
-stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``), ``train`` and ``file``
-(loading); ``base`` holds what they share.
+stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``, ``simple``, ``lexicon``),
+``train``, ``file`` (loading) and ``cat`` (the import); ``base`` holds what they share.
 """
 
 from wdsprep.tokenizer.base import (
     BOS,
     BOS_ID,
+    FILE_KINDS,
     KINDS,
     SPACE,
     UNK,
@@ -29,12 +38,16 @@ from wdsprep.tokenizer.base import (
     TokenizerFileError,
     derive_seed,
 )
+from wdsprep.tokenizer.cat import CAT_CLASSES, import_cat_tokenizer, read_cat_tokenizer
 from wdsprep.tokenizer.char import CharTokenizer
 from wdsprep.tokenizer.file import load_tokenizer
+from wdsprep.tokenizer.lexicon import LexiconTokenizer
+from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer
 from wdsprep.tokenizer.train import train_tokenizer
 from wdsprep.tokenizer.words import JiebaTokenizer, read_user_dict
 
-__all__ = ["BOS", "BOS_ID", "KINDS", "SPACE", "UNK", "UNK_ID", "SubwordSampling", "Tokenizer", "TokenizerFileError",
-           "derive_seed", "CharTokenizer", "JiebaTokenizer", "SentencePieceTokenizer", "load_tokenizer",
-           "train_tokenizer", "read_user_dict"]
+__all__ = ["BOS", "BOS_ID", "FILE_KINDS", "KINDS", "SPACE", "UNK", "UNK_ID", "SubwordSampling", "Tokenizer",
+           "TokenizerFileError", "derive_seed", "CharTokenizer", "JiebaTokenizer", "SentencePieceTokenizer",
+           "SimpleTokenizer", "LexiconTokenizer", "load_tokenizer", "train_tokenizer", "read_user_dict",
+           "CAT_CLASSES", "import_cat_tokenizer", "read_cat_tokenizer"]

@@ -15,8 +15,12 @@ from wdsprep.files import make_dir, write_text
 PathLike = str | os.PathLike
 
 FORMAT = "wdsprep-tokenizer"
-VERSION = 1
-KINDS = ("sentencepiece", "jieba", "char")
+# The newest file version this wdsprep reads and writes.  A file says the lowest version that
+# holds everything in it (TokenizerBase.file_version), so files older readers can use stay 1.
+VERSION = 2
+# Kinds train_tokenizer makes; a file may also hold a "lexicon" (imported from CAT).
+KINDS = ("sentencepiece", "jieba", "char", "simple")
+FILE_KINDS = (*KINDS, "lexicon")
 SPM_MODEL_TYPES = ("unigram", "bpe", "char")
 BOS, UNK = "<s>", "<unk>"
 BOS_ID, UNK_ID = 0, 1
@@ -107,13 +111,17 @@ class TokenizerBase:
     def to_dict(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def file_version(self) -> int:
+        """The lowest file version that holds this tokenizer (see ``VERSION``)."""
+        return 1
+
     def save(self, path: PathLike, *, overwrite: bool = False) -> None:
         """Write the tokenizer as one JSON file, atomically (a crash never leaves half a file)."""
         path = Path(path)
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
         make_dir(path.parent)
-        doc = {"format": FORMAT, "version": VERSION, "kind": self.kind, "vocab_size": self.vocab_size,
+        doc = {"format": FORMAT, "version": self.file_version(), "kind": self.kind, "vocab_size": self.vocab_size,
                **self.to_dict()}
         write_text(path, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import warnings
 from typing import Any, Sequence
 
 from wdsprep.tokenizer.base import BOS, BOS_ID, UNK, UNK_ID, SubwordSampling, TokenizerBase, check_ids, derive_seed
 
 
 class SentencePieceTokenizer(TokenizerBase):
-    """A SentencePiece model trained with ``<s>`` = 0, ``<unk>`` = 1, no eos/pad (as CAT does).
+    """A SentencePiece model; ids are the model's own, so a model CAT trained keeps CAT's ids.
+
+    ``wdsprep tokenizer train`` makes models with ``<s>`` = 0, ``<unk>`` = 1, no eos/pad, as CAT
+    does; a model made otherwise is used as it is (:meth:`id_convention_problem` says how it differs).
 
     ``encode`` is deterministic. ``encode_batch(..., sampling=...)`` samples a segmentation per
     transcript with sentencepiece's batched encoder. sentencepiece restarts its sampling RNG from its
@@ -27,13 +31,26 @@ class SentencePieceTokenizer(TokenizerBase):
         self._proto = bytes(model_proto)
         self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
         self.vocab_size = int(self._sp.vocab_size())
-        if self.vocab_size < 2 or self._sp.id_to_piece(BOS_ID) != BOS or self._sp.unk_id() != UNK_ID:
-            raise ValueError(f"sentencepiece model must have {BOS!r} at id 0 and {UNK!r} at id 1 (CAT's "
-                             f"convention); retrain it with wdsprep tokenizer train --kind sentencepiece")
+        if self.vocab_size < 2:
+            raise ValueError(f"a sentencepiece model with {self.vocab_size} pieces")
         # Threads per call: 1 by default because DataLoader workers already use the cores.
         self.num_threads = num_threads
         self._seed = 0
         self._calls = 0
+
+    def id_convention_problem(self) -> str | None:
+        """How the model's ids differ from CAT's convention (0 = ``<s>``/blank, 1 = ``<unk>``), or None.
+
+        Such a model still encodes exactly as sentencepiece (and CAT) would; but a CTC or
+        transducer model takes id 0 as its blank, so id 0 should be no real piece.
+        """
+        zero = self._sp.id_to_piece(BOS_ID)
+        problems = []
+        if zero != BOS:
+            problems.append(f"id 0 is {zero!r}, not {BOS!r} (CTC/transducer models use id 0 as the blank)")
+        if self._sp.unk_id() != UNK_ID:
+            problems.append(f"{UNK!r} is id {self._sp.unk_id()}, not {UNK_ID}")
+        return "; ".join(problems) or None
 
     def seed(self, seed: int) -> None:
         """Make subword sampling repeatable: the same seed gives the same segmentations."""
@@ -64,3 +81,19 @@ class SentencePieceTokenizer(TokenizerBase):
     def to_dict(self) -> dict[str, Any]:
         # num_threads is a property of the machine, not of the tokenizer: not saved.
         return {"model": base64.b64encode(self._proto).decode("ascii")}
+
+
+def sentencepiece_from_model(proto: bytes, where: str, *, num_threads: int = 1) -> SentencePieceTokenizer | None:
+    """A tokenizer from the bytes of a sentencepiece ``.model`` (a protobuf, read without pickle), or
+    None when they are not one.  A model whose ids break CAT's convention warns and is used as it is."""
+    if not proto:
+        return None
+    try:
+        tok = SentencePieceTokenizer(proto, num_threads=num_threads)
+    except (RuntimeError, ValueError):
+        return None
+    problem = tok.id_convention_problem()
+    if problem:
+        warnings.warn(f"{where}: {problem}; its ids are kept as they are, so a model trained on them keeps working",
+                      UserWarning, stacklevel=3)
+    return tok

@@ -23,6 +23,7 @@ from wdsprep.tokenizer.base import (
     TokenizerBase,
 )
 from wdsprep.tokenizer.char import CharTokenizer
+from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer
 from wdsprep.tokenizer.words import JiebaTokenizer, make_jieba, read_user_dict
 
@@ -52,7 +53,8 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
     """Train a tokenizer on the transcripts of Kaldi ``text`` files, save it to ``out``, return it.
 
     ``vocab_size`` counts every id including ``<s>`` and ``<unk>``; required for sentencepiece
-    (except ``model_type="char"``), optional for char/jieba (the most frequent pieces are kept).
+    (except ``model_type="char"``), optional for char/jieba/simple (the most frequent pieces are
+    kept).  ``simple``: the units the transcripts write with spaces between them (words, phones).
     ``model_type`` and ``character_coverage`` apply to sentencepiece, ``user_dict`` to jieba,
     ``keep_spaces`` to char. ``spm_options`` are passed to ``SentencePieceTrainer.train`` (e.g.
     ``input_sentence_size``), except options that would break the id convention.
@@ -66,6 +68,8 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
         raise ValueError("no training text given; pass one or more Kaldi text files")
     if user_dict is not None and kind != "jieba":
         raise ValueError(f"a user dictionary is for --kind jieba, not {kind!r}")
+    if spm_options and kind != "sentencepiece":
+        raise ValueError(f"sentencepiece options ({', '.join(spm_options)}) are for --kind sentencepiece, not {kind!r}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
@@ -77,6 +81,13 @@ def train_tokenizer(kind: str, text_files: Sequence[PathLike], out: PathLike, *,
         counts.pop(SPACE, None)
         limit = None if vocab_size is None else vocab_size - len(specials)
         tok = CharTokenizer(specials + _ranked(counts, limit), keep_spaces=keep_spaces)
+    elif kind == "simple":
+        _check_vocab_size(vocab_size, 2)
+        counts = Counter(u for t in _transcripts(files) for u in t.split())
+        for special in (BOS, UNK):
+            counts.pop(special, None)
+        limit = None if vocab_size is None else vocab_size - 2
+        tok = SimpleTokenizer([BOS, UNK] + _ranked(counts, limit))
     elif kind == "jieba":
         _check_vocab_size(vocab_size, 2)
         entries = read_user_dict(user_dict) if user_dict is not None else []
@@ -101,7 +112,10 @@ def _train_spm(text_files: Sequence[PathLike], vocab_size: int | None, model_typ
         raise ValueError(f"unknown sentencepiece model type {model_type!r}; choose one of {', '.join(SPM_MODEL_TYPES)}")
     clash = sorted(SPM_FIXED & options.keys())
     if clash:
-        raise ValueError(f"spm_options may not set {', '.join(clash)}: wdsprep fixes them (ids 0=<s>, 1=<unk>)")
+        raise ValueError(f"spm_options may not set {', '.join(clash)}: wdsprep fixes them (ids 0=<s>, 1=<unk>), "
+                         f"or they have their own option (vocab_size, model_type)")
+    if "character_coverage" in options:
+        raise ValueError("set character_coverage with its own option (CLI: --character-coverage), not in spm_options")
     texts = list(_transcripts(text_files))
     if not texts:
         raise ValueError(f"no non-empty transcript in {', '.join(map(str, text_files))}; nothing to train on")

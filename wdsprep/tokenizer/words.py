@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from wdsprep.tokenizer.base import UNK_ID, PathLike, VocabTokenizer, check_ids
 
@@ -32,22 +33,34 @@ class JiebaTokenizer(VocabTokenizer):
       ASCII letters/digits ("我 爱 hello world" -> "我爱hello world").
     - The user dictionary (``[word, freq-or-null]`` entries) is added to a private
       ``jieba.Tokenizer``, never to jieba's global one, so other code using jieba is unaffected.
+    - ``dictionary``: the text of a jieba main dictionary (``word freq [tag]`` lines) used instead of
+      jieba's bundled one, as CAT's ``JiebaTokenizer(userdict=...)`` does; None keeps jieba's.
+    - ``whitespace="cat"`` cuts as CAT's JiebaTokenizer: the text is stripped and only words that
+      are exactly one ``" "`` are dropped, so a tab or an ideographic space (U+3000) inside a
+      transcript is a word, ``<unk>`` unless the vocabulary has it.  The default ``"drop"`` drops
+      every whitespace word.
     """
 
     kind = "jieba"
+    WHITESPACE = ("drop", "cat")
 
-    def __init__(self, vocab: Sequence[str], *, user_dict: Sequence[Sequence[Any]] = ()) -> None:
+    def __init__(self, vocab: Sequence[str], *, user_dict: Sequence[Sequence[Any]] = (),
+                 dictionary: str | None = None, whitespace: str = "drop") -> None:
         super().__init__(vocab)
+        if whitespace not in self.WHITESPACE:
+            raise ValueError(f"jieba whitespace rule {whitespace!r}: choose one of {', '.join(self.WHITESPACE)}")
         self.user_dict = [[str(w), None if f is None else int(f)] for w, f in user_dict]
-        self._jieba = make_jieba(self.user_dict)
+        self.dictionary = dictionary
+        self.whitespace = whitespace
+        self._jieba = make_jieba(self.user_dict, dictionary)
 
     def cut(self, text: str) -> list[str]:
-        """Words of ``text`` with whitespace removed."""
-        return [w for w in self._jieba.cut(text, HMM=False) if not w.isspace()]
+        """Words of ``text``, whitespace dropped by the tokenizer's rule."""
+        return list(cut_words(self._jieba, text, self.whitespace))
 
     def encode(self, text: str) -> list[int]:
         get = self._ids.get
-        return [get(w, UNK_ID) for w in self.cut(text)]
+        return [get(w, UNK_ID) for w in cut_words(self._jieba, text, self.whitespace)]
 
     def decode(self, ids: Sequence[int]) -> str:
         check_ids(ids, self.vocab_size)
@@ -61,29 +74,61 @@ class JiebaTokenizer(VocabTokenizer):
             out.append(w)
         return "".join(out)
 
+    def file_version(self) -> int:
+        # Version 1 readers know neither field and would cut differently without a word.
+        return 2 if self.dictionary is not None or self.whitespace != "drop" else 1
+
     def to_dict(self) -> dict[str, Any]:
-        return {"hmm": False, "user_dict": self.user_dict, "vocab": self._pieces}
+        doc: dict[str, Any] = {"hmm": False, "user_dict": self.user_dict, "vocab": self._pieces}
+        if self.file_version() > 1:
+            doc.update(dictionary=self.dictionary, whitespace=self.whitespace)
+        return doc
+
+
+def cut_words(cutter: Any, text: str, whitespace: str) -> Iterator[str]:
+    """jieba's words of ``text`` (dictionary only, HMM off) without whitespace words.
+
+    ``"drop"``: every whitespace word goes.  ``"cat"``: CAT's JiebaTokenizer.cut, which strips the
+    text and drops only the words that are one ASCII space.
+    """
+    if whitespace == "cat":
+        return (w for w in cutter.cut(text.strip(), HMM=False) if w != " ")
+    return (w for w in cutter.cut(text, HMM=False) if not w.isspace())
 
 
 _JIEBA_BASE: Any = None
 
 
-def make_jieba(user_dict: Sequence[Sequence[Any]]) -> Any:
-    """A private ``jieba.Tokenizer`` with the default dictionary plus ``user_dict``."""
+def make_jieba(user_dict: Sequence[Sequence[Any]], dictionary: str | None = None) -> Any:
+    """A private ``jieba.Tokenizer``: jieba's default dictionary (or ``dictionary``, the text of a
+    main dictionary, instead), plus ``user_dict``."""
     global _JIEBA_BASE
     jieba = _quiet_jieba()
-    if _JIEBA_BASE is None:
-        # Loading the 350k-word default dictionary takes ~1 s (more on a busy machine); do it once
-        # per process and give each private tokenizer its own copy of the counts (~10 ms).
-        _JIEBA_BASE = jieba.Tokenizer()
-        _JIEBA_BASE.initialize()
     tk = jieba.Tokenizer()
-    # The same three attributes jieba's own initialize() sets from its cache; copying FREQ keeps a
-    # user dictionary out of the shared base.
-    tk.FREQ, tk.total, tk.initialized = dict(_JIEBA_BASE.FREQ), _JIEBA_BASE.total, True
+    if dictionary is not None:
+        # The parse jieba's initialize() runs on a dictionary file, on the text we hold: no temporary
+        # file and no cache file in /tmp.  Errors name the line ("invalid dictionary entry ...").
+        tk.FREQ, tk.total = tk.gen_pfdict(io.BytesIO(dictionary.encode("utf-8")))
+        tk.initialized = True
+    else:
+        if _JIEBA_BASE is None:
+            # Loading the 350k-word default dictionary takes ~1 s (more on a busy machine); do it once
+            # per process and give each private tokenizer its own copy of the counts (~10 ms).
+            _JIEBA_BASE = jieba.Tokenizer()
+            _JIEBA_BASE.initialize()
+        # The same three attributes jieba's own initialize() sets from its cache; copying FREQ keeps a
+        # user dictionary out of the shared base.
+        tk.FREQ, tk.total, tk.initialized = dict(_JIEBA_BASE.FREQ), _JIEBA_BASE.total, True
     for word, freq in user_dict:
         tk.add_word(word, freq)
     return tk
+
+
+def default_dictionary_words() -> list[str]:
+    """The words (and word prefixes) of jieba's bundled dictionary, in its order: the vocabulary CAT's
+    JiebaTokenizer() builds without a dictionary, after ``<s>`` and ``<unk>``."""
+    make_jieba([])
+    return list(_JIEBA_BASE.FREQ)
 
 
 def read_user_dict(path: PathLike) -> list[list[Any]]:

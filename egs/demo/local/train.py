@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import wdsprep
-from wdsprep.hyper import loader_options, train_option
+from wdsprep.hyper import loader_options, normalize_keys, train_option
 
 SUBSAMPLING = 4  # the conv front end's time reduction; the loader's CTC filter must agree
 
@@ -143,7 +143,7 @@ def build_loaders(hyper_path: str, hyper: dict, world: int, **train_overrides: A
     # never come from two different files.
     tokenizer = train.dataset.tokenizer
     dev = None
-    dev_ld = train_option(hyper).get("dev_ld")
+    dev_ld = normalize_keys(train_option(hyper)).get("dev_ld")
     if dev_ld:
         # Dev mode: no shuffle, each utterance once over all ranks, same per-rank frame budget.
         max_frames = loader_options(hyper, world_size=world, where=hyper_path).loader_kwargs["max_frames"]
@@ -222,8 +222,11 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 
 def train_options(hyper: dict) -> dict:
-    """Optimisation settings from ``train:option`` with defaults that work for the demo."""
-    o = train_option(hyper)
+    """Optimisation settings from ``train:option`` with defaults that work for the demo.
+
+    Keys are read as CAT reads them: ``grad-clip`` is ``grad_clip``.
+    """
+    o = normalize_keys(train_option(hyper))
     return {
         "epochs": int(o.get("epochs", 10)),
         "lr": float(o.get("lr", 2e-3)),

@@ -1,0 +1,32 @@
+"""Units written with spaces between them, each looked up whole (CAT's SimpleTokenizer)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from wdsprep.tokenizer.base import UNK_ID, VocabTokenizer, check_ids
+
+
+class SimpleTokenizer(VocabTokenizer):
+    """The transcript split at whitespace; each unit (a word, a phone, a character of text written
+    with spaces) is looked up in the vocabulary, unknown ones become ``<unk>`` (1).
+
+    This is CAT's SimpleTokenizer: ``encode`` gives its ids for the same vocabulary.  ``decode``
+    joins units with one space and, like every wdsprep tokenizer, drops id 0 (the blank).
+    """
+
+    kind = "simple"
+
+    def encode(self, text: str) -> list[int]:
+        get = self._ids.get
+        return [get(u, UNK_ID) for u in text.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        check_ids(ids, self.vocab_size)
+        return " ".join(self._pieces[i] for i in ids if i)
+
+    def file_version(self) -> int:
+        return 2  # version 1 readers do not know the kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"vocab": self._pieces}
