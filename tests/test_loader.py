@@ -460,3 +460,40 @@ def test_resuming_an_older_iteration_is_an_error(data):
     with pytest.raises(RuntimeError, match="iterated again"):
         next(old)
     assert Counter(keys_of([first, *new])) == Counter(utts.keys())
+
+
+@pytest.mark.parametrize("path", ["c", "python", "pipe"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_nan_and_inf_features_never_reach_the_trainer(tmp_path, data, monkeypatch, path, dtype):
+    """Shards written by other tools may hold NaN/Inf: pack refuses them, the loader drops and counts them."""
+    from shard_helpers import cat_members, write_tar
+
+    from wdsprep.format import native
+
+    _, _, _, tok = data
+    rng = np.random.default_rng(0)
+    feats = {f"u{i:02d}": rng.standard_normal((20 + i, 4)).astype(dtype) for i in range(12)}
+    feats["u03"][5, 1] = np.nan
+    feats["u07"][0, 0] = np.inf
+    shard = tmp_path / "other" / "data-00000.tar"
+    write_tar(shard, cat_members(feats, {u: "the cat" for u in feats}, "cat"))
+    if path == "python":
+        monkeypatch.setattr(native, "lib", None)
+    trset = f"pipe:cat {shard}" if path == "pipe" else str(shard)
+    with pytest.warns(UserWarning, match="no index"):
+        loader = make_loader(trset, tok, max_frames=100, shuffle_buffer=1)
+    with pytest.warns(RuntimeWarning, match="NaN or infinite features in utterance 'u0[37]'.*left out") as seen:
+        batches = run(loader)
+    assert len([w for w in seen if "NaN" in str(w.message)]) <= 2
+    got = keys_of(batches)
+    assert sorted(got) == sorted(set(feats) - {"u03", "u07"})
+    assert all(bool(b.feats.isfinite().all()) for b in batches)
+    assert loader.stats.dropped == {"nonfinite_features": 2} and len(batches) == len(loader)
+    for b in batches:  # a batch that lost a row is still right: every row its own utterance's features
+        for i, k in enumerate(b.keys):
+            n = int(b.feat_lens[i])
+            np.testing.assert_array_equal(b.feats[i, :n].numpy(), feats[k].astype(np.float32))
+    with pytest.warns(UserWarning, match="no index"):
+        strict = make_loader(trset, tok, max_frames=100, shuffle_buffer=1, on_error="raise")
+    with pytest.raises(ShardError, match="NaN or infinite features in utterance 'u0[37]'"):
+        run(strict)

@@ -569,3 +569,42 @@ def test_samples_report_an_undecodable_key_like_python(tmp_path, monkeypatch):
     assert samples_agree(tmp_path / "x.tar", monkeypatch)
     rows, end = decoded(tmp_path / "x.tar", python=False, monkeypatch=monkeypatch)
     assert [r[0] for r in rows] == ["a"] and "b%FF" in str(end)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_read_rows_flags_exactly_the_rows_holding_a_nan_or_an_infinity(tmp_path, dtype, threaded):
+    """Every row length around the vector widths, the bad value at every place (the vector body
+    and the scalar tail), against the largest finite values, which must pass."""
+    big = np.finfo(dtype).max
+    rows, want = [], []
+    for n in range(1, 70):
+        rows.append(np.full(n, -big, dtype))
+        want.append(0)
+        for at in range(n):
+            for bad in (np.nan, np.inf, -np.inf):
+                row = np.full(n, big, dtype)
+                row[at] = bad
+                rows.append(row)
+                want.append(1)
+    path = tmp_path / "rows.bin"
+    path.write_bytes(b"".join(r.tobytes() for r in rows))
+    half = dtype == np.float16
+    out = np.zeros((len(rows), 69), np.float32 if half else dtype)
+    flags = np.full(len(rows), 7, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        offsets = np.cumsum([0] + [r.nbytes for r in rows[:-1]])
+        spec = np.array([(fd, o, r.nbytes) for o, r in zip(offsets, rows)], np.int64)
+        if threaded:
+            reader = native.lib.RowReader()
+            reader.submit(out, out[0].nbytes, spec, half, flags)
+            assert reader.wait() == -1
+            reader.close()
+        else:
+            assert native.lib.read_rows(out, out[0].nbytes, spec, half, flags) == -1
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(flags, want)
+    np.testing.assert_array_equal(out[1, :1], rows[1].astype(out.dtype))

@@ -609,12 +609,85 @@ static PyObject *samples(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(read_rows_doc,
-"read_rows(out, row_bytes, rows, half=False) -> int\n\n"
+"read_rows(out, row_bytes, rows, half=False, bad=None) -> int\n\n"
 "For each row (fd, offset, nbytes) of rows, a C-contiguous int64 [n, 3] buffer, read nbytes at\n"
 "offset into out[i * row_bytes:] and zero the rest of that row.  out is a writable C-contiguous\n"
 "buffer of n * row_bytes\n"
 "bytes.  With half, the bytes are float16 and go to out as float32 (2 * nbytes of the row).\n"
+"With bad, a writable buffer of n bytes, bad[i] is set to 1 when row i holds a NaN or an\n"
+"infinity (checked right after its read, while the row is in the CPU cache), else 0.\n"
 "Returns -1, or the index of the first row whose file ended early (nothing after it is read).");
+
+/* Whether any of n float32 (or, with half, float16) values is a NaN or an infinity: its
+ * exponent bits are all ones.  Vectorized below: AVX2 where the CPU has it, else SSE2 (every
+ * x86-64), else this. */
+static int nonfinite_scalar(const void *data, Py_ssize_t n, int half)
+{
+    unsigned bad = 0;
+    if (half) {
+        const uint16_t *h = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (h[i] & 0x7c00u) == 0x7c00u;
+    } else {
+        const uint32_t *w = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad != 0;
+}
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static int nonfinite_sse2(const void *data, Py_ssize_t n, int half)
+{
+    const char *p = data;
+    Py_ssize_t per = half ? 8 : 4, i = 0;
+    const __m128i expo = half ? _mm_set1_epi16(0x7c00) : _mm_set1_epi32(0x7f800000);
+    __m128i acc = _mm_setzero_si128();
+    for (; i + per <= n; i += per) {
+        __m128i x = _mm_and_si128(_mm_loadu_si128((const __m128i *)(p + i * (half ? 2 : 4))), expo);
+        acc = _mm_or_si128(acc, half ? _mm_cmpeq_epi16(x, expo) : _mm_cmpeq_epi32(x, expo));
+    }
+    return _mm_movemask_epi8(acc) != 0 || nonfinite_scalar(p + i * (half ? 2 : 4), n - i, half);
+}
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+static int have_avx2; /* set once at import */
+
+/* AVX2, two 32-byte loads a step: the check costs ~0.9 us on a 96 KB row beside ~1.7 us with
+ * SSE2 (a memcpy of it: 1.8 us), so it stays a few percent of the read. */
+__attribute__((target("avx2"))) static int nonfinite_avx2(const void *data, Py_ssize_t n, int half)
+{
+    const char *p = data;
+    Py_ssize_t per = half ? 32 : 16, i = 0, size = half ? 2 : 4;
+    const __m256i expo = half ? _mm256_set1_epi16(0x7c00) : _mm256_set1_epi32(0x7f800000);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+    for (; i + per <= n; i += per) {
+        const __m256i *q = (const __m256i *)(p + i * size);
+        __m256i x0 = _mm256_and_si256(_mm256_loadu_si256(q), expo);
+        __m256i x1 = _mm256_and_si256(_mm256_loadu_si256(q + 1), expo);
+        a0 = _mm256_or_si256(a0, half ? _mm256_cmpeq_epi16(x0, expo) : _mm256_cmpeq_epi32(x0, expo));
+        a1 = _mm256_or_si256(a1, half ? _mm256_cmpeq_epi16(x1, expo) : _mm256_cmpeq_epi32(x1, expo));
+    }
+    return _mm256_movemask_epi8(_mm256_or_si256(a0, a1)) != 0 || nonfinite_scalar(p + i * size, n - i, half);
+}
+#endif
+
+static int nonfinite(const void *data, Py_ssize_t n, int half)
+{
+#ifdef HAVE_AVX2_PATH
+    if (have_avx2)
+        return nonfinite_avx2(data, n, half);
+#endif
+#if defined(__SSE2__)
+    return nonfinite_sse2(data, n, half);
+#else
+    return nonfinite_scalar(data, n, half);
+#endif
+}
 
 /* float16 -> float32, exact for every value (subnormals, infinities, NaN payloads). */
 static float half_to_float(uint16_t h)
@@ -679,6 +752,7 @@ typedef struct Job {
     Py_ssize_t row_bytes, n;
     Row *rows;
     int half;             /* rows are float16, out is float32 */
+    Py_buffer bad;        /* optional: one byte per row, set when the row holds a NaN or an infinity */
     Py_ssize_t short_row; /* results: -1 or the first row whose file ended early */
     int err;              /* errno of a failed read, or 0 */
     /* Rows are claimed one at a time, in order, by whoever reads them (a RowReader's thread and
@@ -692,6 +766,8 @@ static void job_free(Job *job)
 {
     PyMem_RawFree(job->rows);
     PyBuffer_Release(&job->out);
+    if (job->bad.obj != NULL)
+        PyBuffer_Release(&job->bad);
 }
 
 /* Parse read_rows' arguments into job (needs the GIL); 0, or -1 with an exception set and
@@ -699,13 +775,23 @@ static void job_free(Job *job)
 static int job_parse(Job *job, PyObject *args, const char *format)
 {
     Py_buffer rows;
+    PyObject *bad = Py_None;
     memset(job, 0, sizeof(*job));
     job->short_row = -1;
-    if (!PyArg_ParseTuple(args, format, &job->out, &job->row_bytes, &rows, &job->half))
+    if (!PyArg_ParseTuple(args, format, &job->out, &job->row_bytes, &rows, &job->half, &bad))
         return -1;
+    if (bad != Py_None && PyObject_GetBuffer(bad, &job->bad, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&job->out);
+        return -1;
+    }
     Py_ssize_t n = job->n = rows.len / (Py_ssize_t)(3 * sizeof(long long));
     if (rows.len != n * (Py_ssize_t)(3 * sizeof(long long))) {
         PyErr_Format(PyExc_ValueError, "rows has %zd bytes: not int64 [n, 3]", rows.len);
+        goto fail;
+    }
+    if (job->bad.obj != NULL && job->bad.len < n) {
+        PyErr_Format(PyExc_ValueError, "bad has %zd bytes for %zd rows", job->bad.len, n);
         goto fail;
     }
     if (job->row_bytes < 0 || n * job->row_bytes > job->out.len) {
@@ -773,6 +859,8 @@ static int row_run(const Job *job, Py_ssize_t i, Scratch *scratch)
         return errno ? errno : EIO;
     if (done < row->nbytes)
         return -1;
+    if (job->bad.obj != NULL) /* the bytes just read, still in the cache (float16: half of them) */
+        ((char *)job->bad.buf)[i] = (char)nonfinite(to, row->nbytes / (job->half ? 2 : 4), job->half);
     if (job->half)
         halves_to_floats((const uint16_t *)to, (float *)dst, row->nbytes / 2);
     memset(dst + filled, 0, (size_t)(job->row_bytes - filled));
@@ -828,7 +916,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args)
 {
     Job job;
     Scratch scratch = {NULL, 0};
-    if (job_parse(&job, args, "w*ny*|p:read_rows") < 0)
+    if (job_parse(&job, args, "w*ny*|pO:read_rows") < 0)
         return NULL;
     /* The reads may wait for the disk: other threads (the shard readahead) run meanwhile. */
     Py_BEGIN_ALLOW_THREADS
@@ -913,9 +1001,9 @@ static PyObject *row_reader_new(PyTypeObject *type, PyObject *args, PyObject *kw
 }
 
 PyDoc_STRVAR(row_reader_submit_doc,
-"submit(out, row_bytes, rows, half=False)\n\n"
-"Queue read_rows(out, row_bytes, rows, half) for the reader's thread and return at once.  out must\n"
-"not be touched until wait() returned this job's result.");
+"submit(out, row_bytes, rows, half=False, bad=None)\n\n"
+"Queue read_rows(out, row_bytes, rows, half, bad) for the reader's thread and return at once.  out\n"
+"and bad must not be touched until wait() returned this job's result.");
 
 static PyObject *row_reader_submit(RowReader *r, PyObject *args)
 {
@@ -930,7 +1018,7 @@ static PyObject *row_reader_submit(RowReader *r, PyObject *args)
     Job *job = PyMem_RawMalloc(sizeof(Job));
     if (job == NULL)
         return PyErr_NoMemory();
-    if (job_parse(job, args, "w*ny*|p:submit") < 0) {
+    if (job_parse(job, args, "w*ny*|pO:submit") < 0) {
         PyMem_RawFree(job);
         return NULL;
     }
@@ -1131,6 +1219,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+#ifdef HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2");
+#endif
     if (PyType_Ready(&RowReaderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -158,6 +158,8 @@ class RowReads:
         self.itemsize = itemsize
         self.reader: Any = None
         self.short = -1
+        # bad[i]: row i holds a NaN or an infinity (checked in C right after its read).
+        self.bad = np.zeros(len(files), np.uint8)
         self.fds: dict[ShardFile, int] = dict.fromkeys(files, -1)
         try:
             for file in self.fds:
@@ -177,10 +179,10 @@ class RowReads:
         half = self.itemsize == 2 and out.dtype == np.float32
         try:
             if reader is not None:
-                reader.submit(out, out[0].nbytes, self.rows, half)
+                reader.submit(out, out[0].nbytes, self.rows, half, self.bad)
                 self.reader = reader
             else:
-                self.short = native.lib.read_rows(out, out[0].nbytes, self.rows, half)
+                self.short = native.lib.read_rows(out, out[0].nbytes, self.rows, half, self.bad)
         except BaseException:
             self.close()
             raise

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from wdsprep.format.shardfile import bulk_reads
+from wdsprep.format.shardfile import ShardError, bulk_reads
 from wdsprep.loading.records import IN_MEMORY, Records
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
@@ -86,6 +86,7 @@ class Packed(NamedTuple):
     keys: list[str]
     slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
     gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
+    nonfinite: int = 0  # utterances left out: their features held a NaN or an infinity
 
     @property
     def layout(self) -> BatchLayout:
@@ -125,12 +126,16 @@ def collate(batch: Records, *, shared: bool = False,
 
 def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
-                  reader: Any = None, dims: int | None = None) -> Callable[[], Packed]:
+                  reader: Any = None, dims: int | None = None, on_error: str = "warn") -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
     thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
     stages of the next batches overlap it.  ``dims`` shapes an empty batch (every utterance of it
     was filtered out): feats [0, 0, dims].
+
+    Features with a NaN or an infinity never reach the trainer: the row is checked as it is read
+    (in C, while in the CPU cache), and such an utterance leaves the batch, counted in
+    ``Packed.nonfinite`` (``on_error="raise"``: a ShardError naming it).
     """
     batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
     n = len(batch)
@@ -162,6 +167,7 @@ def start_collate(batch: Records, *, shared: bool = False,
 
     def finish() -> Packed:
         done = reads.wait() if reads is not None else 0
+        bad = list(np.flatnonzero(reads.bad[:done])) if reads is not None else []
         # Whatever the bulk read left, row by row (which raises the error naming a row that
         # cannot be read).
         with warnings.catch_warnings():
@@ -185,6 +191,30 @@ def start_collate(batch: Records, *, shared: bool = False,
                         # conversion is vectorized, and writes straight into the batch.
                         t_feats[i, :k].copy_(torch.from_numpy(feats))
                 v_feats[i, k:] = 0
-        return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot)
+                if not np.isfinite(row).all():
+                    bad.append(i)
+        if not bad:
+            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot)
+        bad = sorted(bad)
+        where = f"utterance {uttids[bad[0]]!r} of {getattr(sources[bad[0]], 'url', 'an in-memory shard')}"
+        msg = f"NaN or infinite features in {where}" + (f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else "")
+        if on_error == "raise":
+            raise ShardError(f"{msg}: fix the features and repack (verify names every such utterance)")
+        warnings.warn(f"{msg}: left out of the batch (counted as nonfinite_features). Fix the features and repack; "
+                      f"verify names every such utterance", RuntimeWarning, stacklevel=2)
+        return _without(buf, layout, uttids, slot, bad)
 
     return finish
+
+
+def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int, drop: list[int]) -> Packed:
+    """The packed batch less rows ``drop``, compacted in its own buffer (the padded length stays)."""
+    keep = np.setdiff1d(np.arange(layout.n), drop)
+    small = BatchLayout(len(keep), layout.t, layout.d, layout.u)
+    old, new = layout.views(buf.numpy()), small.views(buf.numpy())
+    # Small parts copied out first: the new layout starts lower in the same buffer.
+    lens, label_lens, labels = old[0][keep].copy(), old[1][keep].copy(), old[2][keep].copy()
+    for i, k in enumerate(keep.tolist()):  # ascending: each row moves down, never onto a row still to move
+        new[3][i] = old[3][k]
+    new[0][:], new[1][:], new[2][:] = lens, label_lens, labels
+    return Packed(buf, (small.n, small.t, small.d, small.u), [keys[k] for k in keep], slot, nonfinite=len(drop))

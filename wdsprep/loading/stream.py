@@ -155,6 +155,8 @@ class ShardStream(IterableDataset):
                 return None, counts.take(), worker, (-1, -1)
             bid, finish = done
             out = finish()
+            if out.nonfinite:
+                counts.dropped["nonfinite_features"] += out.nonfinite
             if pool is not None:
                 out = pool.outgoing(out)
             return out, counts.take(), worker, bid
@@ -164,7 +166,8 @@ class ShardStream(IterableDataset):
                 yield item(None)
             for bid, rows in self.stages(tasks, epoch, counts):
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
-                                                   alloc=pool.alloc if pool is not None else None)))
+                                                   alloc=pool.alloc if pool is not None else None,
+                                                   on_error=self.cfg.on_error)))
                 if len(pending) > ahead:
                     yield item(pending.popleft())
             while pending:
