@@ -197,7 +197,8 @@ def start_collate(batch: Records, *, shared: bool = False,
             return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot)
         bad = sorted(bad)
         where = f"utterance {uttids[bad[0]]!r} of {getattr(sources[bad[0]], 'url', 'an in-memory shard')}"
-        msg = f"NaN or infinite features in {where}" + (f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else "")
+        more = f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else ""
+        msg = f"NaN or infinite features in {where}{more}"
         if on_error == "raise":
             raise ShardError(f"{msg}: fix the features and repack (verify names every such utterance)")
         warnings.warn(f"{msg}: left out of the batch (counted as nonfinite_features). Fix the features and repack; "

@@ -122,7 +122,8 @@ def greedy_split(order: Sequence[int], weights: Sequence[int] | np.ndarray, part
     return out
 
 
-def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int, shuffle: bool) -> list[np.ndarray]:
+def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
+                shuffle: bool) -> list[np.ndarray]:
     """Shard indices of each stream, in reading order: a fresh permutation per (seed, epoch), dealt
     greedily by frames, so streams differ by at most one shard's frames and change every epoch."""
     n = len(shard_frames)

@@ -61,7 +61,8 @@ class ShardSet:
     def fingerprint(self) -> str:
         """What the plan depends on: per shard its last two path parts (a moved corpus keeps its
         fingerprint), utterance count and frame column."""
-        doc = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d] for u, n, d in zip(self.urls, self.utts, self.digests)]
+        doc = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d]
+               for u, n, d in zip(self.urls, self.utts, self.digests)]
         return hashlib.blake2b(json.dumps(doc).encode(), digest_size=8).hexdigest()
 
 

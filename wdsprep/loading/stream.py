@@ -114,10 +114,13 @@ class ShardStream(IterableDataset):
         """The data flow of one reader for one epoch, in order."""
         cfg = self.cfg
         plan_of: Callable[[int], StreamPlan] = lambda s: self.stream_plan(epoch, s)  # noqa: E731
+        sampling = cfg.subword_sampling if cfg.train else None
+        # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
+        label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
+            rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
         batches = planned_batches(tasks, plan_of)  # which utterances: decided by the plan
-        rows = read_batches(batches, self.shards, plan_of, tasks=tasks, on_error=cfg.on_error, counts=counts,
-                            block=cfg.tokenize_group)
-        rows = tokenize(rows, self.tokenizer, sampling=cfg.subword_sampling if cfg.train else None)
+        rows = read_batches(batches, self.shards, plan_of, tasks=tasks, label=label, on_error=cfg.on_error,
+                            counts=counts, block=cfg.tokenize_group)
         return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
 
     def __iter__(self) -> Iterator[Item]:
@@ -129,9 +132,6 @@ class ShardStream(IterableDataset):
         # hand out a placeholder first, so the batches come in the order the stopped run's would.
         lead = bool(tasks) and worker < next_turn(plan_counts, runs, self.world_size, self.num_workers, self.rank,
                                                   equal=self.cfg.train)
-        # Subword sampling: seeded per (seed, epoch, rank, reader) (SentencePiece's own sampling does
-        # not repeat across processes anyway; see docs/loader.md).
-        self.tokenizer.seed(derive_seed(self.cfg.seed, epoch, self.rank, worker))
         counts = WorkerTally()
         pool = None
         if self.control.pool is not None:
