@@ -22,19 +22,32 @@ from wdsprep.loading.records import IN_MEMORY, Records
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
 
 
-class Batch(NamedTuple):
-    """One rank's batch.  The first four unpack like CAT's collate: ``xs, x_lens, ys, y_lens = batch[:4]``.
-
-    ``feats`` float32 [B, T, D], zero-padded; ``feat_lens`` int64 [B]; ``labels`` int64 [B, U]
-    padded with :data:`LABEL_PAD` (0); ``label_lens`` int64 [B]; ``keys`` the utterance ids.
-    Utterances are sorted by length, longest first (what ``pack_padded_sequence`` wants).
-    """
-
+class _BatchFields(NamedTuple):
     feats: torch.Tensor
     feat_lens: torch.Tensor
     labels: torch.Tensor
     label_lens: torch.Tensor
     keys: list[str]
+
+
+class Batch(_BatchFields):
+    """One rank's batch.  The first four unpack like CAT's collate: ``xs, x_lens, ys, y_lens = batch[:4]``.
+
+    ``feats`` float32 [B, T, D], zero-padded; ``feat_lens`` int64 [B]; ``labels`` int64 [B, U]
+    padded with :data:`LABEL_PAD` (0); ``label_lens`` int64 [B]; ``keys`` the utterance ids.
+    Utterances are sorted by length, longest first (what ``pack_padded_sequence`` wants).
+
+    ``corpus`` int64 [B]: each utterance's corpus, an index into ``loader.corpora`` (all 0 with
+    one corpus).  An attribute, not a sixth field, so a batch still unpacks into five.
+    """
+
+    corpus: torch.Tensor
+
+    def __new__(cls, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor, label_lens: torch.Tensor,
+                keys: list[str], corpus: torch.Tensor | None = None) -> Batch:
+        self = super().__new__(cls, feats, feat_lens, labels, label_lens, keys)
+        self.corpus = torch.zeros(len(keys), dtype=torch.int64) if corpus is None else corpus
+        return self
 
 
 @dataclass(frozen=True)
@@ -62,14 +75,14 @@ class BatchLayout:
         return (buf[:o1].view(np.int64), buf[o1:o2].view(np.int64), buf[o2:o3].view(np.int64).reshape(self.n, self.u),
                 buf[o3:o4].view(np.float32).reshape(self.n, self.t, self.d))
 
-    def batch(self, buf: torch.Tensor, keys: list[str]) -> Batch:
+    def batch(self, buf: torch.Tensor, keys: list[str], corpus: torch.Tensor | None = None) -> Batch:
         """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy)."""
         if not self.n:  # every utterance of the batch was filtered out: empty tensors of the right ranks
             return Batch(torch.zeros(0, 0, self.d), torch.zeros(0, dtype=torch.int64),
                          torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys)
         o1, o2, o3, o4 = self._ends
         return Batch(buf[o3:o4].view(torch.float32).view(self.n, self.t, self.d), buf[:o1].view(torch.int64),
-                     buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys)
+                     buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys, corpus)
 
 
 class Packed(NamedTuple):
@@ -87,6 +100,7 @@ class Packed(NamedTuple):
     slot: int = -1  # the worker's pool slot holding ``buf`` (-1: not pooled); see ShmPool
     gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
     nonfinite: int = 0  # utterances left out: their features held a NaN or an infinity
+    corpus: np.ndarray | None = None  # int64 [B]: each utterance's corpus (None: all corpus 0)
 
     @property
     def layout(self) -> BatchLayout:
@@ -95,7 +109,7 @@ class Packed(NamedTuple):
 
 def unpack(p: Packed) -> Batch:
     """The :class:`Batch` of a packed batch (views on its buffer)."""
-    return p.layout.batch(p.buf, p.keys)
+    return p.layout.batch(p.buf, p.keys, None if p.corpus is None else torch.from_numpy(p.corpus))
 
 
 def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
@@ -141,6 +155,7 @@ def start_collate(batch: Records, *, shared: bool = False,
     n = len(batch)
     lens, label_lens, row_dims = batch.frames, batch.label_lens, batch.dims
     uttids = batch.uttids.tolist()
+    corpus = batch.corpora.copy() if batch.corpora.any() else None  # None: all corpus 0, nothing to send
     d = int(row_dims[0]) if n else int(dims or 0)
     if (row_dims != d).any():
         i = int(np.flatnonzero(row_dims != d)[0])
@@ -194,7 +209,7 @@ def start_collate(batch: Records, *, shared: bool = False,
                 if not np.isfinite(row).all():
                     bad.append(i)
         if not bad:
-            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot)
+            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot, corpus=corpus)
         bad = sorted(bad)
         where = f"utterance {uttids[bad[0]]!r} of {getattr(sources[bad[0]], 'url', 'an in-memory shard')}"
         more = f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else ""
@@ -203,12 +218,13 @@ def start_collate(batch: Records, *, shared: bool = False,
             raise ShardError(f"{msg}: fix the features and repack (verify names every such utterance)")
         warnings.warn(f"{msg}: left out of the batch (counted as nonfinite_features). Fix the features and repack; "
                       f"verify names every such utterance", RuntimeWarning, stacklevel=2)
-        return _without(buf, layout, uttids, slot, bad)
+        return _without(buf, layout, uttids, slot, bad, corpus)
 
     return finish
 
 
-def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int, drop: list[int]) -> Packed:
+def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int, drop: list[int],
+             corpus: np.ndarray | None) -> Packed:
     """The packed batch less rows ``drop``, compacted in its own buffer (the padded length stays)."""
     keep = np.setdiff1d(np.arange(layout.n), drop)
     small = BatchLayout(len(keep), layout.t, layout.d, layout.u)
@@ -218,4 +234,5 @@ def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int,
     for i, k in enumerate(keep.tolist()):  # ascending: each row moves down, never onto a row still to move
         new[3][i] = old[3][k]
     new[0][:], new[1][:], new[2][:] = lens, label_lens, labels
-    return Packed(buf, (small.n, small.t, small.d, small.u), [keys[k] for k in keep], slot, nonfinite=len(drop))
+    return Packed(buf, (small.n, small.t, small.d, small.u), [keys[k] for k in keep], slot, nonfinite=len(drop),
+                  corpus=None if corpus is None else corpus[keep])

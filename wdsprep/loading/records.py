@@ -20,7 +20,7 @@ import numpy as np
 from wdsprep.format.shardfile import FileFeats
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
-_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN = range(5)
+_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS = range(6)
 _UTTID, _TEXT, _SOURCE, _LABELS = range(4)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
 
@@ -31,7 +31,7 @@ def _column(array: str, index: int, doc: str) -> property:
 
 
 class Records:
-    """A block of utterances: ``num`` int64 [n, 5] and ``obj`` object [n, 4] (see the columns below).
+    """A block of utterances: ``num`` int64 [n, 6] and ``obj`` object [n, 4] (see the columns below).
 
     Indexing with a slice, an index array or a boolean mask gives the selected rows as a new
     block (numpy semantics: a slice is a view).  Blocks passed between stages are not changed in
@@ -48,7 +48,7 @@ class Records:
     @classmethod
     def empty(cls, n: int = 0) -> Records:
         """``n`` rows of zeros, no labels (``()``) and None for the rest."""
-        r = cls(np.zeros((n, 5), np.int64), np.full((n, 4), None, object))
+        r = cls(np.zeros((n, 6), np.int64), np.full((n, 4), None, object))
         r.obj[:, _LABELS].fill(())
         return r
 
@@ -97,6 +97,12 @@ class Records:
         self.num[rows] = other.num
         self.obj[rows] = other.obj
 
+    def in_corpus(self, corpus: int) -> Records:
+        """These rows, marked in place as utterances of corpus ``corpus`` (its index in the loader's
+        corpora): for a block just read, before it is passed on."""
+        self.num[:, _CORPUS] = corpus
+        return self
+
     def with_labels(self, labels: Sequence[Sequence[int]]) -> Records:
         """A copy with these token ids (kept as tuples: the cyclic GC stops tracking a tuple of ints)."""
         out = Records(self.num.copy(), self.obj.copy())
@@ -110,6 +116,7 @@ class Records:
     offsets = _column("num", _OFFSET, "Byte offset of each row's features in its shard, or IN_MEMORY.")
     itemsizes = _column("num", _ITEMSIZE, "Bytes per feature value: 4 float32, 2 float16 (8 for float64 in memory).")
     label_lens = _column("num", _LABEL_LEN, "Tokens in each row's labels.")
+    corpora = _column("num", _CORPUS, "Each row's corpus: its index in the loader's corpora (0 with one).")
     uttids = _column("obj", _UTTID, "Utterance ids.")
     texts = _column("obj", _TEXT, "Transcripts.")
     sources = _column("obj", _SOURCE, "Each row's ShardFile (features on disk) or features array (in memory).")

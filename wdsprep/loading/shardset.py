@@ -41,11 +41,15 @@ class ShardSet:
     dims: int | None = None  # feature dims, when an index or a scan says
     scanned: int = 0  # shards read here because no index listed them
     lost: np.ndarray | None = None  # int64 [S]: samples a scan found the loader cannot read (damage)
+    corpora: tuple[str, ...] = ("",)  # the named corpora, in order (one unnamed without names)
+    corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
         if self.lost is None:
             self.lost = np.zeros(len(self.urls), np.int64)
+        if self.corpus is None:
+            self.corpus = np.zeros(len(self.urls), np.int64)
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -60,10 +64,46 @@ class ShardSet:
 
     def fingerprint(self) -> str:
         """What the plan depends on: per shard its last two path parts (a moved corpus keeps its
-        fingerprint), utterance count and frame column."""
-        doc = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d]
-               for u, n, d in zip(self.urls, self.utts, self.digests)]
+        fingerprint), utterance count and frame column; and the corpora's names, when named."""
+        doc: list = [["/".join(u.rstrip("/").split("/")[-2:]), int(n), d]
+                     for u, n, d in zip(self.urls, self.utts, self.digests)]
+        if self.corpora != ("",):
+            doc = [list(self.corpora), self.corpus.tolist(), doc]
         return hashlib.blake2b(json.dumps(doc).encode(), digest_size=8).hexdigest()
+
+    def shards_of(self, corpus: int) -> slice:
+        """The shards of corpus ``corpus`` (contiguous)."""
+        at = np.flatnonzero(self.corpus == corpus)
+        return slice(int(at[0]), int(at[-1]) + 1) if len(at) else slice(0, 0)
+
+    def part(self, corpus: int) -> ShardSet:
+        """Corpus ``corpus`` alone, as a shard set of its own (rows and shards counted from 0)."""
+        sl = self.shards_of(corpus)
+        rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
+        return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
+                        0, self.lost[sl])
+
+
+def union(named: dict[str, ShardSet]) -> ShardSet:
+    """Named corpora as one shard set, corpus after corpus: shard ``i``'s corpus is ``corpus[i]``."""
+    parts = list(named.values())
+    if not parts:
+        raise ValueError("no corpora given")
+    dims = {p.dims for p in parts if p.dims is not None}
+    if len(dims) > 1:
+        each = ", ".join(f"{n}: {p.dims}" for n, p in named.items())
+        raise ValueError(f"the corpora's features differ in dimension ({each}): one model reads one dimension")
+    seen: dict[str, str] = {}
+    for name, p in named.items():
+        for url in p.urls:
+            if seen.setdefault(url, name) != name:
+                raise ValueError(f"shard {url} is in corpus {seen[url]!r} and in corpus {name!r}: a shard belongs to "
+                                 f"one corpus (narrow one of the patterns)")
+    return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
+                    np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
+                    np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
+                    sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
+                    np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]))
 
 
 def shard_set(urls: Sequence[str]) -> ShardSet:

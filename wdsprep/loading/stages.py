@@ -23,17 +23,14 @@ from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
-BatchId = tuple[int, int]  # (stream, batch of that stream)
+BatchId = tuple[int, ...]  # (stream, batch of that stream); mixed: (corpus, corpus epoch, stream, batch)
 Planned = tuple[BatchId, np.ndarray]  # a batch's global utterance rows
 Rows = tuple[BatchId, Records]
 
 
-def planned_batches(tasks: Sequence[Task], plan_of: Callable[[int], StreamPlan]) -> Iterator[Planned]:
+def planned_batches(tasks: Sequence[Task], plan_of: Callable[[int], StreamPlan]) -> list[Planned]:
     """The batches of ``tasks`` in order, each as the global rows the plan gave it."""
-    for task in tasks:
-        plan = plan_of(task.stream)
-        for j in range(task.start, task.stop):
-            yield (task.stream, j), plan.batch(j)
+    return [((task.stream, j), plan_of(task.stream).batch(j)) for task in tasks for j in range(task.start, task.stop)]
 
 
 class _Shard:
@@ -46,36 +43,32 @@ class _Shard:
         self.rows, self.missing, self.waiting = rows, missing, waiting
 
 
-def read_batches(planned: Iterator[Planned], shards: ShardSet, plan_of: Callable[[int], StreamPlan], *,
-                 tasks: Sequence[Task], label: Callable[[int, Records], Records], on_error: str,
-                 counts: WorkerTally, block: int) -> Iterator[Rows]:
+def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callable[[int, Records], Records],
+                 on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
     """Each planned batch's rows, read from the shards and labelled; rows a shard does not deliver
     are left out of their batch and counted.
 
-    Every shard a task needs is read once, when its first batch needs it, in the order its stream
-    reads them (the next one read ahead meanwhile), labelled whole by ``label(shard, rows)``, and
-    let go after the last batch that needs it.
+    Every shard the batches need is read once, when the first batch needs it (the next one
+    needed read ahead meanwhile), labelled whole by ``label(shard, rows)``, and let go after the
+    last batch that needs it.
     """
-    waiting: dict[int, int] = {}  # shard -> planned rows of these tasks in it
-    order: list[int] = []  # the shards in the order the tasks' streams read them
-    for task in tasks:
-        plan = plan_of(task.stream)
-        used, n = np.unique(shards.shard_of(plan.rows[plan.starts[task.start]:plan.starts[task.stop]]),
-                            return_counts=True)
-        fresh = {s for s in used.tolist() if s not in waiting}
-        order.extend(s for s in plan.shards.tolist() if s in fresh)
-        for s, k in zip(used.tolist(), n.tolist()):
-            waiting[s] = waiting.get(s, 0) + k
+    if not planned:
+        return
+    owners = [shards.shard_of(rows) for _, rows in planned]
+    every = np.concatenate(owners)
+    used, n = np.unique(every, return_counts=True)
+    waiting = dict(zip(used.tolist(), n.tolist()))  # shard -> planned rows in it
+    _, first = np.unique(every, return_index=True)
+    order = used[np.argsort(first, kind="stable")].tolist()  # the shards in the order first needed
     position = {s: i for i, s in enumerate(order)}
     loaded: dict[int, _Shard] = {}
     ahead = 0  # order[:ahead] have been asked to be read ahead
-    for bid, rows in planned:
-        owner = shards.shard_of(rows)
+    for (bid, rows), owner in zip(planned, owners):
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
         for s in present:
             if s not in loaded:
-                while ahead <= min(position[s] + 1, len(order) - 1):  # this shard, and the next streams in
+                while ahead <= min(position[s] + 1, len(order) - 1):  # this shard, and the next one needed
                     prefetch_shard(shards.urls[order[ahead]])
                     ahead += 1
                 got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block)
@@ -103,7 +96,7 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
     url = shards.urls[s]
     corrupt: list[str] = []
     blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why)))
-    rows = Records.concat(blocks) if blocks else Records.empty()
+    rows = (Records.concat(blocks) if blocks else Records.empty()).in_corpus(int(shards.corpus[s]))
     counts.read += len(rows)
     if corrupt:
         counts.corrupt_shards += 1

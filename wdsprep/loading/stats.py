@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from wdsprep.units import hours
+
 
 @dataclass
 class BatchTally:
@@ -77,6 +79,23 @@ class WorkerTally:
 
 
 @dataclass
+class CorpusStats:
+    """One corpus's part of what a rank yielded; ``epochs``: how far the corpus is through its
+    epochs (3.25: three handed out whole and a quarter of the fourth), for a mixed loader."""
+
+    utterances: int = 0
+    frames: int = 0
+    epochs: float | None = None
+
+    @property
+    def hours(self) -> float:
+        return hours(self.frames)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hours": self.hours}
+
+
+@dataclass
 class LoaderStats:
     """What one epoch of this rank did so far; ``dropped`` holds every sample not in a batch, by reason."""
 
@@ -97,6 +116,7 @@ class LoaderStats:
     discarded: int = 0
     discarded_fraction: float = 0.0
     seconds: float = 0.0
+    corpora: dict[str, CorpusStats] = field(default_factory=dict)  # named corpora: what each gave
 
     def add_batches(self, t: BatchTally) -> None:
         """Batches this rank yielded."""
@@ -105,6 +125,14 @@ class LoaderStats:
         self.real_frames += t.real_frames
         self.padded_frames += t.padded_frames
         self.oversize_batches += t.oversize_batches
+
+    def add_corpora(self, names: Sequence[str], corpus: np.ndarray, frames: np.ndarray) -> None:
+        """A batch's utterances, by corpus (``corpus[i]`` indexes ``names``)."""
+        for c in np.unique(corpus).tolist():
+            mine = corpus == c
+            got = self.corpora.setdefault(names[c], CorpusStats())
+            got.utterances += int(mine.sum())
+            got.frames += int(frames[mine].sum())
 
     def add_worker(self, t: WorkerTally) -> None:
         self.read += t.read
@@ -123,4 +151,5 @@ class LoaderStats:
         return sum(self.dropped.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "padding_efficiency": self.padding_efficiency}
+        return {**asdict(self), "padding_efficiency": self.padding_efficiency,
+                "corpora": {name: c.to_dict() for name, c in self.corpora.items()}}

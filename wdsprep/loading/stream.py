@@ -25,12 +25,12 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsprep.format.shardfile import row_reader
-from wdsprep.loading.assign import Assignment, Task, epoch_assignment, next_turn
+from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn
 from wdsprep.loading.collate import Packed, start_collate
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, fingerprint, plan_epoch
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.stages import BatchId, filter_ctc, planned_batches, read_batches, tokenize
+from wdsprep.loading.stages import BatchId, Planned, filter_ctc, planned_batches, read_batches, tokenize
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.loading.transport import READ_AHEAD, ShmPool, WorkerControl
 from wdsprep.tokenizer import SubwordSampling, Tokenizer, derive_seed
@@ -110,28 +110,32 @@ class ShardStream(IterableDataset):
         """Who yields what this epoch, after the epoch's earlier ``runs``, on this loader's topology."""
         return epoch_assignment(counts, runs, self.world_size, self.num_workers, equal=self.cfg.train)
 
-    def stages(self, tasks: list[Task], epoch: int, counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
-        """The data flow of one reader for one epoch, in order."""
-        cfg = self.cfg
-        plan_of: Callable[[int], StreamPlan] = lambda s: self.stream_plan(epoch, s)  # noqa: E731
-        sampling = cfg.subword_sampling if cfg.train else None
-        # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
-        label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
-            rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
-        batches = planned_batches(tasks, plan_of)  # which utterances: decided by the plan
-        rows = read_batches(batches, self.shards, plan_of, tasks=tasks, label=label, on_error=cfg.on_error,
-                            counts=counts, block=cfg.tokenize_group)
-        return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
-
-    def __iter__(self) -> Iterator[Item]:
-        info = get_worker_info()
-        worker = 0 if info is None else info.id
+    def reader_batches(self, worker: int) -> tuple[int, bool, list[Planned]]:
+        """(epoch, whether this reader hands out a placeholder first, its planned batches in order),
+        from what the Loader wrote into the control for this iteration."""
         epoch, plan_counts, runs = self.control.read()
         tasks = self.assignment(plan_counts, runs).tasks(self.rank, worker)
         # Resumed on the topology it stopped on: readers whose turn of the round had come already
         # hand out a placeholder first, so the batches come in the order the stopped run's would.
         lead = bool(tasks) and worker < next_turn(plan_counts, runs, self.world_size, self.num_workers, self.rank,
                                                   equal=self.cfg.train)
+        return epoch, lead, planned_batches(tasks, lambda s: self.stream_plan(epoch, s))
+
+    def stages(self, planned: list[Planned], epoch: int, counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
+        """The data flow of one reader for one epoch, in order."""
+        cfg = self.cfg
+        sampling = cfg.subword_sampling if cfg.train else None
+        # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
+        label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
+            rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
+        rows = read_batches(planned, self.shards, label=label, on_error=cfg.on_error, counts=counts,
+                            block=cfg.tokenize_group)
+        return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        epoch, lead, planned = self.reader_batches(worker)
         counts = WorkerTally()
         pool = None
         if self.control.pool is not None:
@@ -164,7 +168,7 @@ class ShardStream(IterableDataset):
         try:
             if lead:
                 yield item(None)
-            for bid, rows in self.stages(tasks, epoch, counts):
+            for bid, rows in self.stages(planned, epoch, counts):
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
                                                    alloc=pool.alloc if pool is not None else None,
                                                    on_error=self.cfg.on_error)))
