@@ -26,8 +26,9 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import asdict
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -37,9 +38,13 @@ from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
+from wdsprep.loading.mixing import MixedStream, mixture_for
+from wdsprep.loading.mixplan import MixPosition
+from wdsprep.loading.mixture import Mixture
 from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
-from wdsprep.loading.shardset import shard_set
-from wdsprep.loading.stats import BatchTally, LoaderStats
+from wdsprep.loading.shardset import shard_set, union
+from wdsprep.loading.stages import BatchId
+from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ShardStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
 from wdsprep.tokenizer import SubwordSampling, Tokenizer, load_tokenizer
@@ -126,6 +131,11 @@ class Loader:
     def world_size(self) -> int:
         return self.dataset.world_size
 
+    @property
+    def corpora(self) -> tuple[str, ...]:
+        """The corpora's names, in order: ``batch.corpus`` indexes them (``("",)`` for one unnamed)."""
+        return self.dataset.shards.corpora
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it."""
         epoch = int(epoch)
@@ -186,21 +196,7 @@ class Loader:
         position past the end of its epoch.
         """
         ds = self.dataset
-        missing = {"version", "seed", "epoch", "runs", "complete", "fingerprint"} - set(state)
-        if missing:
-            raise ValueError(f"not a wdsprep loader state (version {STATE_VERSION}): missing {sorted(missing)}")
-        if state["seed"] != ds.cfg.seed:
-            raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
-                             f"the batches depend on it; build the loader with the saved seed to resume")
-        mine = asdict(ds.cfg.plan)
-        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items() if mine.get(k) != v]
-        if differ:
-            raise ValueError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
-                             f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
-                             f"over the world size: pass max_frames as saved)")
-        if state["fingerprint"] != ds.fingerprint():
-            raise ValueError("the loader state was saved for other shards, index, tokenizer or batching options "
-                             "(fingerprint differs): resuming would not continue the same epoch")
+        self._check_state(state, {"runs"})
         epoch = int(state["epoch"])
         runs: list[tuple[int, int, int]] = []
         counts = ds.plan(epoch).counts
@@ -216,6 +212,28 @@ class Loader:
             runs.append(run)
         self.set_epoch(epoch)
         self._resume = (epoch, runs, bool(state["complete"]))
+
+    def _check_state(self, state: dict[str, Any], keys: set[str]) -> None:
+        """Refuse a state saved for another seed, options, shards or kind of loader, saying which."""
+        ds = self.dataset
+        missing = ({"version", "seed", "epoch", "complete", "fingerprint"} | keys) - set(state)
+        if missing:
+            kind = (" (it is a mixed loader's state)" if "position" in state else
+                    " (it is a single-corpus loader's state)" if "runs" in state else "")
+            raise ValueError(f"not a wdsprep loader state for this loader (version {STATE_VERSION}){kind}: "
+                             f"missing {sorted(missing)}")
+        if state["seed"] != ds.cfg.seed:
+            raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
+                             f"the batches depend on it; build the loader with the saved seed to resume")
+        mine = asdict(ds.cfg.plan)
+        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items() if mine.get(k) != v]
+        if differ:
+            raise ValueError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
+                             f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
+                             f"over the world size: pass max_frames as saved)")
+        if state["fingerprint"] != ds.fingerprint():
+            raise ValueError("the loader state was saved for other shards, index, tokenizer or batching options "
+                             "(fingerprint differs): resuming would not continue the same epoch")
 
     def _dataloader(self) -> DataLoader | ShardStream:
         """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
@@ -257,7 +275,7 @@ class Loader:
             buf = _pin(p.buf) if self._pin else p.buf
         return unpack(p._replace(buf=buf))
 
-    def _batches(self, iteration: int, expected: list[tuple[int, int]]) -> Iterator[Batch]:
+    def _batches(self, iteration: int, expected: list[BatchId]) -> Iterator[Batch]:
         """This rank's batches, in the order the assignment says, with the readers' counts folded in."""
         st = self.stats
         loader = self._dataloader()
@@ -292,21 +310,31 @@ class Loader:
                 raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
                                    "finish or drop the old iterator first")
 
-    def __iter__(self) -> Iterator[Batch]:
+    def _begin(self) -> list[BatchId] | None:
+        """Set up an iteration of the epoch: its stats, what the readers are told; the batches this
+        rank yields, in order (None: the epoch is complete)."""
         ds = self.dataset
         self._runs, self._complete = self._start()
         self._resume = None
-        self._steps = 0
         plan = ds.plan(self.epoch)
         a = self.assignment(self._runs)
-        self.stats = st = self._planned_stats(plan, a)
+        self.stats = self._planned_stats(plan, a)
         if self._complete:
-            return
+            return None
         self._warn_idle(a)
-        start = time.perf_counter()
         self.control.write(self.epoch, plan.counts, self._runs)  # read by the readers in iter()
-        expected = rank_order(a, self.rank, next_turn(plan.counts, self._runs, self.world_size, self.num_workers,
-                                                      self.rank, equal=ds.cfg.train))
+        return rank_order(a, self.rank, next_turn(plan.counts, self._runs, self.world_size, self.num_workers,
+                                                  self.rank, equal=ds.cfg.train))
+
+    def __iter__(self) -> Iterator[Batch]:
+        ds = self.dataset
+        self._steps = 0
+        expected = self._begin()
+        if expected is None:
+            return
+        st = self.stats
+        names = ds.shards.corpora
+        start = time.perf_counter()
         self._iteration += 1
         batches = self._batches(self._iteration, expected)
         self._iterating = True
@@ -315,6 +343,8 @@ class Loader:
                 counted = BatchTally()
                 counted.add(batch.feat_lens.numpy(), ds.cfg.plan.max_frames)
                 st.add_batches(counted)
+                if len(names) > 1:
+                    st.add_corpora(names, batch.corpus.numpy(), batch.feat_lens.numpy())
                 self._steps += 1
                 st.seconds = time.perf_counter() - start
                 yield batch
@@ -328,12 +358,16 @@ class Loader:
         if self._steps != len(expected):
             raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {len(expected)}")
         self._complete = True
+        self._ended()
         if self.group is not None and ds.cfg.train:  # dev mode: ranks end apart, and need not meet
             ranks = gather(self.group, [self.epoch, self._steps, ds.fingerprint()], timeout=self.collective_timeout,
                            where=f"end of epoch {self.epoch}")
             if len({tuple(r) for r in ranks}) > 1:
                 raise RuntimeError(f"wdsprep loader: ranks ended epoch {self.epoch} differently "
                                    f"([epoch, steps, fingerprint] per rank: {ranks})")
+
+    def _ended(self) -> None:
+        """The epoch was iterated to its end (a hook for the mixed loader's stats)."""
 
     def _planned_stats(self, plan: EpochPlan, a: Assignment) -> LoaderStats:
         """The stats an iteration starts from: what the plan gives this rank, and what it leaves out."""
@@ -369,11 +403,100 @@ class Loader:
                           f"{self.world_size * self.num_workers} (or fewer workers)", UserWarning, stacklevel=3)
 
 
+class MixedLoader(Loader):
+    """A :class:`Loader` over named corpora mixed by weight, temperature or schedule (see
+    ``loading/mixplan.py``): every loader epoch has the same number of steps on every rank,
+    ``len(loader)`` of them, and nothing is left over; each corpus runs through epochs of its own.
+
+    Its state (:meth:`state_dict`) is where every corpus stands, a few numbers per stream: it
+    resumes on any world size and workers, and on the same ones exactly as if never stopped.
+    """
+
+    dataset: MixedStream
+
+    def __init__(self, dataset: MixedStream, **kw: Any) -> None:
+        super().__init__(dataset, **kw)
+        self._from: MixPosition | None = None  # where the current iteration started
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self.epoch:
+            self._from, self._steps = None, 0
+        super().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Steps this rank yields in the next (or current) iteration of the epoch set; the same on every rank."""
+        if self._iterating and self._from is not None:
+            return self.dataset.mix.run(self.epoch, self._from).steps
+        return self.dataset.mix.run(self.epoch).steps
+
+    def position(self) -> MixPosition:
+        """Where every corpus stands now: after the batches yielded in this epoch's iteration."""
+        if self._from is None:
+            return self.dataset.mix.epoch_start(self.epoch)
+        return self.dataset.mix.run_from(self._from, steps=self._steps).end
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the mixed run stands, for a checkpoint: the loader epoch and step, the schedule's
+        global step, every corpus's epoch and what of it is handed out; rank 0's serves every rank."""
+        ds = self.dataset
+        pos = self.position()
+        return {"version": STATE_VERSION, "seed": ds.cfg.seed, "epoch": pos.epoch, "step": pos.step,
+                "global_step": pos.global_step, "complete": pos.batches_left == 0, "position": pos.to_json(),
+                "mixture": ds.mix.mixture.to_json(), "options": asdict(ds.cfg.plan), "fingerprint": ds.fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` on this loader's world size and workers: the schedule goes
+        on at the saved global step and every corpus where it stood.  A mixture other than the
+        saved one is allowed: it warns, saying what changed, and applies from the saved step on.
+
+        Raises ValueError when the state was saved for other shards, options or seed.
+        """
+        ds = self.dataset
+        self._check_state(state, {"position", "mixture"})
+        try:
+            pos = MixPosition.from_json(state["position"])
+            saved = Mixture.from_json(state["mixture"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"the loader state's position or mixture is not readable ({e!r}): was it edited?") from None
+        if pos.epoch != int(state["epoch"]) or len(pos.corpora) != len(self.corpora):
+            raise ValueError(f"the loader state's position is for epoch {pos.epoch} and {len(pos.corpora)} corpora, "
+                             f"its epoch {state['epoch']} and this loader {len(self.corpora)}: was it edited?")
+        changed = ds.mix.mixture.changes_from(saved)
+        if changed:
+            warnings.warn(f"the mixture differs from the one the loader state was saved with: {changed}; the new one "
+                          f"applies from global step {pos.global_step} on", UserWarning, stacklevel=2)
+        ds.mix.set_anchor(pos)
+        if self._loader is not None:  # persistent workers hold the old anchor: start fresh ones
+            self._loader, self._slots = None, None
+        self.set_epoch(pos.epoch)
+        self._from, self._steps = None, 0
+
+    def _begin(self) -> list[BatchId] | None:
+        mix = self.dataset.mix
+        start = self._from = mix.epoch_start(self.epoch)
+        run = mix.run(self.epoch, start)
+        refs = run.rank_order(self.rank)
+        self.stats = st = LoaderStats(epoch=self.epoch, steps=start.step, planned_steps=run.steps)
+        st.corpora = {name: CorpusStats() for name in self.corpora}
+        st.assigned = sum(mix.batch_size(r) for r in refs)
+        dropped = sum((mix.plan_dropped(r) for r in refs), Counter())
+        st.dropped = dict(+dropped)
+        if not run.steps:
+            return None
+        self.control.write(self.epoch, np.zeros(0, np.int64), [])  # the readers need only the epoch
+        return list(refs)
+
+    def _ended(self) -> None:
+        pos = self.position()
+        for name, done in zip(self.corpora, self.dataset.mix.progress(pos)):
+            self.stats.corpora[name].epochs = done
+
+
 STATE_VERSION = 2
 
 
 def make_loader(
-    trset: str | os.PathLike | Sequence[str | os.PathLike],
+    trset: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]],
     tokenizer: Tokenizer | str | os.PathLike,
     *,
     max_frames: int,
@@ -396,12 +519,19 @@ def make_loader(
     pin_memory: bool = False,
     persistent_workers: bool = True,
     collective_timeout: float = 300.0,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
+    steps_per_epoch: int | None = None,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
     Args:
         trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
-            URLs (``pipe:...``).  A pattern matching nothing is an error.
+            URLs (``pipe:...``).  A pattern matching nothing is an error.  Named corpora as a
+            mapping, ``{"en": "en/*/data-*.tar", "zh": [...]}``: in training they are mixed (see
+            ``weights``), each with epochs of its own; with ``train=False`` every corpus is read once.
+            ``batch.corpus`` says which corpus each utterance came from.
         tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
             utterance becomes a batch of its own.
@@ -426,6 +556,13 @@ def make_loader(
             next instead of starting them every epoch; the batches are the same either way.
         collective_timeout: seconds a rank waits for the others at the loader's start and at the
             end of each epoch (under DDP) before naming the ranks that did not come.
+        weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
+            weights, temperature or schedule: their own proportions, as if they were one corpus.
+        temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are).
+        schedule: ``[(step, {name: weight}), ...]``: weights over the global training step,
+            linear between points, constant after the last.
+        steps_per_epoch: steps of a mixed loader epoch (default: one pass's worth of every
+            corpus's batches, divided over the ranks).
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
@@ -447,13 +584,36 @@ def make_loader(
                           train=train)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group)
-    shards = shard_set(expand_shards(trset))
-    dataset = ShardStream(shards, tokenizer, cfg, rank=rank, world_size=world_size, num_workers=num_workers,
-                          control=WorkerControl(options.num_streams(len(shards), shards.num_utts)))
-    first = dataset.plan(0)
-    if train and first.num_batches < world_size:
-        raise ValueError(f"{first.num_batches} batches in an epoch for {world_size} ranks: every rank needs at "
-                         f"least one (fewer ranks, a smaller max_frames, or more data)")
+    mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
+    given = [k for k, v in mixing.items() if v is not None]
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    named = isinstance(trset, Mapping)
+    if given and not (named and train):
+        why = "a dev loader (train=False) reads every corpus once, unmixed" if named else \
+            "give trset as {name: pattern, ...}"
+        raise ValueError(f"{', '.join(given)}: only named corpora are mixed, in training; {why}")
+    if named:
+        shards = union({str(name): shard_set(expand_shards(patterns)) for name, patterns in trset.items()})
+    else:
+        shards = shard_set(expand_shards(trset))
+    topology = {"rank": rank, "world_size": world_size, "num_workers": num_workers}
+    dataset: ShardStream
+    if named and train and (len(shards.corpora) > 1 or given):
+        mixture = mixture_for(shards, weights=weights, temperature=temperature, schedule=schedule)
+        dataset = MixedStream(shards, tokenizer, cfg, mixture=mixture, steps_per_epoch=steps_per_epoch,
+                              control=WorkerControl(0), **topology)
+        loader_cls: type[Loader] = MixedLoader
+        if not dataset.mix.run(0).steps:
+            raise ValueError(f"a mixed epoch of 0 steps on {world_size} ranks: give steps_per_epoch")
+    else:
+        control = WorkerControl(options.num_streams(len(shards), shards.num_utts))
+        dataset = ShardStream(shards, tokenizer, cfg, control=control, **topology)
+        loader_cls = Loader
+        batches = dataset.plan(0).num_batches
+        if train and batches < world_size:
+            raise ValueError(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
+                             f"least one (fewer ranks, a smaller max_frames, or more data)")
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
     group = loader_group(collective_timeout) if world_size > 1 else None
@@ -464,8 +624,8 @@ def make_loader(
             raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints {fingerprints}): "
                              f"give every rank the same trset, index and loader options")
     _settle_heap()
-    return Loader(dataset, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
-                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)
+    return loader_cls(dataset, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
+                      prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)
 
 
 def __getattr__(name: str) -> Any:
