@@ -221,15 +221,16 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
     from wdsprep.check.dryrun import dry_run, plan_report
 
     opts = _loader_options(args)
+    trset = _corpora(args.corpus) if args.corpus else args.trset
     if args.plan:
-        if args.trset is None or args.max_frames is None:
-            raise ValueError("dry-run --plan needs --trset and --max-frames (it reads only the index)")
+        if trset is None or args.max_frames is None:
+            raise ValueError("dry-run --plan needs --trset (or --corpus) and --max-frames (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout"):
             opts.pop(name, None)  # run-time options: they do not change the plan
-        plan_report(args.trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
+        plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
         return
-    dry_run(hyper=args.hyper, trset=args.trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
+    dry_run(hyper=args.hyper, trset=trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
             stats_json=args.stats_json, num_workers=args.num_workers, **opts)
 
 
@@ -254,6 +255,13 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pin-memory", action="store_true", help="page-locked batches (CUDA)")
     g.add_argument("--no-persistent-workers", action="store_true", help="start the workers anew every epoch")
     g.add_argument("--collective-timeout", type=float, help="seconds a rank waits for the others (default: 300)")
+    m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
+    m.add_argument("--weights", nargs="+", metavar="NAME=W", help="each corpus's share of the utterances, e.g. en=1 zh=3 "
+                                                                 "(default: their own sizes)")
+    m.add_argument("--temperature", type=float, help="weights from hours: hours^(1/T), e.g. 5")
+    m.add_argument("--schedule", nargs="+", metavar="STEP:NAME=W,...",
+                   help="weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1")
+    m.add_argument("--steps-per-epoch", type=int, help="steps of a mixed epoch (default: one pass's worth of batches)")
 
 
 def _loader_options(args: argparse.Namespace) -> dict:
@@ -272,7 +280,49 @@ def _loader_options(args: argparse.Namespace) -> dict:
         opts["pin_memory"] = True
     if args.no_persistent_workers:
         opts["persistent_workers"] = False
+    if args.weights:
+        opts["weights"] = _named_numbers(args.weights, "--weights")
+    if args.temperature is not None:
+        opts["temperature"] = args.temperature
+    if args.schedule:
+        opts["schedule"] = [_schedule_point(p) for p in args.schedule]
+    if args.steps_per_epoch is not None:
+        opts["steps_per_epoch"] = args.steps_per_epoch
     return opts
+
+
+def _named_numbers(items: list[str], option: str) -> dict[str, float]:
+    """NAME=NUMBER items (comma- or space-separated) as a dict."""
+    out: dict[str, float] = {}
+    for item in (x for part in items for x in part.split(",") if x):
+        name, eq, value = item.partition("=")
+        try:
+            if not eq or not name:
+                raise ValueError
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"{option}: {item!r} is not NAME=NUMBER") from None
+    return out
+
+
+def _schedule_point(text: str) -> tuple[int, dict[str, float]]:
+    step, colon, weights = text.partition(":")
+    if not colon or not step.strip().isdigit():
+        raise ValueError(f"--schedule: {text!r} is not STEP:NAME=W,NAME=W (e.g. 1000:en=1,zh=1)")
+    return int(step), _named_numbers([weights], f"--schedule {text}")
+
+
+def _corpora(items: list[str]) -> dict[str, str]:
+    """--corpus NAME=PATTERN items as a dict, in order."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, pattern = item.partition("=")
+        if not eq or not name or not pattern:
+            raise ValueError(f"--corpus: {item!r} is not NAME=PATTERN (e.g. en='data/en/*/data-*.tar')")
+        if name in out:
+            raise ValueError(f"--corpus: {name!r} is given twice")
+        out[name] = pattern
+    return out
 
 
 def _add_dry_run(sub: argparse._SubParsersAction) -> None:
@@ -281,7 +331,9 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
     src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
-    p.add_argument("--tokenizer", help="tokenizer file (with --trset)")
+    src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
+                     help="a named corpus (repeat for each); in training they are mixed (see --weights)")
+    p.add_argument("--tokenizer", help="tokenizer file (with --trset or --corpus)")
     p.add_argument("--plan", action="store_true", help="print the epoch's plan from the index; read no feature")
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
                    help="ranks to plan for, with --plan (default: $WORLD_SIZE or 1)")

@@ -7,7 +7,10 @@ is ``bucket_size`` (:func:`normalize_keys`, applied to the whole ``train:option`
 Current CAT keys: ``ld`` (shard pattern), ``tokenizer``, ``batch_size``, ``batching_mode``
 (``batch`` | ``bucket``), ``bucket_size`` (frames of the GLOBAL batch; CAT gives each rank
 ``bucket_size // world_size``), ``ld_shuffle_buffer``, ``ld_bucket_count_padding``.
-Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  The tokenizer may sit in
+Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  wdsprep's own: ``ld`` as
+an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN, "zh": PATTERN},
+"weights": {"en": 1, "zh": 3}}`` or ``"temperature": 5`` or ``"schedule": [[0, {...}], [1000,
+{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern).  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
@@ -92,7 +95,7 @@ class HyperOptions:
     (each also raised a warning).
     """
 
-    trset: str
+    trset: str | dict[str, Any]  # a shard pattern, or named corpora (an ld object)
     tokenizer: str
     loader_kwargs: dict[str, Any]
     passthrough: dict[str, Any] = field(default_factory=dict)
@@ -111,7 +114,43 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
-def _shard_pattern(opt: Mapping[str, Any], where: str) -> str:
+# Keys of an ``ld`` object: named corpora and how to mix them (make_loader's arguments of those names).
+LD_KEYS = {"corpora", "weights", "temperature", "schedule", "steps_per_epoch"}
+
+
+def _mixed_ld(ld: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An ``ld`` object: ``{"corpora": {name: pattern}, "weights" | "temperature" | "schedule": ...,
+    "steps_per_epoch": N}`` -> (corpora, mixing keyword arguments)."""
+    ld = normalize_keys(ld, f"{where}: ld")
+    unknown = sorted(set(ld) - LD_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: train:option ld has {unknown}; an ld object takes {sorted(LD_KEYS)}")
+    corpora = ld.get("corpora")
+    if not isinstance(corpora, Mapping) or not corpora:
+        raise ValueError(f"{where}: train:option ld needs \"corpora\": {{name: shard pattern, ...}}")
+    for name, pattern in corpora.items():
+        if not isinstance(pattern, (str, list)) or not pattern:
+            raise ValueError(f"{where}: ld corpus {name!r} must be a shard pattern or a list of them, got {pattern!r}")
+    kw: dict[str, Any] = {}
+    if "weights" in ld:
+        if not isinstance(ld["weights"], Mapping):
+            raise ValueError(f"{where}: ld weights must be {{name: weight}}, got {ld['weights']!r}")
+        kw["weights"] = dict(ld["weights"])
+    if "temperature" in ld:
+        kw["temperature"] = ld["temperature"]
+    if "schedule" in ld:
+        points = ld["schedule"]
+        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise ValueError(f"{where}: ld schedule must be [[step, {{name: weight}}], ...], got {points!r}")
+        kw["schedule"] = [(p[0], p[1]) for p in points]
+    if "steps_per_epoch" in ld:
+        kw["steps_per_epoch"] = _int(ld, "steps_per_epoch", f"{where}: ld")
+    return {str(k): v for k, v in corpora.items()}, kw
+
+
+def _shard_pattern(opt: Mapping[str, Any], where: str) -> str | dict[str, Any]:
+    if isinstance(opt.get("ld"), Mapping):
+        return opt["ld"]
     if opt.get("ld"):
         return str(opt["ld"])
     if "large_dataset" in opt and parse_bool(opt["large_dataset"], "large_dataset"):
@@ -137,6 +176,9 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
     """
     opt = normalize_keys(train_option(hyper, where), where)
     trset = _shard_pattern(opt, where)
+    mixing: dict[str, Any] = {}
+    if isinstance(trset, Mapping):
+        trset, mixing = _mixed_ld(trset, where)
     tok = opt.get("tokenizer", hyper.get("tokenizer"))
     if tok is None:
         raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level {{\"tokenizer\": {{\"file\": PATH}}}}")
@@ -183,7 +225,7 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
     for key, why in ignored.items():
         warnings.warn(f"{where}: train:option {key}={opt[key]!r} is not used: {why}", UserWarning, stacklevel=2)
     passthrough = {k: v for k, v in opt.items() if k not in _KNOWN}
-    return HyperOptions(trset, _tokenizer_path(tok, where), kw, passthrough, ignored)
+    return HyperOptions(trset, _tokenizer_path(tok, where), {**kw, **mixing}, passthrough, ignored)
 
 
 def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None,

@@ -16,14 +16,17 @@ import json
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
+
+import numpy as np
 
 from wdsprep.files import naming, write_text
 from wdsprep.loading.stats import BatchTally, efficiency
 from wdsprep.units import hours
 
 
-def dry_run(*, hyper: str | None = None, trset: str | None = None, tokenizer: str | None = None, epochs: int = 1,
+def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None = None, tokenizer: str | None = None,
+            epochs: int = 1,
             dump_keys: str | None = None, stats_json: str | None = None, out: TextIO | None = None,
             **loader_options: Any) -> list[dict[str, Any]]:
     """Iterate ``epochs`` epochs; returns this rank's per-epoch stats (and prints a summary on rank 0).
@@ -110,21 +113,41 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
         f"{sum(r['corrupt_shards'] for r in ranks)}",
         f"  discarded tail      {ranks[0]['discarded']:,} utterances ({ranks[0]['discarded_fraction']:.2%})",
     ]
+    names = list(ranks[0].get("corpora", {}))
+    if names:
+        per = {n: [sum(r["corpora"][n][k] for r in ranks) for k in ("utterances", "hours")] for n in names}
+        lines.append("  per corpus          " + ", ".join(
+            f"{n}: {u:,} utts ({u / utts if utts else 0:.1%}), {h:.2f} h"
+            + (f", {ranks[0]['corpora'][n]['epochs']:.2f} epochs" if ranks[0]["corpora"][n]["epochs"] is not None else "")
+            for n, (u, h) in per.items()))
     return "\n".join(lines)
+
+
+MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 
 
 def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
                 out: TextIO | None = None, **plan_options: Any) -> list[dict[str, Any]]:
     """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
-    (``max_frames`` and any of the batching options ``make_loader`` takes)."""
+    (``max_frames`` and any of the batching options ``make_loader`` takes), and for named corpora
+    (``trset`` a mapping) the mixing options too."""
     from wdsprep.format.shardlist import expand_shards
     from wdsprep.loading.assign import epoch_assignment, rank_order
     from wdsprep.loading.plan import PlanOptions, plan_epoch
-    from wdsprep.loading.shardset import shard_set
+    from wdsprep.loading.shardset import shard_set, union
 
     out = out or sys.stdout
-    shards = shard_set(expand_shards(trset))
+    mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
+    if isinstance(trset, Mapping):
+        shards = union({name: shard_set(expand_shards(p)) for name, p in trset.items()})
+        if plan_options.get("train", True) and (len(shards.corpora) > 1 or mixing):
+            return mix_report(shards, PlanOptions(**plan_options), world_size=world_size, num_workers=num_workers,
+                              epochs=epochs, seed=seed, out=out, **mixing)
+    elif mixing:
+        raise ValueError(f"{', '.join(mixing)} mix named corpora: give them with --corpus NAME=PATTERN")
+    else:
+        shards = shard_set(expand_shards(trset))
     options = PlanOptions(**plan_options)
     reports = []
     for epoch in range(epochs):
@@ -154,6 +177,78 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
         reports.append(report)
         out.write(_plan_summary(report, shards.num_utts) + "\n")
     return reports
+
+
+def mix_report(shards: Any, options: Any, *, world_size: int, num_workers: int, epochs: int, seed: int,
+               out: TextIO, windows: int = 8, **mixing: Any) -> list[dict[str, Any]]:
+    """The mixed plan of ``epochs`` loader epochs: per step range, each corpus's scheduled share
+    of the utterances against the planned one (and its share of hours), and how far each corpus
+    is through its own epochs at the end."""
+    from wdsprep.loading.mixing import MixedPlan, mixture_for
+
+    steps_per_epoch = mixing.pop("steps_per_epoch", None)
+    mixture = mixture_for(shards, **mixing)
+    mix = MixedPlan(shards, options, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
+                    world_size=world_size, num_workers=num_workers)
+    names = mixture.names
+    reports = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        start = mix.epoch_start(epoch)
+        run = mix.run(epoch)
+        seconds = time.perf_counter() - t0
+        # Per step: utterances and frames of each corpus, over all ranks.
+        utts = np.zeros((run.steps, len(names)))
+        frames = np.zeros((run.steps, len(names)))
+        padded = real = 0
+        for r in range(world_size):
+            for k, ref in enumerate(run.rank_order(r)):
+                f = shards.frames[mix.rows_of(ref)]
+                utts[k, ref[0]] += len(f)
+                frames[k, ref[0]] += f.sum()
+                real += int(f.sum())
+                padded += len(f) * int(f.max(initial=0))
+        rows = []
+        for part in np.array_split(np.arange(run.steps), min(windows, max(1, run.steps))):
+            if not len(part):
+                continue
+            g = start.global_step + part
+            rows.append({"steps": [int(start.step + part[0]), int(start.step + part[-1])],
+                         "global_steps": [int(g[0]), int(g[-1])],
+                         "scheduled": mixture.at(g).mean(axis=0).round(4).tolist(),
+                         "planned": _shares(utts[part].sum(axis=0)), "hours_share": _shares(frames[part].sum(axis=0))})
+        report = {"epoch": epoch, "world_size": world_size, "num_workers": num_workers, "steps_per_rank": run.steps,
+                  "corpora": list(names), "mixture": mixture.describe(), "ranges": rows,
+                  "utterances": dict(zip(names, utts.sum(axis=0).astype(int).tolist())),
+                  "hours": dict(zip(names, [round(hours(x), 4) for x in frames.sum(axis=0)])),
+                  "corpus_epochs": dict(zip(names, [round(x, 3) for x in mix.progress(run.end)])),
+                  "padding_efficiency": efficiency(real, padded), "planning_seconds": round(seconds, 3)}
+        reports.append(report)
+        out.write(_mix_summary(report) + "\n")
+    return reports
+
+
+def _shares(x: np.ndarray) -> list[float]:
+    total = float(x.sum())
+    return [round(float(v) / total, 4) if total else 0.0 for v in x]
+
+
+def _mix_summary(r: dict[str, Any]) -> str:
+    names = r["corpora"]
+    width = max(8, *(len(n) for n in names))
+    lines = [f"epoch {r['epoch']} mixed for {r['world_size']} rank(s) x {max(1, r['num_workers'])} reader(s): "
+             f"{r['steps_per_rank']:,} steps per rank ({r['planning_seconds']:.2f} s, no feature read)",
+             f"  mixture             {r['mixture']}",
+             f"  padding efficiency  {r['padding_efficiency']:.4f}",
+             "  share of utterances per step range, scheduled -> planned (share of hours):",
+             "    " + f"{'steps':>17}  " + "  ".join(f"{n:>{width + 12}}" for n in names)]
+    for row in r["ranges"]:
+        a, b = row["global_steps"]
+        cells = [f"{s:.3f}->{p:.3f} ({h:.3f})" for s, p, h in zip(row["scheduled"], row["planned"], row["hours_share"])]
+        lines.append("    " + f"{a:>8}-{b:<8}  " + "  ".join(f"{c:>{width + 12}}" for c in cells))
+    lines.append("  per corpus          " + ", ".join(
+        f"{n}: {r['utterances'][n]:,} utts, {r['hours'][n]:.2f} h, {r['corpus_epochs'][n]:.2f} epochs" for n in names))
+    return "\n".join(lines)
 
 
 def _plan_summary(r: dict[str, Any], num_utts: int) -> str:

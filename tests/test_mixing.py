@@ -1,0 +1,253 @@
+"""Named corpora in one loader: mixed by weight or schedule on real packed shards, resumed anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from shardsets import build, train_char_tokenizer
+
+from wdsprep.loader import MixedLoader, make_loader
+from wdsprep.loading.read import iter_records
+from wdsprep.units import FRAMES_PER_HOUR
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """A larger English-like corpus and a small one with other ids, packed as users pack them."""
+    root = tmp_path_factory.mktemp("mixing")
+    en, en_utts = build(root, n=240, utts_per_shard=20, seed=0, prefix="en-")
+    zh, zh_utts = build(root, n=60, utts_per_shard=15, seed=1, prefix="zh-", layout="cat-v3")
+    tok = train_char_tokenizer(root, root / "kaldi-cat-0" / "text")
+    return {"en": f"{en}/data-*.tar", "zh": f"{zh}/data-*.tar"}, {**en_utts, **zh_utts}, tok
+
+
+def corpus_of(key: str) -> str:
+    return key.split("-", 1)[0]
+
+
+def epoch_batches(loader, epoch):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def planned_keys(loader, rank_refs):
+    """The utterance ids the mixed plan puts in each of these batches (read from the shards, not
+    from the loader): what the loader must yield."""
+    mix = loader.dataset.mix
+    keys = np.array([k for url in mix.shards.urls for r in iter_records(url) for k in r.uttids.tolist()], object)
+    return [sorted(keys[mix.rows_of(ref)].tolist()) for ref in rank_refs]
+
+
+def test_batches_say_which_corpus_each_utterance_came_from(corpora):
+    trset, utts, tok = corpora
+    loader = make_loader(trset, tok, max_frames=1500, weights={"en": 1, "zh": 1})
+    assert isinstance(loader, MixedLoader) and loader.corpora == ("en", "zh")
+    batches = epoch_batches(loader, 0)
+    assert len(batches) == len(loader) == loader.stats.steps == loader.stats.planned_steps
+    per = Counter()
+    frames = Counter()
+    for b in batches:
+        feats, feat_lens, labels, label_lens, keys = b  # still five fields
+        assert [loader.corpora[c] for c in b.corpus.tolist()] == [corpus_of(k) for k in keys]
+        for i, k in enumerate(keys):
+            np.testing.assert_array_equal(feats[i, :int(feat_lens[i])].numpy(), utts[k][0])
+            per[corpus_of(k)] += 1
+            frames[corpus_of(k)] += int(feat_lens[i])
+    st = loader.stats
+    assert {n: c.utterances for n, c in st.corpora.items()} == per
+    assert {n: c.hours for n, c in st.corpora.items()} == pytest.approx({n: f / FRAMES_PER_HOUR for n, f in frames.items()})
+    # Equal weights: zh (60 utterances against 240) loops through its own epochs several times.
+    assert st.corpora["zh"].epochs > 1.5 and st.corpora["en"].epochs < 1
+    assert st.utterances == st.assigned == sum(per.values()) and st.num_dropped == 0
+
+
+def test_the_share_of_utterances_follows_the_schedule_within_sampling_noise(corpora):
+    """600 steps, in windows of 50: zh's share of the utterances against the schedule's, with the
+    tolerance of the draw: a sum of per-step Bernoulli choices of batches of random sizes."""
+    trset, _, tok = corpora
+    schedule = [(0, {"en": 9, "zh": 1}), (400, {"en": 1, "zh": 1})]
+    loader = make_loader(trset, tok, max_frames=700, schedule=schedule, steps_per_epoch=300)
+    mix = loader.dataset.mix
+    got = []  # per step: (en utterances, zh utterances)
+    for epoch in (0, 1):
+        for b in epoch_batches(loader, epoch):
+            c = b.corpus.numpy()
+            got.append(((c == 0).sum(), (c == 1).sum()))
+    got = np.array(got, float)
+    assert len(got) == 600
+    # Batch sizes of each corpus, from its plan: the spread the utterance share inherits.
+    sizes = [np.concatenate([np.diff(s.starts) for s in mix.corpus_plan(c, 0).streams]) for c in (0, 1)]
+    m1, m2 = [s.mean() for s in sizes], [(s.astype(float) ** 2).mean() for s in sizes]
+    for w0 in range(0, 600, 50):
+        steps = np.arange(w0, w0 + 50)
+        share = mix.mixture.at(steps).mean(axis=0)[1]
+        p = mix.probabilities(steps)  # per step, the chance of each corpus
+        # Delta method for U_zh / U: var ~ sum E[(X - share*Y)^2] / (sum E[Y])^2, X = zh utterances, Y = all.
+        ey = (p @ m1).sum()
+        var = ((p[:, 1] * m2[1] * (1 - share) ** 2) + (p[:, 0] * m2[0] * share ** 2)).sum() / ey ** 2
+        realized = got[w0:w0 + 50, 1].sum() / got[w0:w0 + 50].sum()
+        assert abs(realized - share) <= 4 * math.sqrt(var), (w0, realized, share, math.sqrt(var))
+    early, late = got[:100, 1].sum() / got[:100].sum(), got[400:, 1].sum() / got[400:].sum()
+    assert early < 0.2 and 0.4 < late < 0.6
+
+
+def test_same_seed_same_batches(corpora):
+    trset, _, tok = corpora
+    runs = [[b.keys for b in epoch_batches(make_loader(trset, tok, max_frames=1500, seed=s), 1)] for s in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_workers_yield_exactly_the_plan(corpora):
+    trset, _, tok = corpora
+    loader = make_loader(trset, tok, max_frames=1500, num_workers=2, temperature=2.0)
+    for epoch in (0, 1):
+        batches = epoch_batches(loader, epoch)
+        refs = loader.dataset.mix.run(epoch).rank_order(0)
+        assert [sorted(b.keys) for b in batches] == planned_keys(loader, refs)
+
+
+def ranks(trset, tok, world, **kw):
+    return [make_loader(trset, tok, max_frames=1500, rank=r, world_size=world, **kw) for r in range(world)]
+
+
+def test_resumed_mid_schedule_on_another_world_size_it_continues_the_plan(corpora):
+    """Two ranks stop at step 9 of epoch 1; three resume.  Every resumed batch is the one the plan
+    gives for the saved position on three ranks; the schedule's clock goes on; within a corpus
+    epoch no utterance comes twice."""
+    trset, _, tok = corpora
+    schedule = [(0, {"en": 9, "zh": 1}), (120, {"en": 1, "zh": 1})]
+    two = ranks(trset, tok, 2, schedule=schedule)
+    seen = []
+    for loader in two:
+        epoch_batches(loader, 0)
+        loader.set_epoch(1)
+        it = iter(loader)
+        seen += [next(it) for _ in range(9)]
+    state = two[0].state_dict()
+    assert state == two[1].state_dict()  # every rank is at the same place: rank 0's serves
+    json.dumps(state)  # a checkpoint holds it as it is
+    assert state["step"] == 9 and state["global_step"] == two[0].dataset.mix.run(0).steps + 9
+    three = ranks(trset, tok, 3, schedule=schedule)
+    for loader in three:
+        loader.load_state_dict(state)
+        assert len(loader) == math.ceil(state["position"]["batches_left"] / 3)
+    for r, loader in enumerate(three):
+        batches = epoch_batches(loader, 1)
+        refs = loader.dataset.mix.run(1).rank_order(r)
+        assert [sorted(b.keys) for b in batches] == planned_keys(loader, refs)
+    end = three[0].state_dict()
+    assert end["global_step"] == state["global_step"] + len(batches) and end["complete"]
+
+
+def test_resumed_on_the_same_world_size_it_goes_on_as_if_never_stopped(corpora):
+    trset, _, tok = corpora
+    whole = [[b.keys for b in epoch_batches(loader, 0)] for loader in ranks(trset, tok, 2, num_workers=2)]
+    first = ranks(trset, tok, 2, num_workers=2)
+    head = []
+    for loader in first:
+        loader.set_epoch(0)
+        it = iter(loader)
+        head.append([next(it).keys for _ in range(7)])
+    state = first[0].state_dict()
+    for r, loader in enumerate(ranks(trset, tok, 2, num_workers=2)):
+        loader.load_state_dict(state)
+        assert head[r] + [b.keys for b in epoch_batches(loader, 0)] == whole[r]
+
+
+def test_changed_weights_at_resume_say_what_changed_and_apply_from_there(corpora):
+    trset, _, tok = corpora
+    loader = make_loader(trset, tok, max_frames=1500, weights={"en": 1, "zh": 1})
+    loader.set_epoch(0)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    changed = make_loader(trset, tok, max_frames=1500, weights={"en": 1, "zh": 0})
+    with pytest.warns(UserWarning, match=r"mixture differs.*en 0\.5, zh 0\.5 \(weights\) -> en 1, zh 0 \(weights\)"
+                                         r".*from global step 5"):
+        changed.load_state_dict(state)
+    assert all(set(b.corpus.tolist()) == {0} for b in epoch_batches(changed, 0))
+
+
+def test_a_dev_loader_reads_every_corpus_once(corpora):
+    trset, utts, tok = corpora
+    loader = make_loader(trset, tok, max_frames=1500, train=False)
+    assert not isinstance(loader, MixedLoader) and loader.corpora == ("en", "zh")
+    batches = epoch_batches(loader, 0)
+    keys = [k for b in batches for k in b.keys]
+    assert Counter(keys) == Counter(utts.keys())
+    assert all([loader.corpora[c] for c in b.corpus.tolist()] == [corpus_of(k) for k in b.keys] for b in batches)
+    assert {n: c.utterances for n, c in loader.stats.corpora.items()} == {"en": 240, "zh": 60}
+    with pytest.raises(ValueError, match="dev loader.*once"):
+        make_loader(trset, tok, max_frames=1500, train=False, weights={"en": 1, "zh": 1})
+
+
+def test_mistakes_are_refused_saying_what_to_do(corpora, tmp_path):
+    trset, _, tok = corpora
+    with pytest.raises(ValueError, match=r"no weight for \['zh'\]"):
+        make_loader(trset, tok, max_frames=1500, weights={"en": 1})
+    with pytest.raises(ValueError, match="only named corpora are mixed.*name: pattern"):
+        make_loader(trset["en"], tok, max_frames=1500, weights={"en": 1})
+    with pytest.raises(ValueError, match="is in corpus 'en' and in corpus 'again'"):
+        make_loader({**trset, "again": trset["en"]}, tok, max_frames=1500)
+    plain = make_loader(trset["en"], tok, max_frames=1500)
+    with pytest.raises(ValueError, match="mixed loader's state"):
+        plain.load_state_dict(make_loader(trset, tok, max_frames=1500).state_dict())
+
+
+def test_hyper_ld_object_names_the_corpora_and_the_mixture(corpora, tmp_path):
+    from wdsprep.hyper import make_loader_from_hyper
+
+    trset, _, tok = corpora
+    hyper = tmp_path / "hyper-p.json"
+    ld = {"corpora": trset, "schedule": [[0, {"en": 3, "zh": 1}], [50, {"en": 1, "zh": 1}]], "steps-per-epoch": 40}
+    hyper.write_text(json.dumps({"train": {"option": {"ld": ld, "bucket_size": 3000, "tokenizer": str(tok)}}}))
+    loader = make_loader_from_hyper(hyper, world_size=2, rank=1)
+    assert isinstance(loader, MixedLoader) and len(loader) == 40
+    assert loader.dataset.mix.mixture.describe() == "en 0.75@0 -> 0.5@50, zh 0.25@0 -> 0.5@50 (schedule)"
+    hyper.write_text(json.dumps({"train": {"option": {"ld": {"corpora": trset, "mix": 1}, "bucket_size": 3000,
+                                                      "tokenizer": str(tok)}}}))
+    with pytest.raises(ValueError, match=r"ld has \['mix'\]"):
+        make_loader_from_hyper(hyper, world_size=1)
+
+
+def test_dry_run_shows_the_planned_mixture(corpora):
+    trset, _, tok = corpora
+    corpus_args = [a for name, p in trset.items() for a in ("--corpus", f"{name}={p}")]
+    plan = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", *corpus_args, "--max-frames", "1500",
+                           "--schedule", "0:en=9,zh=1", "100:en=1,zh=1", "--world-size", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "en 0.9@0 -> 0.5@100, zh 0.1@0 -> 0.5@100 (schedule)" in plan.stdout
+    assert "share of utterances per step range, scheduled -> planned (share of hours)" in plan.stdout
+    rows = re.findall(r"^ +(\d+)-(\d+) +([01]\.\d{3})->([01]\.\d{3}) \([01]\.\d{3}\)", plan.stdout, re.M)
+    assert len(rows) == 8 and rows[0][0] == "0" and float(rows[0][2]) > 0.85  # en's share, scheduled
+    real = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", *corpus_args, "--tokenizer", str(tok),
+                           "--max-frames", "1500", "--weights", "en=1", "zh=1"], capture_output=True, text=True,
+                          timeout=120)
+    assert real.returncode == 0, real.stderr
+    line = next(x for x in real.stdout.splitlines() if "per corpus" in x)
+    assert "en: " in line and "zh: " in line and "epochs" in line
+
+
+def test_what_the_plan_leaves_out_is_counted_once_per_corpus_epoch(corpora):
+    """Only zh is drawn: each of its epochs leaves out its short utterances once, whichever of the
+    two ranks reads the streams; a corpus epoch begun counts what its begun streams left out."""
+    trset, utts, tok = corpora
+    short = sum(1 for k, (f, _) in utts.items() if corpus_of(k) == "zh" and len(f) < 60)
+    assert short
+    loaders = ranks(trset, tok, 2, min_frames=60, weights={"en": 0, "zh": 1}, steps_per_epoch=20)
+    dropped = Counter()
+    for loader in loaders:
+        epoch_batches(loader, 0)
+        dropped += Counter(loader.stats.dropped)
+    epochs = loaders[0].stats.corpora["zh"].epochs
+    assert loaders[0].stats.corpora["en"].utterances == 0 and epochs > 2
+    assert math.floor(epochs) * short <= dropped["too_short"] <= math.ceil(epochs) * short
