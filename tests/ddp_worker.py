@@ -19,7 +19,9 @@ from wdsprep.loader import make_loader
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--trset", required=True)
+    p.add_argument("--trset")
+    p.add_argument("--corpus", action="append", metavar="NAME=PATTERN", help="named corpora to mix (instead of --trset)")
+    p.add_argument("--schedule", help="a mixing schedule as JSON: [[step, {name: weight}], ...]")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--max-frames", type=int, default=3000)
@@ -35,9 +37,11 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = make_loader(args.trset, args.tokenizer, max_frames=args.max_frames, num_workers=args.num_workers,
+    trset = dict(c.split("=", 1) for c in args.corpus) if args.corpus else args.trset
+    mixing = {"schedule": [tuple(p) for p in json.loads(args.schedule)]} if args.schedule else {}
+    loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
-                         collective_timeout=args.collective_timeout)
+                         collective_timeout=args.collective_timeout, **mixing)
     epochs = []
     first = 0
     if args.resume:
@@ -47,15 +51,16 @@ def main() -> None:
     for epoch in range(first, first + args.epochs):
         loader.set_epoch(epoch)
         length = len(loader)
-        batches, saved = [], None
+        batches, corpora, saved = [], [], None
         for b in loader:
             batches.append(list(b.keys))
+            corpora.append(b.corpus.tolist())
             if args.hang_rank == rank and len(batches) == length - 1:
                 time.sleep(3600)  # alive, but no longer stepping
             if len(batches) == args.save_at:
                 saved = loader.state_dict()
                 break
-        epochs.append({"batches": batches, "len": length, "steps": loader.stats.steps,
+        epochs.append({"batches": batches, "corpora": corpora, "len": length, "steps": loader.stats.steps,
                        "stats": loader.stats.to_dict(), "state": loader.state_dict(), "saved": saved})
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": dist.get_world_size(),

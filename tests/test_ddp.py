@@ -48,8 +48,10 @@ def run_torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def torchrun(nproc: int, out: Path, trset: str, tok: Path, *extra: str) -> list[dict]:
-    proc = run_torchrun(nproc, "--trset", trset, "--tokenizer", str(tok), "--out", str(out), *extra)
+def torchrun(nproc: int, out: Path, trset: str | dict[str, str], tok: Path, *extra: str) -> list[dict]:
+    shards = [a for n, p in trset.items() for a in ("--corpus", f"{n}={p}")] if isinstance(trset, dict) else \
+        ["--trset", trset]
+    proc = run_torchrun(nproc, *shards, "--tokenizer", str(tok), "--out", str(out), *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
@@ -145,3 +147,45 @@ def test_a_rank_that_stops_stepping_is_named(uneven, tmp_path):
                         "--epochs", "1", "--hang-rank", "1", "--collective-timeout", "5")
     assert proc.returncode != 0
     assert "rank(s) 1 did not answer within 5 s" in proc.stderr, proc.stderr[-3000:]
+
+
+SCHEDULE = [[0, {"en": 9, "zh": 1}], [20, {"en": 1, "zh": 1}]]
+
+
+def in_process(trset: dict[str, str], tok: Path, world: int, workers: int, epoch: int,
+               state: dict | None = None) -> list[list]:
+    """Each rank's batches of a mixed epoch, every rank simulated in this process (no group)."""
+    out = []
+    for r in range(world):
+        loader = make_loader(trset, tok, max_frames=3000, seed=7, shuffle_buffer=50, rank=r, world_size=world,
+                             num_workers=workers, schedule=[tuple(p) for p in SCHEDULE])
+        if state is not None:
+            loader.load_state_dict(state)
+        loader.set_epoch(epoch)
+        out.append([b.keys for b in loader])
+    return out
+
+
+def test_mixed_corpora_under_torchrun_resume_on_another_world_size(uneven, tmp_path):
+    """Two corpora on a schedule: 2 ranks with workers stop at step 5; 3 ranks resume.  Every rank
+    yields len(loader) batches, exactly those it yields when all ranks are simulated in one
+    process, each batch from one corpus and each utterance named with its corpus."""
+    root, out, utts, tok = uneven
+    zh, zh_utts = build(root, n=80, utts_per_shard=20, seed=5, prefix="zh-")
+    trset = {"en": f"{out}/*/data-*.tar", "zh": f"{zh}/data-*.tar"}
+    common = ["--epochs", "1", "--schedule", json.dumps(SCHEDULE)]
+    a = torchrun(2, tmp_path / "a", trset, tok, "--num-workers", "2", "--save-at", "5", *common)
+    saved = a[0]["epochs"][0]["saved"]
+    assert saved == a[1]["epochs"][0]["saved"] and saved["step"] == 5
+    assert [r["epochs"][0]["batches"] for r in a] == [b[:5] for b in in_process(trset, tok, 2, 2, 0)]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(saved))
+    b = torchrun(3, tmp_path / "b", trset, tok, "--resume", str(state), *common)
+    rest = [r["epochs"][0] for r in b]
+    assert len({ep["len"] for ep in rest}) == 1 and all(len(ep["batches"]) == ep["len"] > 0 for ep in rest)
+    assert [ep["batches"] for ep in rest] == in_process(trset, tok, 3, 0, 0, saved)
+    for ep in [r["epochs"][0] for r in a + b]:
+        for keys, corpus in zip(ep["batches"], ep["corpora"]):
+            assert len(set(corpus)) == 1 and [("en", "zh")[c] for c in corpus] == \
+                ["zh" if k.startswith("zh-") else "en" for k in keys]
+    assert rest[0]["state"]["global_step"] == 5 + rest[0]["len"]
