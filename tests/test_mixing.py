@@ -218,7 +218,7 @@ def test_hyper_ld_object_names_the_corpora_and_the_mixture(corpora, tmp_path):
         make_loader_from_hyper(hyper, world_size=1)
 
 
-def test_dry_run_shows_the_planned_mixture(corpora):
+def test_dry_run_shows_the_planned_mixture(corpora, tmp_path):
     trset, _, tok = corpora
     corpus_args = [a for name, p in trset.items() for a in ("--corpus", f"{name}={p}")]
     plan = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", *corpus_args, "--max-frames", "1500",
@@ -230,9 +230,10 @@ def test_dry_run_shows_the_planned_mixture(corpora):
     rows = re.findall(r"^ +(\d+)-(\d+) +([01]\.\d{3})->([01]\.\d{3}) \([01]\.\d{3}\)", plan.stdout, re.M)
     assert len(rows) == 8 and rows[0][0] == "0" and float(rows[0][2]) > 0.85  # en's share, scheduled
     real = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", *corpus_args, "--tokenizer", str(tok),
-                           "--max-frames", "1500", "--weights", "en=1", "zh=1"], capture_output=True, text=True,
-                          timeout=120)
+                           "--max-frames", "1500", "--weights", "en=1", "zh=1", "--epochs", "2",
+                           "--plot", str(tmp_path / "mix.png")], capture_output=True, text=True, timeout=120)
     assert real.returncode == 0, real.stderr
+    assert (tmp_path / "mix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"mixture plot: {tmp_path}" in real.stdout
     line = next(x for x in real.stdout.splitlines() if "per corpus" in x)
     assert "en: " in line and "zh: " in line and "epochs" in line
 

@@ -216,6 +216,33 @@ def test_training_loss_falls_below_the_ctc_plateau(demo_exp: Path, tmp_path: Pat
     assert min(dev) < dev[0], dev
 
 
+# -------------------------------------------------------------------------------- mixing recipe
+MIX = ROOT / "egs" / "mix"
+
+
+@pytest.mark.slow
+def test_mix_recipe_splits_packs_plans_plots_and_trains(tmp_path: Path) -> None:
+    """egs/mix: the corpus's English and Mandarin halves as two corpora on a 90/10 -> 50/50
+    schedule; the plan and the realized shares follow it, and training runs on the mixed loader."""
+    exp = tmp_path / "exp"
+    p = run(["bash", str(MIX / "run.sh"), "--ramp", "200", "--max-steps", "4"], timeout=600, EXP=str(exp), NJ="2",
+            NPROC="2")
+    for stage in range(7):
+        assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
+    en, zh = (kaldi_ids(exp / "data" / "train" / lang / "text") for lang in ("en", "zh"))
+    assert sorted(en + zh) == sorted(kaldi_ids(CORPUS / "train" / "text"))
+    assert all(u.startswith("en_") for u in en) and all(u.startswith("zh_") for u in zh)
+    ld = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]["ld"]
+    assert set(ld["corpora"]) == {"en", "zh"} and ld["schedule"] == [[0, {"en": 9, "zh": 1}], [200, {"en": 1, "zh": 1}]]
+    assert "en 0.9@0 -> 0.5@200, zh 0.1@0 -> 0.5@200 (schedule)" in p.stdout
+    assert (exp / "mixture.png").read_bytes()[:4] == b"\x89PNG"
+    # The realized shares over all ranks: zh's share of the utterances grows as scheduled.
+    epochs = json.loads((exp / "dry_run.json").read_text())
+    zh_share = [sum(r["corpora"]["zh"]["utterances"] for r in e) / sum(r["utterances"] for r in e) for e in epochs]
+    assert len(epochs) == 30 and sum(zh_share[:3]) / 3 < 0.3 < 0.4 < sum(zh_share[-10:]) / 10 < 0.6, zh_share
+    assert "epoch 1 | train loss" in p.stdout
+
+
 # ---------------------------------------------------------------- large recipe on a stand-in corpus
 @pytest.mark.slow
 def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -223,15 +224,22 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
     opts = _loader_options(args)
     trset = _corpora(args.corpus) if args.corpus else args.trset
     if args.plan:
-        if trset is None or args.max_frames is None:
-            raise ValueError("dry-run --plan needs --trset (or --corpus) and --max-frames (it reads only the index)")
+        if args.hyper is not None:  # the shards and batching hyper-p.json names, resolved for --world-size
+            from wdsprep.hyper import loader_options
+
+            resolved = loader_options(json.loads(Path(args.hyper).read_text(encoding="utf-8")),
+                                      world_size=args.world_size, where=args.hyper)
+            trset, opts = resolved.trset, {**resolved.loader_kwargs, **opts}
+        if trset is None or opts.get("max_frames") is None:
+            raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) and --max-frames (it reads only "
+                             "the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout"):
             opts.pop(name, None)  # run-time options: they do not change the plan
         plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
         return
     dry_run(hyper=args.hyper, trset=trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
-            stats_json=args.stats_json, num_workers=args.num_workers, **opts)
+            stats_json=args.stats_json, plot=args.plot, num_workers=args.num_workers, **opts)
 
 
 def _add_loader_options(p: argparse.ArgumentParser) -> None:
@@ -342,6 +350,8 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dump-keys", metavar="FILE",
                    help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
     p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="mixed corpora: each corpus's realized share per step against "
+                                                      "the schedule")
     _add_loader_options(p)
     p.set_defaults(func=_cmd_dry_run)
 

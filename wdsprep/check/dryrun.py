@@ -26,14 +26,14 @@ from wdsprep.units import hours
 
 
 def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None = None, tokenizer: str | None = None,
-            epochs: int = 1,
-            dump_keys: str | None = None, stats_json: str | None = None, out: TextIO | None = None,
-            **loader_options: Any) -> list[dict[str, Any]]:
+            epochs: int = 1, dump_keys: str | None = None, stats_json: str | None = None, plot: str | None = None,
+            out: TextIO | None = None, **loader_options: Any) -> list[dict[str, Any]]:
     """Iterate ``epochs`` epochs; returns this rank's per-epoch stats (and prints a summary on rank 0).
 
     ``loader_options`` go to :func:`wdsprep.make_loader` (with ``hyper``: override its options).
     ``stats_json``: rank 0 writes ``[[stats of rank r for epoch e, ...] for e]`` there, for tools
-    that want the numbers rather than the printout.
+    that want the numbers rather than the printout.  ``plot`` (mixed corpora): rank 0 draws each
+    corpus's realized share of the utterances, step by step over all ranks, against the schedule.
     """
     import torch.distributed as dist
 
@@ -55,6 +55,11 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
                 raise ValueError("dry-run needs --hyper FILE, or --trset, --tokenizer and --max-frames")
             loader = make_loader(trset, tokenizer, **loader_options)
         rank, world = loader.rank, loader.world_size
+        mixture = getattr(getattr(loader.dataset, "mix", None), "mixture", None)
+        if plot and mixture is None:
+            raise ValueError("--plot draws the mixture of named corpora in training: give --corpus (or an ld object)")
+        per_step: list[np.ndarray] = []  # utterances of each corpus at each step, this rank
+        first_step = loader.position().global_step if mixture is not None else 0
         dump = open(f"{dump_keys}.rank{rank}" if dump_keys and world > 1 else dump_keys, "w",
                     encoding="utf-8") if dump_keys else None
         results = []
@@ -63,6 +68,8 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
             for epoch in range(epochs):
                 loader.set_epoch(epoch)
                 for step, batch in enumerate(loader):
+                    if plot:
+                        per_step.append(np.bincount(batch.corpus.numpy(), minlength=len(loader.corpora)))
                     if dump:
                         with naming(dump.name):  # a full disk: say which file
                             dump.write("".join(f"{epoch}\t{step}\t{k}\n" for k in batch.keys))
@@ -78,6 +85,14 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
                 dump.close()
         if stats_json and rank == 0:
             write_text(stats_json, json.dumps(every_rank, indent=1))
+        if plot:
+            from wdsprep.check.plot import plot_mixture
+
+            steps = np.sum(_gather_array(np.array(per_step), world), axis=0)  # summed over ranks, step by step
+            if rank == 0:
+                plot_mixture(steps, mixture.at(first_step + np.arange(len(steps))), loader.corpora, plot,
+                             first_step=first_step)
+                out.write(f"mixture plot: {plot}\n")
         return results
     finally:
         if started:
@@ -92,6 +107,16 @@ def _gather(st: dict[str, Any], world: int) -> list[dict[str, Any]]:
     all_stats: list[Any] = [None] * world
     dist.all_gather_object(all_stats, st)  # rank stats are plain dicts of numbers we produced
     return all_stats
+
+
+def _gather_array(a: np.ndarray, world: int) -> list[np.ndarray]:
+    import torch.distributed as dist
+
+    if world == 1 or not dist.is_initialized():
+        return [a]
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, a.tolist())  # plain lists of ints we made
+    return [np.array(x) for x in every]
 
 
 def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:

@@ -54,3 +54,36 @@ def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
     fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
+
+
+def plot_mixture(utts: np.ndarray, scheduled: np.ndarray, names: tuple[str, ...] | list[str],
+                 path: str | os.PathLike, *, first_step: int = 0, window: int = 50) -> None:
+    """One PNG: each corpus's share of the utterances, realized (``utts`` [steps, corpora], summed
+    over ranks, in a window of ``window`` steps around each step) against the schedule
+    (``scheduled`` [steps, corpora]); written atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    utts = np.asarray(utts, np.float64)
+    if not len(utts):
+        raise ValueError("nothing to plot: no steps")
+    steps = first_step + np.arange(len(utts))
+    kernel = np.ones(min(window, len(utts)))
+    per = np.stack([np.convolve(utts[:, c], kernel, mode="same") for c in range(utts.shape[1])], axis=1)
+    total = per.sum(axis=1, keepdims=True)
+    realized = np.divide(per, total, out=np.full_like(per, np.nan), where=total > 0)
+    fig = Figure(figsize=(8, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for c, name in enumerate(names):
+        color = f"C{c}"
+        ax.plot(steps, scheduled[:, c], color=color, linestyle="--", linewidth=1.5, label=f"{name}: scheduled")
+        ax.plot(steps, realized[:, c], color=color, linewidth=1.2, label=f"{name}: realized ({len(kernel)}-step window)")
+    ax.set_xlabel("global step")
+    ax.set_ylabel("share of the utterances")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=2, loc="upper center")
+    ax.set_title(f"mixture over {len(utts):,} steps", fontsize=10)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)

@@ -7,8 +7,13 @@
 Only the group folders that ``wdsprep pack`` actually filled go into the pattern (an empty group
 would make the pattern match nothing); the pattern is expanded once here so a broken one fails now,
 not at the start of training.  With ``--remote 'pipe:curl -s http://host/shards/{shard}'`` the
-pattern names the same shards as URLs on the storage they were copied to.  ``--set KEY=VALUE`` adds or overrides ``train:option`` keys and
-``--model KEY=VALUE`` the model section (values are parsed as JSON when they can be).
+pattern names the same shards as URLs on the storage they were copied to.  ``--set KEY=VALUE`` adds or
+overrides ``train:option`` keys and ``--model KEY=VALUE`` the model section (values are parsed as
+JSON when they can be).
+
+Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--shards``, and
+``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
+``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.
 """
 
 from __future__ import annotations
@@ -100,7 +105,11 @@ def parse_kv(items: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shards", required=True, type=Path, help="train shard dir (pack --out)")
+    train = ap.add_mutually_exclusive_group(required=True)
+    train.add_argument("--shards", type=Path, help="train shard dir (pack --out)")
+    train.add_argument("--corpus", nargs="+", metavar="NAME=DIR", help="named train shard dirs, to mix")
+    ap.add_argument("--mix", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="with --corpus: schedule=, weights=, temperature= or steps_per_epoch= (JSON values)")
     ap.add_argument("--dev-shards", type=Path, help="dev shard dir (pack --out)")
     ap.add_argument("--remote", metavar="TEMPLATE",
                     help="shards were copied to remote storage: write ld/dev_ld as URLs from this template, "
@@ -114,8 +123,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="source Kaldi data dirs, recorded in the top-level 'data' section as CAT does")
     args = ap.parse_args(argv)
 
-    ld = remote_pattern(args.shards, args.remote) if args.remote else shard_pattern(args.shards)
-    n_train = len(expand_shards(ld))  # URLs are only brace-expanded: this counts them, reads nothing
+    ld: Any
+    if args.corpus:
+        if args.remote:
+            raise SystemExit("make_hyper: --remote takes one --shards dir, not --corpus")
+        corpora = {name: shard_pattern(Path(str(d))) for name, d in parse_kv(args.corpus).items()}
+        ld = {"corpora": corpora, **parse_kv(args.mix)}
+        n_train = sum(len(expand_shards(p)) for p in corpora.values())
+    else:
+        if args.mix:
+            raise SystemExit("make_hyper: --mix mixes named corpora: give them with --corpus")
+        ld = remote_pattern(args.shards, args.remote) if args.remote else shard_pattern(args.shards)
+        n_train = len(expand_shards(ld))  # URLs are only brace-expanded: this counts them, reads nothing
     option: dict[str, Any] = {
         "ld": ld,
         "tokenizer": {"file": args.tokenizer},
@@ -144,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(hyper, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, args.out)
-    print(f"make_hyper: wrote {args.out}: ld={ld} ({n_train} train shards)")
+    print(f"make_hyper: wrote {args.out}: ld={json.dumps(ld, ensure_ascii=False)} ({n_train} train shards)")
     return 0
 
 
