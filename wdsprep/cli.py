@@ -244,6 +244,8 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-utt-frames", type=int, help="drop longer utterances (counted)")
     g.add_argument("--ctc-subsampling", type=int, help="drop utterances with frames // N <= label length (CAT's CTC rule)")
     g.add_argument("--pool-size", type=int, help="utterances sorted together into batches (default: 4000)")
+    g.add_argument("--max-utts-per-speaker", type=int, metavar="N",
+                   help="at most N utterances of one speaker per batch (speakers from the index)")
     g.add_argument("--streams", type=int, help="canonical streams the epoch is planned in (default: min(shards, 64, "
                                                "utterances // 1000))")
     g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
@@ -261,8 +263,8 @@ def _loader_options(args: argparse.Namespace) -> dict:
     from wdsprep.tokenizer import SubwordSampling
 
     names = ("max_frames", "seed", "shuffle_buffer", "max_batch_size", "min_frames", "max_utt_frames",
-             "ctc_subsampling", "pool_size", "streams", "on_error", "tokenize_group", "prefetch_factor",
-             "collective_timeout")
+             "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error", "tokenize_group",
+             "prefetch_factor", "collective_timeout")
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False

@@ -97,6 +97,9 @@ class LoaderStats:
     discarded: int = 0
     discarded_fraction: float = 0.0
     seconds: float = 0.0
+    # How random this rank's planned batches are (loading/quality.py: speakers per batch against a
+    # random draw, speaker recurrence, lag-1 length correlation); None when the index has no speakers.
+    shuffle: dict[str, Any] | None = None
 
     def add_batches(self, t: BatchTally) -> None:
         """Batches this rank yielded."""
