@@ -163,7 +163,8 @@ def pack_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, 
     order = [""] if groups is None else [g.folder for g in groups]
     planned = plan_shards([u for u, _, _ in items], folders, frames, order, utts_per_shard=utts_per_shard,
                           shuffle=shuffle, seed=seed)
-    shards = [(p.folder, [(*items[i], int(frames[i])) for i in p.items.tolist()]) for p in planned]
+    # References to the items, not copies: 10M utterances are a lot of tuples.
+    shards = [(p.folder, [items[i] for i in p.items.tolist()], frames[p.items]) for p in planned]
     work = partial(_write_shards, d_out=d_out, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype, dims=dims)
     return run_chunks(work, shards, nj, desc=desc, progress=progress, weights=[p.frames for p in planned],
                       total=sum(len(p.items) for p in planned))
@@ -197,16 +198,16 @@ def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
     return frames, cols, report
 
 
-def _write_shards(chunk: Sequence[tuple[str, list[tuple[str, str, str, int]]]], worker: int,
+def _write_shards(chunk: Sequence[tuple[str, list[Item], np.ndarray]], worker: int,
                   tick: Callable[[int], None], *, d_out: Path, utts_per_shard: int, layout: str, dtype: str,
                   dims: int | None) -> SinkResult:
-    """Write planned shards: (folder, [(uttid, rxfile, text, frames), ...]) each, in order."""
+    """Write planned shards: (folder, its items in order, their frames as measured) each, in order."""
     sink = GroupedSink(d_out, None, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype,
                        dims=dims)
     arks = ArkReader()
     try:
-        for folder, utts in chunk:
-            for uttid, rxfile, text, frames in utts:
+        for folder, utts, measured in chunk:
+            for (uttid, rxfile, text), frames in zip(utts, measured.tolist()):
                 try:
                     feats = arks.load(rxfile)
                     if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[0] != frames:

@@ -53,14 +53,12 @@ def plan_shards(uttids: Sequence[str], folders: Sequence[str | None], frames: np
     if utts_per_shard < 1:
         raise ValueError("utts_per_shard must be >= 1")
     frames = np.asarray(frames, np.int64)
-    by_folder: dict[str, list[int]] = {f: [] for f in folder_order}
-    for i, f in enumerate(folders):
-        if f is not None:
-            by_folder[f].append(i)
+    number = {f: k for k, f in enumerate(folder_order)}
+    codes = np.fromiter((-1 if f is None else number[f] for f in folders), np.int64, len(folders))
     keys = shuffle_keys(uttids, seed) if shuffle else None
     shards = []
-    for folder in folder_order:
-        items = np.array(by_folder[folder], np.int64)
+    for k, folder in enumerate(folder_order):
+        items = np.flatnonzero(codes == k)
         if keys is not None and len(items):
             items = _by_key(items, keys[items], uttids)
         for a in range(0, len(items), utts_per_shard):
