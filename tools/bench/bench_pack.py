@@ -8,6 +8,7 @@ Generates ``--utts`` utterances of 80-dim float32 fbank-like features (lognormal
 ~500 frames) into kaldiio arks once, then times, interleaved over ``--repeat`` rounds:
 
 - ``read arks``: ``kaldiio.load_scp_sequential`` over the same scp (the floor for reading);
+- ``read arks, shuffled``: the same matrices in a random order (the floor for the shuffle's reads);
 - ``copy arks``: ``shutil.copyfile`` of the arks into the output dir (the floor for writing the
   same bytes: pack has to read and write every feature byte);
 - ``headers``: pack's first pass alone (every matrix header, in ark order);
@@ -78,6 +79,20 @@ def time_read(scp: Path) -> float:
     return time.perf_counter() - t
 
 
+def time_read_shuffled(scp: Path) -> float:
+    """The same matrices read in a random order: the access pattern of the shuffled pack's reads."""
+    entries = [line.split(maxsplit=1)[1].strip() for line in scp.read_text().splitlines()]
+    order = np.random.default_rng(0).permutation(len(entries))
+    fds: dict = {}
+    t = time.perf_counter()
+    for i in order.tolist():
+        kaldiio.load_mat(entries[i], fd_dict=fds).sum()
+    seconds = time.perf_counter() - t
+    for f in fds.values():
+        f.close()
+    return seconds
+
+
 def time_copy(work: Path, out: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -92,10 +107,11 @@ _CHILD = r"""
 import json, resource, sys, time
 args = json.loads(sys.argv[1])
 from wdsprep import pack_data
-t = time.perf_counter()
+from wdsprep.prep.kaldi import read_feats_scp
 if args["what"] == "headers":
     from wdsprep.pack.from_feats import _measure_chunk
-    from wdsprep.prep.kaldi import read_feats_scp
+t = time.perf_counter()
+if args["what"] == "headers":
     items = [(u, e.value) for u, e in read_feats_scp([args["scp"]]).items()]
     _measure_chunk(items, 0, lambda n: None)
 else:
@@ -161,6 +177,7 @@ def main() -> None:
     mb = feature_bytes(scp) / 1e6
     out = args.work / "out"
     read, copy = "read arks (kaldiio sequential)", "copy arks (shutil.copyfile)"
+    shuffled = "read arks in a random order (kaldiio)"
     packs: dict[str, tuple[str, int, dict, str | None]] = {
         "pack headers pass alone": ("headers", 1, {}, None),
         "pack --no-shuffle --nj 1": ("pack", 1, {"shuffle": False}, None),
@@ -171,12 +188,14 @@ def main() -> None:
     if args.baseline:
         packs["baseline pack --nj 1 (input order, one pass)"] = ("pack", 1, {}, args.baseline)
         packs["baseline pack --nj 2"] = ("pack", 2, {}, args.baseline)
-    times: dict[str, list[float]] = {read: [], copy: [], **{k: [] for k in packs}}
+    times: dict[str, list[float]] = {read: [], shuffled: [], copy: [], **{k: [] for k in packs}}
     rss: dict[str, list[tuple[float, float]]] = {k: [] for k in packs}
     cold = (lambda: evict_arks(args.work)) if args.cold else (lambda: None)
     for _ in range(args.repeat):  # interleaved, so drift in machine speed hits every row alike
         cold()
         times[read].append(time_read(scp))
+        cold()
+        times[shuffled].append(time_read_shuffled(scp))
         times[copy].append(time_copy(args.work, out))
         for name, (what, nj, options, path) in packs.items():
             shutil.rmtree(out, ignore_errors=True)
