@@ -148,6 +148,20 @@ def test_an_index_written_before_speakers_existed_gets_them_from_the_keys(kdir, 
     assert not index.has_speakers
     sp = index.speakers()
     assert sp.source == FROM_KEYS and [sp.names[i] for i in sp.ids] == [speaker_of(decode_key(k)) for k in index.keys()]
+    # `wdsprep index` writes the column for it, reading no shard
+    result = index_shards(str(out / "data-*.tar"), progress=False)
+    assert result.scanned == 0 and read_index(out).has_speakers
+    assert read_index(out).speakers().names == sp.names
+
+
+def test_overwrite_removes_what_a_killed_shuffle_left(kdir, tmp_path):
+    d, _ = kdir
+    out = tmp_path / "out"
+    (out / ".features").mkdir(parents=True)
+    (out / ".features" / ".feats.1.ark.tmp").write_bytes(b"left by a killed pack-audio")
+    (out / "PACK_INCOMPLETE").write_text("")
+    pack_data(d / "feats.scp", d / "text", out, utts_per_shard=64, overwrite=True, progress=False)
+    assert not (out / ".features").exists() and read_index(out).num_utts == 600
 
 
 def test_a_sorted_dir_packed_with_the_defaults_batches_near_random_speakers(tmp_path):

@@ -422,7 +422,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
-            if not todo and old is not None and not force and not stale and not upgrade:
+            # An index without a speakers column (written before it existed) is rewritten, without a read.
+            if not todo and old is not None and not force and not stale and not upgrade and old.has_speakers:
                 result.folders[str(folder)] = "up to date"
                 result.shards += len(shards)
                 result.utterances += old.num_utts

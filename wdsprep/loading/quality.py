@@ -158,6 +158,12 @@ def sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndarr
     """The sums of one batch sequence: batch ``t`` holds utterances ``starts[t]:starts[t + 1]`` of
     ``speakers`` (int ids) and ``lengths``; ``population`` holds the speaker id of every utterance
     of the epoch (all ranks), the pool a random draw takes from."""
+    return _sequence_quality(speakers, lengths, starts, np.bincount(np.asarray(population, np.int64)), ks, source)
+
+
+def _sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                      ks: Sequence[int], source: str) -> ShuffleQuality:
+    """:func:`sequence_quality` with the population as utterances per speaker id (``counts``)."""
     speakers = np.asarray(speakers, np.int64)
     lengths = np.asarray(lengths, np.float64)
     starts = np.asarray(starts, np.int64)
@@ -166,8 +172,7 @@ def sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndarr
     sizes = np.diff(starts)
     sizes = sizes[sizes > 0]  # an empty batch is no step of the sequence
     q = ShuffleQuality(ks=list(ks), source=source)
-    pop_sizes = np.bincount(np.asarray(population, np.int64))
-    pop_sizes = pop_sizes[pop_sizes > 0]
+    pop_sizes = counts[counts > 0]
     total, n_speakers = int(pop_sizes.sum()), len(pop_sizes)
     q.speakers = n_speakers
     t_count = len(sizes)
@@ -220,16 +225,17 @@ def plan_quality(plan: EpochPlan, assignment: Assignment, speakers: np.ndarray, 
     """The quality of the batches ``ranks`` get in a planned epoch, each rank's batches a sequence
     in the order it yields them; the population is every utterance of the plan.  ``speakers`` and
     ``lengths`` are per global row (the shard set's)."""
-    population = np.concatenate([speakers[s.rows] for s in plan.streams]) if plan.streams else np.zeros(0, np.int64)
+    counts = np.zeros(int(speakers.max(initial=-1)) + 1, np.int64)  # the epoch's utterances per speaker
+    for s in plan.streams:
+        counts += np.bincount(speakers[s.rows], minlength=len(counts))
     out = ShuffleQuality(ks=list(ks), source=source)
     for r in ranks:
         batches = [plan.streams[s].batch(j) for s, j in rank_order(assignment, r)]
         batches = [b for b in batches if len(b)]
         rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
         starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
-        one = sequence_quality(speakers[rows], lengths[rows], starts, population, ks=ks, source=source)
-        out.merge(one)
-    out.speakers = len(np.unique(population))
+        out.merge(_sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source))
+    out.speakers = int(np.count_nonzero(counts))
     return out
 
 
