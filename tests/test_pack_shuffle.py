@@ -225,8 +225,8 @@ def test_cli_options_of_the_shuffle(kdir, tmp_path):
     assert shard_keys_flat(tmp_path / "seed") != shard_keys_flat(tmp_path / "api")
     assert shard_keys_flat(tmp_path / "sorted") == [ln.split()[0] for ln in (d / "feats.scp").read_text().splitlines()]
     assert read_index(tmp_path / "spk").speakers().source == FROM_UTT2SPK
-    r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", "--trset", str(tmp_path / "spk" / "*.tar"),
-                        "--max-frames", "3000", "--max-utts-per-speaker", "2"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", "--trset",
+                        str(tmp_path / "spk" / "*.tar"), "--max-frames", "3000", "--max-utts-per-speaker", "2"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "speakers per batch" in r.stdout and "speaker recurs in" in r.stdout and "lag-1 length corr." in r.stdout

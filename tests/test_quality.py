@@ -42,7 +42,8 @@ def test_figures_of_a_constructed_sequence_are_those_counted_by_hand():
     meet = lambda b: sum(1 - miss(n, 12, b) for n in sizes.values())  # noqa: E731
     assert q.speakers_per_batch_random == pytest.approx(np.mean([meet(3), meet(2), meet(3), meet(3)]))
     both = lambda a, c: sum(1 - miss(n, 12, a) - miss(n, 12, c) + miss(n, 12, a + c) for n in sizes.values())  # noqa
-    assert q.recurrence_random(1) == pytest.approx((both(3, 2) + both(2, 3) + both(3, 3)) / (meet(3) + meet(2) + meet(3)))
+    expected = (both(3, 2) + both(2, 3) + both(3, 3)) / (meet(3) + meet(2) + meet(3))
+    assert q.recurrence_random(1) == pytest.approx(expected)
     means = [np.mean(lengths[a:b]) for a, b in zip(starts[:-1], starts[1:])]
     assert q.lag1_length_corr == pytest.approx(np.corrcoef(means[:-1], means[1:])[0, 1])
     assert q.speakers == 4 and q.batches == 4 and q.utterances == 11

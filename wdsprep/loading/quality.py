@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wdsprep.format.index import Speakers, read_index
+from wdsprep.format.index import FROM_KEYS, Speakers, read_index
 from wdsprep.format.shardlist import is_url
 from wdsprep.loading.assign import Assignment, rank_order
 from wdsprep.loading.plan import EpochPlan
@@ -130,8 +130,9 @@ class ShuffleQuality:
         rec = ", ".join(f"{k} step{'s' if k > 1 else ''} {self.recurrence(k):.2f} (random "
                         f"{self.recurrence_random(k):.2f})" for k in self.ks)
         return "\n".join([
-            f"{indent}speakers per batch  {f['speakers_per_batch']:.1f}, random draw {f['speakers_per_batch_random']:.1f} "
-            f"({f['speakers_ratio']:.2f}x; {self.speakers:,} speakers by {self.source})",
+            f"{indent}speakers per batch  {f['speakers_per_batch']:.1f}, random draw "
+            f"{f['speakers_per_batch_random']:.1f} ({f['speakers_ratio']:.2f}x; {self.speakers:,} speakers by "
+            f"{self.source})",
             f"{indent}speaker recurs in   {rec}",
             f"{indent}lag-1 length corr.  {f['lag1_length_corr']:+.2f} (consecutive batches' mean lengths; random ~0)",
         ])
@@ -243,8 +244,6 @@ def shard_speakers(shards: ShardSet, *, derive: bool = True) -> Speakers | None:
     """Every utterance's speaker in the shard set's row order, numbered across folders; None when a
     shard is in no local index (a URL, a shard packed elsewhere and not indexed), or, unless
     ``derive``, when an index has no speakers column (the key rule would read every key)."""
-    from wdsprep.format.index import FROM_KEYS
-
     numbers: dict[str, int] = {}
     columns: list[np.ndarray] = []
     sources: set[str] = set()
