@@ -19,7 +19,8 @@ Each pack runs in a fresh process, which reports its time and peak RSS (its own,
 processes' largest).  ``--cold`` evicts the arks from the page cache before every row (no root
 needed), so reads come from the disk: the shuffle's random reads against input order's sequential
 ones.  Prints utterances/s, MB/s of feature data, each row's time against both floors (medians)
-and peak RSS.
+CPU seconds (user + system, the pack's process and its workers: steadier than time on a shared
+machine) and peak RSS.
 
 ``--plan-memory N`` instead measures what the shuffle's plan holds for N utterances (no features:
 ids, ark offsets, transcripts as pack holds them), with tracemalloc: the bytes per utterance that
@@ -110,6 +111,8 @@ from wdsprep import pack_data
 from wdsprep.prep.kaldi import read_feats_scp
 if args["what"] == "headers":
     from wdsprep.pack.from_feats import _measure_chunk
+_r = resource.getrusage(resource.RUSAGE_SELF)
+cpu0 = _r.ru_utime + _r.ru_stime  # the imports' CPU, not the pack's
 t = time.perf_counter()
 if args["what"] == "headers":
     items = [(u, e.value) for u, e in read_feats_scp([args["scp"]]).items()]
@@ -118,9 +121,9 @@ else:
     pack_data(args["scp"], args["text"], args["out"], filter_group=["10:500", "500:1000", "1000:"], nj=args["nj"],
               progress=False, overwrite=True, **args["options"])
 seconds = time.perf_counter() - t
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"seconds": seconds, "rss_mb": own / 1024, "worker_rss_mb": workers / 1024}))
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - cpu0
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": me.ru_maxrss / 1024, "worker_rss_mb": kids.ru_maxrss / 1024}))
 """
 
 
@@ -190,6 +193,7 @@ def main() -> None:
         packs["baseline pack --nj 2"] = ("pack", 2, {}, args.baseline)
     times: dict[str, list[float]] = {read: [], shuffled: [], copy: [], **{k: [] for k in packs}}
     rss: dict[str, list[tuple[float, float]]] = {k: [] for k in packs}
+    cpu: dict[str, list[float]] = {k: [] for k in packs}
     cold = (lambda: evict_arks(args.work)) if args.cold else (lambda: None)
     for _ in range(args.repeat):  # interleaved, so drift in machine speed hits every row alike
         cold()
@@ -202,19 +206,22 @@ def main() -> None:
             cold()
             r = run_child(what, scp, text, out, nj, options, path)
             times[name].append(r["seconds"])
+            cpu[name].append(r["cpu"])
             rss[name].append((r["rss_mb"], r["worker_rss_mb"]))
     t_read, t_copy = statistics.median(times[read]), statistics.median(times[copy])
     print(f"\n{args.utts} utterances, {mb:.0f} MB of float32 features, median of {args.repeat} rounds, "
           f"{'cold' if args.cold else 'warm'} page cache")
-    print("| path | utts/s | MB/s | time / read | time / copy | peak RSS MB (main / largest worker) |\n"
-          "|---|---|---|---|---|---|")
+    print("| path | utts/s | MB/s | time / read | time / copy | CPU s (all processes) | peak RSS MB (main / largest "
+          "worker) |\n|---|---|---|---|---|---|---|")
     for name, ts in times.items():
         t = statistics.median(ts)
-        mem = ""
+        mem, used = "", ""
+        if name in cpu:
+            used = f"{statistics.median(cpu[name]):.2f}"
         if name in rss:
             own, workers = max(m for m, _ in rss[name]), max(w for _, w in rss[name])
             mem = f"{own:,.0f}" + (f" / {workers:,.0f}" if workers else "")
-        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / t_read:.2f} | {t / t_copy:.2f} | {mem} |")
+        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / t_read:.2f} | {t / t_copy:.2f} | {used} | {mem} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Two passes over the arks, so that every shard's utterances are chosen before any
    dims, outside every group) without reading its features.  A pipe or a text matrix, which has
    no header to read, is read whole here and again when written.
 2. shards: each length group's utterances in a seeded random order (``shuffle``, the default) or
-   in input order, cut into shards; workers write runs of consecutive shards.  With ``shuffle``
+   in input order, cut into shards; each worker writes whole shards, and they are named in plan
+   order, so ``nj`` changes nothing in the output.  With ``shuffle``
    each utterance is read at its own offset (a seek per utterance); the cost is measured in
    ``docs/shuffle.md``.
 """
@@ -24,7 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.plan import plan_shards
+from wdsprep.pack.plan import deal, plan_shards
 from wdsprep.pack.sink import (
     GroupedSink,
     PathOrPaths,
@@ -163,11 +164,30 @@ def pack_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, 
     order = [""] if groups is None else [g.folder for g in groups]
     planned = plan_shards([u for u, _, _ in items], folders, frames, order, utts_per_shard=utts_per_shard,
                           shuffle=shuffle, seed=seed)
-    # References to the items, not copies: 10M utterances are a lot of tuples.
-    shards = [(p.folder, [items[i] for i in p.items.tolist()], frames[p.items]) for p in planned]
+    # A bundle of whole shards per worker; references to the items, not copies (10M is a lot of tuples).
+    bundles = [[(i, planned[i].folder, [items[j] for j in planned[i].items.tolist()], frames[planned[i].items])
+                for i in shard_ids] for shard_ids in deal([p.frames for p in planned], nj) if shard_ids]
     work = partial(_write_shards, d_out=d_out, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype, dims=dims)
-    return run_chunks(work, shards, nj, desc=desc, progress=progress, weights=[p.frames for p in planned],
-                      total=sum(len(p.items) for p in planned))
+    results = run_chunks(work, bundles, max(1, len(bundles)), desc=desc, progress=progress,
+                         total=sum(len(p.items) for p in planned))
+    return [in_plan_order(results)]
+
+
+def in_plan_order(results: Sequence[SinkResult]) -> SinkResult:
+    """The workers' results as one, each folder's shards in plan order (finalize names them in order)."""
+    out = SinkResult()
+    written: dict[str, list[tuple[int, object]]] = {}
+    for r in results:
+        out.report.merge(r.report)
+        out.dims = r.dims if r.dims is not None else out.dims
+        for ndim, n in r.dim_counts.items():
+            out.dim_counts[ndim] = out.dim_counts.get(ndim, 0) + n
+            out.dim_first.setdefault(ndim, r.dim_first[ndim])
+        for folder, infos in r.shards.items():
+            written.setdefault(folder, []).extend(zip(r.planned[folder], infos))
+    for folder, pairs in written.items():
+        out.shards[folder] = [info for _, info in sorted(pairs, key=lambda x: x[0])]
+    return out
 
 
 def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
@@ -198,15 +218,17 @@ def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
     return frames, cols, report
 
 
-def _write_shards(chunk: Sequence[tuple[str, list[Item], np.ndarray]], worker: int,
+def _write_shards(chunk: Sequence[list[tuple[int, str, list[Item], np.ndarray]]], worker: int,
                   tick: Callable[[int], None], *, d_out: Path, utts_per_shard: int, layout: str, dtype: str,
                   dims: int | None) -> SinkResult:
-    """Write planned shards: (folder, its items in order, their frames as measured) each, in order."""
+    """Write one bundle of planned shards: (plan index, folder, its items in order, their frames as
+    measured) each; ``result.planned`` says which planned shard each written one is."""
     sink = GroupedSink(d_out, None, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype,
                        dims=dims)
     arks = ArkReader()
     try:
-        for folder, utts, measured in chunk:
+        for index, folder, utts, measured in (shard for bundle in chunk for shard in bundle):
+            before = len(sink.result.shards[folder])
             for (uttid, rxfile, text), frames in zip(utts, measured.tolist()):
                 try:
                     feats = arks.load(rxfile)
@@ -219,6 +241,8 @@ def _write_shards(chunk: Sequence[tuple[str, list[Item], np.ndarray]], worker: i
                     sink.drop("bad_features", uttid, str(e))
                 tick(1)
             sink.end_shard(folder)  # a planned shard ends here, however many of its utterances made it
+            if len(sink.result.shards[folder]) > before:  # none, when every utterance of it failed
+                sink.result.planned[folder].append(index)
         return sink.close()
     except BaseException:
         sink.abort()

@@ -8,14 +8,15 @@ length group's utterances are put in one order and cut into shards of ``utts_per
   hash of the seed and its id).  Speakers and recordings spread over every shard of the group.
 - no shuffle: input order, as Kaldi keeps it (sorted by id, so by speaker).
 
-Workers are then dealt runs of consecutive shards, of nearly equal frames
-(:func:`wdsprep.prep.parallel.split`), and shards are named in plan order, so the shards and their
-names depend on the seed alone, not on ``nj``; only the last shard of a group is short.
+Workers are then dealt whole shards (:func:`deal`), and shards are named in plan order, so the
+shards and their names depend on the seed alone, not on ``nj``; only the last shard of a group
+is short.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,3 +79,21 @@ def _by_key(items: np.ndarray, keys: np.ndarray, uttids: Sequence[str]) -> np.nd
             b += 1
         items[a:b + 1] = sorted(items[a:b + 1].tolist(), key=lambda i: uttids[i])
     return items
+
+
+def deal(frames: Sequence[int], workers: int) -> list[list[int]]:
+    """Shard indices for each of ``workers``, each list in plan order: the largest shard first, each
+    to the least loaded worker (ties: the lowest), so loads differ by less than one shard's frames.
+
+    Runs of consecutive shards would be simpler, but with a few shards per worker (length groups
+    make them of very different sizes) one worker got twice another's frames.
+    """
+    if workers < 1:
+        raise ValueError("nj must be >= 1")
+    loads = [(0, w) for w in range(workers)]
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(frames)), key=lambda i: (-int(frames[i]), i)):
+        load, w = heapq.heappop(loads)
+        out[w].append(i)
+        heapq.heappush(loads, (load + max(1, int(frames[i])), w))
+    return [sorted(x) for x in out]

@@ -47,6 +47,7 @@ class SinkResult:
     dims: int | None = None  # of the features written
     dim_counts: dict[int, int] = field(default_factory=dict)  # feature dims -> utterances that have them
     dim_first: dict[int, str] = field(default_factory=dict)  # feature dims -> the first utterance with them
+    planned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # folder -> plan index per shard
 
 
 class GroupedSink:

@@ -6,7 +6,6 @@ import multiprocessing as mp
 import time
 from typing import Callable, Sequence, TypeVar
 
-import numpy as np
 from tqdm import tqdm
 
 T = TypeVar("T")
@@ -25,23 +24,14 @@ def _tick(n: int = 1) -> None:
         _counter.value += n
 
 
-def split(items: Sequence[T], n: int, weights: Sequence[float] | None = None) -> list[Sequence[T]]:
-    """``n`` contiguous, nearly equal slices (order kept, so arks are read sequentially); with
-    ``weights``, nearly equal in weight: item ``i`` goes to the slice its weight's middle falls in."""
-    if weights is None:
-        return [items[i * len(items) // n:(i + 1) * len(items) // n] for i in range(n)]
-    w = np.maximum(np.asarray(weights, np.float64), 1e-9)
-    ends = np.cumsum(w)
-    mids = (ends - w / 2) / ends[-1] if len(w) else ends
-    bounds = np.searchsorted(np.minimum((mids * n).astype(np.int64), n - 1), np.arange(n + 1), side="left")
-    return [items[int(a):int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
+def split(items: Sequence[T], n: int) -> list[Sequence[T]]:
+    """``n`` contiguous, nearly equal slices (order kept, so arks are read sequentially)."""
+    return [items[i * len(items) // n:(i + 1) * len(items) // n] for i in range(n)]
 
 
 def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items: Sequence[T], nj: int,
-               desc: str, progress: bool | None = None, *, weights: Sequence[float] | None = None,
-               total: int | None = None) -> list[R]:
-    """``fn(chunk, worker_index, tick)`` over ``nj`` contiguous chunks of ``items`` (equal in
-    ``weights`` when given); results in chunk order.
+               desc: str, progress: bool | None = None, *, total: int | None = None) -> list[R]:
+    """``fn(chunk, worker_index, tick)`` over ``nj`` contiguous chunks of ``items``; results in chunk order.
 
     ``nj == 1`` runs in this process.  ``progress=None`` shows the bar only on a terminal; its
     total is ``total`` (what ``fn`` ticks: utterances), else the number of items.
@@ -49,7 +39,7 @@ def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items
     if nj < 1:
         raise ValueError("nj must be >= 1")
     nj = min(nj, max(1, len(items)))
-    chunks = split(items, nj, weights)
+    chunks = split(items, nj)
     total = len(items) if total is None else total
     with tqdm(total=total, desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
         if nj == 1:
