@@ -111,11 +111,9 @@ class GroupedSink:
             self.result.report.drop("bad_features", uttid, problem)
             return
         frames = feats.shape[0]
-        if folder is not None:
-            pass
-        elif self.groups is None:
+        if folder is None and self.groups is None:
             folder = ""
-        else:
+        elif folder is None:
             group = self.groups.find(frames)
             if group is None:
                 self.result.report.drop("outside_groups", uttid, f"{frames} frames")
