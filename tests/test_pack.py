@@ -253,11 +253,11 @@ def test_interrupted_pack_leaves_no_shard_under_a_final_name(corpus, monkeypatch
     calls = {"n": 0}
     real_add = writer.GroupedSink.add
 
-    def add_then_die(self, *args):
+    def add_then_die(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 30:
             raise KeyboardInterrupt
-        real_add(self, *args)
+        real_add(self, *args, **kwargs)
 
     monkeypatch.setattr(writer.GroupedSink, "add", add_then_die)
     out = tmp / "out"

@@ -1,4 +1,4 @@
-"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``, without an ark on disk."""
+"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``; with ``--no-shuffle`` without an ark."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def test_pack_audio_equals_fbank_then_pack(tmp_path: Path) -> None:
         tars = [sorted((tmp_path / d / group).glob("*.tar")) for d in ("one", "two")]
         for a, b in zip(*tars):
             assert a.read_bytes() == b.read_bytes(), f"{a.name} differs"
-    assert not list((tmp_path / "one").rglob("*.ark")), "pack-audio must not write arks"
+    assert not list((tmp_path / "one").rglob("*.ark*")), "the shuffle's temporary ark must be gone"
+    assert not (tmp_path / "one" / ".features").exists()
 
     # every utterance not packed is in the report, with the audio reasons pack alone cannot know
     assert dropped(tmp_path / "one") == {
@@ -119,3 +120,33 @@ def test_pack_audio_in_parallel_and_from_the_cli(tmp_path: Path) -> None:
         np.testing.assert_array_equal(one[k][0], two[k][0])
         assert one[k][1] == two[k][1]
     assert dropped(tmp_path / "nj1") == dropped(tmp_path / "nj2")
+
+
+def test_pack_audio_shuffled_is_the_same_on_any_nj_and_unshuffled_writes_no_ark(tmp_path: Path, monkeypatch) -> None:
+    import wdsprep.pack.sink as sink
+
+    wav, seg, text = data_dir(tmp_path)
+    for name, nj in (("nj1", 1), ("nj2", 2)):
+        pack_audio(wav, [text], tmp_path / name, filter_group=GROUPS, segments=seg, backend=KNF, utts_per_shard=2,
+                   nj=nj, seed=7, progress=False)
+    tars = [sorted((tmp_path / d).rglob("*.tar")) for d in ("nj1", "nj2")]
+    assert [p.relative_to(tmp_path / "nj1") for p in tars[0]] == [p.relative_to(tmp_path / "nj2") for p in tars[1]]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*tars))
+
+    arks = []
+    real = sink.GroupedSink.add
+
+    def watch(self, uttid, feats, text, folder=None):  # no ark anywhere while the features stream
+        arks.extend(tmp_path.joinpath("plain").rglob("*.ark*"))
+        real(self, uttid, feats, text, folder)
+
+    monkeypatch.setattr(sink.GroupedSink, "add", watch)
+    pack_audio(wav, [text], tmp_path / "plain", filter_group=GROUPS, segments=seg, backend=KNF, utts_per_shard=2,
+               shuffle=False, progress=False)
+    monkeypatch.undo()
+    assert not arks
+    compute_fbank(wav, tmp_path / "feats", segments=seg, backend=KNF, progress=False)
+    pack_data(tmp_path / "feats" / "feats.scp", [text], tmp_path / "two", filter_group=GROUPS, utts_per_shard=2,
+              shuffle=False, progress=False)
+    for group in ("0_200", "200_inf"):
+        assert read_index(tmp_path / "plain" / group).shards == read_index(tmp_path / "two" / group).shards

@@ -90,8 +90,9 @@ def run_demo(work: str | os.PathLike = "exp/demo", *, nproc: int = 2, nj: int = 
     _stage(f"pack: train into length groups {' '.join(groups)}, dev into one folder")
     shards = work / "shards"
     train_report = pack_data(feats["train"], data / "train" / "text", shards / "train", filter_group=groups,
-                             utts_per_shard=utts_per_shard, nj=nj, overwrite=True)
-    pack_data(feats["dev"], data / "dev" / "text", shards / "dev", utts_per_shard=utts_per_shard, overwrite=True)
+                             utts_per_shard=utts_per_shard, utt2spk=data / "train" / "utt2spk", nj=nj, overwrite=True)
+    pack_data(feats["dev"], data / "dev" / "text", shards / "dev", utts_per_shard=utts_per_shard,
+              utt2spk=data / "dev" / "utt2spk", overwrite=True)
     folders = ",".join(name for name, g in train_report.groups.items() if g["shards"])
     trset = f"{shards / 'train'}/{{{folders}}}/data-*.tar"
 

@@ -39,6 +39,13 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
                    help="cat: KEY.npy + KEY.txt; cat-v3: KEY.mat.npy + KEY.label.txt (default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                    help="feature dtype on disk; readers return float32 (default: %(default)s)")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="put each length group's utterances into shards in a seeded random order, so every shard "
+                        "holds all speakers; --no-shuffle keeps input order (default: shuffle)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default: %(default)s)")
+    p.add_argument("--utt2spk", nargs="+", metavar="UTT2SPK",
+                   help="Kaldi utt2spk file(s): speakers kept in the index for the loader's shuffle report and "
+                        "--max-utts-per-speaker (default: the id up to its first '-', after an spN.N- prefix)")
     p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
@@ -80,16 +87,16 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
     pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
-               layout=args.layout, dtype=args.dtype, nj=args.nj, strict=args.strict, overwrite=args.overwrite,
-               progress=args.progress)
+               layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
+               nj=args.nj, strict=args.strict, overwrite=args.overwrite, progress=args.progress)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
     from wdsprep.pack import pack_data
 
     pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
-              layout=args.layout, dtype=args.dtype, dims=args.dims, nj=args.nj, strict=args.strict,
-              overwrite=args.overwrite, progress=args.progress)
+              layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
+              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, progress=args.progress)
 
 
 def option_value(text: str) -> bool | int | float | str:
@@ -253,6 +260,8 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-utt-frames", type=int, help="drop longer utterances (counted)")
     g.add_argument("--ctc-subsampling", type=int, help="drop utterances with frames // N <= label length (CAT's CTC rule)")
     g.add_argument("--pool-size", type=int, help="utterances sorted together into batches (default: 4000)")
+    g.add_argument("--max-utts-per-speaker", type=int, metavar="N",
+                   help="at most N utterances of one speaker per batch (speakers from the index)")
     g.add_argument("--streams", type=int, help="canonical streams the epoch is planned in (default: min(shards, 64, "
                                                "utterances // 1000))")
     g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
@@ -277,8 +286,8 @@ def _loader_options(args: argparse.Namespace) -> dict:
     from wdsprep.tokenizer import SubwordSampling
 
     names = ("max_frames", "seed", "shuffle_buffer", "max_batch_size", "min_frames", "max_utt_frames",
-             "ctc_subsampling", "pool_size", "streams", "on_error", "tokenize_group", "prefetch_factor",
-             "collective_timeout")
+             "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error", "tokenize_group",
+             "prefetch_factor", "collective_timeout")
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False

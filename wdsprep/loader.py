@@ -42,6 +42,7 @@ from wdsprep.loading.mixing import MixedStream, mixture_for
 from wdsprep.loading.mixplan import MixPosition
 from wdsprep.loading.mixture import Mixture
 from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
+from wdsprep.loading.quality import plan_quality, shard_speakers
 from wdsprep.loading.shardset import shard_set, union
 from wdsprep.loading.stages import BatchId
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
@@ -318,7 +319,11 @@ class Loader:
         self._resume = None
         plan = ds.plan(self.epoch)
         a = self.assignment(self._runs)
-        self.stats = self._planned_stats(plan, a)
+        self.stats = st = self._planned_stats(plan, a)
+        speakers = ds.speakers
+        if speakers is not None:  # from the plan and the index: no feature read
+            st.shuffle = plan_quality(plan, a, speakers.ids, ds.shards.frames, ranks=[self.rank],
+                                      source=speakers.source).to_dict()
         if self._complete:
             return None
         self._warn_idle(a)
@@ -511,6 +516,7 @@ def make_loader(
     on_error: str = "warn",
     subword_sampling: SubwordSampling | None = None,
     pool_size: int = DEFAULT_POOL_SIZE,
+    max_utts_per_speaker: int | None = None,
     tokenize_group: int = 256,
     streams: int | None = None,
     rank: int | None = None,
@@ -545,6 +551,8 @@ def make_loader(
         on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
         subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
         pool_size: samples sorted together by the bucketing (see ``wdsprep.loading.batching``).
+        max_utts_per_speaker: at most this many utterances of one speaker per batch (speakers from
+            the index: ``pack --utt2spk``, else the speaker each id names; docs/shuffle.md).
         tokenize_group: utterances per block when a shard's samples are read.
         streams: canonical streams the epoch is planned in (default: min(shards, 64)); each is read
             by one reader, so at least world_size x num_workers keeps every worker busy.
@@ -581,7 +589,7 @@ def make_loader(
         tokenizer = load_tokenizer(tokenizer)
     options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
                           pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
-                          train=train)
+                          train=train, max_utts_per_speaker=max_utts_per_speaker)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group)
     mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
@@ -597,7 +605,12 @@ def make_loader(
         shards = union({str(name): shard_set(expand_shards(patterns)) for name, patterns in trset.items()})
     else:
         shards = shard_set(expand_shards(trset))
-    topology = {"rank": rank, "world_size": world_size, "num_workers": num_workers}
+    # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
+    speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None)
+    if max_utts_per_speaker is not None and speakers is None:
+        raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index; these shards "
+                         "are in no local index: run wdsprep index on a local copy, or leave the option out")
+    topology = {"rank": rank, "world_size": world_size, "num_workers": num_workers, "speakers": speakers}
     dataset: ShardStream
     if named and train and (len(shards.corpora) > 1 or given):
         mixture = mixture_for(shards, weights=weights, temperature=temperature, schedule=schedule)

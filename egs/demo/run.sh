@@ -72,11 +72,11 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log 2 "packing train ($pack_opts) -> $exp/shards/train"
   # shellcheck disable=SC2086  # $pack_opts is a list of words on purpose
   wdsprep pack --scp "$exp/fbank/train/feats.scp" --text "$data/train/text" --out "$exp/shards/train" \
-    $pack_opts --nj "$nj" --overwrite
+    --utt2spk "$data/train/utt2spk" $pack_opts --nj "$nj" --overwrite
   # dev: one folder, every utterance (no length limits: validation should see all of it).
   log 2 "packing dev -> $exp/shards/dev"
   wdsprep pack --scp "$exp/fbank/dev/feats.scp" --text "$data/dev/text" --out "$exp/shards/dev" \
-    --utts-per-shard "$(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)" --nj "$nj" --overwrite
+    --utt2spk "$data/dev/utt2spk" --utts-per-shard "$(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)" --nj "$nj" --overwrite
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then

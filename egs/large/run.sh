@@ -107,9 +107,11 @@ fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log 2 "packing train into length groups [$groups] -> $exp/shards/train (nj=$nj)"
+  # utt2spk, when the data dir has one, goes into the index: the loader's shuffle report uses it.
+  spk=(); [ -f "$data/utt2spk" ] && spk=(--utt2spk "$data/utt2spk")
   # shellcheck disable=SC2086  # $groups is a list of words on purpose
   (cd "$root" && wdsprep pack --scp "$(feats_of train)" --text "$data/text" --out "$exp/shards/train" \
-    --filter-group $groups --utts-per-shard "$utts_per_shard" --nj "$nj" --overwrite)
+    --filter-group $groups --utts-per-shard "$utts_per_shard" "${spk[@]}" --nj "$nj" --overwrite)
   if [ -n "$dev" ]; then
     log 2 "packing dev -> $exp/shards/dev"
     (cd "$root" && wdsprep pack --scp "$(feats_of dev)" --text "$dev/text" --out "$exp/shards/dev" \

@@ -72,11 +72,11 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     log 2 "packing $lang ($pack_opts) -> $exp/shards/$lang"
     # shellcheck disable=SC2086  # $pack_opts is a list of words on purpose
     wdsprep pack --scp "$exp/fbank/train/$lang/feats.scp" --text "$exp/data/train/$lang/text" \
-      --out "$exp/shards/$lang" $pack_opts --nj "$nj" --overwrite
+      --utt2spk "$exp/data/train/$lang/utt2spk" --out "$exp/shards/$lang" $pack_opts --nj "$nj" --overwrite
   done
   log 2 "packing dev -> $exp/shards/dev"
   wdsprep pack --scp "$exp/fbank/dev/feats.scp" --text "$data/dev/text" --out "$exp/shards/dev" \
-    --utts-per-shard "$(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)" --nj "$nj" --overwrite
+    --utt2spk "$data/dev/utt2spk" --utts-per-shard "$(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)" --nj "$nj" --overwrite
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then

@@ -4,9 +4,12 @@ Two ways:
 
 - ``dry-run --plan --world-size N``: the epoch's plan at N ranks, from the index alone (no
   feature is read, no tokenizer needed): steps per rank, utterances and hours, padding
-  efficiency, what the plan leaves out and the discarded tail.
+  efficiency, what the plan leaves out, the discarded tail and how random the batches are
+  (speakers per batch against a random draw, speaker recurrence, lag-1 length correlation:
+  ``loading/quality.py``).
 - ``dry-run``: iterate the real loader.  Per epoch: steps, utterances delivered against planned,
-  padding efficiency, utterances/s, dropped by reason, corrupt shards, the discarded tail.  Works
+  padding efficiency, utterances/s, dropped by reason, corrupt shards, the discarded tail, and
+  the shuffle report of the planned batches (``loader.stats.shuffle``).  Works
   under ``torchrun`` (gloo on CPU): every rank iterates its share, rank 0 prints every rank's.
 """
 
@@ -145,7 +148,19 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
             f"{n}: {u:,} utts ({u / utts if utts else 0:.1%}), {h:.2f} h"
             + (f", {ranks[0]['corpora'][n]['epochs']:.2f} epochs" if ranks[0]["corpora"][n]["epochs"] is not None else "")
             for n, (u, h) in per.items()))
+    if all(r.get("shuffle") for r in ranks):
+        lines.append(_shuffle_lines(_merged([r["shuffle"] for r in ranks])))
     return "\n".join(lines)
+
+
+def _merged(shuffles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ranks' shuffle reports as one (their sums add up)."""
+    from wdsprep.loading.quality import ShuffleQuality
+
+    q = ShuffleQuality.from_dict(shuffles[0])
+    for other in shuffles[1:]:
+        q.merge(ShuffleQuality.from_dict(other))
+    return q.to_dict()
 
 
 MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
@@ -160,6 +175,7 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
     from wdsprep.format.shardlist import expand_shards
     from wdsprep.loading.assign import epoch_assignment, rank_order
     from wdsprep.loading.plan import PlanOptions, plan_epoch
+    from wdsprep.loading.quality import plan_quality, shard_speakers
     from wdsprep.loading.shardset import shard_set, union
 
     out = out or sys.stdout
@@ -174,10 +190,12 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
     else:
         shards = shard_set(expand_shards(trset))
     options = PlanOptions(**plan_options)
+    speakers = shard_speakers(shards)
     reports = []
     for epoch in range(epochs):
         t0 = time.perf_counter()
-        plan = plan_epoch(shards.utts, shards.frames, options, seed=seed, epoch=epoch)
+        plan = plan_epoch(shards.utts, shards.frames, options, seed=seed, epoch=epoch,
+                          speakers=None if speakers is None else speakers.ids)
         a = epoch_assignment(plan.counts, [], world_size, num_workers, equal=options.train)
         seconds = time.perf_counter() - t0
         ranks = []
@@ -199,6 +217,9 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
                   "hours": round(hours(total.real_frames), 4), "padding_efficiency": total.padding_efficiency,
                   "dropped": dropped, "discarded_batches": left.batches, "discarded_utterances": left.utterances,
                   "planning_seconds": round(seconds, 3)}
+        if speakers is not None:
+            report["shuffle"] = plan_quality(plan, a, speakers.ids, shards.frames, ranks=range(world_size),
+                                             source=speakers.source).to_dict()
         reports.append(report)
         out.write(_plan_summary(report, shards.num_utts) + "\n")
     return reports
@@ -288,5 +309,14 @@ def _plan_summary(r: dict[str, Any], num_utts: int) -> str:
         f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
         f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "
         f"(at most one batch per rank)",
+        _shuffle_lines(r.get("shuffle")),
     ])
+
+
+def _shuffle_lines(shuffle: dict[str, Any] | None) -> str:
+    from wdsprep.loading.quality import ShuffleQuality
+
+    if shuffle is None:
+        return "  speakers            unknown (shards in no local index)"
+    return ShuffleQuality.from_dict(shuffle).format()
 

@@ -8,7 +8,11 @@ tars, ``verify`` holds it against them.  On disk, per folder:
   and a digest of its frame column: small, read in O(shards);
 - ``index.frames.npy``, ``index.text_lens.npy``: int32 per utterance, in shard order, memory-mapped
   when read, so a process touches only the pages it uses;
-- ``index.keys.txt``: the sample keys, one per line, read only by what needs them (``verify``).
+- ``index.keys.txt``: the sample keys, one per line, read only by what needs them (``verify``);
+- ``index.speakers.npy`` (int32 per utterance) and ``index.speaker_names.txt`` (the names it
+  numbers, one per line): each utterance's speaker, from the ``utt2spk`` given to ``pack``, else
+  by the key rule (:func:`~wdsprep.format.keys.speaker_of`); ``index.json`` says which.  An index
+  without them (written before they existed) gets its speakers from the keys when asked.
 
 ``index.json`` is written last: a folder whose ``index.json`` is there has the rest.  Version 1
 indexes (one JSON holding every key) are still read.
@@ -31,7 +35,10 @@ from wdsprep.files import atomic_path, write_text
 INDEX_NAME = "index.json"
 INDEX_VERSION = 2
 FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE = "index.frames.npy", "index.text_lens.npy", "index.keys.txt"
-INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE)  # everything an index writes
+SPEAKERS_FILE, SPEAKER_NAMES_FILE = "index.speakers.npy", "index.speaker_names.txt"
+# everything an index writes
+INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE, SPEAKERS_FILE, SPEAKER_NAMES_FILE)
+FROM_UTT2SPK, FROM_KEYS = "utt2spk", "key prefix"  # where a speakers column came from
 
 
 @dataclass
@@ -52,6 +59,29 @@ class ShardInfo:
         return int(sum(self.frames))
 
 
+@dataclass
+class Speakers:
+    """Each utterance's speaker, as ``names[ids[row]]``; ``source`` says where they came from."""
+
+    ids: np.ndarray  # int32 per utterance
+    names: list[str]
+    source: str
+
+    @classmethod
+    def of(cls, per_utt: Sequence[str], source: str) -> Speakers:
+        """From one speaker name per utterance; names are numbered in order of first appearance."""
+        numbers: dict[str, int] = {}
+        ids = np.fromiter((numbers.setdefault(s, len(numbers)) for s in per_utt), np.int32, len(per_utt))
+        return cls(ids, list(numbers), source)
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[str]) -> Speakers:
+        """By the key rule: :func:`~wdsprep.format.keys.speaker_of` of each key's utterance id."""
+        from wdsprep.format.keys import speaker_of, uttid_for_message
+
+        return cls.of([speaker_of(uttid_for_message(k) or "") for k in keys], FROM_KEYS)
+
+
 def frames_digest(frames: np.ndarray) -> str:
     """A short digest of a shard's frame column: the plan depends on every value of it."""
     return hashlib.blake2b(np.ascontiguousarray(frames, np.int32).tobytes(), digest_size=8).hexdigest()
@@ -68,7 +98,8 @@ class FolderIndex:
                  frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
                  keys: list[str] | None = None, folder: str | os.PathLike | None = None,
-                 lost: np.ndarray | None = None) -> None:
+                 lost: np.ndarray | None = None, speakers: Speakers | None = None,
+                 speakers_meta: dict | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
@@ -84,6 +115,8 @@ class FolderIndex:
         self._keys = keys
         self.folder = None if folder is None else Path(folder)
         self._position: dict[str, int] | None = None
+        self._speakers = speakers
+        self._speakers_meta = speakers_meta  # index.json's "speakers": the column is on disk, read on first use
         if len(frames) != self.starts[-1] or len(text_lens) != len(frames):
             raise ValueError(f"index columns hold {len(frames)} frame counts and {len(text_lens)} transcript "
                              f"lengths for {self.starts[-1]} utterances")
@@ -91,13 +124,13 @@ class FolderIndex:
     @classmethod
     def from_shards(cls, layout: str, dims: int | None, dtype: str, infos: Sequence[ShardInfo], *,
                     sizes: Sequence[int] | None = None, mtimes: Sequence[int] | None = None,
-                    lost: Sequence[int] | None = None) -> FolderIndex:
+                    lost: Sequence[int] | None = None, speakers: Speakers | None = None) -> FolderIndex:
         frames = np.fromiter((f for i in infos for f in i.frames), np.int32)
         text_lens = np.fromiter((x for i in infos for x in i.text_lens), np.int32)
         return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
                    frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
                    mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys],
-                   lost=None if lost is None else np.asarray(lost))
+                   lost=None if lost is None else np.asarray(lost), speakers=speakers)
 
     @property
     def num_utts(self) -> int:
@@ -128,6 +161,22 @@ class FolderIndex:
                                 f"damaged, re-index the folder (wdsprep index --force)")
         return self._keys
 
+    @property
+    def has_speakers(self) -> bool:
+        """Whether the speakers are stored (or given), not to be derived from the keys."""
+        return self._speakers is not None or self._speakers_meta is not None
+
+    def speakers(self) -> Speakers:
+        """Every utterance's speaker, in shard order: the stored column (read on first use), else by
+        the key rule from the keys (an index written before the column existed)."""
+        if self._speakers is None:
+            if self._speakers_meta is not None:
+                assert self.folder is not None
+                self._speakers = _read_speakers(self.folder, self._speakers_meta, self.num_utts)
+            else:
+                self._speakers = Speakers.from_keys(self.keys())
+        return self._speakers
+
     def shard(self, i: int) -> ShardInfo:
         """Shard ``i``'s record, keys included."""
         a, b = int(self.starts[i]), int(self.starts[i + 1])
@@ -140,6 +189,9 @@ class FolderIndex:
 
     def summary(self) -> dict:
         """``index.json``'s content."""
+        sp = self._speakers
+        meta = self._speakers_meta if sp is None else {"count": len(sp.names), "source": sp.source}
+        speakers = {"speakers": meta} if meta is not None else {}
         return {
             "version": INDEX_VERSION, "layout": self.layout, "dims": self.dims, "dtype": self.dtype,
             "num_utts": self.num_utts, "num_frames": self.num_frames,
@@ -148,6 +200,7 @@ class FolderIndex:
                         **({"lost": int(x)} if x else {})}
                        for n, s, m, u, a, d, x in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
                                                       self.digests, self.lost)],
+            **speakers,
         }
 
 
@@ -173,6 +226,14 @@ def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
             with open(tmp, "wb") as f:
                 np.save(f, np.ascontiguousarray(column, np.int32), allow_pickle=False)
     write_text(folder / KEYS_FILE, "".join(k + "\n" for k in keys))
+    speakers = index.speakers()  # by the key rule when none were given
+    bad = next((n for n in speakers.names if "\n" in n), None)
+    if bad is not None:
+        raise ValueError(f"{folder}: speaker name {bad!r} holds a newline; such a speaker cannot be indexed")
+    with atomic_path(folder / SPEAKERS_FILE) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(speakers.ids, np.int32), allow_pickle=False)
+    write_text(folder / SPEAKER_NAMES_FILE, "".join(n + "\n" for n in speakers.names))
     return write_text(folder / INDEX_NAME, json.dumps(index.summary(), ensure_ascii=False, separators=(",", ":")))
 
 
@@ -202,10 +263,39 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
                            sizes=np.array([s["size"] for s in shards], np.int64),
                            mtimes=np.array([s["mtime_ns"] for s in shards], np.int64),
                            digests=[s["frames_digest"] for s in shards], folder=folder,
-                           lost=np.array([s.get("lost", 0) for s in shards], np.int64))
+                           lost=np.array([s.get("lost", 0) for s in shards], np.int64),
+                           speakers_meta=d.get("speakers"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index --force) or "
                         f"delete {', '.join(INDEX_FILES)} to read the shards without one") from e
+
+
+def _carried_speakers(old: FolderIndex, keys: Sequence[str]) -> Speakers:
+    """The speakers an earlier index had (from ``utt2spk``) for ``keys``; the key rule for keys it lacks."""
+    from wdsprep.format.keys import speaker_of, uttid_for_message
+
+    sp = old.speakers()
+    known = {k: sp.names[i] for k, i in zip(old.keys(), sp.ids.tolist())}
+    names = [known.get(k) for k in keys]
+    if all(n is not None for n in names):
+        return Speakers.of(names, sp.source)
+    return Speakers.of([n if n is not None else speaker_of(uttid_for_message(k) or "") for n, k in zip(names, keys)],
+                       f"{sp.source}, {FROM_KEYS} for utterances it lacked")
+
+
+def _read_speakers(folder: Path, meta: dict, num_utts: int) -> Speakers:
+    """The speakers column ``index.json`` says is beside it, checked against the index."""
+    try:
+        ids = np.load(folder / SPEAKERS_FILE, mmap_mode="r", allow_pickle=False)
+        names = (folder / SPEAKER_NAMES_FILE).read_text(encoding="utf-8").split("\n")[:-1]
+        in_range = not len(ids) or 0 <= ids.min() <= ids.max() < len(names)
+        if len(ids) != num_utts or len(names) != meta["count"] or not in_range:
+            raise ValueError(f"{len(ids)} speaker ids for {num_utts} utterances, {len(names)} names for "
+                             f"{meta['count']} speakers")
+        return Speakers(ids, names, str(meta["source"]))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{folder / SPEAKERS_FILE}: cannot read the index's speakers ({e}); re-index the folder "
+                        f"(wdsprep index --force) or repack it") from None
 
 
 @dataclass
@@ -332,7 +422,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
-            if not todo and old is not None and not force and not stale and not upgrade:
+            # An index without a speakers column (written before it existed) is rewritten, without a read.
+            if not todo and old is not None and not force and not stale and not upgrade and old.has_speakers:
                 result.folders[str(folder)] = "up to date"
                 result.shards += len(shards)
                 result.utterances += old.num_utts
@@ -361,10 +452,16 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                                      f"one shard set: move them apart")
             names = sorted(entries)
             infos = [entries[n][0] for n in names]
+            carried = None  # speakers packed from utt2spk are in no tar: keep them for the utterances still there
+            try:
+                if old is not None and old.speakers().source != FROM_KEYS:
+                    carried = _carried_speakers(old, [k for i in infos for k in i.keys])
+            except DataError:
+                pass  # a damaged column: the key rule it is
             index = FolderIndex.from_shards(layouts.pop() if layouts else "cat", dims.pop() if dims else None,
                                             dtypes.pop() if dtypes else "float32", infos,
                                             sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
-                                            lost=[entries[n][3] for n in names])
+                                            lost=[entries[n][3] for n in names], speakers=carried)
             write_index(folder, index)
             what = "indexed" if old is None else "upgraded from version 1" if upgrade else "re-indexed"
             result.folders[str(folder)] = f"{what}: {len(names)} shards, {len(todo)} read"

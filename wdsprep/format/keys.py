@@ -19,6 +19,7 @@ every reader can split.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 LAYOUTS: dict[str, tuple[str, str]] = {
@@ -85,3 +86,20 @@ def split_member(name: str) -> tuple[str, str]:
     dirname, _, base = name.rpartition("/")
     key, _, ext = base.partition(".")
     return (f"{dirname}/{key}" if dirname else key), ext
+
+
+# A Kaldi speed-perturbation prefix (``sp0.9-``, ``sp1.1-``): the same speaker, slowed or sped up.
+_SPEED_PREFIX = re.compile(r"sp\d+(?:\.\d+)?-")
+
+
+def speaker_of(uttid: str) -> str:
+    """The speaker an utterance id names by the Kaldi convention: the id up to its first ``-``,
+    after a speed-perturbation prefix (``sp0.9-``, ``sp1.1-``) is stripped.
+
+    ``spk01-utt3``, ``sp0.9-spk01-utt3`` -> ``spk01``; LibriSpeech's ``103-1240-0000`` -> ``103``;
+    an id without ``-`` is a speaker of its own.  Used where no ``utt2spk`` was given at pack time;
+    ids that do not start with their speaker (e.g. AISHELL's ``BAC009S0002W0122``) need ``utt2spk``.
+    """
+    m = _SPEED_PREFIX.match(uttid)
+    rest = uttid[m.end():] if m and m.end() < len(uttid) else uttid
+    return rest.split("-", 1)[0] or rest

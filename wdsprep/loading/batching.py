@@ -15,6 +15,8 @@ The batchers it is measured against (CAT's stream, WeNet's sort window) are in
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
@@ -31,8 +33,12 @@ def len_of_first_dim(sample: Any) -> int:
     return int(sample[1].shape[0])
 
 
-def check_batching(max_frames: int, max_batch_size: int | None, pool_size: int = 1, max_carry: int = 0) -> None:
+def check_batching(max_frames: int, max_batch_size: int | None, pool_size: int = 1, max_carry: int = 0,
+                   max_utts_per_speaker: int | None = None) -> None:
     """ValueError for options no batching can honour."""
+    if max_utts_per_speaker is not None and not (
+            isinstance(max_utts_per_speaker, (int, np.integer)) and max_utts_per_speaker > 0):
+        raise ValueError(f"max_utts_per_speaker must be None or a positive int, got {max_utts_per_speaker!r}")
     if not (isinstance(max_frames, (int, np.integer)) and max_frames > 0):
         raise ValueError(f"max_frames must be a positive int, got {max_frames!r}")
     if max_batch_size is not None and not (isinstance(max_batch_size, (int, np.integer)) and max_batch_size > 0):
@@ -69,8 +75,67 @@ def _cut(lengths: list[int], max_frames: int, max_batch_size: int | None) -> lis
     return cuts
 
 
+def _cut_capped(lengths: list[int], speakers: list[int], max_frames: int, max_batch_size: int | None,
+                cap: int) -> list[list[int]]:
+    """Greedy batches of ascending lengths as :func:`_cut` cuts them, but with at most ``cap``
+    utterances of one speaker each: the positions of each batch, the last one open.
+
+    An utterance whose speaker already has ``cap`` in the batch waits (per speaker, in order) and
+    is first in line for the next batch: it is no longer than anything after it, so it never
+    raises that batch's padding.  Leftovers of a speaker who dominates the pool end up in small
+    batches of their own at the end of the pool; the last of them is the one carried over.
+    O(pool): each position is looked at once on the way in and once per batch it waits for.
+    """
+    n = len(lengths)
+    size_cap = max_batch_size or n
+    waiting: dict[int, deque[int]] = {}  # speaker -> positions passed over, ascending
+    batches: list[list[int]] = []
+    i = 0
+    while i < n or waiting:
+        batch: list[int] = []
+        count: dict[int, int] = {}
+        longest = 0
+
+        def fits(j: int) -> bool:
+            return not batch or (len(batch) < size_cap and (len(batch) + 1) * max(longest, lengths[j]) <= max_frames)
+
+        # Those waiting first, shortest first; at most cap of each speaker can be taken.
+        for j in sorted(j for q in waiting.values() for j in islice(q, cap)):
+            if not fits(j):
+                break
+            batch.append(j)
+            longest = max(longest, lengths[j])
+            spk = speakers[j]
+            count[spk] = count.get(spk, 0) + 1
+            waiting[spk].popleft()
+        waiting = {spk: q for spk, q in waiting.items() if q}
+        while i < n:
+            spk = speakers[i]
+            if count.get(spk, 0) >= cap:
+                waiting.setdefault(spk, deque()).append(i)
+                i += 1
+                continue
+            if not fits(i):
+                break
+            batch.append(i)
+            longest = max(longest, lengths[i])
+            count[spk] = count.get(spk, 0) + 1
+            i += 1
+        batches.append(batch)
+    return batches
+
+
+def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bool:
+    """Whether a cut holds more than ``cap`` utterances of one speaker (``speakers`` in cut order)."""
+    sizes = np.array([b - a for a, b in cuts], np.int64)
+    _, spk = np.unique(speakers, return_inverse=True)
+    codes = np.repeat(np.arange(len(cuts), dtype=np.int64), sizes) * (int(spk.max(initial=0)) + 1) + spk
+    return bool(len(codes)) and int(np.unique(codes, return_counts=True)[1].max()) > cap
+
+
 def _plan_pool(lens: np.ndarray, max_frames: int, max_batch_size: int | None, rng: np.random.Generator,
-               ages: np.ndarray, max_carry: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+               ages: np.ndarray, max_carry: int, speakers: np.ndarray | None = None,
+               max_utts_per_speaker: int | None = None) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The rows of each batch of one pool in random order, the rows to carry over and their new ages.
 
     The first ``len(ages)`` rows of the pool are the ones carried into it.
@@ -79,29 +144,39 @@ def _plan_pool(lens: np.ndarray, max_frames: int, max_batch_size: int | None, rn
     order = np.argsort(lens, kind="stable")
     sorted_lens = lens[order].tolist()
     cuts = _cut(sorted_lens, max_frames, max_batch_size)
+    batches = [order[a:b] for a, b in cuts]
+    if max_utts_per_speaker is not None and speakers is not None and _over_cap(cuts, speakers[order],
+                                                                               max_utts_per_speaker):
+        capped = _cut_capped(sorted_lens, speakers[order].tolist(), max_frames, max_batch_size, max_utts_per_speaker)
+        batches = [order[np.array(b, np.int64)] for b in capped]
     carry = new_ages = np.zeros(0, np.int64)
-    if max_carry and cuts:
-        start, end = cuts[-1]
-        size, longest = end - start, sorted_lens[end - 1]
+    if max_carry and batches:
+        rows = batches[-1]
+        size, longest = len(rows), int(lens[rows].max())
         full = (max_batch_size is not None and size >= max_batch_size) or (size + 1) * longest > max_frames
-        rows = order[start:end]
         aged = np.ones(len(rows), np.int64)
         was_carried = rows < len(ages)
         aged[was_carried] += ages[rows[was_carried]]
         # Without an age limit a lone long utterance would be carried to the end of the epoch.
         if not full and aged.max() <= max_carry:
             carry, new_ages = rows, aged
-            cuts.pop()
+            batches.pop()
     # Shuffle the batch order so lengths do not rise within a pool (WeNet's weak spot).
-    return [order[cuts[j][0]:cuts[j][1]] for j in rng.permutation(len(cuts))], carry, new_ages
+    return [batches[j] for j in rng.permutation(len(batches))], carry, new_ages
 
 
 def bucket_pools(lengths: np.ndarray, *, max_frames: int, rng: np.random.Generator, max_batch_size: int | None = None,
-                 pool_size: int = DEFAULT_POOL_SIZE, max_carry: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                 pool_size: int = DEFAULT_POOL_SIZE, max_carry: int = 1, speakers: np.ndarray | None = None,
+                 max_utts_per_speaker: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Batches of a shuffled length sequence as ``(positions, starts)``: batch ``j`` holds the
     positions ``positions[starts[j]:starts[j + 1]]`` of ``lengths``, batches in the order a trainer
-    gets them.  Same ``rng`` state and lengths -> same batches in the same order."""
-    check_batching(max_frames, max_batch_size, pool_size, max_carry)
+    gets them.  Same ``rng`` state and lengths -> same batches in the same order.
+
+    ``max_utts_per_speaker`` caps each speaker's utterances per batch; it needs ``speakers``
+    (an int id per length)."""
+    check_batching(max_frames, max_batch_size, pool_size, max_carry, max_utts_per_speaker)
+    if max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(lengths)):
+        raise ValueError("max_utts_per_speaker needs the speaker of every length (speakers=)")
     lengths = np.asarray(lengths, np.int64)
     if len(lengths) and lengths.min() < 0:
         # A negative length would let a batch pass the B * max <= max_frames check wrongly.
@@ -119,7 +194,8 @@ def bucket_pools(lengths: np.ndarray, *, max_frames: int, rng: np.random.Generat
         if not len(pool):
             break
         rows, carry, ages = _plan_pool(lengths[pool], max_frames, max_batch_size, rng, ages,
-                                       0 if last else max_carry)
+                                       0 if last else max_carry, None if speakers is None else speakers[pool],
+                                       max_utts_per_speaker)
         for r in rows:
             out.append(pool[r])
             sizes.append(len(r))

@@ -18,6 +18,7 @@ import numpy as np
 from wdsprep.loading.mixplan import BatchRef, MixPosition, MixRun, corpus_progress, mix_run, next_epoch, start_position
 from wdsprep.loading.mixture import Mixture, SchedulePoints, draw_probabilities, make_mixture
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, plan_epoch
+from wdsprep.loading.quality import Speakers
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stages import Planned
 from wdsprep.loading.stream import LoaderConfig, ShardStream
@@ -42,7 +43,8 @@ class MixedPlan:
     """
 
     def __init__(self, shards: ShardSet, options: PlanOptions, *, seed: int, mixture: Mixture,
-                 steps_per_epoch: int | None, world_size: int, num_workers: int) -> None:
+                 steps_per_epoch: int | None, world_size: int, num_workers: int,
+                 speakers: np.ndarray | None = None) -> None:
         if mixture.names != shards.corpora:
             raise ValueError(f"the mixture names {list(mixture.names)}, the shards {list(shards.corpora)}")
         self.shards, self.options, self.seed, self.mixture = shards, options, seed, mixture
@@ -50,6 +52,9 @@ class MixedPlan:
         self.world_size, self.num_workers = world_size, num_workers
         self.parts = [shards.part(c) for c in range(len(shards.corpora))]
         self._row0 = [int(shards.starts[shards.shards_of(c).start]) for c in range(len(self.parts))]
+        # Each corpus's rows of the speaker column (max_utts_per_speaker plans with it).
+        self._speakers = [None if speakers is None else speakers[r0:r0 + p.num_utts]
+                          for r0, p in zip(self._row0, self.parts)]
         self._seeds = [derive_seed(seed, zlib.crc32(name.encode())) for name in shards.corpora]
         self._counts: dict[tuple[int, int], np.ndarray] = {}  # (corpus, corpus epoch) -> batches per stream
         self._sizes: dict[tuple[int, int], list[np.ndarray]] = {}  # -> per stream, utterances per batch
@@ -81,7 +86,8 @@ class MixedPlan:
 
     def corpus_plan(self, corpus: int, epoch: int, streams: list[int] | None = None) -> EpochPlan:
         part = self.parts[corpus]
-        plan = plan_epoch(part.utts, part.frames, self.options, seed=self._seeds[corpus], epoch=epoch, streams=streams)
+        plan = plan_epoch(part.utts, part.frames, self.options, seed=self._seeds[corpus], epoch=epoch, streams=streams,
+                          speakers=self._speakers[corpus])
         if streams is None:
             key = (corpus, epoch)
             self._counts[key] = plan.counts
@@ -165,11 +171,11 @@ class MixedStream(ShardStream):
 
     def __init__(self, shards: ShardSet, tokenizer: Tokenizer, cfg: LoaderConfig, *, mixture: Mixture,
                  steps_per_epoch: int | None, rank: int, world_size: int, num_workers: int,
-                 control: WorkerControl) -> None:
+                 control: WorkerControl, speakers: Speakers | None = None) -> None:
         super().__init__(shards, tokenizer, cfg, rank=rank, world_size=world_size, num_workers=num_workers,
-                         control=control)
+                         control=control, speakers=speakers)
         self.mix = MixedPlan(shards, cfg.plan, seed=cfg.seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
-                             world_size=world_size, num_workers=num_workers)
+                             world_size=world_size, num_workers=num_workers, speakers=self._planned_speakers())
 
     def reader_batches(self, worker: int) -> tuple[int, bool, list[Planned]]:
         epoch = self.control.read()[0]

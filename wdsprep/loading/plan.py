@@ -48,9 +48,11 @@ class PlanOptions:
     max_utt_frames: int | None = None
     streams: int | None = None  # None: see num_streams
     train: bool = True  # False (dev): shards in order, no shuffle, the same plan every epoch
+    max_utts_per_speaker: int | None = None  # per batch; the plan then needs every utterance's speaker
 
     def __post_init__(self) -> None:
-        check_batching(self.max_frames, self.max_batch_size, self.pool_size)
+        check_batching(self.max_frames, self.max_batch_size, self.pool_size,
+                       max_utts_per_speaker=self.max_utts_per_speaker)
         if self.streams is not None and self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
         if self.shuffle_buffer < 0:
@@ -165,8 +167,9 @@ def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
-                options: PlanOptions) -> StreamPlan:
-    """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames`` per row)."""
+                options: PlanOptions, speakers: np.ndarray | None = None) -> StreamPlan:
+    """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames`` and
+    ``speakers``, needed by ``max_utts_per_speaker`` only, per row)."""
     if len(shards):
         rows = np.concatenate([np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards])
     else:
@@ -188,14 +191,19 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
         rows, lens = rows[keep], lens[keep]
     positions, batch_starts = bucket_pools(lens, max_frames=options.max_frames,
                                            rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
-                                           max_batch_size=options.max_batch_size, pool_size=options.pool_size)
+                                           max_batch_size=options.max_batch_size, pool_size=options.pool_size,
+                                           speakers=None if speakers is None else np.asarray(speakers[rows]),
+                                           max_utts_per_speaker=options.max_utts_per_speaker)
     return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
 
 
 def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
-               streams: Sequence[int] | None = None) -> EpochPlan:
+               streams: Sequence[int] | None = None, speakers: np.ndarray | None = None) -> EpochPlan:
     """The plan of ``epoch`` over shards of ``utts[i]`` utterances whose frames are ``frames`` (shard after
-    shard); ``streams`` plans only those (a worker needs only its own), the rest left empty."""
+    shard); ``streams`` plans only those (a worker needs only its own), the rest left empty.
+    ``speakers`` (an int id per utterance) is needed with ``options.max_utts_per_speaker`` only."""
+    if options.max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(frames)):
+        raise ValueError("max_utts_per_speaker needs every utterance's speaker (from the index)")
     utts = np.asarray(utts, np.int64)
     starts = np.concatenate([[0], np.cumsum(utts)]).astype(np.int64)
     shard_frames = np.add.reduceat(np.asarray(frames, np.int64), starts[:-1]) if len(frames) else np.zeros(len(utts))
@@ -207,7 +215,8 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
     plans = []
     for s, shards in enumerate(dealt):
         if s in wanted:
-            plans.append(plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options))
+            plans.append(plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options,
+                                     speakers=speakers if options.max_utts_per_speaker is not None else None))
         else:
             plans.append(StreamPlan(s, shards, np.zeros(0, np.int64), np.zeros(1, np.int64)))
     return EpochPlan(epoch, plans)

@@ -116,6 +116,9 @@ class LoaderStats:
     discarded: int = 0
     discarded_fraction: float = 0.0
     seconds: float = 0.0
+    # How random this rank's planned batches are (loading/quality.py: speakers per batch against a
+    # random draw, speaker recurrence, lag-1 length correlation); None when the index has no speakers.
+    shuffle: dict[str, Any] | None = None
     corpora: dict[str, CorpusStats] = field(default_factory=dict)  # named corpora: what each gave
 
     def add_batches(self, t: BatchTally) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from wdsprep.format.index import Speakers
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn
 from wdsprep.loading.collate import Packed, start_collate
@@ -65,8 +66,9 @@ class ShardStream(IterableDataset):
     """
 
     def __init__(self, shards: ShardSet, tokenizer: Tokenizer, cfg: LoaderConfig, *, rank: int, world_size: int,
-                 num_workers: int, control: WorkerControl) -> None:
+                 num_workers: int, control: WorkerControl, speakers: Speakers | None = None) -> None:
         self.shards = shards
+        self.speakers = speakers  # per row of the shard set: max_utts_per_speaker plans with it, stats report it
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.rank = rank
@@ -81,16 +83,26 @@ class ShardStream(IterableDataset):
         """A digest of what decides the batches besides (seed, epoch): the plan's options, the shard
         set (last two path parts, utterance counts, frame columns), the tokenizer, the run-time options."""
         run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.ctc_subsampling,
-               "sampling": repr(self.cfg.subword_sampling)}
+               "sampling": repr(self.cfg.subword_sampling), "speakers": self._planned_speakers_digest()}
         text = json.dumps(run, sort_keys=True, default=repr, ensure_ascii=False)
         return fingerprint(self.cfg.plan, self.shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
+
+    def _planned_speakers(self) -> np.ndarray | None:
+        """The speaker column, where the plan depends on it (``max_utts_per_speaker``)."""
+        if self.cfg.plan.max_utts_per_speaker is None or self.speakers is None:
+            return None
+        return self.speakers.ids
+
+    def _planned_speakers_digest(self) -> str | None:
+        ids = self._planned_speakers()
+        return None if ids is None else hashlib.blake2b(np.ascontiguousarray(ids).tobytes(), digest_size=8).hexdigest()
 
     def plan(self, epoch: int) -> EpochPlan:
         """Every stream's plan for ``epoch`` (kept for the epoch: the main process plans once)."""
         epoch = epoch if self.cfg.train else 0
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = plan_epoch(self.shards.utts, self.shards.frames, self.cfg.plan, seed=self.cfg.seed,
-                                    epoch=epoch)
+                                    epoch=epoch, speakers=self._planned_speakers())
             self._streams = {(epoch, p.stream): p for p in self._plan.streams}
         return self._plan
 
@@ -102,7 +114,7 @@ class ShardStream(IterableDataset):
             if any(e != epoch for e, _ in self._streams):
                 self._streams = {}
             one = plan_epoch(self.shards.utts, self.shards.frames, self.cfg.plan, seed=self.cfg.seed, epoch=epoch,
-                             streams=[stream])
+                             streams=[stream], speakers=self._planned_speakers())
             self._streams[key] = one.streams[stream]
         return self._streams[key]
 

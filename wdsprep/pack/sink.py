@@ -27,8 +27,8 @@ import numpy as np
 from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
 from wdsprep.format.commit import abandon_marker, begin, commit, marker
-from wdsprep.format.index import INDEX_FILES, FolderIndex, ShardInfo, write_index
-from wdsprep.format.keys import layout_exts
+from wdsprep.format.index import FROM_UTT2SPK, INDEX_FILES, FolderIndex, ShardInfo, Speakers, write_index
+from wdsprep.format.keys import decode_key, layout_exts, speaker_of
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.groups import Groups
 from wdsprep.prep.parallel import run_chunks
@@ -47,6 +47,7 @@ class SinkResult:
     dims: int | None = None  # of the features written
     dim_counts: dict[int, int] = field(default_factory=dict)  # feature dims -> utterances that have them
     dim_first: dict[int, str] = field(default_factory=dict)  # feature dims -> the first utterance with them
+    planned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # folder -> plan index per shard
 
 
 class GroupedSink:
@@ -88,8 +89,9 @@ class GroupedSink:
             self.counting_only = True
             self.abort()  # the pack will fail; writing on would only fill the disk
 
-    def add(self, uttid: str, feats: np.ndarray, text: str) -> None:
-        """Pack one utterance, or record why it cannot be packed."""
+    def add(self, uttid: str, feats: np.ndarray, text: str, folder: str | None = None) -> None:
+        """Pack one utterance, or record why it cannot be packed; ``folder``: its length group's,
+        when already decided (a planned pack), else found from its frames."""
         if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[1] > 0:
             self.count(uttid, feats.shape[1])
             if self.counting_only:
@@ -109,9 +111,9 @@ class GroupedSink:
             self.result.report.drop("bad_features", uttid, problem)
             return
         frames = feats.shape[0]
-        if self.groups is None:
+        if folder is None and self.groups is None:
             folder = ""
-        else:
+        elif folder is None:
             group = self.groups.find(frames)
             if group is None:
                 self.result.report.drop("outside_groups", uttid, f"{frames} frames")
@@ -131,6 +133,12 @@ class GroupedSink:
 
     def drop(self, reason: str, uttid: str, detail: str | None = None) -> None:
         self.result.report.drop(reason, uttid, detail)
+
+    def end_shard(self, folder: str) -> None:
+        """Close ``folder``'s open shard now, full or not (a planned shard is complete)."""
+        writer = self._open.pop(folder, None)
+        if writer is not None:
+            self.result.shards[folder].append(_close(writer))
 
     def _new_shard(self, folder: str) -> ShardWriter:
         d = self.d_out / folder
@@ -224,6 +232,7 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
     make_dir(d)
     begin(d)
     if overwrite:
+        shutil.rmtree(d / SPILL_DIR, ignore_errors=True)
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             for p in folder.iterdir():
                 if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)):
@@ -234,11 +243,13 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
 
 
 REPORT_NAME = "pack_report.json"
+# pack-audio --shuffle: features on their way to the shards, removed when the pack ends
+SPILL_DIR = ".features"
 
 
 def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, layout: str, dtype: str,
              groups: Groups | None, report: Report, dims: int | None = None,
-             created: list[Path] | None = None) -> Report:
+             created: list[Path] | None = None, utt2spk: dict[str, str] | None = None) -> Report:
     """Write indexes and the report, rename worker shards to ``fmt % i`` (worker order, then shard
     order) and commit the pack.
 
@@ -247,7 +258,8 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
     ``dims`` chose one (the workers then dropped the others).  Every file given its final name
     is appended to ``created``, so a failure can remove them (:func:`abandon`).  The files that
     need disk space are written before any shard is renamed, and the marker goes last, after
-    everything is synced.
+    everything is synced.  ``utt2spk`` (uttid -> speaker) goes into the indexes; without it
+    they hold the speakers the keys name (:func:`wdsprep.format.keys.speaker_of`).
     """
     created = [] if created is None else created
     d = Path(d_out)
@@ -287,9 +299,10 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
         report.merge(r.report)
     report.groups = summary
     for folder, (infos, stats) in indexes.items():
+        speakers = None if utt2spk is None else given_speakers(infos, utt2spk, report)
         write_index(d / folder, FolderIndex.from_shards(layout, next(iter(written_dims), None), dtype, infos,
                                                         sizes=[s.st_size for s in stats],
-                                                        mtimes=[s.st_mtime_ns for s in stats]))
+                                                        mtimes=[s.st_mtime_ns for s in stats], speakers=speakers))
         created.extend(d / folder / name for name in INDEX_FILES)
     created.append(report.write(d / REPORT_NAME))
     metadata = list(created)
@@ -303,6 +316,20 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
         sync(d / folder)
     commit(d)
     return report
+
+
+def given_speakers(infos: Sequence[ShardInfo], utt2spk: dict[str, str], report: Report) -> Speakers:
+    """The speakers ``utt2spk`` gives the shards' utterances; one it lacks is flagged ``no_speaker``
+    and gets the speaker its id names (the key rule)."""
+    names = []
+    for key in (k for i in infos for k in i.keys):
+        uttid = decode_key(key)
+        name = utt2spk.get(uttid)
+        if name is None:
+            report.note("no_speaker", uttid)
+            name = speaker_of(uttid)
+        names.append(name)
+    return Speakers.of(names, FROM_UTT2SPK)
 
 
 def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
@@ -327,6 +354,7 @@ def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
 def remove_partial(d_out: str | os.PathLike) -> None:
     """After a failed pack: remove hidden worker shards so nothing partial is mistaken for output."""
     d = Path(d_out)
+    shutil.rmtree(d / SPILL_DIR, ignore_errors=True)
     # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
     for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
         if p.is_file():
@@ -371,13 +399,23 @@ def check_dtype(dtype: str, layout: str) -> None:
 
 def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
                      fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
-                     strict: bool, dims: int | None = None) -> Report:
+                     strict: bool, dims: int | None = None, utt2spk: dict[str, str] | None = None) -> Report:
     """Run ``work`` over ``items`` in ``nj`` processes, then write index and report, name shards and commit."""
+    return finish_pack(lambda: run_chunks(work, items, nj, desc=desc, progress=progress), d_out, desc=desc, fmt=fmt,
+                       layout=layout, dtype=dtype, groups=groups, report=report, strict=strict, dims=dims,
+                       utt2spk=utt2spk)
+
+
+def finish_pack(produce: Callable[[], list[SinkResult]], d_out: Path, *, desc: str, fmt: str, layout: str, dtype: str,
+                groups: Groups | None, report: Report, strict: bool, dims: int | None = None,
+                utt2spk: dict[str, str] | None = None) -> Report:
+    """Write the shards (``produce``: the workers' results), then index and report, name shards and
+    commit; a failure anywhere removes what was written."""
     created: list[Path] = []
     try:
-        results = run_chunks(work, items, nj, desc=desc, progress=progress)
+        results = produce()
         report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
-                          dims=dims, created=created)
+                          dims=dims, created=created, utt2spk=utt2spk)
     except BaseException:
         abandon(d_out, created)
         raise

@@ -237,7 +237,7 @@ def compute_fbank(
     utts = read_utterances(wav_scp, segments, report)
     make_dir(d)
 
-    work = partial(_fbank_chunk, d_out=d, opts=opts)
+    work = partial(fbank_chunk, d_out=d, opts=opts)
     results: list[ArkResult] = []
     try:
         results = run_chunks(work, utts, nj, desc="fbank", progress=progress)
@@ -256,8 +256,10 @@ def compute_fbank(
     return report
 
 
-def _fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], None], *, d_out: Path,
-                 opts: FbankOptions) -> ArkResult:
+def fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], None], *, d_out: Path,
+                opts: FbankOptions) -> ArkResult:
+    """One worker's utterances into ``d_out/feats.{worker + 1}.ark``, under its temporary name until
+    :func:`_finalize` renames it (``pack-audio --shuffle`` reads it there and removes it)."""
     import kaldiio
 
     fbank = Fbank(opts)  # imports the backend, and torch with torchaudio, before one_torch_thread

@@ -132,3 +132,13 @@ def read_feats_scp(paths: Sequence[PathLike]) -> dict[str, Entry]:
                 f"paths in feats.scp are relative to the directory you run from"
             )
     return table
+
+
+def read_utt2spk(paths: Sequence[PathLike]) -> dict[str, str]:
+    """Kaldi ``utt2spk`` files: uttid -> speaker id (one token, as Kaldi requires)."""
+    out: dict[str, str] = {}
+    for e in read_tables(paths, "utt2spk").values():
+        if len(e.value.split()) != 1:
+            raise KaldiDataError(f"{e.where}: expected 'uttid speaker', got {e.uttid} {e.value!r}")
+        out[e.uttid] = e.value
+    return out

@@ -30,16 +30,18 @@ def split(items: Sequence[T], n: int) -> list[Sequence[T]]:
 
 
 def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items: Sequence[T], nj: int,
-               desc: str, progress: bool | None = None) -> list[R]:
+               desc: str, progress: bool | None = None, *, total: int | None = None) -> list[R]:
     """``fn(chunk, worker_index, tick)`` over ``nj`` contiguous chunks of ``items``; results in chunk order.
 
-    ``nj == 1`` runs in this process.  ``progress=None`` shows the bar only on a terminal.
+    ``nj == 1`` runs in this process.  ``progress=None`` shows the bar only on a terminal; its
+    total is ``total`` (what ``fn`` ticks: utterances), else the number of items.
     """
     if nj < 1:
         raise ValueError("nj must be >= 1")
     nj = min(nj, max(1, len(items)))
     chunks = split(items, nj)
-    with tqdm(total=len(items), desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
+    total = len(items) if total is None else total
+    with tqdm(total=total, desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
         if nj == 1:
             return [fn(chunks[0], 0, bar.update)]
         counter = mp.Value("q", 0)

@@ -1,0 +1,99 @@
+"""Which utterance goes to which shard: decided before any feature is written (pure, no I/O).
+
+Once every utterance's frame count is known (``pack`` reads it from the matrix headers), each
+length group's utterances are put in one order and cut into shards of ``utts_per_shard``:
+
+- ``shuffle`` (the default): a seeded random order, the same for a given seed whatever the input
+  order, the number of workers or which other utterances are packed (each utterance's place is a
+  hash of the seed and its id).  Speakers and recordings spread over every shard of the group.
+- no shuffle: input order, as Kaldi keeps it (sorted by id, so by speaker).
+
+Workers are then dealt whole shards (:func:`deal`), and shards are named in plan order, so the
+shards and their names depend on the seed alone, not on ``nj``; only the last shard of a group
+is short.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """One shard to write: its folder (length group) and its utterances (input positions), in order."""
+
+    folder: str
+    items: np.ndarray  # int64 positions in the pack's item list, in the order they are written
+    frames: int  # total, to balance workers
+
+
+def shuffle_keys(uttids: Sequence[str], seed: int) -> np.ndarray:
+    """Each utterance's place in the seeded order: 8 bytes of a keyed hash of its id (uint64).
+
+    A hash rather than a permutation: an utterance's place does not depend on the others, so
+    ``pack-audio`` and ``fbank`` + ``pack`` (which drops unreadable audio earlier) agree, as do
+    inputs given in another order.  About 1 s per million ids.
+    """
+    salt = int(seed).to_bytes(16, "little", signed=True)
+    return np.fromiter((int.from_bytes(hashlib.blake2b(u.encode("utf-8"), digest_size=8, salt=salt).digest(), "little")
+                        for u in uttids), np.uint64, len(uttids))
+
+
+def plan_shards(uttids: Sequence[str], folders: Sequence[str | None], frames: np.ndarray, folder_order: Sequence[str],
+                *, utts_per_shard: int, shuffle: bool, seed: int) -> list[PlannedShard]:
+    """The shards of a pack, folder by folder (in ``folder_order``), each folder's in order.
+
+    ``folders[i]`` is item ``i``'s length group folder, None for an item not packed.  Ties of the
+    hash (one in ~10^19 pairs) fall back to the id, so the order is total.
+    """
+    if utts_per_shard < 1:
+        raise ValueError("utts_per_shard must be >= 1")
+    frames = np.asarray(frames, np.int64)
+    number = {f: k for k, f in enumerate(folder_order)}
+    codes = np.fromiter((-1 if f is None else number[f] for f in folders), np.int64, len(folders))
+    keys = shuffle_keys(uttids, seed) if shuffle else None
+    shards = []
+    for k, folder in enumerate(folder_order):
+        items = np.flatnonzero(codes == k)
+        if keys is not None and len(items):
+            items = _by_key(items, keys[items], uttids)
+        for a in range(0, len(items), utts_per_shard):
+            part = items[a:a + utts_per_shard]
+            shards.append(PlannedShard(folder, part, int(frames[part].sum())))
+    return shards
+
+
+def _by_key(items: np.ndarray, keys: np.ndarray, uttids: Sequence[str]) -> np.ndarray:
+    """``items`` sorted by ``keys``, equal keys by id."""
+    order = np.argsort(keys, kind="stable")
+    items, keys = items[order], keys[order]
+    tied = np.flatnonzero(keys[1:] == keys[:-1])
+    for a in tied.tolist():  # (practically never) sort each run of equal keys by id
+        b = a + 1
+        while b + 1 < len(keys) and keys[b + 1] == keys[a]:
+            b += 1
+        items[a:b + 1] = sorted(items[a:b + 1].tolist(), key=lambda i: uttids[i])
+    return items
+
+
+def deal(frames: Sequence[int], workers: int) -> list[list[int]]:
+    """Shard indices for each of ``workers``, each list in plan order: the largest shard first, each
+    to the least loaded worker (ties: the lowest), so loads differ by less than one shard's frames.
+
+    Runs of consecutive shards would be simpler, but with a few shards per worker (length groups
+    make them of very different sizes) one worker got twice another's frames.
+    """
+    if workers < 1:
+        raise ValueError("nj must be >= 1")
+    loads = [(0, w) for w in range(workers)]
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(frames)), key=lambda i: (-int(frames[i]), i)):
+        load, w = heapq.heappop(loads)
+        out[w].append(i)
+        heapq.heappush(loads, (load + max(1, int(frames[i])), w))
+    return [sorted(x) for x in out]
