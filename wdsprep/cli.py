@@ -263,7 +263,7 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-utts-per-speaker", type=int, metavar="N",
                    help="at most N utterances of one speaker per batch (speakers from the index)")
     g.add_argument("--streams", type=int, help="canonical streams the epoch is planned in (default: min(shards, 64, "
-                                               "utterances // 1000))")
+                                               "utterances // 2000))")
     g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
     g.add_argument("--on-error", choices=["warn", "raise"], help="a damaged shard: warn and count, or stop")
     g.add_argument("--subword-sampling", type=float, metavar="ALPHA", help="SentencePiece subword sampling with this alpha")

@@ -24,14 +24,19 @@ from typing import Sequence
 
 import numpy as np
 
+# A reader yields the batches of this many of its streams interleaved (see Assignment.reader_order).
+INTERLEAVE = 4
+
 
 @dataclass(frozen=True)
 class Task:
-    """Batches ``start:stop`` of one stream, read in order by one worker."""
+    """Batches ``start:stop`` of one stream, read in order by one worker; ``group``: the streams of
+    one group are interleaved, groups follow one another (see :meth:`Assignment.reader_order`)."""
 
     stream: int
     start: int
     stop: int
+    group: int = 0
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -47,9 +52,34 @@ class Assignment:
     steps: list[int]  # batches each rank yields
     owners: list[int]  # per stream: the rank it was dealt to (-1: nothing of it left)
     discarded: list[Task] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # per stream: its batches in the whole epoch
 
     def tasks(self, rank: int, reader: int) -> list[Task]:
         return self.workers[rank][reader]
+
+    def reader_order(self, rank: int, reader: int) -> list[tuple[int, int]]:
+        """(stream, batch) in the order the reader yields them.
+
+        A reader's streams are read :data:`INTERLEAVE` at a time, their batches merged by progress
+        (batch ``j`` of a stream of ``n`` at ``(j + 0.5) / n``), so consecutive batches come from
+        different streams: one stream's batches share its few shards, and with length-grouped
+        shards their lengths. The key of a batch depends only on its stream's place among the
+        reader's streams and its own place in the stream, both fixed by the streams' whole sizes,
+        so what a resumed reader has left comes in the order the uninterrupted one would yield it.
+        """
+        tasks = self.workers[rank][reader]
+        if not tasks:
+            return []
+        streams = np.concatenate([np.full(len(t), t.stream, np.int64) for t in tasks])
+        batches = np.concatenate([np.arange(t.start, t.stop, dtype=np.int64) for t in tasks])
+        groups = np.concatenate([np.full(len(t), t.group, np.int64) for t in tasks])
+        first = {}
+        for t in tasks:  # the order the streams first appear: the tie-break within a group
+            first.setdefault(t.stream, len(first))
+        place = np.array([first[s] for s in streams.tolist()], np.int64)
+        sizes = np.array(self.sizes, np.float64)[streams]
+        order = np.lexsort((place, (batches + 0.5) / sizes, groups))
+        return list(zip(streams[order].tolist(), batches[order].tolist()))
 
     @property
     def num_discarded(self) -> int:
@@ -126,17 +156,23 @@ def assign(counts: Sequence[int], world_size: int, num_workers: int, *, equal: b
         # A stream's tasks stay together (one reader reads its shards in order), dealt by the
         # stream's whole size; then each received run of another rank's stream, in stream order
         # (weighed as nothing: they are short, and what is left of them changes as they are read).
-        # Both stay put as the epoch is consumed, so a resumed reader has the rest of its own list.
+        # Both stay put as the epoch is consumed, so a resumed reader has the rest of its own list,
+        # and its streams keep their interleave groups (an emptied stream still counts).
         units = [(sizes[s], u) for s, u in sorted(zip(rank_streams[r], own[r]), key=lambda x: (-sizes[x[0]], x[0]))]
-        units += [(0, [t]) for t in received[r]]
         per_reader: list[list[Task]] = [[] for _ in range(readers)]
         load = [0] * readers
+        dealt = [0] * readers
         for weight, u in units:
             w = load.index(min(load))
-            per_reader[w].extend(u)
+            per_reader[w].extend(Task(t.stream, t.start, t.stop, dealt[w] // INTERLEAVE) for t in u)
             load[w] += weight
+            dealt[w] += 1
+        for t in received[r]:  # after the reader's own streams, one after another
+            w = load.index(min(load))
+            per_reader[w].append(Task(t.stream, t.start, t.stop, len(sizes) + dealt[w]))
+            dealt[w] += 1
         workers.append(per_reader)
-    return Assignment(world_size, num_workers, workers, loads, owners, discarded)
+    return Assignment(world_size, num_workers, workers, loads, owners, discarded, sizes)
 
 
 def _turns(a: Assignment, rank: int, first: int = 0) -> list[tuple[int, tuple[int, int]]]:
@@ -144,7 +180,7 @@ def _turns(a: Assignment, rank: int, first: int = 0) -> list[tuple[int, tuple[in
     batch each, a reader whose batches are spent dropping out (what torch's DataLoader does with
     workers).  Readers before ``first`` that have batches hand out a placeholder first (a resumed
     run: they had taken their turn of that round already)."""
-    lists = [[None] * (w < first and bool(tasks)) + [(t.stream, j) for t in tasks for j in range(t.start, t.stop)]
+    lists = [[None] * (w < first and bool(tasks)) + a.reader_order(rank, w)  # type: ignore[operator]
              for w, tasks in enumerate(a.workers[rank])]
     out: list[tuple[int, tuple[int, int]]] = []
     for k in range(max(map(len, lists), default=0)):

@@ -15,7 +15,6 @@ import numpy as np
 
 from wdsprep.format.samples import report_damage
 from wdsprep.format.shardfile import ShardError, prefetch_shard
-from wdsprep.loading.assign import Task
 from wdsprep.loading.plan import StreamPlan
 from wdsprep.loading.read import iter_records
 from wdsprep.loading.records import Records
@@ -28,9 +27,9 @@ Planned = tuple[BatchId, np.ndarray]  # a batch's global utterance rows
 Rows = tuple[BatchId, Records]
 
 
-def planned_batches(tasks: Sequence[Task], plan_of: Callable[[int], StreamPlan]) -> list[Planned]:
-    """The batches of ``tasks`` in order, each as the global rows the plan gave it."""
-    return [((task.stream, j), plan_of(task.stream).batch(j)) for task in tasks for j in range(task.start, task.stop)]
+def planned_batches(order: Sequence[tuple[int, int]], plan_of: Callable[[int], StreamPlan]) -> list[Planned]:
+    """The batches ``(stream, j)`` of ``order``, each as the global rows the plan gave it."""
+    return [((s, j), plan_of(s).batch(j)) for s, j in order]
 
 
 class _Shard:

@@ -126,12 +126,13 @@ class ShardStream(IterableDataset):
         """(epoch, whether this reader hands out a placeholder first, its planned batches in order),
         from what the Loader wrote into the control for this iteration."""
         epoch, plan_counts, runs = self.control.read()
-        tasks = self.assignment(plan_counts, runs).tasks(self.rank, worker)
+        a = self.assignment(plan_counts, runs)
+        tasks = a.tasks(self.rank, worker)
         # Resumed on the topology it stopped on: readers whose turn of the round had come already
         # hand out a placeholder first, so the batches come in the order the stopped run's would.
         lead = bool(tasks) and worker < next_turn(plan_counts, runs, self.world_size, self.num_workers, self.rank,
                                                   equal=self.cfg.train)
-        return epoch, lead, planned_batches(tasks, lambda s: self.stream_plan(epoch, s))
+        return epoch, lead, planned_batches(a.reader_order(self.rank, worker), lambda s: self.stream_plan(epoch, s))
 
     def stages(self, planned: list[Planned], epoch: int, counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
         """The data flow of one reader for one epoch, in order."""
