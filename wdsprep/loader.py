@@ -37,6 +37,7 @@ from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
+from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
 from wdsprep.loading.shardset import shard_set
 from wdsprep.loading.stats import BatchTally, LoaderStats
@@ -396,12 +397,21 @@ def make_loader(
     pin_memory: bool = False,
     persistent_workers: bool = True,
     collective_timeout: float = 300.0,
+    read_ahead: int = 2,
+    read_ahead_bytes: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
+    retries: int = 5,
+    retry_backoff: float = 1.0,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
     Args:
         trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
-            URLs (``pipe:...``).  A pattern matching nothing is an error.
+            URLs: ``s3://bucket/prefix/{10_1000,1000_2000}/data-*.tar`` (globs list the bucket;
+            endpoint and credentials as the AWS CLI finds them), ``https://host/shards/data-{00000..00099}.tar``
+            (braces only), ``pipe:CMD``.  A pattern matching nothing is an error.  Remote shards
+            need their folder's index files uploaded beside them.
         tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
             utterance becomes a batch of its own.
@@ -426,6 +436,17 @@ def make_loader(
             next instead of starting them every epoch; the batches are the same either way.
         collective_timeout: seconds a rank waits for the others at the loader's start and at the
             end of each epoch (under DDP) before naming the ranks that did not come.
+        read_ahead: shards each reader fetches ahead of the one in use, in the order it reads them
+            (remote: downloaded in the background; local: into the page cache); 0 fetches each when needed.
+        read_ahead_bytes: at most this many bytes of remote shards fetched ahead and waiting, per reader
+            (at least one shard is always fetched).
+        cache_dir: keep fetched remote shards in this local directory and read them from there
+            (safe to share between the ranks of a node); without it they are held in memory while used.
+        cache_bytes: bound on ``cache_dir``; least recently used shards are removed first.
+        retries: attempts after the first for a remote shard or index whose connection drops, whose
+            server answers 5xx or whose body is cut short; each is counted in ``stats.retries``.  A
+            shard still not fetched is an error (``on_error="raise"``) or skipped and counted.
+        retry_backoff: seconds before the first retry, doubling each time (at most 30 s).
     """
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
@@ -445,9 +466,12 @@ def make_loader(
     options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
                           pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
                           train=train)
+    fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
+                         cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
+                         retries=retries, retry_backoff=retry_backoff)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
-                       subword_sampling=subword_sampling, tokenize_group=tokenize_group)
-    shards = shard_set(expand_shards(trset))
+                       subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
+    shards = shard_set(expand_shards(trset), policy=fetch.policy())
     dataset = ShardStream(shards, tokenizer, cfg, rank=rank, world_size=world_size, num_workers=num_workers,
                           control=WorkerControl(options.num_streams(len(shards), shards.num_utts)))
     first = dataset.plan(0)

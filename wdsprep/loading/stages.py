@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from wdsprep.format.samples import report_damage
-from wdsprep.format.shardfile import ShardError, prefetch_shard
+from wdsprep.format.shardfile import ShardError
 from wdsprep.loading.assign import Task
+from wdsprep.loading.fetch import FetchOptions, ShardFetcher
+from wdsprep.remote.fetch import FetchError, SizeMismatchError
 from wdsprep.loading.plan import StreamPlan
 from wdsprep.loading.read import iter_records
 from wdsprep.loading.records import Records
@@ -47,12 +49,14 @@ class _Shard:
 
 
 def read_batches(planned: Iterator[Planned], shards: ShardSet, plan_of: Callable[[int], StreamPlan], *,
-                 tasks: Sequence[Task], on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
+                 tasks: Sequence[Task], on_error: str, counts: WorkerTally, block: int,
+                 fetch: FetchOptions | None = None) -> Iterator[Rows]:
     """Each planned batch's rows, read from the shards; rows a shard does not deliver are left
     out of their batch and counted.
 
     Every shard a task needs is read once, when its first batch needs it, in the order its stream
-    reads them (the next one read ahead meanwhile), and let go after the last batch that needs it.
+    reads them (the next ``fetch.read_ahead`` fetched meanwhile: ``loading/fetch.py``), and let
+    go after the last batch that needs it.
     """
     waiting: dict[int, int] = {}  # shard -> planned rows of these tasks in it
     order: list[int] = []  # the shards in the order the tasks' streams read them
@@ -64,19 +68,23 @@ def read_batches(planned: Iterator[Planned], shards: ShardSet, plan_of: Callable
         order.extend(s for s in plan.shards.tolist() if s in fresh)
         for s, k in zip(used.tolist(), n.tolist()):
             waiting[s] = waiting.get(s, 0) + k
-    position = {s: i for i, s in enumerate(order)}
+    fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions())
+    try:
+        yield from _gather(planned, shards, fetcher, waiting, on_error=on_error, counts=counts, block=block)
+    finally:
+        fetcher.close()  # stopped early: downloads in flight give up
+
+
+def _gather(planned: Iterator[Planned], shards: ShardSet, fetcher: ShardFetcher, waiting: dict[int, int], *,
+            on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
     loaded: dict[int, _Shard] = {}
-    ahead = 0  # order[:ahead] have been asked to be read ahead
     for bid, rows in planned:
         owner = shards.shard_of(rows)
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
         for s in present:
             if s not in loaded:
-                while ahead <= min(position[s] + 1, len(order) - 1):  # this shard, and the next streams in
-                    prefetch_shard(shards.urls[order[ahead]])
-                    ahead += 1
-                got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block)
+                got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block, fetcher=fetcher)
                 loaded[s] = _Shard(got, missing, waiting[s])
         have = within < np.array([len(loaded[s].rows) for s in owner.tolist()], np.int64)
         for s in present:
@@ -95,12 +103,28 @@ def read_batches(planned: Iterator[Planned], shards: ShardSet, plan_of: Callable
                 del loaded[s]  # its last planned row is used: let its file (or bytes) go
 
 
-def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int) -> tuple[Records, str]:
+def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int,
+                fetcher: ShardFetcher) -> tuple[Records, str]:
     """What shard ``s`` delivers, checked against the frames it was planned with, and the reason
     any planned row it does not deliver is counted under."""
     url = shards.urls[s]
+    try:
+        opened = fetcher.open(s)
+    except SizeMismatchError as e:  # the store's copy changed since it was indexed
+        counts.retries += e.retries
+        return _refuse_stale(str(e), on_error, counts)
+    except FetchError as e:
+        counts.retries += e.retries
+        if on_error == "raise":
+            raise
+        warnings.warn(f"{e}; its utterances are skipped (counted as unreachable_shard)", RuntimeWarning, stacklevel=2)
+        counts.unreachable_shards += 1
+        return Records.empty(), "unreachable_shard"
+    counts.retries += opened.retries
+    counts.fetched_bytes += opened.fetched_bytes
     corrupt: list[str] = []
-    blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why)))
+    blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why),
+                               source=opened.source))
     rows = Records.concat(blocks) if blocks else Records.empty()
     counts.read += len(rows)
     if corrupt:
@@ -117,11 +141,15 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
         return rows, "corrupt_shard"
     at = (f"sample {differ[0]} has {rows.frames[differ[0]]} frames, the index {planned[differ[0]]}" if len(differ)
           else f"{len(rows)} samples, the index {len(planned)}")
-    msg = (f"shard {url} does not match the index the epoch was planned from ({at}): it was changed after it "
-           f"was indexed. Re-index it (wdsprep index --refresh) or repack it")
+    return _refuse_stale(f"shard {url} does not match the index the epoch was planned from ({at}): it was changed "
+                         f"after it was indexed. Re-index it (wdsprep index --refresh) or repack it", on_error, counts)
+
+
+def _refuse_stale(msg: str, on_error: str, counts: WorkerTally) -> tuple[Records, str]:
+    """A shard that is not the one indexed: an error, or skipped and counted."""
     if on_error == "raise":
         raise ShardError(msg)
-    warnings.warn(f"{msg}; its utterances are skipped", RuntimeWarning, stacklevel=2)
+    warnings.warn(f"{msg}; its utterances are skipped", RuntimeWarning, stacklevel=3)
     counts.stale_shards += 1
     return Records.empty(), "stale_shard"
 

@@ -27,6 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.assign import Assignment, Task, epoch_assignment, next_turn
 from wdsprep.loading.collate import Packed, start_collate
+from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, fingerprint, plan_epoch
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
@@ -51,6 +52,7 @@ class LoaderConfig:
     on_error: str = "warn"
     subword_sampling: SubwordSampling | None = None
     tokenize_group: int = 256  # utterances per block when a shard's rows are read
+    fetch: FetchOptions = field(default_factory=FetchOptions)  # read-ahead, cache, retries (run time only)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -116,7 +118,7 @@ class ShardStream(IterableDataset):
         plan_of: Callable[[int], StreamPlan] = lambda s: self.stream_plan(epoch, s)  # noqa: E731
         batches = planned_batches(tasks, plan_of)  # which utterances: decided by the plan
         rows = read_batches(batches, self.shards, plan_of, tasks=tasks, on_error=cfg.on_error, counts=counts,
-                            block=cfg.tokenize_group)
+                            block=cfg.tokenize_group, fetch=cfg.fetch)
         rows = tokenize(rows, self.tokenizer, sampling=cfg.subword_sampling if cfg.train else None)
         return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
 
