@@ -40,7 +40,7 @@ from wdsprep.format.index import (
 )
 from wdsprep.format.shardlist import is_url
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
-from wdsprep.remote.listing import listed_size
+from wdsprep.remote.listing import take_listed_size
 from wdsprep.remote.urls import folder_of, has_folder
 
 
@@ -154,7 +154,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
         if index.dims is not None:
             dims.add(int(index.dims))
         if remote:
-            listed, size = listed_size(url), int(index.sizes[i])
+            listed, size = take_listed_size(url), int(index.sizes[i])
             why = (f"the store lists {listed:,} bytes, the index says {size:,}" if listed is not None and size >= 0
                    and listed != size else None)  # without a listing: checked when it is downloaded
         else:

@@ -50,7 +50,8 @@ def expand_glob(pattern: str, *, timeout: float = 60.0, retries: int = 5, backof
     return sorted(out)
 
 
-def listed_size(url: str) -> int | None:
-    """The size of ``url`` in the last listing that returned it, or None."""
+def take_listed_size(url: str) -> int | None:
+    """The size of ``url`` in the listing that named it, or None; taken once (by the shard set
+    built from that listing), so a later pattern never checks against an old listing."""
     with _listed_lock:
-        return _listed.get(url)
+        return _listed.pop(url, None)
