@@ -124,18 +124,23 @@ def epoch_seconds(trset: str, tok: Path, max_frames: int, step: float, **kw) -> 
     return time.perf_counter() - t0, loader.stats.to_dict()
 
 
-def rss_child(trset: str, tok: str, max_frames: int) -> None:
+def rss_child(trset: str, tok: str, max_frames: int, spool: str) -> None:
     import wdsprep
 
-    loader = wdsprep.make_loader(trset, tok, max_frames=max_frames, seed=0, read_ahead=2)
+    kw = {"cache_dir": spool, "cache_bytes": 0} if spool else {}
+    loader = wdsprep.make_loader(trset, tok, max_frames=max_frames, seed=0, read_ahead=2, **kw)
     for _ in loader:
         pass
+    from wdsprep.remote.fetch import held_in_memory
+
     hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-    print(json.dumps({"hwm_mb": hwm / 1024, "utts": loader.stats.utterances}))
+    held = held_in_memory()
+    print(json.dumps({"hwm_mb": hwm / 1024, "utts": loader.stats.utterances, "held": held["peak_shards"],
+                      "held_mb": held["peak_bytes"] / 1e6}))
 
 
-def peak_rss(trset: str, tok: Path, max_frames: int, env: dict) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--_rss", trset, str(tok), str(max_frames)], capture_output=True,
+def peak_rss(trset: str, tok: Path, max_frames: int, env: dict, spool: str = "") -> dict:
+    r = subprocess.run([sys.executable, __file__, "--_rss", trset, str(tok), str(max_frames), spool], capture_output=True,
                        text=True, env=env, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
@@ -150,14 +155,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the interleaved epochs (medians)")
     ap.add_argument("--data", type=Path, default=Path("/tmp/wdsprep-bench-remote"))
     ap.add_argument("--no-rss", action="store_true")
-    ap.add_argument("--_rss", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_rss", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._rss:
-        rss_child(args._rss[0], args._rss[1], int(args._rss[2]))
+        rss_child(args._rss[0], args._rss[1], int(args._rss[2]), args._rss[3])
         return
 
     c = prepare(DataSpec(utts=args.utts, utts_per_shard=args.per_shard), args.data)
-    tok = train_tokenizer_once(c, 500)
+    tok = train_tokenizer_once(c, min(500, max(50, args.utts // 4)))
     x4 = x4_shards(c)
     proc, web, s3 = start_servers(c.work)
     os.environ.update({**AWS, "AWS_ENDPOINT_URL": s3})
@@ -201,15 +206,19 @@ def main() -> None:
         if not args.no_rss:
             env = {**os.environ}
             x4_http = f"{web}/x4/{{{','.join(brace(f'copy{k}', c.work / 'x4' / f'copy{k}') for k in range(4))}}}"
-            rows = [("local", c.pattern32, f"{c.work}/x4/*/*/data-*.tar"),
-                    ("http", ways["http"], x4_http),
-                    ("s3", ways["s3"], f"s3://{BUCKET}/x4/*/*/data-*.tar")]
-            print("\n| read from | peak RSS, N shards (MB) | peak RSS, 4N shards (MB) | shard size (MB) |")
-            print("| --- | ---: | ---: | ---: |")
-            for name, n, n4 in rows:
-                a, b = peak_rss(n, tok, args.max_frames, env), peak_rss(n4, tok, args.max_frames, env)
+            spool = str(c.work / "spool")  # cache_bytes=0: each shard spooled to local disk, unlinked once open
+            rows = [("local", c.pattern32, f"{c.work}/x4/*/*/data-*.tar", ""),
+                    ("http", ways["http"], x4_http, ""),
+                    ("s3", ways["s3"], f"s3://{BUCKET}/x4/*/*/data-*.tar", ""),
+                    ("s3, cache_dir with cache_bytes=0", ways["s3"], f"s3://{BUCKET}/x4/*/*/data-*.tar", spool)]
+            print("\n| read from | peak RSS, N shards (MB) | peak RSS, 4N shards (MB) | most shards held in memory, N / 4N "
+                  "| shard size (MB) |")
+            print("| --- | ---: | ---: | ---: | ---: |")
+            for name, n, n4, sp in rows:
+                a, b = peak_rss(n, tok, args.max_frames, env, sp), peak_rss(n4, tok, args.max_frames, env, sp)
                 assert b["utts"] > 3 * a["utts"], (a, b)
-                print(f"| {name} | {a['hwm_mb']:.0f} | {b['hwm_mb']:.0f} | {size / len(rel) / 1e6:.0f} |", flush=True)
+                print(f"| {name} | {a['hwm_mb']:.0f} | {b['hwm_mb']:.0f} | {a['held']} / {b['held']} "
+                      f"| {size / len(rel) / 1e6:.0f} |", flush=True)
             print(f"(4N: {len(x4)} shard names)")
     finally:
         assert proc.stdin is not None

@@ -81,6 +81,30 @@ class RetryPolicy:
         return base * (0.5 + jitter)
 
 
+class _Held:
+    """Fetched copies alive in memory in this process, now and at most (for benchmarks and tests)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = self.bytes = self.peak_count = self.peak_bytes = 0
+
+    def add(self, n: int, k: int) -> None:
+        with self.lock:
+            self.count += k
+            self.bytes += n
+            self.peak_count = max(self.peak_count, self.count)
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+
+HELD = _Held()
+
+
+def held_in_memory() -> dict[str, int]:
+    """Fetched shards held in this process's memory: now (``shards``, ``bytes``) and at most
+    (``peak_shards``, ``peak_bytes``)."""
+    return {"shards": HELD.count, "bytes": HELD.bytes, "peak_shards": HELD.peak_count, "peak_bytes": HELD.peak_bytes}
+
+
 class LocalCopy:
     """A fetched object open for positional reads: ``fd`` (memory file or cache file), ``size``.
 
@@ -90,6 +114,9 @@ class LocalCopy:
 
     def __init__(self, fd: int, size: int, mapping: mmap.mmap | None = None, path: str | None = None) -> None:
         self.fd, self.size, self.mapping, self.path = fd, size, mapping, path
+        self._held = path is None
+        if self._held:
+            HELD.add(size, 1)
 
     @property
     def in_memory(self) -> bool:
@@ -100,6 +127,9 @@ class LocalCopy:
         return bytes(self.mapping) if self.mapping is not None else os.pread(self.fd, self.size, 0)
 
     def close(self) -> None:
+        if self._held:
+            self._held = False
+            HELD.add(-self.size, -1)
         if self.mapping is not None:
             self.mapping.close()
             self.mapping = None
