@@ -1,6 +1,26 @@
 #!/usr/bin/env python
 """Remote shards against local ones: does the read-ahead hide the download behind training?
 
+The benchmark corpus (``corpus.py``; by default 8,000 utterances in shards of 500, ~80 MB each)
+is served from 127.0.0.1 by Python's ``http.server`` (bodies sent with ``sendfile``, as nginx
+does) and by moto's S3 server, both in one process of their own on the same 2 cores, and read by
+the same loader (``num_workers=0``, SentencePiece, ``max_frames``) three ways: local files,
+``http://`` brace URLs and an ``s3://`` glob.  Each timed epoch is the second of a fresh loader
+(the first warms clients, buffers and caches, as a training run's first epoch does).  Printed
+(``--repeat`` rounds, medians, local and remote interleaved):
+
+  download       one plain sequential download of every shard (urllib3 / boto3, into memory)
+  epoch + step   an epoch with a stand-in training step: a sleep per batch, the sleeps adding up
+                 to the plain download time; ratio = local epoch time / remote epoch time
+                 (target >= 0.8 with read-ahead: the downloads hide behind the steps)
+  bare epoch     the same without the sleep (bounded by the download; no target)
+  peak RSS       VmHWM of a fresh process iterating one epoch with read-ahead on (2 shards), for N
+                 and 4N shards (4N: the same shards under other names), and the most fetched shards
+                 it held in memory at once; also with ``cache_dir`` and ``cache_bytes=0`` (a spool)
+
+    python tools/bench/bench_remote.py [--utts 8000] [--per-shard 500] [--read-ahead 2 4] [--repeat 1]
+"""Remote shards against local ones: does the read-ahead hide the download behind training?
+
 The benchmark corpus (``corpus.py``, a smaller spec by default) is served from 127.0.0.1 by
 Python's ``http.server`` and by moto's S3 server, each in a process of its own, and read by the
 same loader (``num_workers=0``, SentencePiece, ``max_frames``) three ways: local files,
@@ -39,10 +59,17 @@ AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFA
        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
 SERVERS = r'''
-import functools, http.server, sys, threading
+import functools, http.server, os, sys, threading
 from moto.server import ThreadedMotoServer
 class Quiet(http.server.SimpleHTTPRequestHandler):
+    """Python's file server, sending bodies with sendfile as nginx does (not 64 KB copies)."""
     def log_message(self, *a): pass
+    def copyfile(self, src, dst):
+        dst.flush()
+        size = os.fstat(src.fileno()).st_size
+        sent = 0
+        while sent < size:
+            sent += os.sendfile(self.connection.fileno(), src.fileno(), sent, size - sent)
 h = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
 h.daemon_threads = True
 threading.Thread(target=h.serve_forever, daemon=True).start()
@@ -113,10 +140,15 @@ def plain_download(urls: list[str]) -> float:
 
 
 def epoch_seconds(trset: str, tok: Path, max_frames: int, step: float, **kw) -> tuple[float, dict]:
+    """Seconds of the second epoch of a fresh loader (the first warms it up, as any training run's
+    first epoch does: clients, buffers, the tokenizer's caches), with ``step`` seconds of sleep per batch."""
     import wdsprep
 
     loader = wdsprep.make_loader(trset, tok, max_frames=max_frames, seed=0, **kw)
     loader.set_epoch(0)
+    for _ in loader:
+        pass
+    loader.set_epoch(1)
     t0 = time.perf_counter()
     for _ in loader:
         if step:
@@ -149,11 +181,12 @@ def peak_rss(trset: str, tok: Path, max_frames: int, env: dict, spool: str = "")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--utts", type=int, default=4000)
-    ap.add_argument("--per-shard", type=int, default=250)
+    ap.add_argument("--utts", type=int, default=8000)
+    ap.add_argument("--per-shard", type=int, default=500)
     ap.add_argument("--max-frames", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the interleaved epochs (medians)")
     ap.add_argument("--data", type=Path, default=Path("/tmp/wdsprep-bench-remote"))
+    ap.add_argument("--read-ahead", type=int, nargs="+", default=[2], help="read_ahead values to time (shards)")
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--_rss", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -186,10 +219,11 @@ def main() -> None:
         for r in range(args.repeat):
             for server in ("http", "s3"):
                 step = dl[server] / batches  # the steps add up to one plain download of the corpus
-                for way in (("local", server) if r % 2 == 0 else (server, "local")):
+                runs = [("local", 0)] + [(server, k) for k in args.read_ahead]
+                for way, k in (runs if r % 2 == 0 else runs[::-1]):
                     for mode, s in (("step", step), ("bare", 0.0)):
-                        secs, st = epoch_seconds(ways[way], tok, args.max_frames, s)
-                        key = (f"{way}@{server}" if way == "local" else way, mode)
+                        secs, st = epoch_seconds(ways[way], tok, args.max_frames, s, read_ahead=k or 2)
+                        key = (f"{way}@{server}" if way == "local" else f"{way} read_ahead={k}", mode)
                         times.setdefault(key, []).append(secs)
                         stats[key] = st
                         print(f"[bench] round {r}: {key[0]:10s} {mode}: {secs:.2f} s "
@@ -199,10 +233,11 @@ def main() -> None:
               "| bare ratio |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for server in ("http", "s3"):
-            ls, rs = med[(f"local@{server}", "step")], med[(server, "step")]
-            lb, rb = med[(f"local@{server}", "bare")], med[(server, "bare")]
-            print(f"| {server} | {dl[server]:.2f} | {ls:.2f} / {rs:.2f} | {ls / rs:.2f} | {lb:.2f} / {rb:.2f} "
-                  f"| {lb / rb:.2f} |")
+            for k in args.read_ahead:
+                ls, rs = med[(f"local@{server}", "step")], med[(f"{server} read_ahead={k}", "step")]
+                lb, rb = med[(f"local@{server}", "bare")], med[(f"{server} read_ahead={k}", "bare")]
+                print(f"| {server}, read_ahead={k} | {dl[server]:.2f} | {ls:.2f} / {rs:.2f} | {ls / rs:.2f} "
+                      f"| {lb:.2f} / {rb:.2f} | {lb / rb:.2f} |")
         if not args.no_rss:
             env = {**os.environ}
             x4_http = f"{web}/x4/{{{','.join(brace(f'copy{k}', c.work / 'x4' / f'copy{k}') for k in range(4))}}}"

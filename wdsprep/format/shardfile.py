@@ -100,18 +100,22 @@ class ShardFile:
         return self.size
 
     def __getitem__(self, s: slice) -> bytes:
-        # Callers slice with 0 <= start; pread itself stops at the end of the file.
-        return os.pread(self.fileno(), s.stop - s.start, s.start) if s.stop > s.start else b""
+        # Callers slice with 0 <= start; pread itself stops at the end of the file, and a fetched
+        # copy's buffer (which may be larger, reused) at the shard's size.
+        stop = min(s.stop, self.size) if self.copy is not None else s.stop
+        return os.pread(self.fileno(), stop - s.start, s.start) if stop > s.start else b""
 
     def readinto(self, out: np.ndarray, offset: int, what: str) -> None:
         """Fill ``out`` (C-contiguous) with the bytes at ``offset``; ShardError naming ``what`` when short."""
         fd = self.fileno()
         view = memoryview(out).cast("B")
+        if self.copy is not None and offset + len(view) > self.size:  # past the shard, in a reused buffer
+            view = view[:max(0, self.size - offset)]
         done = os.preadv(fd, [view], offset)
-        while done < len(view):  # regular files only read short at the end of the file
-            more = os.preadv(fd, [view[done:]], offset + done)
+        while done < out.nbytes:  # regular files only read short at the end of the file
+            more = os.preadv(fd, [view[done:]], offset + done) if done < len(view) else 0
             if more == 0:
-                raise ShardError(f"shard {self.url}: {what}: needs {len(view)} bytes at byte {offset}, "
+                raise ShardError(f"shard {self.url}: {what}: needs {out.nbytes} bytes at byte {offset}, "
                                  f"the file ends after {done}: was it changed or truncated while training "
                                  f"read it? Re-create it (wdsprep pack) or remove it from the shard list")
             done += more

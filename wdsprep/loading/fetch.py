@@ -88,6 +88,8 @@ class ShardFetcher:
 
     def _start(self, s: int) -> None:
         if self.pool is None:  # threads only once there is something remote (and after any fork)
+            # One thread per shard ahead: a store's single stream is often slower than the node
+            # (S3: ~50-100 MB/s per connection); the next shard needed is always started first.
             self.pool = ThreadPoolExecutor(max_workers=max(1, self.options.read_ahead),
                                            thread_name_prefix="wdsprep-fetch")
         self.pending[s] = self.pool.submit(self._fetch, s)

@@ -65,8 +65,25 @@ class Stream:
     def read(self, n: int) -> bytes:
         raise NotImplementedError
 
+    def readinto(self, view: memoryview) -> int:
+        """Fill (part of) ``view``; how many bytes, 0 at the end."""
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
     def close(self) -> None:
         pass
+
+
+def _socket_readinto(response: Any, view: memoryview) -> int:
+    """Read from a urllib3 response's http.client response into ``view`` (no intermediate bytes);
+    a body that ends early returns 0 before its length (the caller counts), a reset raises."""
+    fp = getattr(response, "_fp", None)
+    if fp is None or not hasattr(fp, "readinto"):
+        data = response.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    return fp.readinto(view) or 0
 
 
 def _client(key: tuple, make: Any) -> Any:
@@ -166,9 +183,22 @@ class _S3Stream(Stream):
         except Exception as e:  # botocore/urllib3 errors of a cut-off stream, socket errors
             raise Retryable(f"the connection failed mid-body ({type(e).__name__}: {e})") from None
 
-    def close(self) -> None:
+    def readinto(self, view: memoryview) -> int:
+        raw = getattr(self.body, "_raw_stream", None)  # botocore's StreamingBody over a urllib3 response
+        if raw is None:
+            return super().readinto(view)
         try:
-            self.body.close()
+            return _socket_readinto(raw, view)
+        except Exception as e:
+            raise Retryable(f"the connection failed mid-body ({type(e).__name__}: {e})") from None
+
+    def close(self) -> None:
+        raw = getattr(self.body, "_raw_stream", None)
+        try:
+            if raw is not None and raw.isclosed():
+                raw.release_conn()  # read to its end: the connection serves the next request
+            else:
+                self.body.close()
         except Exception:
             pass
 
@@ -222,9 +252,15 @@ class _HTTPStream(Stream):
         except Exception as e:  # urllib3 IncompleteRead/ProtocolError, read timeouts, socket errors
             raise Retryable(f"the connection failed mid-body ({type(e).__name__}: {e})") from None
 
+    def readinto(self, view: memoryview) -> int:
+        try:
+            return _socket_readinto(self.r, view)
+        except Exception as e:
+            raise Retryable(f"the connection failed mid-body ({type(e).__name__}: {e})") from None
+
     def close(self) -> None:
         try:
-            if not (self.r.isclosed() or self.r.length_remaining == 0):
+            if not self.r.isclosed():
                 self.r.close()  # a body left unread: this connection cannot serve another request
             self.r.release_conn()
         except Exception:
