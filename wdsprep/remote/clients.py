@@ -22,7 +22,6 @@ import tempfile
 import threading
 from typing import Any, Iterator
 from urllib.parse import urlsplit
-from urllib.request import getproxies, proxy_bypass
 
 from wdsprep.remote.urls import scheme, split_s3
 
@@ -111,6 +110,8 @@ def s3_client(timeout: float) -> Any:
 
 def http_pool(url: str, timeout: float) -> Any:
     """This process's urllib3 pool for ``url`` (through the proxy the environment names, if any)."""
+    from urllib.request import getproxies, proxy_bypass  # imports http.client and ssl: only when needed
+
     import urllib3
 
     parts = urlsplit(url)
