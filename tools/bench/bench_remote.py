@@ -19,23 +19,6 @@ the same loader (``num_workers=0``, SentencePiece, ``max_frames``) three ways: l
                  it held in memory at once; also with ``cache_dir`` and ``cache_bytes=0`` (a spool)
 
     python tools/bench/bench_remote.py [--utts 8000] [--per-shard 500] [--read-ahead 2 4] [--repeat 1]
-"""Remote shards against local ones: does the read-ahead hide the download behind training?
-
-The benchmark corpus (``corpus.py``, a smaller spec by default) is served from 127.0.0.1 by
-Python's ``http.server`` and by moto's S3 server, each in a process of its own, and read by the
-same loader (``num_workers=0``, SentencePiece, ``max_frames``) three ways: local files,
-``http://`` brace URLs and an ``s3://`` glob.  Printed, once per run (``--repeat`` rounds,
-medians, the three ways interleaved):
-
-  download       one plain sequential download of every shard (urllib3 / boto3, into memory)
-  epoch + step   an epoch with a stand-in training step: a sleep per batch, the sleeps adding up
-                 to the plain download time; ratio = local epoch time / remote epoch time
-                 (target >= 0.8 with read-ahead: the downloads hide behind the steps)
-  bare epoch     the same without the sleep (bounded by the download; no target)
-  peak RSS       VmHWM of a fresh process iterating one epoch with read-ahead on (2 shards), for N
-                 and 4N shards (4N: the same shards under other names), over HTTP and S3
-
-    python tools/bench/bench_remote.py [--utts 4000] [--per-shard 250] [--repeat 1] [--data DIR]
 """
 
 from __future__ import annotations
