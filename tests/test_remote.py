@@ -264,6 +264,33 @@ def test_the_cache_is_bounded_least_recently_used_first(corpus, local, http, tmp
     assert not files[0].exists() and all(p.exists() for p in files[1:])
 
 
+def test_a_cache_of_no_bytes_spools_each_shard_and_keeps_nothing(corpus, local, http, tmp_path):
+    """cache_bytes=0: every shard written to disk, read from its open descriptor while evictions by
+    the other fetch threads unlink it at once."""
+    out, _, tok, names = corpus
+    cache = tmp_path / "cache"
+    got, st = epoch(brace_pattern(http.url, names), tok, cache_dir=cache, cache_bytes=0, read_ahead=4)
+    assert same(got, local[0]) and st.fetched_bytes == shard_bytes(out)
+    assert not list(cache.rglob("*.tar"))
+
+
+def test_a_shard_evicted_the_moment_it_is_renamed_is_still_read(corpus, http, tmp_path, monkeypatch):
+    """The worst moment for another process's eviction: right after the rename, before any open."""
+    import wdsprep.files
+
+    out = corpus[0]
+    real = os.replace
+
+    def replace_then_evict(src, dst):
+        real(src, dst)
+        os.unlink(dst)
+
+    monkeypatch.setattr(wdsprep.files.os, "replace", replace_then_evict)
+    copy, _, hit = ShardCache(tmp_path / "cache", 0).fetch(f"{http.url}/0_150/data-00000.tar")
+    assert not hit and not Path(copy.path).exists()
+    assert os.pread(copy.fd, copy.size + 1, 0) == (out / "0_150" / "data-00000.tar").read_bytes()
+
+
 def test_an_interrupted_download_leaves_no_file_under_its_final_name(corpus, http, tmp_path):
     out, _, tok, names = corpus
     cache = ShardCache(tmp_path / "cache", 10 << 20)

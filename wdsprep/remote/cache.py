@@ -116,10 +116,19 @@ class ShardCache:
             hit = self._hit(path, expected)  # another process fetched it while this one waited
             if hit is not None:
                 return hit, 0, True
-            with atomic_path(path) as tmp:
-                with open(tmp, "wb") as f:
-                    retries = fetch_into(url, FileSink(f), expected=expected, policy=policy, cancel=cancel)
-            fd = os.open(path, os.O_RDONLY)
+            fd = -1
+            try:
+                with atomic_path(path) as tmp:
+                    with open(tmp, "w+b") as f:
+                        retries = fetch_into(url, FileSink(f), expected=expected, policy=policy, cancel=cancel)
+                        f.flush()
+                        # Kept open across the rename: an eviction (another thread or process) may
+                        # unlink the final name the moment it exists, and this copy must stay readable.
+                        fd = os.dup(f.fileno())
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
         copy = LocalCopy(fd, os.fstat(fd).st_size, path=str(path))
         self.evict()
         return copy, retries, False
