@@ -33,6 +33,9 @@ def main() -> None:
     p.add_argument("--resume", help="a state_dict() (JSON file) to load before the first epoch")
     p.add_argument("--hang-rank", type=int, help="this rank stops stepping (sleeps) before its last batch")
     p.add_argument("--collective-timeout", type=float, default=300.0)
+    p.add_argument("--read-ahead", type=int, default=2)
+    p.add_argument("--retry-backoff", type=float, default=1.0)
+    p.add_argument("--cache-dir")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -41,7 +44,8 @@ def main() -> None:
     mixing = {"schedule": [tuple(p) for p in json.loads(args.schedule)]} if args.schedule else {}
     loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
-                         collective_timeout=args.collective_timeout, **mixing)
+                         collective_timeout=args.collective_timeout, read_ahead=args.read_ahead,
+                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing)
     epochs = []
     first = 0
     if args.resume:

@@ -241,7 +241,7 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) and --max-frames (it reads only "
                              "the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
-                     "pin_memory", "persistent_workers", "collective_timeout"):
+                     "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
             opts.pop(name, None)  # run-time options: they do not change the plan
         plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
         return
@@ -272,6 +272,17 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pin-memory", action="store_true", help="page-locked batches (CUDA)")
     g.add_argument("--no-persistent-workers", action="store_true", help="start the workers anew every epoch")
     g.add_argument("--collective-timeout", type=float, help="seconds a rank waits for the others (default: 300)")
+    g.add_argument("--read-ahead", type=int, metavar="SHARDS",
+                   help="shards each reader fetches ahead of the one in use (remote: downloaded; default: 2)")
+    g.add_argument("--read-ahead-bytes", type=int, metavar="BYTES",
+                   help="at most this many bytes of remote shards fetched ahead, per reader")
+    g.add_argument("--cache-dir", metavar="DIR", help="keep fetched remote shards in this local directory "
+                                                     "(shareable by the ranks of a node)")
+    g.add_argument("--cache-bytes", type=int, metavar="BYTES", help="bound on --cache-dir; least recently used go first")
+    g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
+                                               "5xx or a cut-off body (default: 5)")
+    g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
+                   help="wait before the first retry, doubling each time (default: 1.0)")
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
     m.add_argument("--weights", nargs="+", metavar="NAME=W", help="each corpus's share of the utterances, e.g. en=1 zh=3 "
                                                                  "(default: their own sizes)")
@@ -281,13 +292,17 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--steps-per-epoch", type=int, help="steps of a mixed epoch (default: one pass's worth of batches)")
 
 
+# How remote shards are fetched: run-time options, no part of the plan.
+FETCH_OPTIONS = ("read_ahead", "read_ahead_bytes", "cache_dir", "cache_bytes", "retries", "retry_backoff")
+
+
 def _loader_options(args: argparse.Namespace) -> dict:
     """The loader options given on the command line, as make_loader's keyword arguments."""
     from wdsprep.tokenizer import SubwordSampling
 
     names = ("max_frames", "seed", "shuffle_buffer", "max_batch_size", "min_frames", "max_utt_frames",
              "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error", "tokenize_group",
-             "prefetch_factor", "collective_timeout")
+             "prefetch_factor", "collective_timeout", *FETCH_OPTIONS)
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False

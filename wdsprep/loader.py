@@ -38,6 +38,7 @@ from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
+from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.mixing import MixedStream, mixture_for
 from wdsprep.loading.mixplan import MixPosition
 from wdsprep.loading.mixture import Mixture
@@ -529,14 +530,23 @@ def make_loader(
     temperature: float | None = None,
     schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
     steps_per_epoch: int | None = None,
+    read_ahead: int = 2,
+    read_ahead_bytes: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
+    retries: int = 5,
+    retry_backoff: float = 1.0,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
     Args:
         trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
-            URLs (``pipe:...``).  A pattern matching nothing is an error.  Named corpora as a
-            mapping, ``{"en": "en/*/data-*.tar", "zh": [...]}``: in training they are mixed (see
-            ``weights``), each with epochs of its own; with ``train=False`` every corpus is read once.
+            URLs: ``s3://bucket/prefix/{10_1000,1000_2000}/data-*.tar`` (globs list the bucket;
+            endpoint and credentials as the AWS CLI finds them), ``https://host/shards/data-{00000..00099}.tar``
+            (braces only), ``pipe:CMD``.  A pattern matching nothing is an error.  Remote shards
+            need their folder's index files uploaded beside them.  Named corpora as a mapping,
+            ``{"en": "en/*/data-*.tar", "zh": [...]}``: in training they are mixed (see ``weights``),
+            each with epochs of its own; with ``train=False`` every corpus is read once.
             ``batch.corpus`` says which corpus each utterance came from.
         tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
@@ -564,6 +574,17 @@ def make_loader(
             next instead of starting them every epoch; the batches are the same either way.
         collective_timeout: seconds a rank waits for the others at the loader's start and at the
             end of each epoch (under DDP) before naming the ranks that did not come.
+        read_ahead: shards each reader fetches ahead of the one in use, in the order it reads them
+            (remote: downloaded in the background; local: into the page cache); 0 fetches each when needed.
+        read_ahead_bytes: at most this many bytes of remote shards fetched ahead and waiting, per reader
+            (at least one shard is always fetched).
+        cache_dir: keep fetched remote shards in this local directory and read them from there
+            (safe to share between the ranks of a node); without it they are held in memory while used.
+        cache_bytes: bound on ``cache_dir``; least recently used shards are removed first.
+        retries: attempts after the first for a remote shard or index whose connection drops, whose
+            server answers 5xx or whose body is cut short; each is counted in ``stats.retries``.  A
+            shard still not fetched is an error (``on_error="raise"``) or skipped and counted.
+        retry_backoff: seconds before the first retry, doubling each time (at most 30 s).
         weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
             weights, temperature or schedule: their own proportions, as if they were one corpus.
         temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are).
@@ -590,8 +611,11 @@ def make_loader(
     options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
                           pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
                           train=train, max_utts_per_speaker=max_utts_per_speaker)
+    fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
+                         cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
+                         retries=retries, retry_backoff=retry_backoff)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
-                       subword_sampling=subword_sampling, tokenize_group=tokenize_group)
+                       subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
     mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
     given = [k for k, v in mixing.items() if v is not None]
     if steps_per_epoch is not None and steps_per_epoch < 1:
@@ -602,9 +626,10 @@ def make_loader(
             "give trset as {name: pattern, ...}"
         raise ValueError(f"{', '.join(given)}: only named corpora are mixed, in training; {why}")
     if named:
-        shards = union({str(name): shard_set(expand_shards(patterns)) for name, patterns in trset.items()})
+        shards = union({str(name): shard_set(expand_shards(patterns), policy=fetch.policy())
+                        for name, patterns in trset.items()})
     else:
-        shards = shard_set(expand_shards(trset))
+        shards = shard_set(expand_shards(trset), policy=fetch.policy())
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
     speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None)
     if max_utts_per_speaker is not None and speakers is None:

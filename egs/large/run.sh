@@ -128,8 +128,8 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log 4 "writing $exp/hyper-p.json"
   dev_args=(); data_args=(train="$data")
   [ -n "$dev" ] && dev_args=(--dev-shards "$exp/shards/dev") && data_args+=(dev="$dev")
-  # To train from shards copied to shared or remote storage, add e.g.
-  #   --remote 'pipe:curl -s http://HOST/shards/train/{shard}'   (see README.md)
+  # To train from shards uploaded (with their index files) to S3 or a web server, add e.g.
+  #   --remote s3://BUCKET/shards/train   or   --remote https://HOST/shards/train   (see README.md)
   python local/make_hyper.py --shards "$exp/shards/train" "${dev_args[@]}" \
     --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" \
     --data "${data_args[@]}" \

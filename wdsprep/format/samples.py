@@ -39,10 +39,13 @@ def report_damage(url: str, why: str, on_error: str, cause: Exception | None = N
                   f"or remove it from the shard list", RuntimeWarning, stacklevel=3)
 
 
-def open_members(url: str, *, whole: bool = False) -> tuple[Source, list[Member], str | None]:
-    """The shard's source, its members and what is wrong with the tar (None: nothing)."""
+def open_members(url: str, *, whole: bool = False,
+                 source: ShardFile | None = None) -> tuple[Source, list[Member], str | None]:
+    """The shard's source, its members and what is wrong with the tar (None: nothing).
+
+    ``source``: the shard already open (a fetched copy); ``url`` then only names it."""
     try:
-        src = open_shard(url, whole=whole)
+        src = source if source is not None else open_shard(url, whole=whole)
     except (OSError, ValueError) as e:  # ShardError is a ValueError
         return b"", [], f"cannot read: {e}"
     try:
@@ -80,11 +83,11 @@ def samples_before_damage(members: list[Member], problem: str | None) -> Iterato
         pending = following
 
 
-def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None,
-                   whole: bool) -> Iterator[tuple[Source, str, dict[str, Member]]]:
+def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None, whole: bool,
+                   source: ShardFile | None = None) -> Iterator[tuple[Source, str, dict[str, Member]]]:
     """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
     check_on_error(on_error)
-    src, members, problem = open_members(url, whole=whole)
+    src, members, problem = open_members(url, whole=whole, source=source)
     # One group at a time: a list of all groups would keep thousands of dicts alive for the GC to walk.
     count = 0
     last: str | None = None
@@ -162,15 +165,22 @@ _LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.value
 _ITEMSIZE_DTYPES = {4: FEATURE_DTYPES["<f4"], 2: FEATURE_DTYPES["<f2"]}
 
 
-def native_samples(url: str) -> tuple[ShardFile, list[str], list[str], np.ndarray] | None:
-    """A local shard's samples as the C part reads them: the file, keys, transcripts and
-    int64 [n, 4] (offset, frames, dims, item size); None when it leaves the shard to Python."""
-    if native.lib is None or url.startswith("pipe:") or is_url(url):
+def native_samples(url: str, source: ShardFile | None = None
+                   ) -> tuple[ShardFile, list[str], list[str], np.ndarray] | None:
+    """A shard's samples as the C part reads them: the file, keys, transcripts and int64 [n, 4]
+    (offset, frames, dims, item size); None when it leaves the shard to Python.  A pipe's or
+    URL's shard is read so only from its fetched copy, ``source``."""
+    if native.lib is None:
         return None
-    try:
-        src = ShardFile(url)
-    except (OSError, ShardError):
-        return None  # the Python path reports it
+    if source is not None:
+        src = source
+    elif is_url(url):
+        return None
+    else:
+        try:
+            src = ShardFile(url)
+        except (OSError, ShardError):
+            return None  # the Python path reports it
     found = native.lib.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
     if found is None:
         return None
@@ -207,19 +217,21 @@ def iter_decoded(
     float32: bool = True,
     lazy: bool = False,
     whole: bool = False,
+    source: ShardFile | None = None,
 ) -> Iterator[tuple[str, np.ndarray | FileFeats, str]]:
     """(utterance id, features, transcript) for every sample of a shard, either layout.
 
-    Features are arrays in their own memory (pipe/URL shards and ``whole=True``: read-only views
-    on the shard's bytes).  With ``lazy``, float16/32 features of a local shard stay on disk as
-    :class:`FileFeats` until read; with ``float32=False`` float16 stays float16.
+    Features are arrays in their own memory (``whole=True``: read-only views on the shard's
+    bytes).  With ``lazy``, float16/32 features stay in the shard file (a local one, or a pipe's
+    or URL's fetched copy) as :class:`FileFeats` until read; with ``float32=False`` float16 stays
+    float16.  ``source``: the shard already open (a fetched copy); ``url`` then only names it.
 
     A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
     because a shard that holds one bad sample was most likely damaged in writing or copying.
     """
     check_on_error(on_error)
     # The plain shards our writer makes in one C call per shard.
-    found = native_samples(url) if lazy and not whole else None
+    found = native_samples(url, source) if lazy and not whole else None
     if found is not None:
         src, keys, texts, layout = found
         uttids, bad = decode_keys(keys)
@@ -229,7 +241,7 @@ def iter_decoded(
         if bad is not None:
             report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
-    samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole)
+    samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole, source=source)
     for src, key, group in samples:
         try:
             decoded = decode_sample(src, key, group, float32=float32, lazy=lazy)

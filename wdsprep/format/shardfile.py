@@ -4,14 +4,14 @@ A local shard is never read as a whole: the walk (``tar.py``) reads each 512-byt
 with the first bytes of its member, and a sample's features stay on disk (:class:`FileFeats`, or
 a row of the loader's columns) until the collate reads them straight into their row of the
 batch, in one C call for the batch (:class:`RowReads`).  That is the only copy of the feature
-bytes.  Shards from pipes and URLs are read into memory whole (:func:`open_shard`).
+bytes.  Shards from pipes and URLs are fetched whole (``wdsprep.remote``: into memory, or into
+the local cache) and then read the same way, from the fetched copy's descriptor.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import threading
 import weakref
 from collections import OrderedDict, deque
@@ -23,6 +23,7 @@ from wdsprep.format import native
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.native import untrack
 from wdsprep.format.shardlist import file_kind, is_url
+from wdsprep.remote.fetch import LocalCopy, fetch_shard
 
 
 class ShardError(ValueError):
@@ -42,14 +43,22 @@ class ShardFile:
     Lives as long as the samples that need it (they hold it), but keeps a file descriptor only
     while it is among the :data:`MAX_OPEN_SHARDS` most recently opened; a read after that reopens
     the file and checks it is still the same one (device, inode, size, mtime).
+
+    A fetched shard (``copy``: a pipe's or URL's bytes in memory or in the local cache) keeps the
+    copy's descriptor for its whole life instead: it is the memory itself, or a cache file that
+    may be evicted (unlinked) while it is read.  ``url`` still names it in messages.
     """
 
-    __slots__ = ("url", "fd", "size", "ident", "__weakref__")
+    __slots__ = ("url", "fd", "size", "ident", "copy", "__weakref__")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, copy: LocalCopy | None = None) -> None:
         self.url = url
         self.fd = -1
         self.ident: tuple[int, ...] | None = None
+        self.copy = copy
+        if copy is not None:
+            self.fd, self.size = copy.fd, copy.size
+            return
         self._open()
         self.size = self.ident[2]  # type: ignore[index]
 
@@ -76,6 +85,8 @@ class ShardFile:
         return fd
 
     def _close(self) -> None:
+        if self.copy is not None:
+            return  # the copy's descriptor goes with the copy, when nothing holds this shard any more
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -89,18 +100,22 @@ class ShardFile:
         return self.size
 
     def __getitem__(self, s: slice) -> bytes:
-        # Callers slice with 0 <= start; pread itself stops at the end of the file.
-        return os.pread(self.fileno(), s.stop - s.start, s.start) if s.stop > s.start else b""
+        # Callers slice with 0 <= start; pread itself stops at the end of the file, and a fetched
+        # copy's buffer (which may be larger, reused) at the shard's size.
+        stop = min(s.stop, self.size) if self.copy is not None else s.stop
+        return os.pread(self.fileno(), stop - s.start, s.start) if stop > s.start else b""
 
     def readinto(self, out: np.ndarray, offset: int, what: str) -> None:
         """Fill ``out`` (C-contiguous) with the bytes at ``offset``; ShardError naming ``what`` when short."""
         fd = self.fileno()
         view = memoryview(out).cast("B")
+        if self.copy is not None and offset + len(view) > self.size:  # past the shard, in a reused buffer
+            view = view[:max(0, self.size - offset)]
         done = os.preadv(fd, [view], offset)
-        while done < len(view):  # regular files only read short at the end of the file
-            more = os.preadv(fd, [view[done:]], offset + done)
+        while done < out.nbytes:  # regular files only read short at the end of the file
+            more = os.preadv(fd, [view[done:]], offset + done) if done < len(view) else 0
             if more == 0:
-                raise ShardError(f"shard {self.url}: {what}: needs {len(view)} bytes at byte {offset}, "
+                raise ShardError(f"shard {self.url}: {what}: needs {out.nbytes} bytes at byte {offset}, "
                                  f"the file ends after {done}: was it changed or truncated while training "
                                  f"read it? Re-create it (wdsprep pack) or remove it from the shard list")
             done += more
@@ -234,29 +249,29 @@ def row_reader() -> Any:
     return None if native.lib is None else native.lib.RowReader()
 
 
-def read_shard_bytes(url: str) -> bytes | bytearray:
-    """The whole shard: a local file read at once, or a ``pipe:CMD``'s stdout, or a URL via webdataset."""
-    if url.startswith("pipe:"):
-        cmd = url[len("pipe:"):]
-        proc = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace").strip()[-500:]
-            raise ShardError(f"{url}: command exited with status {proc.returncode}: {err}")
-        return proc.stdout
-    if is_url(url):
-        from webdataset.gopen import gopen  # only remote URLs need webdataset's openers
+def fetched_shard(url: str) -> ShardFile:
+    """A pipe's or URL's shard fetched whole into memory (with retries), open like a local one."""
+    copy, _ = fetch_shard(url)
+    return ShardFile(url, copy)
 
-        with gopen(url, "rb") as f:
-            return f.read()
+
+def read_shard_bytes(url: str) -> bytes | bytearray:
+    """The whole shard as bytes: a local file read at once, or a pipe's or URL's fetched copy."""
+    if is_url(url):
+        copy, _ = fetch_shard(url)
+        try:
+            return copy.read()
+        finally:
+            copy.close()
     with open(url, "rb") as f:
         return f.read()
 
 
 def open_shard(url: str, *, whole: bool = False) -> Source:
-    """A local shard as a :class:`ShardFile` (or, with ``whole``, its bytes); a pipe or URL as its bytes."""
-    if whole or url.startswith("pipe:") or is_url(url):
+    """A shard as a :class:`ShardFile` (a pipe or URL fetched first); with ``whole``, its bytes."""
+    if whole:
         return read_shard_bytes(url)
-    return ShardFile(url)
+    return fetched_shard(url) if is_url(url) else ShardFile(url)
 
 
 # Bytes per POSIX_FADV_WILLNEED call.  Linux reads at most max(readahead window, the device's

@@ -1,4 +1,4 @@
-"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, ``pipe:`` URLs."""
+"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, URLs."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ from typing import Sequence
 from braceexpand import braceexpand
 
 from wdsprep.format.commit import check_committed
-
-URL_SCHEMES = ("pipe:", "http://", "https://", "gs://", "s3://", "ais://")
-
-
-def is_url(s: str) -> bool:
-    return s.startswith(URL_SCHEMES)
+from wdsprep.remote.listing import expand_glob
+from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
+from wdsprep.remote.urls import is_glob, is_url
 
 
 def file_kind(mode: int) -> str:
@@ -32,8 +29,9 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
-    ``data-0000{0..9}.tar`` is a brace range.  URLs (``pipe:cat ...``, ``http://...``) are
-    brace-expanded only and kept as they are.  A local pattern that matches nothing, or matches
+    ``data-0000{0..9}.tar`` is a brace range.  URLs are brace-expanded; a glob in an ``s3://`` key
+    is answered by listing the bucket, one in an http(s) URL is an error (a web server cannot
+    list), and other URLs (``pipe:cat ...``) are kept as they are.  A local pattern that matches nothing, or matches
     anything but a regular file (a directory, a FIFO), is an error naming it.  So is a folder of
     local shards written by a pack that did not finish (:mod:`wdsprep.format.commit`;
     ``check_commit=False`` leaves that to the caller, as ``verify`` reports it among its problems).
@@ -44,7 +42,13 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     for pattern in map(str, patterns):
         for p in braceexpand(pattern):
             if is_url(p):
-                shards.append(p)
+                if is_glob(p):
+                    found = expand_glob(p)
+                    if not found:
+                        raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no object")
+                    shards.extend(found)
+                else:
+                    shards.append(p)
                 continue
             matches = sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.lexists(p) else [])
             if not matches:

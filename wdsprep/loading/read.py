@@ -18,16 +18,17 @@ from wdsprep.format.samples import (
     native_samples,
     report_undecodable,
 )
+from wdsprep.format.shardfile import ShardFile
 from wdsprep.loading.records import Records
 
 
 def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
-                 block: int = 256) -> Iterator[Records]:
+                 block: int = 256, source: ShardFile | None = None) -> Iterator[Records]:
     """A shard's samples as :class:`Records` of up to ``block`` rows each: what
     ``iter_decoded(url, lazy=True, float32=False)`` yields (same order, same damage handling), as
-    columns."""
+    columns.  ``source``: the shard already fetched (a pipe's or URL's copy)."""
     check_on_error(on_error)
-    found = native_samples(url)
+    found = native_samples(url, source)
     if found is not None:
         src, keys, texts, layout = found
         uttids, bad = decode_keys(keys)
@@ -38,6 +39,6 @@ def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | No
         if bad is not None:
             report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
-    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True)
+    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True, source=source)
     while chunk := list(itertools.islice(samples, block)):
         yield Records.of(chunk)

@@ -3,8 +3,14 @@
 Built once per loader from each folder's index (``format/index.py``): O(shards) JSON plus one
 memory-mapped frame column per folder.  A shard that changed since it was indexed (its size or
 mtime differ) is refused at once, naming it: it is never read against a stale index.  Shards
-that no index lists (CAT's, a copied folder, pipes and URLs) are scanned here, headers only, with
-a warning that ``wdsprep index`` would save that scan.
+that no index lists (CAT's, a copied folder, ``pipe:`` commands) are scanned here, headers only,
+with a warning that ``wdsprep index`` would save that scan.
+
+Shards on S3 or a web server are planned from the index files uploaded beside them, fetched once
+per loader (``index.json`` and its columns, not the keys).  A remote folder without one is an
+error saying how to make and upload it: scanning would download the whole corpus on every rank
+before the first step.  Their staleness is checked by size: against the bucket listing when the
+pattern was a glob (before the epoch), else when each shard is downloaded.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,8 +28,20 @@ from typing import Sequence
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.format.index import INDEX_NAME, FolderIndex, frames_digest, read_index, scan_shard, stale_reason
+from wdsprep.format.index import (
+    INDEX_FILES,
+    INDEX_NAME,
+    KEYS_FILE,
+    FolderIndex,
+    frames_digest,
+    read_index,
+    scan_shard,
+    stale_reason,
+)
 from wdsprep.format.shardlist import is_url
+from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
+from wdsprep.remote.listing import take_listed_size
+from wdsprep.remote.urls import folder_of, has_folder
 
 
 class StaleIndexError(DataError):
@@ -106,8 +125,42 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]))
 
 
-def shard_set(urls: Sequence[str]) -> ShardSet:
-    """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists."""
+def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy()) -> FolderIndex:
+    """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
+
+    Fetched into a temporary folder and read there; its columns stay memory-mapped after the
+    folder is gone.  The keys are not fetched: planning does not need them.
+    """
+    summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
+    if summary is None:
+        raise DataError(
+            f"{folder}/{INDEX_NAME}: the shards there have no index; the loader plans every epoch from it and will "
+            f"not download a whole remote corpus on every rank to read its headers. Index a local copy "
+            f"(wdsprep index 'DIR/*/data-*.tar'; pack writes it too) and upload its index files "
+            f"({', '.join(INDEX_FILES)}) beside the shards, e.g. aws s3 sync DIR s3://BUCKET/PREFIX "
+            f"--exclude '*' --include '*index*'")
+    with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
+        with open(os.path.join(tmp, INDEX_NAME), "wb") as f:
+            f.write(summary)
+        for name in INDEX_FILES:
+            if name in (INDEX_NAME, KEYS_FILE):
+                continue
+            data = fetch_bytes(f"{folder}/{name}", policy=policy)
+            if data is not None:  # missing: read_index says what it lacks
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+        try:
+            index = read_index(tmp)
+        except DataError as e:
+            raise DataError(str(e).replace(tmp, folder)) from None
+    assert index is not None
+    return index
+
+
+def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> ShardSet:
+    """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
+
+    ``policy``: retries for fetching remote indexes."""
     indexes: dict[str, FolderIndex | None] = {}
     utts: list[int] = []
     sizes: list[int] = []
@@ -117,11 +170,20 @@ def shard_set(urls: Sequence[str]) -> ShardSet:
     dims: set[int] = set()
     lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
     for k, url in enumerate(urls):
-        folder = url.rsplit("/", 1)[0] if is_url(url) else os.path.dirname(os.path.abspath(url))
+        remote = has_folder(url)
+        folder = folder_of(url) if is_url(url) else os.path.dirname(os.path.abspath(url))
         if folder not in indexes:
-            indexes[folder] = None if is_url(url) else read_index(folder)
+            if remote:
+                indexes[folder] = remote_index(folder, policy=policy or RetryPolicy())
+            else:
+                indexes[folder] = None if is_url(url) else read_index(folder)
         index = indexes[folder]
-        i = None if index is None else index.position(url.rsplit("/", 1)[-1])
+        name = url.split("?", 1)[0].rsplit("/", 1)[-1]
+        i = None if index is None else index.position(name)
+        if i is None and remote:
+            raise DataError(f"shard {url} is not in {folder}/{INDEX_NAME}: index a local copy of the folder again "
+                            f"(wdsprep index --refresh) and upload its index files, or leave the shard out of the "
+                            f"pattern")
         if i is None:
             unlisted.append(k)
             utts.append(0)
@@ -132,7 +194,17 @@ def shard_set(urls: Sequence[str]) -> ShardSet:
         assert index is not None
         if index.dims is not None:
             dims.add(int(index.dims))
-        why = stale_reason(index, i, os.stat(url))
+        if remote:
+            listed, size = take_listed_size(url), int(index.sizes[i])
+            why = (f"the store lists {listed:,} bytes, the index says {size:,}" if listed is not None and size >= 0
+                   and listed != size else None)  # without a listing: checked when it is downloaded
+        else:
+            why = stale_reason(index, i, os.stat(url))
+        if why is not None and remote:
+            raise StaleIndexError(
+                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{folder}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index --refresh) and "
+                f"upload its index files, or restore the shard")
         if why is not None:
             raise StaleIndexError(
                 f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "

@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from wdsprep.format.samples import report_damage
-from wdsprep.format.shardfile import ShardError, prefetch_shard
+from wdsprep.format.shardfile import ShardError
+from wdsprep.loading.fetch import FetchOptions, ShardFetcher
 from wdsprep.loading.plan import StreamPlan
 from wdsprep.loading.read import iter_records
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stats import WorkerTally
+from wdsprep.remote.fetch import FetchError, SizeMismatchError
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
 BatchId = tuple[int, ...]  # (stream, batch of that stream); mixed: (corpus, corpus epoch, stream, batch)
@@ -43,13 +45,14 @@ class _Shard:
 
 
 def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callable[[int, Records], Records],
-                 on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
+                 on_error: str, counts: WorkerTally, block: int, fetch: FetchOptions | None = None) -> Iterator[Rows]:
     """Each planned batch's rows, read from the shards and labelled; rows a shard does not deliver
     are left out of their batch and counted.
 
-    Every shard the batches need is read once, when the first batch needs it (the next one
-    needed read ahead meanwhile), labelled whole by ``label(shard, rows)``, and let go after the
-    last batch that needs it.
+    Every shard the batches need is read once, when the first batch needs it (the next
+    ``fetch.read_ahead`` fetched meanwhile, in the order the batches need them:
+    ``loading/fetch.py``), labelled whole by ``label(shard, rows)``, and let go after the last
+    batch that needs it.
     """
     if not planned:
         return
@@ -59,18 +62,24 @@ def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callabl
     waiting = dict(zip(used.tolist(), n.tolist()))  # shard -> planned rows in it
     _, first = np.unique(every, return_index=True)
     order = used[np.argsort(first, kind="stable")].tolist()  # the shards in the order first needed
-    position = {s: i for i, s in enumerate(order)}
+    fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions())
+    try:
+        yield from _gather(planned, owners, shards, fetcher, waiting, label=label, on_error=on_error, counts=counts,
+                           block=block)
+    finally:
+        fetcher.close()  # stopped early: downloads in flight give up
+
+
+def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardSet, fetcher: ShardFetcher,
+            waiting: dict[int, int], *, label: Callable[[int, Records], Records], on_error: str, counts: WorkerTally,
+            block: int) -> Iterator[Rows]:
     loaded: dict[int, _Shard] = {}
-    ahead = 0  # order[:ahead] have been asked to be read ahead
     for (bid, rows), owner in zip(planned, owners):
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
         for s in present:
             if s not in loaded:
-                while ahead <= min(position[s] + 1, len(order) - 1):  # this shard, and the next one needed
-                    prefetch_shard(shards.urls[order[ahead]])
-                    ahead += 1
-                got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block)
+                got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block, fetcher=fetcher)
                 loaded[s] = _Shard(label(s, got), missing, waiting[s])
         have = within < np.array([len(loaded[s].rows) for s in owner.tolist()], np.int64)
         for s in present:
@@ -89,12 +98,28 @@ def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callabl
                 del loaded[s]  # its last planned row is used: let its file (or bytes) go
 
 
-def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int) -> tuple[Records, str]:
+def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int,
+                fetcher: ShardFetcher) -> tuple[Records, str]:
     """What shard ``s`` delivers, checked against the frames it was planned with, and the reason
     any planned row it does not deliver is counted under."""
     url = shards.urls[s]
+    try:
+        opened = fetcher.open(s)
+    except SizeMismatchError as e:  # the store's copy changed since it was indexed
+        counts.retries += e.retries
+        return _refuse_stale(str(e), on_error, counts)
+    except FetchError as e:
+        counts.retries += e.retries
+        if on_error == "raise":
+            raise
+        warnings.warn(f"{e}; its utterances are skipped (counted as unreachable_shard)", RuntimeWarning, stacklevel=2)
+        counts.unreachable_shards += 1
+        return Records.empty(), "unreachable_shard"
+    counts.retries += opened.retries
+    counts.fetched_bytes += opened.fetched_bytes
     corrupt: list[str] = []
-    blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why)))
+    blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why),
+                               source=opened.source))
     rows = (Records.concat(blocks) if blocks else Records.empty()).in_corpus(int(shards.corpus[s]))
     counts.read += len(rows)
     if corrupt:
@@ -111,11 +136,15 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
         return rows, "corrupt_shard"
     at = (f"sample {differ[0]} has {rows.frames[differ[0]]} frames, the index {planned[differ[0]]}" if len(differ)
           else f"{len(rows)} samples, the index {len(planned)}")
-    msg = (f"shard {url} does not match the index the epoch was planned from ({at}): it was changed after it "
-           f"was indexed. Re-index it (wdsprep index --refresh) or repack it")
+    return _refuse_stale(f"shard {url} does not match the index the epoch was planned from ({at}): it was changed "
+                         f"after it was indexed. Re-index it (wdsprep index --refresh) or repack it", on_error, counts)
+
+
+def _refuse_stale(msg: str, on_error: str, counts: WorkerTally) -> tuple[Records, str]:
+    """A shard that is not the one indexed: an error, or skipped and counted."""
     if on_error == "raise":
         raise ShardError(msg)
-    warnings.warn(f"{msg}; its utterances are skipped", RuntimeWarning, stacklevel=2)
+    warnings.warn(f"{msg}; its utterances are skipped", RuntimeWarning, stacklevel=3)
     counts.stale_shards += 1
     return Records.empty(), "stale_shard"
 

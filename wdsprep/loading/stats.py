@@ -69,11 +69,16 @@ class WorkerTally:
     corrupt_shards: int = 0
     stale_shards: int = 0  # changed after they were indexed: refused
     dropped: Counter[str] = field(default_factory=Counter)  # reason -> planned utterances not in their batch
+    retries: int = 0  # fetches of remote shards tried again (a dropped connection, 5xx, a cut-off body)
+    unreachable_shards: int = 0  # remote shards still not fetched when the retries were spent: skipped
+    fetched_bytes: int = 0  # bytes of remote shards brought here (downloads; cache hits excluded)
 
     def take(self) -> WorkerTally:
         """These counts, leaving this tally at zero."""
-        out = WorkerTally(self.read, self.corrupt_shards, self.stale_shards, self.dropped)
+        out = WorkerTally(self.read, self.corrupt_shards, self.stale_shards, self.dropped, self.retries,
+                          self.unreachable_shards, self.fetched_bytes)
         self.read = self.corrupt_shards = self.stale_shards = 0
+        self.retries = self.unreachable_shards = self.fetched_bytes = 0
         self.dropped = Counter()
         return out
 
@@ -108,6 +113,9 @@ class LoaderStats:
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> planned utterances not delivered
     corrupt_shards: int = 0
     stale_shards: int = 0
+    retries: int = 0  # remote fetches tried again; each one is a fetch, never a batch, repeated
+    unreachable_shards: int = 0  # remote shards skipped after the retries (on_error="warn"), utterances in dropped
+    fetched_bytes: int = 0  # remote shard bytes downloaded by this rank's readers
     real_frames: int = 0
     padded_frames: int = 0
     oversize_batches: int = 0
@@ -141,6 +149,9 @@ class LoaderStats:
         self.read += t.read
         self.corrupt_shards += t.corrupt_shards
         self.stale_shards += t.stale_shards
+        self.retries += t.retries
+        self.unreachable_shards += t.unreachable_shards
+        self.fetched_bytes += t.fetched_bytes
         if t.dropped:
             self.dropped = dict(Counter(self.dropped) + t.dropped)
 

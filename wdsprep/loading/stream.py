@@ -28,6 +28,7 @@ from wdsprep.format.index import Speakers
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn
 from wdsprep.loading.collate import Packed, start_collate
+from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, fingerprint, plan_epoch
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
@@ -52,6 +53,7 @@ class LoaderConfig:
     on_error: str = "warn"
     subword_sampling: SubwordSampling | None = None
     tokenize_group: int = 256  # utterances per block when a shard's rows are read
+    fetch: FetchOptions = field(default_factory=FetchOptions)  # read-ahead, cache, retries (run time only)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -142,7 +144,7 @@ class ShardStream(IterableDataset):
         label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
             rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
         rows = read_batches(planned, self.shards, label=label, on_error=cfg.on_error, counts=counts,
-                            block=cfg.tokenize_group)
+                            block=cfg.tokenize_group, fetch=cfg.fetch)
         return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
 
     def __iter__(self) -> Iterator[Item]:

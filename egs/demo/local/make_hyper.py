@@ -6,10 +6,13 @@
 
 Only the group folders that ``wdsprep pack`` actually filled go into the pattern (an empty group
 would make the pattern match nothing); the pattern is expanded once here so a broken one fails now,
-not at the start of training.  With ``--remote 'pipe:curl -s http://host/shards/{shard}'`` the
-pattern names the same shards as URLs on the storage they were copied to.  ``--set KEY=VALUE`` adds or
-overrides ``train:option`` keys and ``--model KEY=VALUE`` the model section (values are parsed as
-JSON when they can be).
+not at the start of training.  With ``--remote s3://bucket/prefix/train`` or
+``--remote https://host/shards/train`` the pattern names the same shards where they were uploaded
+(S3: the groups as a brace list and a glob, which the loader answers by listing the bucket;
+http(s): every shard as brace ranges, since a web server cannot list); a template holding
+``{shard}`` (``'pipe:aws s3 cp s3://b/train/{shard} -'``) is filled the same way.  ``--set
+KEY=VALUE`` adds or overrides ``train:option`` keys and
+``--model KEY=VALUE`` the model section (values are parsed as JSON when they can be).
 
 Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--shards``, and
 ``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
@@ -55,14 +58,21 @@ def shard_pattern(shard_dir: Path, fmt_glob: str = "data-*.tar") -> str:
 
 
 def remote_pattern(shard_dir: Path, template: str) -> str:
-    """The shards under ``shard_dir`` as one brace pattern of URLs, for shards copied elsewhere.
+    """The shards under ``shard_dir`` as one pattern of URLs, for shards uploaded elsewhere.
 
-    ``template`` holds ``{shard}``, replaced by each group's ``LO_HI/data-{00000..000NN}.tar``,
-    e.g. ``pipe:curl -s http://host/shards/{shard}``.  Globs cannot list remote files, so the
-    shard numbers are written out as brace ranges from the local copy.
+    ``template`` is where ``shard_dir`` was uploaded to: ``s3://bucket/prefix`` (the groups as a
+    brace list with a ``data-*.tar`` glob: S3 can list) or ``http(s)://host/path`` (brace ranges
+    written out from the local copy: a web server cannot list); or a template holding ``{shard}``,
+    replaced by each group's ``LO_HI/data-{00000..000NN}.tar`` (``pipe:aws s3 cp s3://b/p/{shard} -``).
     """
+    base = template.rstrip("/")
+    if "{shard}" not in template and base.startswith("s3://"):
+        return shard_pattern(shard_dir).replace(str(shard_dir), base, 1)
+    if "{shard}" not in template and base.startswith(("http://", "https://")):
+        template = base + "/{shard}"
     if "{shard}" not in template:
-        raise SystemExit(f"make_hyper: --remote {template!r} must contain {{shard}}")
+        raise SystemExit(f"make_hyper: --remote {template!r} must be an s3:// or http(s):// URL of the uploaded "
+                         f"folder, or a template holding {{shard}}")
     parts = []
     for folder in group_folders(shard_dir) or ["."]:
         d = shard_dir / folder
@@ -111,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", nargs="*", default=[], metavar="KEY=VALUE",
                     help="with --corpus: schedule=, weights=, temperature= or steps_per_epoch= (JSON values)")
     ap.add_argument("--dev-shards", type=Path, help="dev shard dir (pack --out)")
-    ap.add_argument("--remote", metavar="TEMPLATE",
-                    help="shards were copied to remote storage: write ld/dev_ld as URLs from this template, "
-                         "e.g. 'pipe:curl -s http://host/shards/train/{shard}' ({shard} = LO_HI/data-{0..N}.tar)")
-    ap.add_argument("--dev-remote", metavar="TEMPLATE", help="as --remote, for the dev shards")
+    ap.add_argument("--remote", metavar="URL",
+                    help="the train shard dir was uploaded here: s3://bucket/prefix/train or https://host/shards/train "
+                         "(or a template holding {shard} = LO_HI/data-{0..N}.tar, e.g. 'pipe:curl -s URL/{shard}')")
+    ap.add_argument("--dev-remote", metavar="URL", help="as --remote, for the dev shards")
     ap.add_argument("--tokenizer", required=True, help="tokenizer file (wdsprep tokenizer train --out)")
     ap.add_argument("--out", required=True, type=Path, help="hyper-p.json to write")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="train:option keys")
@@ -134,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.mix:
             raise SystemExit("make_hyper: --mix mixes named corpora: give them with --corpus")
         ld = remote_pattern(args.shards, args.remote) if args.remote else shard_pattern(args.shards)
-        n_train = len(expand_shards(ld))  # URLs are only brace-expanded: this counts them, reads nothing
+        # Expanded once here so a broken pattern fails now; an s3:// glob is not listed (the upload may
+        # still be running): the local copy is counted instead.
+        n_train = len(expand_shards(shard_pattern(args.shards) if ld.startswith("s3://") else ld))
     option: dict[str, Any] = {
         "ld": ld,
         "tokenizer": {"file": args.tokenizer},
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dev_shards:
         option["dev_ld"] = (remote_pattern(args.dev_shards, args.dev_remote) if args.dev_remote
                             else shard_pattern(args.dev_shards))
-        expand_shards(option["dev_ld"])
+        expand_shards(shard_pattern(args.dev_shards) if option["dev_ld"].startswith("s3://") else option["dev_ld"])
     option.update(parse_kv(args.set))
     hyper = {
         "data": parse_kv(args.data),

@@ -1,0 +1,429 @@
+"""Shards on S3 and web servers: real servers on 127.0.0.1 (moto, http.server), planted faults.
+
+Every remote loader here is held against the same loader over the local files: the same batches,
+bit for bit, whatever the server did (a retry never changes, repeats or loses a batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from remote_servers import BUCKET, http_server, s3_server, upload, use_endpoint
+from shardsets import build, train_char_tokenizer
+
+import wdsprep
+from wdsprep.errors import DataError
+from wdsprep.format.shardfile import ShardError
+from wdsprep.loading.fetch import FetchOptions, ShardFetcher
+from wdsprep.loading.shardset import StaleIndexError
+from wdsprep.remote import FetchError, RetryPolicy, fetch_shard
+from wdsprep.remote.cache import ShardCache
+
+pytestmark = pytest.mark.timeout(120)
+GROUPS = ("0_150", "150_inf")
+FAST = {"retry_backoff": 0.01}  # retries in milliseconds, not seconds
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote")
+    out, utts = build(root, n=150, utts_per_shard=15, groups=["0:150", "150:"])
+    tok = train_char_tokenizer(root, root / "kaldi-cat-0" / "text")
+    names = {g: sorted(p.name for p in (out / g).glob("data-*.tar")) for g in GROUPS}
+    return out, utts, tok, names
+
+
+@pytest.fixture(scope="module")
+def web(corpus):
+    with http_server(corpus[0]) as srv:
+        yield srv
+
+
+@pytest.fixture
+def http(web):
+    web.faults.clear()
+    web.gets.clear()
+    return web
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(corpus):
+    with s3_server() as endpoint:
+        upload(endpoint, corpus[0], "corpus")
+        yield endpoint
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch):
+    use_endpoint(monkeypatch, s3_endpoint)
+    return s3_endpoint
+
+
+def brace_pattern(base: str, names: dict[str, list[str]]) -> str:
+    """Every shard as brace ranges (a web server cannot list)."""
+    parts = [f"{g}/data-{{00000..{len(n) - 1:05d}}}.tar" for g, n in names.items()]
+    return f"{base}/{{{','.join(parts)}}}"
+
+
+def epoch(trset, tok, *, epoch: int = 0, **kw):
+    """[(keys, feats)] of one epoch and the loader's stats."""
+    kw = {"max_frames": 2500, "seed": 5, "shuffle_buffer": 40, **kw}
+    loader = wdsprep.make_loader(trset, tok, **kw)
+    loader.set_epoch(epoch)
+    got = [(tuple(b.keys), b.feats.numpy().copy()) for b in loader]
+    return got, loader.stats
+
+
+def same(a, b) -> bool:
+    return [k for k, _ in a] == [k for k, _ in b] and all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def local(corpus):
+    out, _, tok, _ = corpus
+    return {e: epoch(f"{out}/*/data-*.tar", tok, epoch=e)[0] for e in (0, 1)}
+
+
+def shard_bytes(out: Path) -> int:
+    return sum(p.stat().st_size for p in out.glob("*/data-*.tar"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_http_shards_give_the_local_batches(corpus, local, http, workers):
+    out, _, tok, names = corpus
+    got, st = epoch(brace_pattern(http.url, names), tok, num_workers=workers)
+    assert same(got, local[0])
+    assert st.retries == 0 and st.fetched_bytes == shard_bytes(out)
+    assert all(n == 1 for p, n in http.gets.items() if p.endswith(".tar")), "a shard fetched twice"
+    assert not any(p.endswith("index.keys.txt") for p in http.gets), "planning needs no keys"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_s3_glob_shards_give_the_local_batches(corpus, local, s3, workers):
+    out, _, tok, _ = corpus
+    for e in (0, 1):
+        got, st = epoch(f"s3://{BUCKET}/corpus/{{0_150,150_inf}}/data-*.tar", tok, epoch=e, num_workers=workers)
+        assert same(got, local[e])
+        assert st.retries == 0 and st.fetched_bytes == shard_bytes(out)
+
+
+def test_s3_brace_urls_and_a_profile_in_the_aws_config_file(corpus, local, s3, tmp_path, monkeypatch):
+    """The endpoint and keys as ~/.aws/config gives them (MinIO/Ceph users' way), no AWS variables."""
+    out, _, tok, names = corpus
+    cfg = tmp_path / "config"
+    cfg.write_text(f"[profile minio]\nregion = us-east-1\nendpoint_url = {s3}\naws_access_key_id = testing\n"
+                   f"aws_secret_access_key = testing\n")
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
+    monkeypatch.setenv("AWS_PROFILE", "minio")
+    got, _ = epoch(brace_pattern(f"s3://{BUCKET}/corpus", names), tok)
+    assert same(got, local[0])
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["resumed", "restarted"])
+def test_http_faults_are_retried_counted_and_change_no_batch(corpus, local, tmp_path, ranges):
+    """503 twice, a body cut short and a connection reset mid-body: every batch as without them,
+    each utterance once, and every retry counted."""
+    out, utts, tok, names = corpus
+    with http_server(out, ranges=ranges) as srv:
+        srv.faults["/0_150/data-00000.tar"] = ["503", "503"]
+        srv.faults["/150_inf/data-00001.tar"] = ["truncate"]
+        srv.faults["/150_inf/data-00003.tar"] = ["reset"]
+        got, st = epoch(brace_pattern(srv.url, names), tok, **FAST)
+    assert same(got, local[0])
+    assert st.retries == 4
+    assert st.fetched_bytes == shard_bytes(out)  # resumed or restarted, the shard counts once
+    assert Counter(k for keys, _ in got for k in keys).most_common(1)[0][1] == 1
+    assert srv.gets["/0_150/data-00000.tar"] == 3 and srv.gets["/150_inf/data-00001.tar"] == 2
+
+
+def test_s3_faults_are_retried_counted_and_change_no_batch(corpus, local, s3, monkeypatch):
+    """The same faults in S3 responses (a relay in front of moto): a truncated S3 stream is not read as
+    the end of the shard."""
+    out, _, tok, _ = corpus
+    with http_server(upstream=s3) as relay:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+        key = f"/{BUCKET}/corpus"
+        relay.faults[f"{key}/0_150/data-00001.tar"] = ["truncate", "503"]
+        relay.faults[f"{key}/150_inf/data-00000.tar"] = ["reset"]
+        relay.faults[f"{key}/150_inf/data-00002.tar"] = ["503", "503"]
+        got, st = epoch(f"s3://{BUCKET}/corpus/*/data-*.tar", tok, num_workers=2, **FAST)
+    assert same(got, local[0])
+    assert st.retries == 5
+
+
+def test_dev_mode_every_utterance_once_through_faults(corpus, http):
+    out, utts, tok, names = corpus
+    http.faults["/150_inf/data-00000.tar"] = ["truncate", "reset"]
+    got, st = epoch(brace_pattern(http.url, names), tok, train=False, num_workers=2, **FAST)
+    seen = Counter(k for keys, _ in got for k in keys)
+    assert set(seen) == set(utts) and max(seen.values()) == 1
+    assert st.retries == 2
+
+
+def test_a_shard_that_stays_unreachable_is_named_or_skipped_and_counted(corpus, http):
+    out, utts, tok, names = corpus
+    bad = "/150_inf/data-00002.tar"
+    http.faults[bad] = ["503"] * 10
+    with pytest.raises(FetchError, match=rf"{http.url}{bad}: HTTP 503; gave up after 3 attempt\(s\)"):
+        epoch(brace_pattern(http.url, names), tok, retries=2, on_error="raise", **FAST)
+    http.faults[bad] = ["503"] * 10
+    with pytest.warns(RuntimeWarning, match=f"{bad}.*unreachable_shard"):
+        got, st = epoch(brace_pattern(http.url, names), tok, retries=2, train=False, **FAST)
+    in_shard = json.loads((out / "150_inf" / "index.json").read_text())["shards"][2]["utts"]
+    seen = Counter(k for keys, _ in got for k in keys)
+    assert len(seen) == len(utts) - in_shard and max(seen.values()) == 1
+    assert st.unreachable_shards == 1 and st.dropped == {"unreachable_shard": in_shard}
+    assert st.retries == 2
+
+
+def test_a_missing_shard_is_not_retried(corpus, tmp_path):
+    out, _, tok, names = corpus
+    names = {g: list(n) for g, n in names.items()}
+    names["150_inf"].append("data-99999.tar")  # beyond what the server has: not in the index either
+    with http_server(out) as srv:
+        with pytest.raises(DataError, match=r"150_inf/data-\d+.tar is not in .*150_inf/index.json"):
+            epoch(brace_pattern(srv.url, names), tok)
+        with pytest.raises(FetchError, match=r"HTTP 404 \(no such file"):
+            fetch_shard(f"{srv.url}/150_inf/data-99999.tar", policy=RetryPolicy(retries=3, backoff=5))
+        assert srv.gets["/150_inf/data-99999.tar"] == 1
+
+
+def test_globs_and_missing_indexes_are_clear_errors(corpus, http, s3, tmp_path):
+    out, _, tok, _ = corpus
+    with pytest.raises(ValueError, match="a web server cannot list files.*brace range"):
+        wdsprep.make_loader(f"{http.url}/0_150/data-*.tar", tok, max_frames=2000)
+    with pytest.raises(FileNotFoundError, match="matches no object"):
+        wdsprep.make_loader(f"s3://{BUCKET}/corpus/*/nothing-*.tar", tok, max_frames=2000)
+    with http_server(tmp_path) as bare:  # shards without their index files
+        (tmp_path / "g").mkdir()
+        (tmp_path / "g" / "data-00000.tar").write_bytes((out / "0_150" / "data-00000.tar").read_bytes())
+        with pytest.raises(DataError, match=r"/g/index.json: the shards there have no index.*wdsprep index.*upload"):
+            wdsprep.make_loader(f"{bare.url}/g/data-00000.tar", tok, max_frames=2000)
+
+
+def test_a_shard_changed_since_indexed_is_caught_by_size(corpus, s3, tmp_path):
+    """S3 glob: by the listing, before the epoch; brace URLs: when it is downloaded."""
+    out, utts, tok, names = corpus
+    from remote_servers import client
+
+    c = client(s3)
+    changed = (out / "0_150" / "data-00001.tar").read_bytes() + b"\0" * 1024
+    c.put_object(Bucket=BUCKET, Key="changed/0_150/data-00001.tar", Body=changed)
+    for p in sorted((out / "0_150").iterdir()):
+        if p.name != "data-00001.tar" and p.is_file():
+            c.upload_file(str(p), BUCKET, f"changed/0_150/{p.name}")
+    with pytest.raises(StaleIndexError, match=r"data-00001.tar changed since it was indexed \(the store lists"):
+        wdsprep.make_loader(f"s3://{BUCKET}/changed/0_150/data-*.tar", tok, max_frames=2000)
+    brace = f"s3://{BUCKET}/changed/0_150/data-{{00000..{len(names['0_150']) - 1:05d}}}.tar"
+    with pytest.raises(ShardError, match=r"data-00001.tar has [\d,]+ bytes on the server, its index says"):
+        epoch(brace, tok, on_error="raise")
+    with pytest.warns(RuntimeWarning, match="its utterances are skipped"):
+        got, st = epoch(brace, tok, train=False)
+    assert st.stale_shards == 1 and st.dropped == {"stale_shard": 15}
+
+
+def test_the_cache_serves_later_epochs_and_mirrors_the_urls(corpus, local, http, tmp_path):
+    out, _, tok, names = corpus
+    cache = tmp_path / "cache"
+    for e in (0, 1):
+        got, st = epoch(brace_pattern(http.url, names), tok, epoch=e, cache_dir=cache)
+        assert same(got, local[e])
+        assert st.fetched_bytes == (shard_bytes(out) if e == 0 else 0)
+    assert all(n == 1 for p, n in http.gets.items() if p.endswith(".tar"))
+    port = http.url.rsplit(":", 1)[1]
+    cached = sorted(p.relative_to(cache / "http" / f"127.0.0.1_{port}").as_posix()
+                    for p in cache.rglob("*.tar"))
+    assert cached == sorted(f"{g}/{n}" for g, ns in names.items() for n in ns)
+    assert not [p for p in cache.rglob(".*.tmp")]
+
+
+def test_the_cache_is_bounded_least_recently_used_first(corpus, local, http, tmp_path):
+    out, _, tok, names = corpus
+    sizes = sorted(p.stat().st_size for p in out.glob("*/data-*.tar"))
+    bound = sum(sizes[-3:])
+    cache = tmp_path / "cache"
+    got, _ = epoch(brace_pattern(http.url, names), tok, cache_dir=cache, cache_bytes=bound, read_ahead=1)
+    assert same(got, local[0])
+    files = list(cache.rglob("*.tar"))
+    assert 0 < sum(p.stat().st_size for p in files) <= bound and len(files) < len(sizes)
+    # The survivors are the most recently used: a fresh cache's eviction keeps the newest mtimes.
+    c = ShardCache(cache, bound)
+    os.utime(files[0], (1, 1))  # made the oldest: the next eviction takes it first
+    c.max_bytes = sum(p.stat().st_size for p in files) - 1
+    c.evict()
+    assert not files[0].exists() and all(p.exists() for p in files[1:])
+
+
+def test_a_cache_of_no_bytes_spools_each_shard_and_keeps_nothing(corpus, local, http, tmp_path):
+    """cache_bytes=0: every shard written to disk, read from its open descriptor while evictions by
+    the other fetch threads unlink it at once."""
+    out, _, tok, names = corpus
+    cache = tmp_path / "cache"
+    got, st = epoch(brace_pattern(http.url, names), tok, cache_dir=cache, cache_bytes=0, read_ahead=4)
+    assert same(got, local[0]) and st.fetched_bytes == shard_bytes(out)
+    assert not list(cache.rglob("*.tar"))
+
+
+def test_a_shard_evicted_the_moment_it_is_renamed_is_still_read(corpus, http, tmp_path, monkeypatch):
+    """The worst moment for another process's eviction: right after the rename, before any open."""
+    import wdsprep.files
+
+    out = corpus[0]
+    real = os.replace
+
+    def replace_then_evict(src, dst):
+        real(src, dst)
+        os.unlink(dst)
+
+    monkeypatch.setattr(wdsprep.files.os, "replace", replace_then_evict)
+    copy, _, hit = ShardCache(tmp_path / "cache", 0).fetch(f"{http.url}/0_150/data-00000.tar")
+    assert not hit and not Path(copy.path).exists()
+    assert os.pread(copy.fd, copy.size + 1, 0) == (out / "0_150" / "data-00000.tar").read_bytes()
+
+
+def test_an_interrupted_download_leaves_no_file_under_its_final_name(corpus, http, tmp_path):
+    out, _, tok, names = corpus
+    cache = ShardCache(tmp_path / "cache", 10 << 20)
+    url = f"{http.url}/0_150/data-00000.tar"
+    http.faults["/0_150/data-00000.tar"] = ["truncate"]
+    with pytest.raises(FetchError, match="gave up after 1 attempt"):
+        cache.fetch(url, policy=RetryPolicy(retries=0))
+    final = cache.path_for(url)
+    assert not final.exists() and not list(final.parent.glob(".*"))
+    copy, retries, hit = cache.fetch(url, policy=RetryPolicy(retries=0))
+    assert (retries, hit) == (0, False) and final.read_bytes() == (out / "0_150" / "data-00000.tar").read_bytes()
+    # A temporary file a killed process left behind is cleared by the next eviction.
+    orphan = final.with_name(".data-00009.tar.tmp")
+    orphan.write_bytes(b"partial")
+    cache.evict()
+    assert not orphan.exists() and final.exists()
+
+
+def test_processes_sharing_a_cache_download_a_shard_once(corpus, http, tmp_path):
+    out, _, tok, _ = corpus
+    http.faults["/0_150/data-00001.tar"] = ["slow"]  # the first download takes a while: the others wait
+    code = ("import sys; from wdsprep.remote.cache import ShardCache; "
+            "c, r, hit = ShardCache(sys.argv[1], 1 << 30).fetch(sys.argv[2]); "
+            "print(hit, open(c.path, 'rb').read() == open(sys.argv[3], 'rb').read())")
+    args = [str(tmp_path / "cache"), f"{http.url}/0_150/data-00001.tar", str(out / "0_150" / "data-00001.tar")]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = sorted(p.communicate(timeout=60)[0].split() for p in procs)
+    assert outs == [["False", "True"], ["True", "True"], ["True", "True"]]
+    assert http.gets["/0_150/data-00001.tar"] == 1
+
+
+def test_read_ahead_is_bounded_in_shards_and_bytes(corpus, http):
+    """A reader never has more than read_ahead shards fetched ahead (or read_ahead_bytes of them)."""
+    out, _, _, names = corpus
+    urls = [f"{http.url}/150_inf/{n}" for n in names["150_inf"]]
+    sizes = np.array([(out / "150_inf" / n).stat().st_size for n in names["150_inf"]], np.int64)
+    for opts, most in ((FetchOptions(read_ahead=2), 2), (FetchOptions(read_ahead=3, read_ahead_bytes=int(sizes.max())), 1)):
+        http.gets.clear()
+        f = ShardFetcher(urls, sizes, list(range(len(urls))), opts)
+        try:
+            for s in range(len(urls)):
+                opened = f.open(s)
+                assert opened.source is not None and opened.source.size == sizes[s]
+                assert len(f.pending) <= most
+                for future in list(f.pending.values()):
+                    future.result()  # let them finish: still no more than the bound were started
+                assert sum(http.gets.values()) <= s + 1 + most
+        finally:
+            f.close()
+        assert sum(http.gets.values()) == len(urls)
+
+
+def test_pipe_commands_are_retried_too(corpus, tmp_path):
+    out = corpus[0]
+    flag = tmp_path / "failed-once"
+    shard = out / "0_150" / "data-00000.tar"
+    url = f"pipe:if [ -e {flag} ]; then cat {shard}; else touch {flag}; echo busy >&2; exit 3; fi"
+    copy, retries = fetch_shard(url, policy=RetryPolicy(backoff=0.01))
+    assert retries == 1 and copy.read() == shard.read_bytes()
+    with pytest.raises(FetchError, match="command exited with status 3: nope"):
+        fetch_shard("pipe:echo nope >&2; exit 3", policy=RetryPolicy(retries=1, backoff=0.01))
+
+
+def test_dry_run_cli_on_s3_with_fetch_options(corpus, s3, tmp_path):
+    out, utts, tok, _ = corpus
+    env = {**os.environ}
+    trset = f"s3://{BUCKET}/corpus/*/data-*.tar"
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--trset", trset, "--tokenizer", str(tok),
+                        "--max-frames", "2500", "--dev", "--read-ahead", "1", "--cache-dir", str(tmp_path / "c"),
+                        "--cache-bytes", str(50 << 20), "--retries", "1", "--retry-backoff", "0.01",
+                        "--stats-json", str(tmp_path / "st.json")],
+                       capture_output=True, text=True, env=env, timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    st = json.loads((tmp_path / "st.json").read_text())[0][0]
+    assert st["utterances"] == len(utts) and st["retries"] == 0 and st["fetched_bytes"] == shard_bytes(out)
+    assert list((tmp_path / "c" / "s3" / BUCKET / "corpus").rglob("*.tar"))
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", "--trset", trset, "--max-frames", "2500",
+                        "--world-size", "2"], capture_output=True, text=True, env=env, timeout=100)
+    assert r.returncode == 0 and f"{len(utts):,} of {len(utts):,} indexed" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--trset", "http://127.0.0.1:9/g/data-*.tar",
+                        "--tokenizer", str(tok), "--max-frames", "2500"], capture_output=True, text=True, timeout=100)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot list files" in r.stderr
+
+
+def test_make_hyper_writes_s3_and_https_patterns(corpus, s3, tmp_path):
+    out, utts, tok, names = corpus
+    script = Path(__file__).resolve().parent.parent / "egs" / "large" / "local" / "make_hyper.py"
+    hyper = tmp_path / "hyper-p.json"
+    base = [sys.executable, str(script), "--shards", str(out), "--tokenizer", str(tok), "--out", str(hyper),
+            "--set", "bucket_size=2500", "--dev-shards", str(out)]
+    subprocess.run(base + ["--remote", f"s3://{BUCKET}/corpus/", "--dev-remote", "https://web/shards/dev"],
+                   check=True, capture_output=True, timeout=60)
+    option = json.loads(hyper.read_text())["train"]["option"]
+    assert option["ld"] == f"s3://{BUCKET}/corpus/{{0_150,150_inf}}/data-*.tar"
+    assert option["dev_ld"] == brace_pattern("https://web/shards/dev", names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = wdsprep.make_loader_from_hyper(hyper, tokenizer=tok, read_ahead=1, train=False)
+    assert sum(len(b.keys) for b in loader) == len(utts)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_ranks_under_torchrun_read_http_shards_through_faults(corpus, http, tmp_path):
+    """2 ranks (gloo) over the web server with faults planted: equal steps, every batch one of the
+    canonical plan's (the same plan as the local files), none twice, and every retry counted."""
+    from test_ddp import canonical, check_epoch, torchrun
+
+    out, utts, tok, names = corpus
+    http.faults["/0_150/data-00001.tar"] = ["503", "503"]
+    http.faults["/150_inf/data-00000.tar"] = ["truncate"]
+    http.faults["/150_inf/data-00004.tar"] = ["reset"]
+    ranks = torchrun(2, tmp_path / "o", brace_pattern(http.url, names), tok, "--epochs", "2", "--num-workers", "1",
+                     "--retry-backoff", "0.01", "--read-ahead", "1", "--streams", "4")
+    for e in range(2):
+        check_epoch([r["epochs"][e] for r in ranks], canonical(f"{out}/*/data-*.tar", tok, e, streams=4))
+    assert sum(r["epochs"][0]["stats"]["retries"] for r in ranks) == 4
+    assert all(r["epochs"][1]["stats"]["retries"] == 0 for r in ranks)
+    # Each rank fetched the shards of its own streams (and of batches lent to even out the steps),
+    # not the corpus; a shard whose rows all fell in the discarded tail is not fetched at all.
+    fetched = [r["epochs"][0]["stats"]["fetched_bytes"] for r in ranks]
+    assert max(fetched) < shard_bytes(out) and sum(fetched) > 0.9 * shard_bytes(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_ranks_under_torchrun_read_s3_each_utterance_once(corpus, s3, tmp_path):
+    from test_ddp import torchrun
+
+    out, utts, tok, _ = corpus
+    ranks = torchrun(2, tmp_path / "o", f"s3://{BUCKET}/corpus/*/data-*.tar", tok, "--epochs", "1", "--dev",
+                     "--cache-dir", str(tmp_path / "cache"))
+    seen = Counter(k for r in ranks for b in r["epochs"][0]["batches"] for k in b)
+    assert set(seen) == set(utts) and max(seen.values()) == 1
+    assert sum(r["epochs"][0]["stats"]["fetched_bytes"] for r in ranks) == shard_bytes(out)  # one node, one cache
