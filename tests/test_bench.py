@@ -85,3 +85,19 @@ def test_padding_stats_on_known_batches() -> None:
     assert (eff, disp, means, nb) == (1.0, 0.0, [10.0, 5.0], 2)
     eff, disp, _means, _ = bench._padding_stats([[0, 2], [1, 3]], lens)
     assert eff == 30 / 40 and disp == 0.5  # positions 0,2,1,3 vs 0,1,2,3
+
+
+def test_plan_benchmark_reports_every_figure(tmp_path) -> None:
+    """tools/bench/bench_plan.py at a small scale: the plan, the indexed build and the tail are measured."""
+    import json
+
+    import bench_plan
+
+    out = tmp_path / "plan.json"
+    assert bench_plan.main(["--utts", "200000", "--index-utts", "20000", "--work", str(tmp_path / "w"),
+                            "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["plan"]["utterances"] == 200_000 and r["plan"]["batches"] > 0 and r["plan"]["peak_mb"] > 0
+    assert r["index"]["shard_set"]["utterances"] == 20_000 and r["index"]["make_loader"]["len"] > 0
+    assert r["index"]["files_bytes"]["index.json"] < 1e6  # per-shard totals only; the columns are apart
+    assert len(r["tail"]) == 6 and all(t["discarded_batches"] < t["world_size"] for t in r["tail"])
