@@ -119,6 +119,8 @@ def test_every_step_of_every_rank_yields_a_batch_and_steps_are_equal():
     rs = epochs(3, 2, 2, batches=200)
     for r in rs:
         assert r.steps == math.ceil(200 / 3) and r.refs.shape == (3, r.steps, 4) and (r.refs >= 0).all()
+        # Each epoch is a new DataLoader iteration: its turns start at worker 0, no placeholder.
+        assert r.reader_of(0) == 0 and not r.lead(1)
     assert rs[1].end.global_step == 2 * math.ceil(200 / 3)
 
 

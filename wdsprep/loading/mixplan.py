@@ -103,9 +103,10 @@ def start_position(num_corpora: int, epoch_batches: int, world_size: int, num_wo
 
 
 def next_epoch(end: MixPosition, epoch_batches: int) -> MixPosition:
-    """The position a loader epoch starts from, given where the one before ended."""
-    return MixPosition(end.epoch + 1, 0, end.global_step, epoch_batches, end.world_size, end.num_workers,
-                       end.phase - end.step, end.corpora)
+    """The position a loader epoch starts from, given where the one before ended: its first step
+    goes to worker 0 (a new iteration of the DataLoader starts its turns there)."""
+    return MixPosition(end.epoch + 1, 0, end.global_step, epoch_batches, end.world_size, end.num_workers, 0,
+                       end.corpora)
 
 
 @dataclass
