@@ -1,21 +1,23 @@
-"""The training loader: shards -> padded, length-bucketed batches, deterministic and DDP-safe.
+"""The training loader: shards -> padded, length-bucketed batches, planned, deterministic and DDP-safe.
 
-This is the front: :func:`make_loader`, the :class:`Loader` a trainer iterates and the
-:class:`Batch` it gets.  The data flow itself is composed in ``loading/stream.py``
+This is the front: :func:`make_loader`, the :class:`Loader` (and :class:`MixedLoader` for named
+corpora) a trainer iterates, and the :class:`Batch` it gets.  Every epoch is planned from the
+index before it starts (``loading/plan.py``) and dealt to ranks and readers (``loading/assign.py``;
+mixed corpora: ``loading/mixplan.py``), so ``len(loader)`` is exact and equal on every rank, with
+no collective per step.  The run-time data flow is composed in ``loading/stream.py``
 (``ShardStream.stages``) from the stages in ``loading/stages.py``; ``loading/collate.py`` pads a
 batch into one buffer, ``loading/transport.py`` moves it out of a worker process.
 
 The collate reads a batch's features from the shards in a thread of its own (in C, without the
 GIL), while the stages make the next batches: the two halves of the work overlap on two cores.
-With ``num_workers > 0`` each DataLoader worker runs the stages on its share of the shards and
-collates into shared-memory buffers it recycles; workers persist across epochs by default and
-learn the epoch through shared memory.
+With ``num_workers > 0`` each DataLoader worker reads its share of the plan and collates into
+shared-memory buffers it recycles; workers persist across epochs by default and learn the epoch
+through shared memory.
 
-Under DDP (training mode) the main process all-reduces a "no more batches" flag before every
-step, so all ranks end the epoch at the same step as soon as one runs dry; what that early stop
-discards is reported in :attr:`Loader.stats`.  Dev mode (``train=False``) reads each utterance
-exactly once across ranks, without shuffling and without the all-reduce: ranks just end, and may
-run a different number of steps.
+Under DDP the ranks meet only when the loader is built (same shards and options?) and at each
+training epoch's end (same steps?), under ``collective_timeout``.  Dev mode (``train=False``)
+reads each utterance exactly once across ranks, without shuffling; ranks may run a different
+number of steps.
 """
 
 from __future__ import annotations
