@@ -62,7 +62,8 @@ def test_batches_say_which_corpus_each_utterance_came_from(corpora):
             frames[corpus_of(k)] += int(feat_lens[i])
     st = loader.stats
     assert {n: c.utterances for n, c in st.corpora.items()} == per
-    assert {n: c.hours for n, c in st.corpora.items()} == pytest.approx({n: f / FRAMES_PER_HOUR for n, f in frames.items()})
+    hours = {n: f / FRAMES_PER_HOUR for n, f in frames.items()}
+    assert {n: c.hours for n, c in st.corpora.items()} == pytest.approx(hours)
     # Equal weights: zh (60 utterances against 240) loops through its own epochs several times.
     assert st.corpora["zh"].epochs > 1.5 and st.corpora["en"].epochs < 1
     assert st.utterances == st.assigned == sum(per.values()) and st.num_dropped == 0
@@ -233,7 +234,8 @@ def test_dry_run_shows_the_planned_mixture(corpora, tmp_path):
                            "--max-frames", "1500", "--weights", "en=1", "zh=1", "--epochs", "2",
                            "--plot", str(tmp_path / "mix.png")], capture_output=True, text=True, timeout=120)
     assert real.returncode == 0, real.stderr
-    assert (tmp_path / "mix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"mixture plot: {tmp_path}" in real.stdout
+    assert (tmp_path / "mix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"mixture plot: {tmp_path}" in real.stdout
     line = next(x for x in real.stdout.splitlines() if "per corpus" in x)
     assert "en: " in line and "zh: " in line and "epochs" in line
 

@@ -230,7 +230,8 @@ class Loader:
             raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
                              f"the batches depend on it; build the loader with the saved seed to resume")
         mine = asdict(ds.cfg.plan)
-        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items() if mine.get(k) != v]
+        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items()
+                  if mine.get(k) != v]
         if differ:
             raise ValueError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
                              f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
@@ -405,8 +406,8 @@ class Loader:
         big = self.dataset.shards.num_utts >= MIN_STREAM_UTTS * self.world_size * self.num_workers
         if idle and self.num_workers > 1 and big and not self._warned_idle:
             self._warned_idle = True
-            warnings.warn(f"rank {self.rank}: {idle} of {self.num_workers} DataLoader workers get no batches this epoch: "
-                          f"the plan has {len(self.dataset.plan(self.epoch).streams)} streams for "
+            warnings.warn(f"rank {self.rank}: {idle} of {self.num_workers} DataLoader workers get no batches this "
+                          f"epoch: the plan has {len(self.dataset.plan(self.epoch).streams)} streams for "
                           f"{self.world_size} ranks x {self.num_workers} workers; pass streams= at least "
                           f"{self.world_size * self.num_workers} (or fewer workers)", UserWarning, stacklevel=3)
 
@@ -465,7 +466,8 @@ class MixedLoader(Loader):
             pos = MixPosition.from_json(state["position"])
             saved = Mixture.from_json(state["mixture"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"the loader state's position or mixture is not readable ({e!r}): was it edited?") from None
+            raise ValueError(f"the loader state's position or mixture is not readable ({e!r}): "
+                             f"was it edited?") from None
         if pos.epoch != int(state["epoch"]) or len(pos.corpora) != len(self.corpora):
             raise ValueError(f"the loader state's position is for epoch {pos.epoch} and {len(pos.corpora)} corpora, "
                              f"its epoch {state['epoch']} and this loader {len(self.corpora)}: was it edited?")
@@ -661,8 +663,8 @@ def make_loader(
         fingerprints = gather(group, dataset.fingerprint(), timeout=collective_timeout, where="make_loader")
         odd = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
         if odd:
-            raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints {fingerprints}): "
-                             f"give every rank the same trset, index and loader options")
+            raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints "
+                             f"{fingerprints}): give every rank the same trset, index and loader options")
     _settle_heap()
     return loader_cls(dataset, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
                       prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)

@@ -156,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
 
     plan = bench_planning(args.utts)
+    grew = plan["peak_mb"] - plan["rss_before_mb"]
     print(f"plan: {plan['utterances']:,} utterances, {plan['streams']} streams, {plan['batches']:,} batches in "
-          f"{plan['seconds']:.2f} s; peak RSS {plan['peak_mb']:.0f} MB ({plan['peak_mb'] - plan['rss_before_mb']:+.0f} MB "
-          f"over the process with its inputs, {plan['rss_before_mb']:.0f} MB)")
+          f"{plan['seconds']:.2f} s; peak RSS {plan['peak_mb']:.0f} MB ({grew:+.0f} MB over the process with its "
+          f"inputs, {plan['rss_before_mb']:.0f} MB)")
 
     folder = args.work / f"index-{args.index_utts}"
     make_index(folder, args.index_utts)

@@ -144,9 +144,10 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
     names = list(ranks[0].get("corpora", {}))
     if names:
         per = {n: [sum(r["corpora"][n][k] for r in ranks) for k in ("utterances", "hours")] for n in names}
+        epochs = {n: ranks[0]["corpora"][n]["epochs"] for n in names}  # where each corpus stands: rank-independent
         lines.append("  per corpus          " + ", ".join(
             f"{n}: {u:,} utts ({u / utts if utts else 0:.1%}), {h:.2f} h"
-            + (f", {ranks[0]['corpora'][n]['epochs']:.2f} epochs" if ranks[0]["corpora"][n]["epochs"] is not None else "")
+            + (f", {epochs[n]:.2f} epochs" if epochs[n] is not None else "")
             for n, (u, h) in per.items()))
     if all(r.get("shuffle") for r in ranks):
         lines.append(_shuffle_lines(_merged([r["shuffle"] for r in ranks])))

@@ -78,7 +78,8 @@ def plot_mixture(utts: np.ndarray, scheduled: np.ndarray, names: tuple[str, ...]
     for c, name in enumerate(names):
         color = f"C{c}"
         ax.plot(steps, scheduled[:, c], color=color, linestyle="--", linewidth=1.5, label=f"{name}: scheduled")
-        ax.plot(steps, realized[:, c], color=color, linewidth=1.2, label=f"{name}: realized ({len(kernel)}-step window)")
+        ax.plot(steps, realized[:, c], color=color, linewidth=1.2,
+                label=f"{name}: realized ({len(kernel)}-step window)")
     ax.set_xlabel("global step")
     ax.set_ylabel("share of the utterances")
     ax.set_ylim(0, 1)

@@ -63,7 +63,8 @@ class MixedPlan:
         first = [self.corpus_plan(c, 0) for c in range(len(self.parts))]
         for name, plan in zip(shards.corpora, first):
             if not plan.num_batches:
-                raise ValueError(f"corpus {name!r} has no batches: every utterance is outside min_frames/max_utt_frames")
+                raise ValueError(f"corpus {name!r} has no batches: every utterance is outside "
+                                 f"min_frames/max_utt_frames")
         # Mean utterances per batch: what turns a corpus's share of utterances into its chance per draw.
         self.utts_per_batch = [sum(int(s.starts[-1]) for s in p.streams) / p.num_batches for p in first]
         # A reader takes about a shard's worth of a corpus's batches at a time.

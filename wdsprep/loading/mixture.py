@@ -76,9 +76,9 @@ def _shares(weights: Weights, names: Sequence[str], where: str) -> tuple[float, 
     unknown = sorted(set(weights) - set(names))
     missing = [n for n in names if n not in weights]
     if unknown or missing:
-        raise ValueError(f"{where}: the corpora are {list(names)}; "
-                         + "; ".join(x for x in (unknown and f"no corpus named {unknown}",
-                                                 missing and f"no weight for {missing} (give 0 to leave one out)") if x))
+        problems = ([f"no corpus named {unknown}"] if unknown else []) + \
+            ([f"no weight for {missing} (give 0 to leave one out)"] if missing else [])
+        raise ValueError(f"{where}: the corpora are {list(names)}; {'; '.join(problems)}")
     values = []
     for n in names:
         try:
@@ -130,7 +130,8 @@ def make_mixture(names: Sequence[str], *, weights: Weights | None = None, temper
         if hours is None or len(hours) != len(names):
             raise ValueError("a temperature mixture needs every corpus's hours")
         raw = {n: float(h) ** (1.0 / float(temperature)) if h > 0 else 0.0 for n, h in zip(names, hours)}
-        return Mixture(names, (0,), (_shares(raw, names, f"temperature {temperature}"),), f"temperature {temperature:g}")
+        shares = _shares(raw, names, f"temperature {temperature}")
+        return Mixture(names, (0,), (shares,), f"temperature {temperature:g}")
     if weights is None:
         if utts is None or len(utts) != len(names):
             raise ValueError("without weights, temperature or schedule the mixture needs every corpus's utterances")
