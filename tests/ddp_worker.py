@@ -20,7 +20,8 @@ from wdsprep.loader import make_loader
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--trset")
-    p.add_argument("--corpus", action="append", metavar="NAME=PATTERN", help="named corpora to mix (instead of --trset)")
+    p.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
+                   help="named corpora to mix (instead of --trset)")
     p.add_argument("--schedule", help="a mixing schedule as JSON: [[step, {name: weight}], ...]")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True)

@@ -1,4 +1,7 @@
-"""Test data for inspect/verify (and cold files for the readahead tests): Kaldi arks packed by ``pack_data``, and CAT-style tars made with plain ``tarfile``."""
+"""Test data for inspect/verify (and cold files for the readahead tests).
+
+Kaldi arks packed by ``pack_data``, and CAT-style tars made with plain ``tarfile``.
+"""
 
 from __future__ import annotations
 

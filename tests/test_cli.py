@@ -82,7 +82,8 @@ def cases(root: Path, scp: Path, text: Path, shards: Path) -> list[tuple[list[st
                                                                                         "does not exist"]),
         (["pack-audio", "--wav-scp", f"{r}/wav.scp", "--segments", f"{r}/segments", "--text", str(text),
           "--out", f"{r}/o"], 1, [f"{r}/segments:1: start and end must be seconds"]),
-        (["tokenizer", "encode", "--tokenizer", f"{r}/not_json", "x"], 1, ["not_json: neither a wdsprep tokenizer file"]),
+        (["tokenizer", "encode", "--tokenizer", f"{r}/not_json", "x"], 1,
+         ["not_json: neither a wdsprep tokenizer file"]),
         (["dry-run", "--trset", trset, "--tokenizer", f"{r}/not_json", "--max-frames", "900"], 1,
          ["neither a wdsprep tokenizer file"]),
     ]

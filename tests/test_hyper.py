@@ -88,7 +88,8 @@ def test_dry_run_cli_reports_and_dumps_keys(tmp_path, capsys):
 # train:option blocks as CAT's own egs/ write them: hyphens and underscores mixed in one block.
 CAT_EGS_OPTIONS = [
     # egs/cv-lang10/exp/Monolingual/en: "large-dataset" beside the current "ld"
-    {"amp": True, "batch_size": 512, "check_freq": 500, "large-dataset": True, "ld": "data/en/{11_1000,1001_1200}/*.tar"},
+    {"amp": True, "batch_size": 512, "check_freq": 500, "large-dataset": True,
+     "ld": "data/en/{11_1000,1001_1200}/*.tar"},
     # a bucket-mode block spelled with hyphens, as CAT's argparse options are (--bucket-size, --batching-mode)
     {"ld": "data/x/*.tar", "batching-mode": "bucket", "bucket-size": 40000, "grad-norm": 5.0, "grad-accum-fold": 6,
      "ld-shuffle-buffer": 500, "check-freq": 1000},

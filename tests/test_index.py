@@ -87,7 +87,8 @@ def test_a_version_1_index_is_read_and_upgraded(tmp_path):
     out, _ = build(tmp_path, n=40, utts_per_shard=20)
     new = read_index(out)
     v1 = {"version": 1, "layout": new.layout, "dims": new.dims, "dtype": new.dtype,
-          "shards": [{"name": s.name, "keys": s.keys, "frames": s.frames, "text_lens": s.text_lens} for s in new.shards]}
+          "shards": [{"name": s.name, "keys": s.keys, "frames": s.frames, "text_lens": s.text_lens}
+                     for s in new.shards]}
     for f in out.glob("index.*"):
         f.unlink()
     (out / INDEX_NAME).write_text(json.dumps(v1))

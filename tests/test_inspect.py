@@ -114,7 +114,8 @@ def test_inspect_counts_what_the_loader_reads_and_names_the_rest(tmp_path):
 
 
 def test_inspect_names_a_truncated_tar(tmp_path):
-    m = cat_members({"a": np.zeros((20, 4), np.float32), "b": np.zeros((20, 4), np.float32)}, {"a": "x", "b": "y"}, "cat")
+    feats = {"a": np.zeros((20, 4), np.float32), "b": np.zeros((20, 4), np.float32)}
+    m = cat_members(feats, {"a": "x", "b": "y"}, "cat")
     write_tar(tmp_path / "g" / "x.tar", m)
     data = (tmp_path / "g" / "x.tar").read_bytes()
     # Cut right after the second member: tarfile itself reads this silently as a one-sample tar.

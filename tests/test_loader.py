@@ -238,7 +238,8 @@ def _samples(seed=0, n=7):
     for i in range(n):
         dtype = np.float16 if i % 2 else np.float32
         raw = rng.standard_normal((int(rng.integers(1, 30)), 3)).astype(dtype).tobytes()
-        out.append((f"u{i}", np.frombuffer(raw, dtype).reshape(-1, 3), rng.integers(2, 50, int(rng.integers(0, 6))).tolist()))
+        label = rng.integers(2, 50, int(rng.integers(0, 6))).tolist()
+        out.append((f"u{i}", np.frombuffer(raw, dtype).reshape(-1, 3), label))
     return out, Records.of((u, f, "x") for u, f, _ in out).with_labels([labels for *_, labels in out])
 
 

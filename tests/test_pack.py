@@ -190,7 +190,8 @@ def test_bad_features_are_reported_not_packed(tmp_path):
     good = np.ones((20, 4), np.float32)
     nan = good.copy()
     nan[3, 1] = np.nan
-    scp = write_ark(tmp_path / "a.ark", {"good": good, "nan": nan, "vector": np.ones(5, np.float32), "inf": good * np.inf})
+    scp = write_ark(tmp_path / "a.ark",
+                    {"good": good, "nan": nan, "vector": np.ones(5, np.float32), "inf": good * np.inf})
     # An entry pointing past the end of the ark: what a truncated copy looks like.
     with open(scp, "a") as f:
         f.write(f"cut {tmp_path / 'a.ark'}:999999\n")

@@ -328,7 +328,8 @@ def test_read_ahead_is_bounded_in_shards_and_bytes(corpus, http):
     out, _, _, names = corpus
     urls = [f"{http.url}/150_inf/{n}" for n in names["150_inf"]]
     sizes = np.array([(out / "150_inf" / n).stat().st_size for n in names["150_inf"]], np.int64)
-    for opts, most in ((FetchOptions(read_ahead=2), 2), (FetchOptions(read_ahead=3, read_ahead_bytes=int(sizes.max())), 1)):
+    cases = ((FetchOptions(read_ahead=2), 2), (FetchOptions(read_ahead=3, read_ahead_bytes=int(sizes.max())), 1))
+    for opts, most in cases:
         http.gets.clear()
         f = ShardFetcher(urls, sizes, list(range(len(urls))), opts)
         try:

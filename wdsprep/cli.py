@@ -134,7 +134,8 @@ def _cmd_tokenizer_import_cat(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import import_cat_tokenizer
 
     tok = import_cat_tokenizer(args.file, args.out, overwrite=args.overwrite)
-    print(f"{args.out}: {tok.kind} tokenizer from {args.file}, vocab_size {tok.vocab_size} (CAT's ids)", file=sys.stderr)
+    print(f"{args.out}: {tok.kind} tokenizer from {args.file}, vocab_size {tok.vocab_size} (CAT's ids)",
+          file=sys.stderr)
 
 
 def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
@@ -258,7 +259,8 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch-size", type=int, help="utterances per batch at most")
     g.add_argument("--min-frames", type=int, help="drop shorter utterances (counted)")
     g.add_argument("--max-utt-frames", type=int, help="drop longer utterances (counted)")
-    g.add_argument("--ctc-subsampling", type=int, help="drop utterances with frames // N <= label length (CAT's CTC rule)")
+    g.add_argument("--ctc-subsampling", type=int,
+                   help="drop utterances with frames // N <= label length (CAT's CTC rule)")
     g.add_argument("--pool-size", type=int, help="utterances sorted together into batches (default: 4000)")
     g.add_argument("--max-utts-per-speaker", type=int, metavar="N",
                    help="at most N utterances of one speaker per batch (speakers from the index)")
@@ -266,7 +268,8 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
                                                "utterances // 2000))")
     g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
     g.add_argument("--on-error", choices=["warn", "raise"], help="a damaged shard: warn and count, or stop")
-    g.add_argument("--subword-sampling", type=float, metavar="ALPHA", help="SentencePiece subword sampling with this alpha")
+    g.add_argument("--subword-sampling", type=float, metavar="ALPHA",
+                   help="SentencePiece subword sampling with this alpha")
     g.add_argument("--tokenize-group", type=int, help="utterances per block when a shard is read (default: 256)")
     g.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead")
     g.add_argument("--pin-memory", action="store_true", help="page-locked batches (CUDA)")
@@ -278,14 +281,15 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
                    help="at most this many bytes of remote shards fetched ahead, per reader")
     g.add_argument("--cache-dir", metavar="DIR", help="keep fetched remote shards in this local directory "
                                                      "(shareable by the ranks of a node)")
-    g.add_argument("--cache-bytes", type=int, metavar="BYTES", help="bound on --cache-dir; least recently used go first")
+    g.add_argument("--cache-bytes", type=int, metavar="BYTES",
+                   help="bound on --cache-dir; least recently used go first")
     g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
                                                "5xx or a cut-off body (default: 5)")
     g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
                    help="wait before the first retry, doubling each time (default: 1.0)")
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
-    m.add_argument("--weights", nargs="+", metavar="NAME=W", help="each corpus's share of the utterances, e.g. en=1 zh=3 "
-                                                                 "(default: their own sizes)")
+    m.add_argument("--weights", nargs="+", metavar="NAME=W",
+                   help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
     m.add_argument("--temperature", type=float, help="weights from hours: hours^(1/T), e.g. 5")
     m.add_argument("--schedule", nargs="+", metavar="STEP:NAME=W,...",
                    help="weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1")

@@ -156,10 +156,12 @@ def _shard_pattern(opt: Mapping[str, Any], where: str) -> str | dict[str, Any]:
     if "large_dataset" in opt and parse_bool(opt["large_dataset"], "large_dataset"):
         trset = opt.get("trset")
         if not trset:
-            raise ValueError(f"{where}: large_dataset is true but train:option has neither 'ld' nor 'trset'; set 'ld' "
-                             f"to the shard pattern (current CAT reads only 'ld'; 'large-dataset' no longer does anything)")
+            raise ValueError(f"{where}: large_dataset is true but train:option has neither 'ld' nor 'trset'; "
+                             f"set 'ld' to the shard pattern (current CAT reads only 'ld'; 'large-dataset' "
+                             f"no longer does anything)")
         if str(trset).endswith(".pkl"):
-            raise ValueError(f"{where}: trset {trset!r} is CAT's pickled data, not shards; set 'ld' to the shard pattern")
+            raise ValueError(f"{where}: trset {trset!r} is CAT's pickled data, not shards; "
+                             f"set 'ld' to the shard pattern")
         return str(trset)
     raise ValueError(f"{where}: train:option names no shards; set 'ld' (or, older CAT, "
                      f"'large_dataset': true with 'trset') to a shard pattern such as data/*/data-*.tar")
@@ -181,7 +183,8 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
         trset, mixing = _mixed_ld(trset, where)
     tok = opt.get("tokenizer", hyper.get("tokenizer"))
     if tok is None:
-        raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level {{\"tokenizer\": {{\"file\": PATH}}}}")
+        raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level "
+                         f"{{\"tokenizer\": {{\"file\": PATH}}}}")
 
     mode = opt.get("batching_mode")
     if mode not in (None, "batch", "bucket"):
@@ -200,7 +203,8 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
         if bucket_size is None:
             raise ValueError(f"{where}: batching_mode 'bucket' needs bucket_size > 0 (global frames per batch)")
         if "batch_size" in opt:
-            ignored["batch_size"] = "batching_mode 'bucket' bounds batches by bucket_size only (so does CAT's ld loader)"
+            ignored["batch_size"] = ("batching_mode 'bucket' bounds batches by bucket_size only "
+                                     "(so does CAT's ld loader)")
     elif "batch_size" in opt:
         kw["max_batch_size"] = max(1, _int(opt, "batch_size", where) // world_size)
     elif mode == "batch" or bucket_size is None:

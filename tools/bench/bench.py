@@ -520,7 +520,8 @@ def to_markdown(res: Results) -> str:
                      f"{_fmt(p.order_corr, '+.2f')} | {p.batches or '-'} |")
     lines += ["", "Peak RSS (VmHWM) of one loader epoch, num_workers=0, fresh process each "
               "(4N = the same shards listed four times through symlinks):", "",
-              "| dataset | shards | utterances | RSS after setup (MB) | peak RSS (MB) |", "| --- | ---: | ---: | ---: | ---: |"]
+              "| dataset | shards | utterances | RSS after setup (MB) | peak RSS (MB) |",
+              "| --- | ---: | ---: | ---: | ---: |"]
     for r in res.rss:
         note = f" ({r.note})" if r.note else ""
         lines.append(f"| {r.label}{note} | {r.shards} | {_fmt(r.utts, ',')} | {_fmt(r.base_mb, '.0f')} | "

@@ -46,7 +46,8 @@ def batchers(max_frames: int, seed: int, pool: int) -> dict[str, Callable[[Itera
     return {
         "CAT stream (no sort)": lambda s: stream_batches(s, max_frames=max_frames, length=frames),
         "WeNet sort window 500": lambda s: sort_window_batches(s, max_frames=max_frames, window=500, length=frames),
-        f"WeNet sort window {pool}": lambda s: sort_window_batches(s, max_frames=max_frames, window=pool, length=frames),
+        f"WeNet sort window {pool}":
+            lambda s: sort_window_batches(s, max_frames=max_frames, window=pool, length=frames),
         "ours, pool 500": lambda s: bucket_batches(s, max_frames=max_frames, rng=np.random.default_rng(seed),
                                                    length=frames, pool_size=500),
         f"ours, pool {pool}": lambda s: bucket_batches(s, max_frames=max_frames, rng=np.random.default_rng(seed),

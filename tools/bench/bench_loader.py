@@ -219,7 +219,8 @@ def main() -> None:
         for w in (0, 2):
             a, b = peak_rss(shards[:half], tok, w, args.max_frames), peak_rss(shards, tok, w, args.max_frames)
             print(f"peak RSS w{w} (main + workers): {half} shards {a['total_mb']:,.0f} MB "
-                  f"(anon {a['anon_mb']:,.0f}), {len(shards)} shards {b['total_mb']:,.0f} MB (anon {b['anon_mb']:,.0f})")
+                  f"(anon {a['anon_mb']:,.0f}), {len(shards)} shards {b['total_mb']:,.0f} MB "
+                  f"(anon {b['anon_mb']:,.0f})")
 
 
 if __name__ == "__main__":

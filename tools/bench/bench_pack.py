@@ -123,7 +123,8 @@ else:
 seconds = time.perf_counter() - t
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - cpu0
-print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": me.ru_maxrss / 1024, "worker_rss_mb": kids.ru_maxrss / 1024}))
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": me.ru_maxrss / 1024,
+                  "worker_rss_mb": kids.ru_maxrss / 1024}))
 """
 
 
@@ -221,7 +222,8 @@ def main() -> None:
         if name in rss:
             own, workers = max(m for m, _ in rss[name]), max(w for _, w in rss[name])
             mem = f"{own:,.0f}" + (f" / {workers:,.0f}" if workers else "")
-        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / t_read:.2f} | {t / t_copy:.2f} | {used} | {mem} |")
+        print(f"| {name} | {args.utts / t:,.0f} | {mb / t:,.0f} | {t / t_read:.2f} | {t / t_copy:.2f} "
+              f"| {used} | {mem} |")
 
 
 if __name__ == "__main__":

@@ -155,8 +155,8 @@ def rss_child(trset: str, tok: str, max_frames: int, spool: str) -> None:
 
 
 def peak_rss(trset: str, tok: Path, max_frames: int, env: dict, spool: str = "") -> dict:
-    r = subprocess.run([sys.executable, __file__, "--_rss", trset, str(tok), str(max_frames), spool], capture_output=True,
-                       text=True, env=env, timeout=1800)
+    r = subprocess.run([sys.executable, __file__, "--_rss", trset, str(tok), str(max_frames), spool],
+                       capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -212,8 +212,8 @@ def main() -> None:
                         print(f"[bench] round {r}: {key[0]:10s} {mode}: {secs:.2f} s "
                               f"(retries {st['retries']}, fetched {st['fetched_bytes'] / 1e6:.0f} MB)", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
-        print("\n| server | plain download (s) | epoch + step: local / remote (s) | ratio | bare epoch: local / remote (s) "
-              "| bare ratio |")
+        print("\n| server | plain download (s) | epoch + step: local / remote (s) | ratio "
+              "| bare epoch: local / remote (s) | bare ratio |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for server in ("http", "s3"):
             for k in args.read_ahead:
@@ -229,8 +229,8 @@ def main() -> None:
                     ("http", ways["http"], x4_http, ""),
                     ("s3", ways["s3"], f"s3://{BUCKET}/x4/*/*/data-*.tar", ""),
                     ("s3, cache_dir with cache_bytes=0", ways["s3"], f"s3://{BUCKET}/x4/*/*/data-*.tar", spool)]
-            print("\n| read from | peak RSS, N shards (MB) | peak RSS, 4N shards (MB) | most shards held in memory, N / 4N "
-                  "| shard size (MB) |")
+            print("\n| read from | peak RSS, N shards (MB) | peak RSS, 4N shards (MB) "
+                  "| most shards held in memory, N / 4N | shard size (MB) |")
             print("| --- | ---: | ---: | ---: | ---: |")
             for name, n, n4, sp in rows:
                 a, b = peak_rss(n, tok, args.max_frames, env, sp), peak_rss(n4, tok, args.max_frames, env, sp)

@@ -220,7 +220,8 @@ def inspect_shards(
             i = None if index is None else index.position(os.path.basename(p))
             if i is not None:
                 a, b = index.starts[i], index.starts[i + 1]
-                stats.append(ShardStats(p, names[folder], index.layout, "index", np.asarray(index.frames[a:b], np.int64),
+                stats.append(ShardStats(p, names[folder], index.layout, "index",
+                                        np.asarray(index.frames[a:b], np.int64),
                                         np.asarray(index.text_lens[a:b], np.int64)))
                 continue
             if index is not None:
@@ -264,7 +265,8 @@ def _group_names(folders: list[str]) -> dict[str, str]:
     return {f: os.path.relpath(f, os.path.dirname(common)) for f in folders}
 
 
-def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int], seed: int = 0) -> dict[str, dict[int, float]]:
+def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int],
+                   seed: int = 0) -> dict[str, dict[int, float]]:
     """Padding efficiency ``bucket_batches`` reaches per group and over all groups, at each ``max_frames``.
 
     Lengths are shuffled first with a seeded generator, since the loader sees them shuffled; the

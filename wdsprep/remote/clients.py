@@ -345,7 +345,8 @@ def list_s3(bucket: str, prefix: str, timeout: float) -> list[tuple[str, int]]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        pages: Iterator[dict] = s3_client(timeout).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        paginator = s3_client(timeout).get_paginator("list_objects_v2")
+        pages: Iterator[dict] = paginator.paginate(Bucket=bucket, Prefix=prefix)
         return [(o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", [])]
     except (BotoCoreError, ClientError) as e:
         raise _s3_error(e, f"s3://{bucket}/{prefix}") from None

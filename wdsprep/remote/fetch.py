@@ -367,9 +367,9 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, policy: Retr
                 raise Retryable(f"the body ended after {sink.size:,} of {want:,} bytes")
             if stream.total is None and expected is not None and stream.read(1):
                 # No length from the server (chunked): more bytes than the index's means another object.
-                raise SizeMismatchError(f"{url} has more than the {expected:,} bytes its index says: it changed since "
-                                        f"it was indexed. Index a local copy again (wdsprep index --refresh) and upload "
-                                        f"the index files, or restore the shard", url=url)
+                raise SizeMismatchError(f"{url} has more than the {expected:,} bytes its index says: it changed "
+                                        f"since it was indexed. Index a local copy again (wdsprep index --refresh) "
+                                        f"and upload the index files, or restore the shard", url=url)
         except Retryable as e:
             if e.restart:
                 sink.reset(0)

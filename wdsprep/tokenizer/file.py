@@ -37,7 +37,8 @@ def from_doc(doc: Mapping[str, Any], where: str, num_threads: int = 1) -> Tokeni
         raise TokenizerFileError(f"{where}: {kind} tokenizer lacks the {e.args[0]!r} field; the file is damaged, "
                                  f"retrain it with wdsprep tokenizer train") from None
     except (binascii.Error, RuntimeError, ValueError, TypeError) as e:
-        raise TokenizerFileError(f"{where}: damaged {kind} tokenizer ({e}); retrain it with wdsprep tokenizer train") from None
+        raise TokenizerFileError(f"{where}: damaged {kind} tokenizer ({e}); "
+                                 f"retrain it with wdsprep tokenizer train") from None
     raise TokenizerFileError(f"{where}: unknown tokenizer kind {kind!r}; this version knows {', '.join(FILE_KINDS)}")
 
 

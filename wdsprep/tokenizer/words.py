@@ -142,7 +142,8 @@ def read_user_dict(path: PathLike) -> list[list[Any]]:
         try:
             line = raw.decode("utf-8").lstrip("\ufeff").strip()
         except UnicodeDecodeError:
-            raise ValueError(f"{path}:{lineno}: not UTF-8; convert the dictionary, e.g. iconv -f GBK -t UTF-8") from None
+            raise ValueError(f"{path}:{lineno}: not UTF-8; convert the dictionary, "
+                             f"e.g. iconv -f GBK -t UTF-8") from None
         if not line:
             continue
         parts = line.split()
