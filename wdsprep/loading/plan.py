@@ -207,7 +207,8 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
         raise ValueError("max_utts_per_speaker needs every utterance's speaker (from the index)")
     utts = np.asarray(utts, np.int64)
     starts = np.concatenate([[0], np.cumsum(utts)]).astype(np.int64)
-    shard_frames = np.add.reduceat(np.asarray(frames, np.int64), starts[:-1]) if len(frames) else np.zeros(len(utts))
+    shard_frames = (np.add.reduceat(frames, starts[:-1], dtype=np.int64) if len(frames)  # no int64 copy of frames
+                    else np.zeros(len(utts)))
     shard_frames = np.where(utts > 0, shard_frames, 0)  # reduceat repeats a value for empty shards
     epoch = epoch if options.train else 0  # dev mode: the same batches every epoch
     dealt = deal_shards(shard_frames, options.num_streams(len(utts), int(starts[-1])), seed=seed, epoch=epoch,
