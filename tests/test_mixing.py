@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -254,3 +255,44 @@ def test_what_the_plan_leaves_out_is_counted_once_per_corpus_epoch(corpora):
     epochs = loaders[0].stats.corpora["zh"].epochs
     assert loaders[0].stats.corpora["en"].utterances == 0 and epochs > 2
     assert math.floor(epochs) * short <= dropped["too_short"] <= math.ceil(epochs) * short
+
+
+def test_each_corpus_has_a_shuffle_report_of_its_own_batches_and_speakers(tmp_path):
+    """Two corpora packed with utt2spk (7 speakers each): the loader's and the dry-run's per-corpus
+    report count what the yielded batches hold."""
+    from shardsets import make_kaldi_dir
+
+    from wdsprep.check.dryrun import plan_report
+    from wdsprep.pack import pack_data
+    from wdsprep.tokenizer import train_tokenizer
+
+    trset, speaker = {}, {}
+    for name, n, seed in (("en", 140, 0), ("zh", 70, 1)):
+        kd = tmp_path / f"kaldi-{name}"
+        utts = make_kaldi_dir(kd, n, seed=seed, prefix=f"{name}-")
+        speaker.update({u: re.sub(r"-utt\d+$", "", u).replace("sp1.1-", "") for u in utts})
+        (kd / "utt2spk").write_text("".join(f"{u} {speaker[u]}\n" for u in utts))
+        pack_data(kd / "feats.scp", kd / "text", tmp_path / name, utts_per_shard=20, utt2spk=kd / "utt2spk",
+                  progress=False)
+        trset[name] = f"{tmp_path / name}/data-*.tar"
+    tok = tmp_path / "char.json"
+    train_tokenizer("char", [tmp_path / "kaldi-en" / "text", tmp_path / "kaldi-zh" / "text"], tok)
+
+    loader = make_loader(trset, tok, max_frames=1500, weights={"en": 1, "zh": 1})
+    batches = epoch_batches(loader, 0)
+    for c, name in enumerate(loader.corpora):
+        seq = [{speaker[k] for k in b[4]} for b in batches if int(b.corpus[0]) == c]
+        report = loader.stats.corpora[name].shuffle
+        assert report["batches"] == len(seq) > 5
+        assert report["speakers"] == 7 and report["speaker_source"] == "utt2spk"
+        assert report["speakers_per_batch"] == pytest.approx(np.mean([len(s) for s in seq]))
+        hits = sum(len(a & b) for a, b in zip(seq, seq[1:]))  # a speaker of a batch in the corpus's next batch
+        assert report["recurrence"]["1"] == pytest.approx(hits / sum(len(a) for a in seq[:-1]))
+        assert 1 < report["speakers_per_batch_random"] < 7 and report["speakers_ratio"] > 0.5
+
+    out = io.StringIO()
+    planned = plan_report(trset, max_frames=1500, weights={"en": 1, "zh": 1}, out=out)[0]["shuffle"]
+    for name in loader.corpora:  # the plan's report for one rank is the loader's, read from nothing but the index
+        assert planned[name]["speakers_per_batch"] == pytest.approx(
+            loader.stats.corpora[name].shuffle["speakers_per_batch"])
+        assert f"shuffle of {name} (steps: its own batches)" in out.getvalue()

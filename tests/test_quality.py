@@ -10,7 +10,7 @@ import pytest
 
 from wdsprep.format.keys import speaker_of
 from wdsprep.loading.batching import bucket_pools
-from wdsprep.loading.quality import ShuffleQuality, sequence_quality
+from wdsprep.loading.quality import ShuffleQuality, corpus_quality, sequence_quality
 
 A, B, C, D = 0, 1, 2, 3
 POPULATION = np.array([A] * 4 + [B] * 4 + [C] * 2 + [D] * 2)  # the epoch: 12 utterances of 4 speakers
@@ -78,6 +78,31 @@ def test_sequences_add_up_as_one_report_over_ranks():
     assert merged.recurrence(1) == (1 + 1) / (2 + 2)
     assert merged.figures()["speakers_ratio"] == pytest.approx(merged.speakers_per_batch
                                                                 / merged.speakers_per_batch_random)
+
+
+def test_a_mixed_corpus_is_reported_on_its_own_batches_against_its_own_speakers():
+    """Two corpora in one union (rows 0-3: speakers A A B B; rows 4-7: C C D D).  Corpus 0's steps are
+    its own batches: the corpus 1 batch between them is not a step of it.  A small corpus loops,
+    so its batches may hold more utterances than it has."""
+    speakers = np.array([A, A, B, B, C, C, D, D])
+    lengths = np.arange(8, dtype=np.float64)
+    rows = [range(0, 4), range(4, 8)]
+    rank0 = [(0, np.array([0, 1])), (1, np.array([4, 6])), (0, np.array([2, 3])), (0, np.array([0, 2]))]
+    rank1 = [(1, np.array([5, 7])), (1, np.array([4, 5]))]
+    zero, one = corpus_quality([rank0, rank1], rows, speakers, lengths, ks=(1,))
+
+    assert zero.batches == 3 and zero.utterances == 6 > 4 and zero.speakers == 2
+    assert zero.speakers_per_batch == (1 + 1 + 2) / 3  # {A}, {B}, {A, B}
+    assert zero.recurrence(1) == 1 / 2  # A of batch 0 is not in batch 1; B of batch 1 is in batch 2
+    # The random draw takes from corpus 0 alone: 4 utterances, 2 per speaker.
+    meet2 = 2 * (1 - miss(2, 4, 2))
+    assert zero.speakers_per_batch_random == pytest.approx(meet2)
+    both = 2 * (1 - miss(2, 4, 2) - miss(2, 4, 2) + 0.0)  # two random pairs of the 4 cover both of a speaker's
+    assert zero.recurrence_random(1) == pytest.approx(2 * both / (2 * meet2))
+    # Corpus 1: rank 1's batches {C, D}, {C}; rank 0's single batch {C, D} has no next step.
+    assert one.batches == 3 and one.speakers_per_batch == (2 + 2 + 1) / 3
+    assert one.recurrence(1) == 1 / 2
+    assert one.speakers_per_batch_random == pytest.approx(meet2)
 
 
 @pytest.mark.parametrize("uttid,speaker", [

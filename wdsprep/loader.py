@@ -488,6 +488,9 @@ class MixedLoader(Loader):
         refs = run.rank_order(self.rank)
         self.stats = st = LoaderStats(epoch=self.epoch, steps=start.step, planned_steps=run.steps)
         st.corpora = {name: CorpusStats() for name in self.corpora}
+        if self.dataset.speakers is not None:  # from the plan and the index: no feature read
+            for name, q in mix.shuffle_quality(run, self.dataset.speakers, ranks=[self.rank]).items():
+                st.corpora[name].shuffle = q
         st.assigned = sum(mix.batch_size(r) for r in refs)
         dropped = sum((mix.plan_dropped(r) for r in refs), Counter())
         st.dropped = dict(+dropped)

@@ -97,7 +97,7 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   wdsprep dry-run --plan --hyper "$exp/hyper-p.json" --world-size "$nproc" --epochs 2
   log 5 "a real pass of 30 epochs on $nproc rank(s) -> $exp/mixture.png"
   torchrun --standalone --nproc_per_node="$nproc" -m wdsprep dry-run --hyper "$exp/hyper-p.json" \
-    --epochs 30 --plot "$exp/mixture.png" --stats-json "$exp/dry_run.json" | tail -n 9
+    --epochs 30 --plot "$exp/mixture.png" --stats-json "$exp/dry_run.json" | tail -n 17
 fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then

@@ -151,6 +151,8 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
             for n, (u, h) in per.items()))
     if all(r.get("shuffle") for r in ranks):
         lines.append(_shuffle_lines(_merged([r["shuffle"] for r in ranks])))
+    if names and all(r["corpora"][n].get("shuffle") for r in ranks for n in names):
+        lines.append(_corpus_shuffle_lines({n: _merged([r["corpora"][n]["shuffle"] for r in ranks]) for n in names}))
     return "\n".join(lines)
 
 
@@ -185,7 +187,7 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
         shards = union({name: shard_set(expand_shards(p)) for name, p in trset.items()})
         if plan_options.get("train", True) and (len(shards.corpora) > 1 or mixing):
             return mix_report(shards, PlanOptions(**plan_options), world_size=world_size, num_workers=num_workers,
-                              epochs=epochs, seed=seed, out=out, **mixing)
+                              epochs=epochs, seed=seed, out=out, speakers=shard_speakers(shards), **mixing)
     elif mixing:
         raise ValueError(f"{', '.join(mixing)} mix named corpora: give them with --corpus NAME=PATTERN")
     else:
@@ -227,16 +229,17 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
 
 
 def mix_report(shards: Any, options: Any, *, world_size: int, num_workers: int, epochs: int, seed: int,
-               out: TextIO, windows: int = 8, **mixing: Any) -> list[dict[str, Any]]:
+               out: TextIO, windows: int = 8, speakers: Any = None, **mixing: Any) -> list[dict[str, Any]]:
     """The mixed plan of ``epochs`` loader epochs: per step range, each corpus's scheduled share
-    of the utterances against the planned one (and its share of hours), and how far each corpus
-    is through its own epochs at the end."""
+    of the utterances against the planned one (and its share of hours), how far each corpus is
+    through its own epochs at the end, and each corpus's shuffle report (with ``speakers``)."""
     from wdsprep.loading.mixing import MixedPlan, mixture_for
 
     steps_per_epoch = mixing.pop("steps_per_epoch", None)
     mixture = mixture_for(shards, **mixing)
+    planned_speakers = None if speakers is None or options.max_utts_per_speaker is None else speakers.ids
     mix = MixedPlan(shards, options, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
-                    world_size=world_size, num_workers=num_workers)
+                    world_size=world_size, num_workers=num_workers, speakers=planned_speakers)
     names = mixture.names
     reports = []
     for epoch in range(epochs):
@@ -270,6 +273,8 @@ def mix_report(shards: Any, options: Any, *, world_size: int, num_workers: int, 
                   "hours": dict(zip(names, [round(hours(x), 4) for x in frames.sum(axis=0)])),
                   "corpus_epochs": dict(zip(names, [round(x, 3) for x in mix.progress(run.end)])),
                   "padding_efficiency": efficiency(real, padded), "planning_seconds": round(seconds, 3)}
+        if speakers is not None:
+            report["shuffle"] = mix.shuffle_quality(run, speakers, ranks=range(world_size))
         reports.append(report)
         out.write(_mix_summary(report) + "\n")
     return reports
@@ -295,7 +300,16 @@ def _mix_summary(r: dict[str, Any]) -> str:
         lines.append("    " + f"{a:>8}-{b:<8}  " + "  ".join(f"{c:>{width + 12}}" for c in cells))
     lines.append("  per corpus          " + ", ".join(
         f"{n}: {r['utterances'][n]:,} utts, {r['hours'][n]:.2f} h, {r['corpus_epochs'][n]:.2f} epochs" for n in names))
+    lines.append(_corpus_shuffle_lines(r.get("shuffle")))
     return "\n".join(lines)
+
+
+def _corpus_shuffle_lines(shuffles: dict[str, dict[str, Any]] | None) -> str:
+    """Each corpus's shuffle report, its "steps" that corpus's batches on a rank."""
+    if shuffles is None:
+        return "  speakers            unknown (shards in no local index)"
+    return "\n".join(f"  shuffle of {name} (steps: its own batches)\n" + _shuffle_lines(q, indent="    ")
+                     for name, q in shuffles.items())
 
 
 def _plan_summary(r: dict[str, Any], num_utts: int) -> str:
@@ -314,10 +328,10 @@ def _plan_summary(r: dict[str, Any], num_utts: int) -> str:
     ])
 
 
-def _shuffle_lines(shuffle: dict[str, Any] | None) -> str:
+def _shuffle_lines(shuffle: dict[str, Any] | None, indent: str = "  ") -> str:
     from wdsprep.loading.quality import ShuffleQuality
 
     if shuffle is None:
-        return "  speakers            unknown (shards in no local index)"
-    return ShuffleQuality.from_dict(shuffle).format()
+        return f"{indent}speakers            unknown (shards in no local index)"
+    return ShuffleQuality.from_dict(shuffle).format(indent)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from wdsprep.loading.mixplan import BatchRef, MixPosition, MixRun, corpus_progress, mix_run, next_epoch, start_position
 from wdsprep.loading.mixture import Mixture, SchedulePoints, draw_probabilities, make_mixture
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, plan_epoch
-from wdsprep.loading.quality import Speakers
+from wdsprep.loading.quality import Speakers, corpus_quality
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stages import Planned
 from wdsprep.loading.stream import LoaderConfig, ShardStream
@@ -114,6 +114,17 @@ class MixedPlan:
             self._streams = {k: v for k, v in self._streams.items() if k[0] != c or k[1] >= e - 1}
             self._streams[key] = self.corpus_plan(c, e, streams=[s]).streams[s]
         return self._streams[key].batch(j) + self._row0[c]
+
+    def corpus_rows(self, corpus: int) -> range:
+        """A corpus's rows in the union."""
+        return range(self._row0[corpus], self._row0[corpus] + self.parts[corpus].num_utts)
+
+    def shuffle_quality(self, run: MixRun, speakers: Speakers, *, ranks: Sequence[int]) -> dict[str, dict[str, Any]]:
+        """Each corpus's shuffle report (``loading/quality.py``) over the batches ``ranks`` get in ``run``."""
+        sequences = [[(ref[0], self.rows_of(ref)) for ref in run.rank_order(r)] for r in ranks]
+        corpus_rows = [self.corpus_rows(c) for c in range(len(self.parts))]
+        qs = corpus_quality(sequences, corpus_rows, speakers.ids, self.shards.frames, source=speakers.source)
+        return {name: q.to_dict() for name, q in zip(self.names, qs)}
 
     def batch_size(self, ref: BatchRef) -> int:
         """Utterances the plan put in a batch."""

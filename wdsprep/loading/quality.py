@@ -125,17 +125,22 @@ class ShuffleQuality:
         return cls(**d["sums"])
 
     def format(self, indent: str = "  ") -> str:
-        """Three lines for a report."""
+        """Three lines for a report; "n/a" where there are too few batches for a figure."""
         f = self.figures()
-        rec = ", ".join(f"{k} step{'s' if k > 1 else ''} {self.recurrence(k):.2f} (random "
-                        f"{self.recurrence_random(k):.2f})" for k in self.ks)
+        rec = ", ".join(f"{k} step{'s' if k > 1 else ''} {_num(self.recurrence(k), '.2f')} (random "
+                        f"{_num(self.recurrence_random(k), '.2f')})" for k in self.ks)
         return "\n".join([
-            f"{indent}speakers per batch  {f['speakers_per_batch']:.1f}, random draw "
-            f"{f['speakers_per_batch_random']:.1f} ({f['speakers_ratio']:.2f}x; {self.speakers:,} speakers by "
-            f"{self.source})",
+            f"{indent}speakers per batch  {_num(f['speakers_per_batch'], '.1f')}, random draw "
+            f"{_num(f['speakers_per_batch_random'], '.1f')} ({_num(f['speakers_ratio'], '.2f')}x; "
+            f"{self.speakers:,} speakers by {self.source})",
             f"{indent}speaker recurs in   {rec}",
-            f"{indent}lag-1 length corr.  {f['lag1_length_corr']:+.2f} (consecutive batches' mean lengths; random ~0)",
+            f"{indent}lag-1 length corr.  {_num(f['lag1_length_corr'], '+.2f')} (consecutive batches' mean lengths; "
+            f"random ~0)",
         ])
+
+
+def _num(x: float, spec: str) -> str:
+    return "n/a" if math.isnan(x) else format(x, spec)
 
 
 def _miss_sums(sizes: np.ndarray, total: int, draws: np.ndarray) -> np.ndarray:
@@ -163,8 +168,9 @@ def sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndarr
 
 
 def _sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                      ks: Sequence[int], source: str) -> ShuffleQuality:
-    """:func:`sequence_quality` with the population as utterances per speaker id (``counts``)."""
+                      ks: Sequence[int], source: str, *, loops: bool = False) -> ShuffleQuality:
+    """:func:`sequence_quality` with the population as utterances per speaker id (``counts``);
+    ``loops``: the sequence may go through the population more than once (a mixed corpus)."""
     speakers = np.asarray(speakers, np.int64)
     lengths = np.asarray(lengths, np.float64)
     starts = np.asarray(starts, np.int64)
@@ -180,7 +186,7 @@ def _sequence_quality(speakers: np.ndarray, lengths: np.ndarray, starts: np.ndar
     if not t_count:
         return q
     q.batches, q.utterances = t_count, int(sizes.sum())
-    if q.utterances > total:
+    if q.utterances > total and not loops:
         raise ValueError(f"the batches hold {q.utterances} utterances, more than the {total} of the epoch")
     batch_of = np.repeat(np.arange(t_count, dtype=np.int64), sizes)
     width = int(speakers.max()) + 1
@@ -239,6 +245,28 @@ def plan_quality(plan: EpochPlan, assignment: Assignment, speakers: np.ndarray, 
         starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
         out.merge(_sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source))
     out.speakers = int(np.count_nonzero(counts))
+    return out
+
+
+def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus_rows: Sequence[range],
+                   speakers: np.ndarray, lengths: np.ndarray, *, ks: Sequence[int] = RECURRENCE_STEPS,
+                   source: str = "") -> list[ShuffleQuality]:
+    """Per corpus of a mixed loader: the quality of its batches.  ``sequences`` holds each rank's
+    batches in the order it yields them, as (corpus, rows); a corpus's batches on a rank are one
+    sequence, so "within k steps" counts that corpus's batches.  The random draw takes from the
+    whole corpus (``corpus_rows[c]``, rows of the union): a batch holds one corpus, and a small
+    corpus may loop within a loader epoch."""
+    out = []
+    for c, rows_c in enumerate(corpus_rows):
+        counts = np.bincount(speakers[rows_c.start:rows_c.stop], minlength=int(speakers.max(initial=-1)) + 1)
+        q = ShuffleQuality(ks=list(ks), source=source)
+        for seq in sequences:
+            batches = [rows for corpus, rows in seq if corpus == c and len(rows)]
+            rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+            starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+            q.merge(_sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source, loops=True))
+        q.speakers = int(np.count_nonzero(counts))
+        out.append(q)
     return out
 
 

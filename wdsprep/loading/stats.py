@@ -91,6 +91,7 @@ class CorpusStats:
     utterances: int = 0
     frames: int = 0
     epochs: float | None = None
+    shuffle: dict[str, Any] | None = None  # its batches' shuffle report (loading/quality.py), None without speakers
 
     @property
     def hours(self) -> float:
