@@ -428,3 +428,73 @@ def test_two_ranks_under_torchrun_read_s3_each_utterance_once(corpus, s3, tmp_pa
     seen = Counter(k for r in ranks for b in r["epochs"][0]["batches"] for k in b)
     assert set(seen) == set(utts) and max(seen.values()) == 1
     assert sum(r["epochs"][0]["stats"]["fetched_bytes"] for r in ranks) == shard_bytes(out)  # one node, one cache
+
+
+def test_verify_names_in_remote_shards_what_it_names_in_local_ones(corpus, s3, tmp_path):
+    """The same shards, one with a broken npy header (same size, so its index still fits), verified
+    from disk, from S3 and from a web server: the same problems, named by URL."""
+    import shutil
+
+    from wdsprep.check.verify import verify_shards
+
+    out, _, _, names = corpus
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    victim = bad / GROUPS[0] / names[GROUPS[0]][1]
+    data = bytearray(victim.read_bytes())
+    i = data.index(b"'descr'")
+    data[i:i + 7] = b"'dxscr'"
+    victim.write_bytes(bytes(data))
+    upload(s3, bad, "bad")
+
+    def found(result, root: str) -> list[str]:
+        # Locally the rewrite also changed the file's mtime, which the index records; remotely only sizes count.
+        return [str(p).replace(root, "ROOT") for p in result.problems if "changed since it was indexed" not in p.what]
+
+    local = verify_shards(f"{bad}/*/data-*.tar")
+    expected = found(local, str(bad))
+    assert any("npy header" in p for p in expected) and local.samples == 150
+    from_s3 = verify_shards(f"s3://{BUCKET}/bad/*/data-*.tar")
+    assert found(from_s3, f"s3://{BUCKET}/bad") == expected and from_s3.samples == 150
+    with http_server(bad) as srv:
+        from_http = verify_shards(brace_pattern(srv.url, names))
+    assert found(from_http, srv.url) == expected and from_http.samples == 150
+
+    good = verify_shards(f"s3://{BUCKET}/corpus/*/data-*.tar")
+    assert good.ok and good.samples == 150, good.format()
+
+
+def test_verify_names_remote_shards_the_loader_refuses_or_skips(corpus, s3, http, tmp_path):
+    from wdsprep.check.verify import verify_shards
+
+    out, _, _, names = corpus
+    # A shard replaced after indexing (another size): the loader refuses it.
+    swapped = tmp_path / "swapped"
+    (swapped / GROUPS[0]).mkdir(parents=True)
+    for p in (out / GROUPS[0]).iterdir():
+        (swapped / GROUPS[0] / p.name).write_bytes(p.read_bytes())
+    first, second = names[GROUPS[0]][:2]
+    (swapped / GROUPS[0] / first).write_bytes((out / GROUPS[1] / names[GROUPS[1]][0]).read_bytes())
+    upload(s3, swapped, "swapped")
+    r = verify_shards(f"s3://{BUCKET}/swapped/{GROUPS[0]}/data-*.tar")
+    url = f"s3://{BUCKET}/swapped/{GROUPS[0]}/{first}"
+    assert [p.shard for p in r.problems] == [url], r.format()
+    assert "its index says" in r.problems[0].what and "the loader refuses it" in r.problems[0].what
+
+    # A folder uploaded without its index: the loader refuses it.
+    bare = tmp_path / "bare"
+    (bare / GROUPS[0]).mkdir(parents=True)
+    (bare / GROUPS[0] / second).write_bytes((out / GROUPS[0] / second).read_bytes())
+    upload(s3, bare, "bare")
+    r = verify_shards(f"s3://{BUCKET}/bare/{GROUPS[0]}/data-*.tar")
+    assert r.problems[0].shard == f"s3://{BUCKET}/bare/{GROUPS[0]}/index.json"
+    assert "no index" in r.problems[0].what and r.samples == 15  # its content is still checked
+
+    # A shard the server will not give: named, after the retries asked for.
+    http.faults[f"/{GROUPS[0]}/{second}"] = ["503"] * 2
+    r = verify_shards(f"{http.url}/{GROUPS[0]}/{{{first[:-4]},{second[:-4]}}}.tar", retries=1, retry_backoff=0)
+    assert [p.shard for p in r.problems] == [f"{http.url}/{GROUPS[0]}/{second}"], r.format()
+    assert "cannot be downloaded" in r.problems[0].what and "503" in r.problems[0].what
+
+    with pytest.raises(ValueError, match="not commands"):
+        verify_shards(f"pipe:cat {out / GROUPS[0] / first}")

@@ -201,7 +201,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    result = verify_shards(args.patterns)
+    retry = {n: getattr(args, n) for n in ("retries", "retry_backoff") if getattr(args, n) is not None}
+    result = verify_shards(args.patterns, **retry)
     print(result.format())
     return 0 if result.ok else 1
 
@@ -426,7 +427,11 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN",
+                   help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
+    p.add_argument("--retries", type=int, help="retries of a download of a remote shard (default: 5)")
+    p.add_argument("--retry-backoff", type=float, metavar="SECONDS",
+                   help="wait before the first retry, doubling each time (default: 1.0)")
     p.set_defaults(func=_cmd_verify)
 
 

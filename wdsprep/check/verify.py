@@ -12,6 +12,11 @@ difference between the index and the tars (keys in order, frames, transcript len
 dims, dtype), shards it lists that are missing and shards it does not list.  A folder of a pack
 that did not finish (its marker is still there, :mod:`wdsprep.format.commit`) is a problem too:
 the loader refuses it; so are shards whose features differ in dimension from the others given.
+
+Shards on S3 or a web server are downloaded one at a time, with the loader's retries, and checked
+the same way against the index uploaded beside them (keys included): a folder without one, a
+shard whose size differs from its index's, and a shard that cannot be downloaded are problems,
+as the loader refuses or skips them.  ``pipe:`` commands are not verified: run one into a file.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ from wdsprep.format import commit
 from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index, stale_reason
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
+from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, is_url
 from wdsprep.format.tar import Member, member_bytes
+from wdsprep.loading.shardset import remote_index
+from wdsprep.remote.fetch import FetchError, RetryPolicy, SizeMismatchError, fetch_shard
+from wdsprep.remote.urls import folder_of, has_folder
 
 
 @dataclass(frozen=True)
@@ -82,44 +91,64 @@ class _Sample:
     text_len: int | None = None
 
 
-def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> VerifyResult:
-    """Read every member of every shard the pattern(s) name and check them and their folders' indexes."""
+def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, retries: int = 5,
+                  retry_backoff: float = 1.0) -> VerifyResult:
+    """Read every member of every shard the pattern(s) name and check them and their folders' indexes.
+
+    ``retries`` and ``retry_backoff``: as the loader's, for shards on S3 or a web server.
+    """
     paths = expand_shards(patterns, check_commit=False)  # reported below, with everything else
-    urls = [p for p in paths if is_url(p)]
-    if urls:
-        raise ValueError(f"verify reads local shards only, got {urls[0]!r}; copy the shards or mount them")
+    commands = [p for p in paths if is_url(p) and not has_folder(p)]
+    if commands:
+        raise ValueError(f"verify reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
+                         f"run the command into a local file and verify that")
+    policy = RetryPolicy(retries=retries, backoff=retry_backoff)
     result = VerifyResult(paths, 0)
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
     for path in paths:
-        folder = os.path.dirname(os.path.abspath(path))
+        remote = is_url(path)
+        folder = folder_of(path) if remote else os.path.dirname(os.path.abspath(path))
+        name = path.rsplit("/", 1)[-1] if remote else os.path.basename(path)
         if folder not in indexes:
-            unfinished = commit.problem(folder)
-            if unfinished is not None:
-                result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
-            indexes[folder] = _read_index(folder, result.problems)
-        with naming(path):  # a read error (EIO) says which shard
-            shard_samples = _check_shard(path, result, seen_ids)
+            if remote:
+                indexes[folder] = _read_remote_index(folder, policy, result.problems)
+            else:
+                unfinished = commit.problem(folder)
+                if unfinished is not None:
+                    result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
+                indexes[folder] = _read_index(folder, result.problems)
+        index = indexes[folder]
+        i = None if index is None else index.position(name)
+        if remote:
+            expected = None if i is None or index is None or index.sizes[i] < 0 else int(index.sizes[i])
+            shard_samples = _check_remote_shard(path, expected, policy, result, seen_ids)
+            if shard_samples is None:
+                continue
+        else:
+            with naming(path):  # a read error (EIO) says which shard
+                shard_samples = _check_shard(path, result, seen_ids)
         result.samples += len(shard_samples)
         for sample in shard_samples:
             if sample.dims is not None:
                 n, first = dims_seen.get(sample.dims, (0, path))
                 dims_seen[sample.dims] = (n + 1, first)
-        index = indexes[folder]
         if index is not None:
-            i = index.position(os.path.basename(path))
+            where = f"{folder}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
-                result.problems.append(Problem(path, f"not listed in {Path(folder) / INDEX_NAME}: the index is stale; "
+                result.problems.append(Problem(path, f"not listed in {where}: the index is stale; "
                                                      f"repack the folder, or re-index it (wdsprep index --refresh)"))
             else:
-                why = stale_reason(index, i, os.stat(path))
+                why = None if remote else stale_reason(index, i, os.stat(path))  # remote: the size, checked above
                 if why is not None:
                     result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
                                                          f"it; re-index it (wdsprep index --refresh) or repack"))
                 _compare_index(path, index.shard(i), index, shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
     for folder, index in indexes.items():
+        if is_url(folder):
+            continue  # a web server cannot list: shards the patterns do not name are not looked for
         for info in index.shards if index else []:
             shard = Path(folder) / info.name
             if not shard.is_file():
@@ -150,10 +179,42 @@ def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
         return None
 
 
-def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str]]) -> list[_Sample]:
-    """Every sample of a shard checked as the loader reads it; a sample is a run of members sharing a key."""
+def _read_remote_index(folder: str, policy: RetryPolicy, problems: list[Problem]) -> FolderIndex | None:
+    """The index uploaded beside remote shards, keys too; a folder without one is a problem (the
+    loader refuses it)."""
+    try:
+        return remote_index(folder, policy=policy, keys=True)
+    except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
+        problems.append(Problem(f"{folder}/{INDEX_NAME}", str(e).removeprefix(f"{folder}/{INDEX_NAME}: ")))
+        return None
+
+
+def _check_remote_shard(url: str, expected: int | None, policy: RetryPolicy, result: VerifyResult,
+                        seen: dict[str, tuple[str, str]]) -> list[_Sample] | None:
+    """A remote shard downloaded (its size checked against the index's) and checked as a local one;
+    None when it could not be downloaded whole."""
+    try:
+        copy, _ = fetch_shard(url, expected=expected, policy=policy)
+    except SizeMismatchError as e:
+        result.problems.append(Problem(url, f"{str(e).removeprefix(url + ' ')}; the loader refuses it"))
+        return None
+    except FetchError as e:
+        result.problems.append(Problem(url, f"cannot be downloaded: {str(e).removeprefix(url + ': ')}; the loader "
+                                            f"skips it (or stops, with on_error='raise')"))
+        return None
+    source = ShardFile(url, copy)
+    try:
+        return _check_shard(url, result, seen, source=source)
+    finally:
+        copy.close()
+
+
+def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str]],
+                 source: ShardFile | None = None) -> list[_Sample]:
+    """Every sample of a shard checked as the loader reads it; a sample is a run of members sharing a key.
+    ``source``: the shard already fetched (a remote one)."""
     problems = result.problems
-    src, members, damage = open_members(path)
+    src, members, damage = open_members(path, source=source)
     samples: list[_Sample] = []
     stop: str | None = None  # the first sample the loader refuses: it reads no further
     for key, group in samples_before_damage(members, damage):

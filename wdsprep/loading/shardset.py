@@ -125,11 +125,11 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]))
 
 
-def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy()) -> FolderIndex:
+def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
     """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
 
     Fetched into a temporary folder and read there; its columns stay memory-mapped after the
-    folder is gone.  The keys are not fetched: planning does not need them.
+    folder is gone.  The keys are fetched only with ``keys`` (``verify``): planning does not need them.
     """
     summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
     if summary is None:
@@ -143,7 +143,7 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy()) -> FolderI
         with open(os.path.join(tmp, INDEX_NAME), "wb") as f:
             f.write(summary)
         for name in INDEX_FILES:
-            if name in (INDEX_NAME, KEYS_FILE):
+            if name == INDEX_NAME or (name == KEYS_FILE and not keys):
                 continue
             data = fetch_bytes(f"{folder}/{name}", policy=policy)
             if data is not None:  # missing: read_index says what it lacks
@@ -151,6 +151,8 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy()) -> FolderI
                     f.write(data)
         try:
             index = read_index(tmp)
+            if index is not None and keys:
+                index.keys()  # read now: the folder goes
         except DataError as e:
             raise DataError(str(e).replace(tmp, folder)) from None
     assert index is not None
