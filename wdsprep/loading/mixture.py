@@ -76,8 +76,9 @@ def _shares(weights: Weights, names: Sequence[str], where: str) -> tuple[float, 
     unknown = sorted(set(weights) - set(names))
     missing = [n for n in names if n not in weights]
     if unknown or missing:
-        problems = ([f"no corpus named {unknown}"] if unknown else []) + \
-            ([f"no weight for {missing} (give 0 to leave one out)"] if missing else [])
+        problems = [f"no corpus named {unknown}"] if unknown else []
+        if missing:
+            problems.append(f"no weight for {missing} (give 0 to leave one out)")
         raise ValueError(f"{where}: the corpora are {list(names)}; {'; '.join(problems)}")
     values = []
     for n in names:

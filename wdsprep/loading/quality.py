@@ -257,8 +257,9 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
     whole corpus (``corpus_rows[c]``, rows of the union): a batch holds one corpus, and a small
     corpus may loop within a loader epoch."""
     out = []
+    width = int(speakers.max(initial=-1)) + 1
     for c, rows_c in enumerate(corpus_rows):
-        counts = np.bincount(speakers[rows_c.start:rows_c.stop], minlength=int(speakers.max(initial=-1)) + 1)
+        counts = np.bincount(speakers[rows_c.start:rows_c.stop], minlength=width)
         q = ShuffleQuality(ks=list(ks), source=source)
         for seq in sequences:
             batches = [rows for corpus, rows in seq if corpus == c and len(rows)]
