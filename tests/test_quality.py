@@ -97,7 +97,8 @@ def test_a_mixed_corpus_is_reported_on_its_own_batches_against_its_own_speakers(
     # The random draw takes from corpus 0 alone: 4 utterances, 2 per speaker.
     meet2 = 2 * (1 - miss(2, 4, 2))
     assert zero.speakers_per_batch_random == pytest.approx(meet2)
-    both = 2 * (1 - miss(2, 4, 2) - miss(2, 4, 2) + 0.0)  # two random pairs of the 4 cover both of a speaker's
+    # A speaker in both of two disjoint random pairs: 1 - q(2) - q(2) + q(4), and q(4) = 0 (4 of 4 meet everyone).
+    both = 2 * (1 - miss(2, 4, 2) - miss(2, 4, 2) + 0.0)
     assert zero.recurrence_random(1) == pytest.approx(2 * both / (2 * meet2))
     # Corpus 1: rank 1's batches {C, D}, {C}; rank 0's single batch {C, D} has no next step.
     assert one.batches == 3 and one.speakers_per_batch == (2 + 2 + 1) / 3
