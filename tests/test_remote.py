@@ -498,3 +498,21 @@ def test_verify_names_remote_shards_the_loader_refuses_or_skips(corpus, s3, http
 
     with pytest.raises(ValueError, match="not commands"):
         verify_shards(f"pipe:cat {out / GROUPS[0] / first}")
+
+
+def test_remote_shards_plan_with_their_speakers_as_local_ones(corpus, s3, http):
+    """The speakers column comes from the index beside the shards: the speaker cap and the shuffle
+    report work as on local files, and the keys are not fetched for it (pack stores the column)."""
+    from wdsprep.format.keys import speaker_of
+
+    out, _, tok, names = corpus
+    local_got, local_st = epoch(f"{out}/*/data-*.tar", tok, max_utts_per_speaker=2)
+    assert local_st.shuffle is not None
+    for keys, _ in local_got:
+        assert max(Counter(speaker_of(k) for k in keys).values()) <= 2
+    for trset in (f"s3://{BUCKET}/corpus/*/data-*.tar", brace_pattern(http.url, names)):
+        got, st = epoch(trset, tok, max_utts_per_speaker=2)
+        assert same(got, local_got)
+        assert st.shuffle == local_st.shuffle
+    assert any(p.endswith("index.speakers.npy") for p in http.gets)
+    assert not any(p.endswith("index.keys.txt") for p in http.gets), "the speakers are stored: no keys needed"

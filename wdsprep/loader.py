@@ -638,10 +638,10 @@ def make_loader(
     else:
         shards = shard_set(expand_shards(trset), policy=fetch.policy())
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
-    speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None)
+    speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None, policy=fetch.policy())
     if max_utts_per_speaker is not None and speakers is None:
         raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index; these shards "
-                         "are in no local index: run wdsprep index on a local copy, or leave the option out")
+                         "are in no index: run wdsprep index on a local copy, or leave the option out")
     topology = {"rank": rank, "world_size": world_size, "num_workers": num_workers, "speakers": speakers}
     dataset: ShardStream
     if named and train and (len(shards.corpora) > 1 or given):

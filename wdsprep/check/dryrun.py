@@ -307,7 +307,7 @@ def _mix_summary(r: dict[str, Any]) -> str:
 def _corpus_shuffle_lines(shuffles: dict[str, dict[str, Any]] | None) -> str:
     """Each corpus's shuffle report, its "steps" that corpus's batches on a rank."""
     if shuffles is None:
-        return "  speakers            unknown (shards in no local index)"
+        return "  speakers            unknown (shards in no index)"
     return "\n".join(f"  shuffle of {name} (steps: its own batches)\n" + _shuffle_lines(q, indent="    ")
                      for name, q in shuffles.items())
 
@@ -332,6 +332,6 @@ def _shuffle_lines(shuffle: dict[str, Any] | None, indent: str = "  ") -> str:
     from wdsprep.loading.quality import ShuffleQuality
 
     if shuffle is None:
-        return f"{indent}speakers            unknown (shards in no local index)"
+        return f"{indent}speakers            unknown (shards in no index)"
     return ShuffleQuality.from_dict(shuffle).format(indent)
 

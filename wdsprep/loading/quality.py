@@ -36,7 +36,9 @@ from wdsprep.format.index import FROM_KEYS, Speakers, read_index
 from wdsprep.format.shardlist import is_url
 from wdsprep.loading.assign import Assignment, rank_order
 from wdsprep.loading.plan import EpochPlan
-from wdsprep.loading.shardset import ShardSet
+from wdsprep.loading.shardset import ShardSet, remote_index
+from wdsprep.remote.fetch import RetryPolicy
+from wdsprep.remote.urls import folder_of, has_folder
 
 RECURRENCE_STEPS = (1, 4)  # k of "recurs within the next k steps" reported
 
@@ -271,20 +273,26 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
     return out
 
 
-def shard_speakers(shards: ShardSet, *, derive: bool = True) -> Speakers | None:
+def shard_speakers(shards: ShardSet, *, derive: bool = True, policy: RetryPolicy | None = None) -> Speakers | None:
     """Every utterance's speaker in the shard set's row order, numbered across folders; None when a
-    shard is in no local index (a URL, a shard packed elsewhere and not indexed), or, unless
-    ``derive``, when an index has no speakers column (the key rule would read every key)."""
+    shard is in no index (a ``pipe:`` command, a shard packed elsewhere and not indexed), or, unless
+    ``derive``, when an index has no speakers column (the key rule would read every key).  Remote
+    shards' speakers come from the index beside them (fetched again, with ``policy``)."""
     numbers: dict[str, int] = {}
     columns: list[np.ndarray] = []
     sources: set[str] = set()
     by_folder: dict[str, tuple[Any, np.ndarray]] = {}
     for k, url in enumerate(shards.urls):
-        if is_url(url):
+        if is_url(url) and not has_folder(url):
             return None
-        folder = os.path.dirname(os.path.abspath(url))
+        folder = folder_of(url) if is_url(url) else os.path.dirname(os.path.abspath(url))
         if folder not in by_folder:
-            index = read_index(folder)
+            if is_url(url):
+                index = remote_index(folder, policy=policy or RetryPolicy(), speakers=True)
+                if not index.has_speakers and derive:  # an index without the column: the key rule, from the keys
+                    index = remote_index(folder, policy=policy or RetryPolicy(), keys=True, speakers=True)
+            else:
+                index = read_index(folder)
             if index is None or not (derive or index.has_speakers):
                 return None
             sp = index.speakers()

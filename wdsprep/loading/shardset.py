@@ -125,11 +125,13 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]))
 
 
-def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
+def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False,
+                 speakers: bool = False) -> FolderIndex:
     """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
 
     Fetched into a temporary folder and read there; its columns stay memory-mapped after the
-    folder is gone.  The keys are fetched only with ``keys`` (``verify``): planning does not need them.
+    folder is gone.  The keys are fetched only with ``keys`` (``verify``): planning does not need
+    them.  With ``speakers`` the stored speakers are read too (or, with ``keys``, derived from them).
     """
     summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
     if summary is None:
@@ -153,6 +155,8 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
             index = read_index(tmp)
             if index is not None and keys:
                 index.keys()  # read now: the folder goes
+            if index is not None and speakers and (index.has_speakers or keys):
+                index.speakers()
         except DataError as e:
             raise DataError(str(e).replace(tmp, folder)) from None
     assert index is not None
