@@ -516,3 +516,31 @@ def test_remote_shards_plan_with_their_speakers_as_local_ones(corpus, s3, http):
         assert st.shuffle == local_st.shuffle
     assert any(p.endswith("index.speakers.npy") for p in http.gets)
     assert not any(p.endswith("index.keys.txt") for p in http.gets), "the speakers are stored: no keys needed"
+
+
+def test_inspect_reads_remote_shards_from_the_index_beside_them(corpus, s3, http, tmp_path):
+    """The numbers of the local inspect, from the index alone: no shard is downloaded; a folder
+    uploaded without its index is downloaded and read, and says so."""
+    from wdsprep.check.inspect import inspect_shards
+
+    out, _, _, names = corpus
+
+    def numbers(result):
+        return [(g.name, [(s.path.rsplit("/", 1)[-1], s.source, s.frames.tolist(), s.text_lens.tolist())
+                          for s in g.shards]) for g in result.groups], result.efficiency
+
+    local = inspect_shards(f"{out}/*/data-*.tar")
+    assert not local.problems
+    assert numbers(inspect_shards(f"s3://{BUCKET}/corpus/*/data-*.tar")) == numbers(local)
+    assert numbers(inspect_shards(brace_pattern(http.url, names))) == numbers(local)
+    assert http.gets and not any(p.endswith(".tar") for p in http.gets), "a shard downloaded for inspect"
+
+    bare = tmp_path / "bare" / GROUPS[0]
+    bare.mkdir(parents=True)
+    for name in names[GROUPS[0]]:
+        (bare / name).write_bytes((out / GROUPS[0] / name).read_bytes())
+    upload(s3, bare.parent, "inspect-bare")
+    r = inspect_shards(f"s3://{BUCKET}/inspect-bare/{GROUPS[0]}/data-*.tar")
+    assert [s.source for s in r.shards] == ["tar"] * len(names[GROUPS[0]])
+    assert numbers(r)[0][0][1] == [x[:1] + ("tar",) + x[2:] for x in numbers(local)[0][0][1]]
+    assert len(r.problems) == 1 and "no index" in r.problems[0] and "downloaded and read instead" in r.problems[0]

@@ -4,7 +4,8 @@ For each shard: utterances, hours, frames min/median/max, transcript length min/
 layout.  Where a folder has an ``index.json`` the numbers come from it and the tars are never
 opened, so inspecting 100,000 hours takes seconds.  Shards without an index (e.g. written by CAT)
 and shards their folder's index does not list are read: the frame count comes from the ``.npy``
-header alone (the matrix is skipped), the transcript length from the text member.
+header alone (the matrix is skipped), the transcript length from the text member.  Shards on S3
+or a web server are inspected from the index beside them; only those it does not list are downloaded.
 
 The padding-efficiency curve answers "how much of a batch is padding at this ``max_frames``?"
 by running the loader's own ``bucket_batches`` over the (shuffled) lengths.
@@ -22,8 +23,10 @@ from typing import Sequence
 import numpy as np
 
 from wdsprep.files import naming, write_text
-from wdsprep.format.index import ShardInfo, read_index, scan_shard
+from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, scan_shard
 from wdsprep.format.shardlist import expand_shards, is_url
+from wdsprep.loading.shardset import remote_index
+from wdsprep.remote.urls import folder_of, has_folder
 from wdsprep.units import hours
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
@@ -194,26 +197,30 @@ def inspect_shards(
         max_frames_list: ``max_frames`` values for the padding-efficiency curve; empty to skip it.
         seed: seeds the shuffle of lengths (and subset) the curve is computed on.
 
-    Shards whose folder has an ``index.json`` listing them are not opened.  Unreadable shards or
-    samples do not stop the run: they are left out of the numbers and listed in ``problems``.
+    Shards whose folder has an ``index.json`` listing them are not opened; on S3 or a web server
+    that index is fetched from beside them, and only shards it does not list are downloaded.
+    Unreadable shards or samples do not stop the run: they are left out of the numbers and listed
+    in ``problems``.
     """
     paths = expand_shards(patterns)
-    urls = [p for p in paths if is_url(p)]
-    if urls:
-        raise ValueError(f"inspect reads local shards only, got {urls[0]!r}; copy the shards or mount them")
+    commands = [p for p in paths if is_url(p) and not has_folder(p)]
+    if commands:
+        raise ValueError(f"inspect reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
+                         f"run the command into a local file and inspect that")
 
     by_folder: dict[str, list[str]] = {}
     for p in paths:
-        by_folder.setdefault(os.path.dirname(os.path.abspath(p)), []).append(p)
+        by_folder.setdefault(folder_of(p) if is_url(p) else os.path.dirname(os.path.abspath(p)), []).append(p)
     names = _group_names(list(by_folder))
 
     problems: list[str] = []
     groups = []
     for folder, shard_paths in by_folder.items():
+        remote = is_url(folder)
         try:
-            index = read_index(folder)
-        except ValueError as e:
-            problems.append(f"{e}; its shards were read instead")
+            index = remote_index(folder) if remote else read_index(folder)
+        except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
+            problems.append(f"{e}; its shards were {'downloaded and ' if remote else ''}read instead")
             index = None
         stats = []
         for p in shard_paths:
@@ -225,7 +232,8 @@ def inspect_shards(
                                         np.asarray(index.text_lens[a:b], np.int64)))
                 continue
             if index is not None:
-                problems.append(f"{p}: not listed in {Path(folder) / 'index.json'} (stale index?); read from the tar")
+                where = f"{folder}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
+                problems.append(f"{p}: not listed in {where} (stale index?); read from the tar")
             with naming(p):  # a read error (EIO) says which shard
                 scan = scan_shard(p)
             problems.extend(scan.problems)
