@@ -57,10 +57,8 @@ def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callabl
     if not planned:
         return
     owners = [shards.shard_of(rows) for _, rows in planned]
-    every = np.concatenate(owners)
-    used, n = np.unique(every, return_counts=True)
+    used, first, n = np.unique(np.concatenate(owners), return_index=True, return_counts=True)
     waiting = dict(zip(used.tolist(), n.tolist()))  # shard -> planned rows in it
-    _, first = np.unique(every, return_index=True)
     order = used[np.argsort(first, kind="stable")].tolist()  # the shards in the order first needed
     fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions())
     try:
