@@ -320,8 +320,7 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
     ``problems``, as is damage to the tar (``verify`` gives the full diagnosis).
     """
     from wdsprep.format.keys import member_role
-    from wdsprep.format.npy import npy_header_end, npy_layout
-    from wdsprep.format.samples import group_samples, open_members, samples_before_damage, split_sample
+    from wdsprep.format.samples import feature_layout, group_samples, open_members, samples_before_damage, split_sample
     from wdsprep.format.tar import member_bytes
 
     path = str(path)
@@ -332,11 +331,7 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
         try:
             feat_m, text_m = split_sample(group)
             where = f"member {feat_m[0]!r}"
-            head = feat_m[3]
-            end = npy_header_end(head)
-            if end > len(head):  # a header longer than numpy writes
-                head = bytes(src[feat_m[1]:feat_m[1] + end])
-            dtype, fortran, shape, _ = npy_layout(head, feat_m[2])
+            dtype, _, shape, _ = feature_layout(src, feat_m)
             where = f"member {text_m[0]!r}"
             text_len = len(member_bytes(src, text_m).decode("utf-8"))
         except ValueError as e:

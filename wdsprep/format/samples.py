@@ -134,14 +134,21 @@ def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
                      f"(cat) or KEY.mat.npy + KEY.label.txt (cat-v3)")
 
 
-def read_features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
-    """A features member as an array (or, ``lazy``, a :class:`FileFeats` left in a local shard);
-    ValueError when the readers refuse it (see :func:`~wdsprep.format.npy.npy_layout`)."""
+def feature_layout(src: Source, m: Member) -> tuple[np.dtype, bool, tuple[int, int], int]:
+    """(dtype, Fortran order, shape, data offset within the member) of a features member, from its
+    ``.npy`` header alone; ValueError when the readers refuse it (see :func:`~wdsprep.format.npy.npy_layout`)."""
     _, offset, size, head = m
     end = npy_header_end(head)
     if end > len(head):  # a header longer than numpy writes: read all of it
         head = bytes(src[offset:offset + end])
-    dtype, fortran, shape, start = npy_layout(head, size)
+    return npy_layout(head, size)
+
+
+def read_features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool) -> np.ndarray | FileFeats:
+    """A features member as an array (or, ``lazy``, a :class:`FileFeats` left in a local shard);
+    ValueError when the readers refuse it (see :func:`feature_layout`)."""
+    offset = m[1]
+    dtype, fortran, shape, start = feature_layout(src, m)
     count = shape[0] * shape[1]
     if not isinstance(src, ShardFile):
         return as_features(np.frombuffer(src, dtype, count, offset + start), shape, fortran, float32)
