@@ -516,6 +516,7 @@ def test_remote_shards_plan_with_their_speakers_as_local_ones(corpus, s3, http):
         assert st.shuffle == local_st.shuffle
     assert any(p.endswith("index.speakers.npy") for p in http.gets)
     assert not any(p.endswith("index.keys.txt") for p in http.gets), "the speakers are stored: no keys needed"
+    assert all(n == 1 for p, n in http.gets.items() if "/index." in p), "an index file fetched twice for one loader"
 
 
 def test_inspect_reads_remote_shards_from_the_index_beside_them(corpus, s3, http, tmp_path):

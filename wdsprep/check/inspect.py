@@ -24,9 +24,9 @@ import numpy as np
 
 from wdsprep.files import naming, write_text
 from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, scan_shard
-from wdsprep.format.shardlist import expand_shards, is_url
+from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.shardset import remote_index
-from wdsprep.remote.urls import folder_of, has_folder
+from wdsprep.remote.urls import has_folder
 from wdsprep.units import hours
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
@@ -210,7 +210,7 @@ def inspect_shards(
 
     by_folder: dict[str, list[str]] = {}
     for p in paths:
-        by_folder.setdefault(folder_of(p) if is_url(p) else os.path.dirname(os.path.abspath(p)), []).append(p)
+        by_folder.setdefault(index_place(p)[0], []).append(p)
     names = _group_names(list(by_folder))
 
     problems: list[str] = []
@@ -224,7 +224,7 @@ def inspect_shards(
             index = None
         stats = []
         for p in shard_paths:
-            i = None if index is None else index.position(os.path.basename(p))
+            i = None if index is None else index.position(index_place(p)[1])
             if i is not None:
                 a, b = index.starts[i], index.starts[i + 1]
                 stats.append(ShardStats(p, names[folder], index.layout, "index",

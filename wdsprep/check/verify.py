@@ -34,11 +34,11 @@ from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index,
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
 from wdsprep.format.shardfile import ShardFile
-from wdsprep.format.shardlist import expand_shards, is_url
+from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.format.tar import Member, member_bytes
 from wdsprep.loading.shardset import remote_index
 from wdsprep.remote.fetch import FetchError, RetryPolicy, SizeMismatchError, fetch_shard
-from wdsprep.remote.urls import folder_of, has_folder
+from wdsprep.remote.urls import has_folder
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
     for path in paths:
         remote = is_url(path)
-        folder = folder_of(path) if remote else os.path.dirname(os.path.abspath(path))
-        name = path.rsplit("/", 1)[-1] if remote else os.path.basename(path)
+        folder, name = index_place(path)
         if folder not in indexes:
             if remote:
                 indexes[folder] = _read_remote_index(folder, policy, result.problems)

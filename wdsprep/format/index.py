@@ -81,6 +81,27 @@ class Speakers:
 
         return cls.of([speaker_of(uttid_for_message(k) or "") for k in keys], FROM_KEYS)
 
+    def rows(self, a: int, b: int) -> Speakers:
+        """The speakers of rows ``a:b`` (the names stay: ids keep their meaning)."""
+        return Speakers(self.ids[a:b], self.names, self.source)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Speakers]) -> Speakers:
+        """Parts one after another (shards, corpora), each name numbered once, in the order the
+        parts' name lists are met (parts of one index share its list: it is numbered once)."""
+        numbers: dict[str, int] = {}
+        mappings: dict[int, np.ndarray] = {}  # id of a names list -> its numbers
+        ids = []
+        for p in parts:
+            mapping = mappings.get(id(p.names))
+            if mapping is None:
+                mapping = mappings[id(p.names)] = np.array([numbers.setdefault(n, len(numbers)) for n in p.names],
+                                                           np.int32)
+            ids.append(mapping[np.asarray(p.ids)] if len(p.ids) else np.zeros(0, np.int32))
+        sources = sorted({p.source for p in parts})
+        return cls(np.concatenate(ids) if ids else np.zeros(0, np.int32), list(numbers),
+                   sources[0] if len(sources) == 1 else " + ".join(sources) or FROM_KEYS)
+
 
 def frames_digest(frames: np.ndarray) -> str:
     """A short digest of a shard's frame column: the plan depends on every value of it."""

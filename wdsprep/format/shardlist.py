@@ -12,7 +12,7 @@ from braceexpand import braceexpand
 from wdsprep.format.commit import check_committed
 from wdsprep.remote.listing import expand_glob
 from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
-from wdsprep.remote.urls import is_glob, is_url
+from wdsprep.remote.urls import folder_of, is_glob, is_url
 
 
 def file_kind(mode: int) -> str:
@@ -22,6 +22,14 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
+
+
+def index_place(shard: str) -> tuple[str, str]:
+    """(folder, name): where the index that lists ``shard`` is (a URL's folder URL, a local path's
+    absolute directory) and the name it lists the shard by."""
+    if is_url(shard):
+        return folder_of(shard), shard.split("?", 1)[0].rsplit("/", 1)[-1]
+    return os.path.dirname(os.path.abspath(shard)), os.path.basename(shard)
 
 
 def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
@@ -70,6 +78,6 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     if not shards:
         raise FileNotFoundError(f"no shards in {list(map(str, patterns))}")
     if check_commit:
-        for folder in dict.fromkeys(os.path.dirname(os.path.abspath(s)) for s in shards if not is_url(s)):
+        for folder in dict.fromkeys(index_place(s)[0] for s in shards if not is_url(s)):
             check_committed(folder)
     return shards

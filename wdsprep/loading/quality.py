@@ -26,19 +26,18 @@ speakers differ in utterance length, even a perfect shuffle gives a little less.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from wdsprep.format.index import FROM_KEYS, Speakers, read_index
-from wdsprep.format.shardlist import is_url
+from wdsprep.format.index import Speakers, read_index
+from wdsprep.format.shardlist import index_place, is_url
 from wdsprep.loading.assign import Assignment, rank_order
 from wdsprep.loading.plan import EpochPlan
 from wdsprep.loading.shardset import ShardSet, remote_index
 from wdsprep.remote.fetch import RetryPolicy
-from wdsprep.remote.urls import folder_of, has_folder
+from wdsprep.remote.urls import has_folder
 
 RECURRENCE_STEPS = (1, 4)  # k of "recurs within the next k steps" reported
 
@@ -274,39 +273,28 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
 
 
 def shard_speakers(shards: ShardSet, *, derive: bool = True, policy: RetryPolicy | None = None) -> Speakers | None:
-    """Every utterance's speaker in the shard set's row order, numbered across folders; None when a
-    shard is in no index (a ``pipe:`` command, a shard packed elsewhere and not indexed), or, unless
-    ``derive``, when an index has no speakers column (the key rule would read every key).  Remote
-    shards' speakers come from the index beside them (fetched again, with ``policy``)."""
-    numbers: dict[str, int] = {}
-    columns: list[np.ndarray] = []
-    sources: set[str] = set()
-    by_folder: dict[str, tuple[Any, np.ndarray]] = {}
+    """Every utterance's speaker in the shard set's row order, numbered across folders: the stored
+    columns the shard set was built with; else, with ``derive``, by the key rule for indexes that
+    store none (which reads their keys; a remote index's are fetched, with ``policy``).  None when
+    a shard is in no index (a ``pipe:`` command, a shard packed elsewhere and not indexed), or
+    when an index stores none and not ``derive``."""
+    if shards.speakers is not None or not derive:
+        return shards.speakers
+    indexes: dict[str, Any] = {}
+    parts: list[Speakers] = []
     for k, url in enumerate(shards.urls):
         if is_url(url) and not has_folder(url):
             return None
-        folder = folder_of(url) if is_url(url) else os.path.dirname(os.path.abspath(url))
-        if folder not in by_folder:
-            if is_url(url):
-                index = remote_index(folder, policy=policy or RetryPolicy(), speakers=True)
-                if not index.has_speakers and derive:  # an index without the column: the key rule, from the keys
-                    index = remote_index(folder, policy=policy or RetryPolicy(), keys=True, speakers=True)
-            else:
-                index = read_index(folder)
-            if index is None or not (derive or index.has_speakers):
-                return None
-            sp = index.speakers()
-            sources.add(sp.source)
-            mapping = np.array([numbers.setdefault(n, len(numbers)) for n in sp.names], np.int32)
-            by_folder[folder] = (index, mapping)
-        index, mapping = by_folder[folder]
-        i = index.position(os.path.basename(url))
+        folder, name = index_place(url)
+        if folder not in indexes:
+            indexes[folder] = (remote_index(folder, policy=policy or RetryPolicy(), keys=True) if is_url(url)
+                               else read_index(folder))
+        index = indexes[folder]
+        i = None if index is None else index.position(name)
         if i is None:
             return None
         a, b = int(index.starts[i]), int(index.starts[i + 1])
         if b - a != shards.utts[k]:
             return None  # not the index the plan was made from
-        columns.append(mapping[np.asarray(index.speakers().ids[a:b])] if b > a else np.zeros(0, np.int32))
-    ids = np.concatenate(columns) if columns else np.zeros(0, np.int32)
-    source = sources.pop() if len(sources) == 1 else " + ".join(sorted(sources)) or FROM_KEYS
-    return Speakers(ids.astype(np.int32, copy=False), list(numbers), source)
+        parts.append(index.speakers().rows(a, b))
+    return Speakers.concat(parts)

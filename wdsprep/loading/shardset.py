@@ -1,13 +1,14 @@
 """The indexed shard set an epoch is planned from: every shard's utterances and every utterance's frames.
 
 Built once per loader from each folder's index (``format/index.py``): O(shards) JSON plus one
-memory-mapped frame column per folder.  A shard that changed since it was indexed (its size or
-mtime differ) is refused at once, naming it: it is never read against a stale index.  Shards
-that no index lists (CAT's, a copied folder, ``pipe:`` commands) are scanned here, headers only,
-with a warning that ``wdsprep index`` would save that scan.
+memory-mapped frame column per folder, and the speakers column where the index stores one.  A
+shard that changed since it was indexed (its size or mtime differ) is refused at once, naming
+it: it is never read against a stale index.  Shards that no index lists (CAT's, a copied folder,
+``pipe:`` commands) are scanned here, headers only, with a warning that ``wdsprep index`` would
+save that scan.
 
 Shards on S3 or a web server are planned from the index files uploaded beside them, fetched once
-per loader (``index.json`` and its columns, not the keys).  A remote folder without one is an
+per loader (``index.json`` and its columns, speakers included, not the keys).  A remote folder without one is an
 error saying how to make and upload it: scanning would download the whole corpus on every rank
 before the first step.  Their staleness is checked by size: against the bucket listing when the
 pattern was a glob (before the epoch), else when each shard is downloaded.
@@ -33,15 +34,16 @@ from wdsprep.format.index import (
     INDEX_NAME,
     KEYS_FILE,
     FolderIndex,
+    Speakers,
     frames_digest,
     read_index,
     scan_shard,
     stale_reason,
 )
-from wdsprep.format.shardlist import is_url
+from wdsprep.format.shardlist import index_place, is_url
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
 from wdsprep.remote.listing import take_listed_size
-from wdsprep.remote.urls import folder_of, has_folder
+from wdsprep.remote.urls import has_folder
 
 
 class StaleIndexError(DataError):
@@ -62,6 +64,8 @@ class ShardSet:
     lost: np.ndarray | None = None  # int64 [S]: samples a scan found the loader cannot read (damage)
     corpora: tuple[str, ...] = ("",)  # the named corpora, in order (one unnamed without names)
     corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
+    # Every utterance's speaker, where every shard's index stores them (else None: see quality.shard_speakers).
+    speakers: Speakers | None = None
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -99,8 +103,9 @@ class ShardSet:
         """Corpus ``corpus`` alone, as a shard set of its own (rows and shards counted from 0)."""
         sl = self.shards_of(corpus)
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
+        speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
-                        0, self.lost[sl])
+                        0, self.lost[sl], speakers=speakers)
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -118,20 +123,21 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
             if seen.setdefault(url, name) != name:
                 raise ValueError(f"shard {url} is in corpus {seen[url]!r} and in corpus {name!r}: a shard belongs to "
                                  f"one corpus (narrow one of the patterns)")
+    speakers = [p.speakers for p in parts if p.speakers is not None]
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
                     sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
-                    np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]))
+                    np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
+                    Speakers.concat(speakers) if len(speakers) == len(parts) else None)
 
 
-def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False,
-                 speakers: bool = False) -> FolderIndex:
+def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
     """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
 
-    Fetched into a temporary folder and read there; its columns stay memory-mapped after the
-    folder is gone.  The keys are fetched only with ``keys`` (``verify``): planning does not need
-    them.  With ``speakers`` the stored speakers are read too (or, with ``keys``, derived from them).
+    Fetched into a temporary folder and read there; its columns (the stored speakers too) stay
+    memory-mapped after the folder is gone.  The keys are fetched only with ``keys`` (``verify``,
+    speakers by the key rule): planning does not need them.
     """
     summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
     if summary is None:
@@ -155,7 +161,7 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
             index = read_index(tmp)
             if index is not None and keys:
                 index.keys()  # read now: the folder goes
-            if index is not None and speakers and (index.has_speakers or keys):
+            if index is not None and index.has_speakers:
                 index.speakers()
         except DataError as e:
             raise DataError(str(e).replace(tmp, folder)) from None
@@ -175,22 +181,23 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
     unlisted: list[int] = []
     dims: set[int] = set()
     lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
+    speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
     for k, url in enumerate(urls):
         remote = has_folder(url)
-        folder = folder_of(url) if is_url(url) else os.path.dirname(os.path.abspath(url))
+        folder, name = index_place(url)
         if folder not in indexes:
             if remote:
                 indexes[folder] = remote_index(folder, policy=policy or RetryPolicy())
             else:
                 indexes[folder] = None if is_url(url) else read_index(folder)
         index = indexes[folder]
-        name = url.split("?", 1)[0].rsplit("/", 1)[-1]
         i = None if index is None else index.position(name)
         if i is None and remote:
             raise DataError(f"shard {url} is not in {folder}/{INDEX_NAME}: index a local copy of the folder again "
                             f"(wdsprep index --refresh) and upload its index files, or leave the shard out of the "
                             f"pattern")
         if i is None:
+            speakers = None
             unlisted.append(k)
             utts.append(0)
             sizes.append(-1)
@@ -218,6 +225,10 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
                 f"or the shard was replaced on purpose, re-index it (wdsprep index --refresh '{url}'); "
                 f"otherwise restore the shard or repack")
         a, b = int(index.starts[i]), int(index.starts[i + 1])
+        if speakers is not None and index.has_speakers:
+            speakers.append(index.speakers().rows(a, b))
+        else:
+            speakers = None
         lost_in[k] = int(index.lost[i])
         utts.append(b - a)
         sizes.append(int(index.sizes[i]))
@@ -240,4 +251,5 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
                       f"the index beside them once", UserWarning, stacklevel=3)
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
-                    dims.pop() if len(dims) == 1 else None, len(unlisted), lost)
+                    dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
+                    speakers=None if speakers is None else Speakers.concat(speakers))
