@@ -428,9 +428,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                     path = folder / name
                     if not path.is_file():
                         continue  # gone: its entry goes too
-                    st = path.stat()
-                    if (old.sizes[i] >= 0 and st.st_size != old.sizes[i]) or old.mtimes[i] < 0 or (
-                            st.st_mtime_ns != old.mtimes[i]):
+                    if stale_reason(old, i, path.stat()) is not None or old.mtimes[i] < 0:  # no mtime: cannot tell
                         stale.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))

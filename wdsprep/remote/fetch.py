@@ -183,10 +183,6 @@ class LocalCopy:
         if self._held:
             HELD.add(size, 1)
 
-    @property
-    def in_memory(self) -> bool:
-        return self.path is None
-
     def read(self) -> bytes:
         """Every byte, as one bytes object (for callers that want the whole object)."""
         return self.mapping[:self.size] if self.mapping is not None else os.pread(self.fd, self.size, 0)

@@ -61,11 +61,6 @@ class _Global:
     name: str
 
 
-@dataclass
-class _Mark:
-    pass
-
-
 # Helpers pickle writes for CAT's objects; any other global is refused.
 _ORDERED_DICT = _Global("collections", "OrderedDict")
 _RECONSTRUCTOR = {_Global("copyreg", "_reconstructor"), _Global("copy_reg", "_reconstructor")}
