@@ -545,3 +545,28 @@ def test_inspect_reads_remote_shards_from_the_index_beside_them(corpus, s3, http
     assert [s.source for s in r.shards] == ["tar"] * len(names[GROUPS[0]])
     assert numbers(r)[0][0][1] == [x[:1] + ("tar",) + x[2:] for x in numbers(local)[0][0][1]]
     assert len(r.problems) == 1 and "no index" in r.problems[0] and "downloaded and read instead" in r.problems[0]
+
+
+def test_a_fetched_shard_with_headers_only_tarfile_reads_is_read_from_its_copy(tmp_path):
+    """pax records the fast walk leaves to Python's tarfile: the fallback reads the fetched bytes,
+    not the URL as if it were a path."""
+    import io
+    import tarfile
+
+    from wdsprep.format.samples import open_members
+    from wdsprep.format.shardfile import ShardFile
+
+    shard = tmp_path / "data-00000.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for key in ("a", "b"):
+            for ext, data in (("npy", b"x" * 10), ("txt", b"hi")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.pax_headers = len(data), {"comment": "not one the fast walk reads"}
+                tf.addfile(info, io.BytesIO(data))
+    local = open_members(str(shard))
+    assert [m[0] for m in local[1]] == ["a.npy", "a.txt", "b.npy", "b.txt"] and local[2] is None
+    with http_server(tmp_path) as srv:
+        url = f"{srv.url}/{shard.name}"
+        copy, _ = fetch_shard(url)
+        _, members, problem = open_members(url, source=ShardFile(url, copy))
+    assert (members, problem) == (local[1], local[2])

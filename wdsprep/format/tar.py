@@ -183,7 +183,10 @@ def _walk(src: Source, headers: list[bytes], positions: list[int], owners: list[
 def scan_tarfile(src: Source) -> tuple[list[Member], str | None]:
     """The fallback: tarfile finds the members (pax, GNU long names...), we still slice the bytes."""
     members: list[Member] = []
-    fileobj = open(src.url, "rb") if isinstance(src, ShardFile) else io.BytesIO(src)
+    if isinstance(src, ShardFile) and src.copy is None:
+        fileobj: io.IOBase = open(src.url, "rb")
+    else:  # bytes, or a fetched copy (its url names no file here): exactly its bytes
+        fileobj = io.BytesIO(src[0:len(src)] if isinstance(src, ShardFile) else src)
     try:
         with fileobj, tarfile.open(fileobj=fileobj, mode="r:") as tf:
             for m in tf:
