@@ -427,8 +427,11 @@ def test_the_loader_ends_its_reader_thread_and_reads_with_the_epoch(tmp_path):
     out, _ = build(tmp_path, n=90, utts_per_shard=20, groups=["0:150", "150:"])
     tok = train_char_tokenizer(tmp_path, tmp_path / "kaldi-cat-0" / "text")
     loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=1200, seed=3)
-    threads = _threads()
+    for _ in loader:  # a first epoch: torch starts threads of its own on first use, and they stay
+        pass
+    threads = _threads()  # the epoch's reader thread is joined when the epoch ends
     seen = set()
+    loader.set_epoch(1)
     for _ in loader:
         seen.add(_threads())
     assert threads + 1 in seen  # the reader ran in a thread of its own
