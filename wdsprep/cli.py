@@ -284,10 +284,7 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
                                                      "(shareable by the ranks of a node)")
     g.add_argument("--cache-bytes", type=int, metavar="BYTES",
                    help="bound on --cache-dir; least recently used go first")
-    g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
-                                               "5xx or a cut-off body (default: 5)")
-    g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
-                   help="wait before the first retry, doubling each time (default: 1.0)")
+    _add_retry_options(g)
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
     m.add_argument("--weights", nargs="+", metavar="NAME=W",
                    help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
@@ -295,6 +292,14 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--schedule", nargs="+", metavar="STEP:NAME=W,...",
                    help="weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1")
     m.add_argument("--steps-per-epoch", type=int, help="steps of a mixed epoch (default: one pass's worth of batches)")
+
+
+def _add_retry_options(g: argparse._ActionsContainer) -> None:
+    """--retries and --retry-backoff, for whatever fetches remote shards (the loader, verify)."""
+    g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
+                                               "5xx or a cut-off body (default: 5)")
+    g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
+                   help="wait before the first retry, doubling each time (default: 1.0)")
 
 
 # How remote shards are fetched: run-time options, no part of the plan.
@@ -429,9 +434,7 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
     p.add_argument("patterns", nargs="+", metavar="PATTERN",
                    help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
-    p.add_argument("--retries", type=int, help="retries of a download of a remote shard (default: 5)")
-    p.add_argument("--retry-backoff", type=float, metavar="SECONDS",
-                   help="wait before the first retry, doubling each time (default: 1.0)")
+    _add_retry_options(p)
     p.set_defaults(func=_cmd_verify)
 
 
