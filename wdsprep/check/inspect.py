@@ -24,9 +24,8 @@ import numpy as np
 
 from wdsprep.files import naming, write_text
 from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, scan_shard
-from wdsprep.format.shardlist import expand_shards, index_place, is_url
+from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.loading.shardset import remote_index
-from wdsprep.remote.urls import has_folder
 from wdsprep.units import hours
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
@@ -203,10 +202,7 @@ def inspect_shards(
     in ``problems``.
     """
     paths = expand_shards(patterns)
-    commands = [p for p in paths if is_url(p) and not has_folder(p)]
-    if commands:
-        raise ValueError(f"inspect reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
-                         f"run the command into a local file and inspect that")
+    refuse_commands(paths, "inspect")
 
     by_folder: dict[str, list[str]] = {}
     for p in paths:

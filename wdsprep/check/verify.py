@@ -34,11 +34,10 @@ from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index,
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
 from wdsprep.format.shardfile import ShardFile
-from wdsprep.format.shardlist import expand_shards, index_place, is_url
+from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.format.tar import Member, member_bytes
 from wdsprep.loading.shardset import remote_index
 from wdsprep.remote.fetch import FetchError, RetryPolicy, SizeMismatchError, fetch_shard
-from wdsprep.remote.urls import has_folder
 
 
 @dataclass(frozen=True)
@@ -98,10 +97,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     ``retries`` and ``retry_backoff``: as the loader's, for shards on S3 or a web server.
     """
     paths = expand_shards(patterns, check_commit=False)  # reported below, with everything else
-    commands = [p for p in paths if is_url(p) and not has_folder(p)]
-    if commands:
-        raise ValueError(f"verify reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
-                         f"run the command into a local file and verify that")
+    refuse_commands(paths, "verify")
     policy = RetryPolicy(retries=retries, backoff=retry_backoff)
     result = VerifyResult(paths, 0)
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen

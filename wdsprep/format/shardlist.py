@@ -12,7 +12,7 @@ from braceexpand import braceexpand
 from wdsprep.format.commit import check_committed
 from wdsprep.remote.listing import expand_glob
 from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
-from wdsprep.remote.urls import folder_of, is_glob, is_url
+from wdsprep.remote.urls import folder_of, has_folder, is_glob, is_url
 
 
 def file_kind(mode: int) -> str:
@@ -30,6 +30,15 @@ def index_place(shard: str) -> tuple[str, str]:
     if is_url(shard):
         return folder_of(shard), shard.split("?", 1)[0].rsplit("/", 1)[-1]
     return os.path.dirname(os.path.abspath(shard)), os.path.basename(shard)
+
+
+def refuse_commands(shards: Sequence[str], tool: str) -> None:
+    """ValueError naming the first ``pipe:`` (or other) command among ``shards``: ``tool`` reads
+    local files and S3 or web objects, beside which an index can be."""
+    commands = [s for s in shards if is_url(s) and not has_folder(s)]
+    if commands:
+        raise ValueError(f"{tool} reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
+                         f"run the command into a local file and {tool} that")
 
 
 def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
