@@ -241,12 +241,17 @@ def plan_quality(plan: EpochPlan, assignment: Assignment, speakers: np.ndarray, 
     out = ShuffleQuality(ks=list(ks), source=source)
     for r in ranks:
         batches = [plan.streams[s].batch(j) for s, j in rank_order(assignment, r)]
-        batches = [b for b in batches if len(b)]
-        rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
-        out.merge(_sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source))
+        out.merge(_batches_quality(batches, speakers, lengths, counts, ks, source))
     out.speakers = int(np.count_nonzero(counts))
     return out
+
+
+def _batches_quality(batches: Sequence[np.ndarray], speakers: np.ndarray, lengths: np.ndarray, counts: np.ndarray,
+                     ks: Sequence[int], source: str, *, loops: bool = False) -> ShuffleQuality:
+    """:func:`_sequence_quality` of a sequence given as each batch's rows (of ``speakers`` and ``lengths``)."""
+    rows = np.concatenate(batches) if len(batches) else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+    return _sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source, loops=loops)
 
 
 def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus_rows: Sequence[range],
@@ -263,10 +268,8 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
         counts = np.bincount(speakers[rows_c.start:rows_c.stop], minlength=width)
         q = ShuffleQuality(ks=list(ks), source=source)
         for seq in sequences:
-            batches = [rows for corpus, rows in seq if corpus == c and len(rows)]
-            rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-            starts = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
-            q.merge(_sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source, loops=True))
+            batches = [rows for corpus, rows in seq if corpus == c]
+            q.merge(_batches_quality(batches, speakers, lengths, counts, ks, source, loops=True))
         q.speakers = int(np.count_nonzero(counts))
         out.append(q)
     return out
