@@ -27,6 +27,7 @@ import numpy as np
 from wdsprep.pack.groups import Groups
 from wdsprep.pack.plan import deal, plan_shards
 from wdsprep.pack.sink import (
+    DimTally,
     GroupedSink,
     PathOrPaths,
     SinkResult,
@@ -36,7 +37,6 @@ from wdsprep.pack.sink import (
     check_fmt,
     feature_problem,
     finish_pack,
-    mixed_dims_error,
     prepare_output,
 )
 from wdsprep.prep.ark import ArkError, ArkReader
@@ -137,14 +137,11 @@ def pack_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, 
     cols = np.concatenate([m[1] for m in measured]) if measured else np.zeros(0, np.int64)
     for m in measured:
         report.merge(m[2])
-    counts: dict[int, int] = {}
-    first: dict[int, str] = {}
+    found = DimTally()
     for (uttid, _, _), c in zip(items, cols.tolist()):
         if c > 0:
-            counts[c] = counts.get(c, 0) + 1
-            first.setdefault(c, uttid)
-    if dims is None and len(counts) > 1:
-        raise mixed_dims_error(counts, first)  # before a single shard is written
+            found.add(c, uttid)
+    found.check(dims)  # before a single shard is written
     folders: list[str | None] = []
     for (uttid, _, _), n, c in zip(items, frames.tolist(), cols.tolist()):
         folder = None
@@ -180,9 +177,7 @@ def in_plan_order(results: Sequence[SinkResult]) -> SinkResult:
     for r in results:
         out.report.merge(r.report)
         out.dims = r.dims if r.dims is not None else out.dims
-        for ndim, n in r.dim_counts.items():
-            out.dim_counts[ndim] = out.dim_counts.get(ndim, 0) + n
-            out.dim_first.setdefault(ndim, r.dim_first[ndim])
+        out.dims_found.merge(r.dims_found)
         for folder, infos in r.shards.items():
             written.setdefault(folder, []).extend(zip(r.planned[folder], infos))
     for folder, pairs in written.items():

@@ -39,14 +39,42 @@ DTYPES = ("float32", "float16")
 
 
 @dataclass
+class DimTally:
+    """The feature dimensions found: utterances per dimension and the first utterance with each."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    first: dict[int, str] = field(default_factory=dict)
+
+    def add(self, dims: int, uttid: str) -> None:
+        self.counts[dims] = self.counts.get(dims, 0) + 1
+        self.first.setdefault(dims, uttid)
+
+    def merge(self, other: DimTally) -> None:
+        """Add ``other``'s, found after these (its first utterances come after these)."""
+        for dims, n in other.counts.items():
+            self.counts[dims] = self.counts.get(dims, 0) + n
+            self.first.setdefault(dims, other.first[dims])
+
+    def check(self, keep: int | None) -> None:
+        """A pack without ``keep`` (``--dims``) fails on features of several dimensions, naming
+        each with its count and first utterance."""
+        if keep is not None or len(self.counts) < 2:
+            return
+        ranked = sorted(self.counts, key=lambda d: (-self.counts[d], d))
+        found = "; ".join(f"{d} dims in {self.counts[d]:,} utterance(s), the first {self.first[d]}" for d in ranked)
+        raise DataError(f"the features have different dimensions ({found}); nothing was packed. Pack each "
+                        f"dimension into a directory of its own, or pass --dims {ranked[0]} (dims={ranked[0]}) to "
+                        f"pack the {ranked[0]}-dim features and report the others as other_dims")
+
+
+@dataclass
 class SinkResult:
     """What one worker wrote and what it could not pack."""
 
     shards: dict[str, list[ShardInfo]] = field(default_factory=lambda: defaultdict(list))  # folder -> shards
     report: Report = field(default_factory=Report)
     dims: int | None = None  # of the features written
-    dim_counts: dict[int, int] = field(default_factory=dict)  # feature dims -> utterances that have them
-    dim_first: dict[int, str] = field(default_factory=dict)  # feature dims -> the first utterance with them
+    dims_found: DimTally = field(default_factory=DimTally)  # of every utterance seen, written or not
     planned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # folder -> plan index per shard
 
 
@@ -82,10 +110,8 @@ class GroupedSink:
 
     def count(self, uttid: str, dims: int) -> None:
         """Note an utterance's feature dimension; in counting-only mode that is all there is to do."""
-        counts = self.result.dim_counts
-        counts[dims] = counts.get(dims, 0) + 1
-        self.result.dim_first.setdefault(dims, uttid)
-        if self.keep_dims is None and not self.counting_only and len(counts) > 1:
+        self.result.dims_found.add(dims, uttid)
+        if self.keep_dims is None and not self.counting_only and len(self.result.dims_found.counts) > 1:
             self.counting_only = True
             self.abort()  # the pack will fail; writing on would only fill the disk
 
@@ -185,15 +211,6 @@ def check_dims(dims: int | None) -> None:
         raise ValueError(f"dims must be a positive number of feature dimensions, got {dims!r}")
 
 
-def mixed_dims_error(counts: dict[int, int], first: dict[int, str]) -> DataError:
-    """The error of a pack whose features have several dimensions: each with its count and first utterance."""
-    ranked = sorted(counts, key=lambda d: (-counts[d], d))
-    found = "; ".join(f"{d} dims in {counts[d]:,} utterance(s), the first {first[d]}" for d in ranked)
-    return DataError(f"the features have different dimensions ({found}); nothing was packed. Pack each dimension "
-                     f"into a directory of its own, or pass --dims {ranked[0]} (dims={ranked[0]}) to pack the "
-                     f"{ranked[0]}-dim features and report the others as other_dims")
-
-
 def feature_problem(feats: np.ndarray) -> str | None:
     """Why a feature matrix cannot be packed, or None."""
     if not isinstance(feats, np.ndarray) or feats.ndim != 2:
@@ -263,14 +280,10 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
     """
     created = [] if created is None else created
     d = Path(d_out)
-    counts: dict[int, int] = {}
-    first: dict[int, str] = {}
+    found = DimTally()
     for r in results:  # in worker order, so "first" is the first in input order
-        for ndim, n in r.dim_counts.items():
-            counts[ndim] = counts.get(ndim, 0) + n
-            first.setdefault(ndim, r.dim_first[ndim])
-    if dims is None and len(counts) > 1:
-        raise mixed_dims_error(counts, first)
+        found.merge(r.dims_found)
+    found.check(dims)
     written_dims = {r.dims for r in results if r.dims is not None}
     assert len(written_dims) <= 1, written_dims
     folders = [""] if groups is None else [g.folder for g in groups]
