@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.balance import least_loaded
+
 # A reader yields the batches of this many of its streams interleaved (see Assignment.reader_order).
 INTERLEAVE = 4
 
@@ -108,14 +110,12 @@ def assign(counts: Sequence[int], world_size: int, num_workers: int, *, equal: b
         left.append(_ranges(mask))
     sizes = [int(n) for n in counts]
     # Streams to ranks: largest first, each to the least loaded rank (ties: the lower rank).
-    rank_streams: list[list[int]] = [[] for _ in range(world_size)]
-    dealt = [0] * world_size
+    rank_streams = least_loaded(sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (-sizes[s], s)),
+                                sizes, world_size)
     owners = [-1] * len(sizes)
-    for s in sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (-sizes[s], s)):
-        r = dealt.index(min(dealt))
-        rank_streams[r].append(s)
-        dealt[r] += sizes[s]
-        owners[s] = r
+    for r, streams in enumerate(rank_streams):
+        for s in streams:
+            owners[s] = r
     own: list[list[list[Task]]] = [[[Task(s, a, b) for a, b in left[s]] for s in streams] for streams in rank_streams]
     loads = [sum(len(t) for unit in units for t in unit) for units in own]
     received: list[list[Task]] = [[] for _ in range(world_size)]

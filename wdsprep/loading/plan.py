@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.balance import least_loaded
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE, bucket_pools, check_batching
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
@@ -114,17 +115,6 @@ def fingerprint(options: PlanOptions, shards_fingerprint: str, extra: object = N
     return hashlib.blake2b(json.dumps(doc, sort_keys=True, default=repr).encode(), digest_size=8).hexdigest()
 
 
-def greedy_split(order: Sequence[int], weights: Sequence[int] | np.ndarray, parts: int) -> list[list[int]]:
-    """Walk ``order`` and give each item to the part with the least weight so far (ties: lowest part)."""
-    loads = [0] * parts
-    out: list[list[int]] = [[] for _ in range(parts)]
-    for i in order:
-        p = loads.index(min(loads))
-        out[p].append(i)
-        loads[p] += int(weights[i])
-    return out
-
-
 def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
                 shuffle: bool) -> list[np.ndarray]:
     """Shard indices of each stream, in reading order: a fresh permutation per (seed, epoch), dealt
@@ -132,7 +122,7 @@ def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch:
     n = len(shard_frames)
     order = np.random.default_rng([seed, epoch]).permutation(n).tolist() if shuffle else list(range(n))
     weights = np.maximum(np.asarray(shard_frames, np.int64), 1)
-    return [np.array(s, np.int64) for s in greedy_split(order, weights, num_streams)]
+    return [np.array(s, np.int64) for s in least_loaded(order, weights, num_streams)]
 
 
 def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -16,11 +16,12 @@ is short.
 from __future__ import annotations
 
 import hashlib
-import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from wdsprep.balance import least_loaded
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,5 @@ def deal(frames: Sequence[int], workers: int) -> list[list[int]]:
     """
     if workers < 1:
         raise ValueError("nj must be >= 1")
-    loads = [(0, w) for w in range(workers)]
-    out: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(frames)), key=lambda i: (-int(frames[i]), i)):
-        load, w = heapq.heappop(loads)
-        out[w].append(i)
-        heapq.heappush(loads, (load + max(1, int(frames[i])), w))
-    return [sorted(x) for x in out]
+    largest_first = sorted(range(len(frames)), key=lambda i: (-int(frames[i]), i))
+    return [sorted(x) for x in least_loaded(largest_first, [max(1, int(f)) for f in frames], workers)]
