@@ -242,19 +242,20 @@ def _greedy_cuts(lengths, max_frames, cap):
 
 
 @pytest.mark.parametrize("max_frames,cap", [(5000, None), (20_000, 7), (400, None), (3000, 1)])
-def test_cut_by_bisection_equals_cutting_one_sample_at_a_time(max_frames, cap):
-    from wdsprep.loading.batching import _cut
+def test_cut_by_binary_search_equals_cutting_one_sample_at_a_time(max_frames, cap):
+    from wdsprep.loading.batching import BatchFit
 
     for seed in range(5):
-        lengths = sorted(lognormal(3000, seed=seed).tolist())
-        assert _cut(lengths, max_frames, cap) == _greedy_cuts(lengths, max_frames, cap or len(lengths))
+        lengths = np.sort(lognormal(3000, seed=seed))
+        want = _greedy_cuts(lengths.tolist(), max_frames, cap or len(lengths))
+        assert BatchFit(max_frames, cap).cut(lengths) == want
 
 
 def test_batches_of_samples_are_the_batches_of_their_lengths():
-    from wdsprep.loading.batching import bucket_pools
+    from wdsprep.loading.batching import BatchFit, bucket_pools
 
     samples = utts(lognormal(5000, seed=4))
-    positions, starts = bucket_pools(np.array([s[1] for s in samples]), max_frames=5000, rng=np.random.default_rng(0),
-                                     pool_size=700)
+    positions, starts = bucket_pools(np.array([s[1] for s in samples]), fit=BatchFit(5000), pool_size=700,
+                                     rng=np.random.default_rng(0))
     want = [[samples[i] for i in positions[a:b]] for a, b in zip(starts[:-1], starts[1:])]
     assert run(samples, max_frames=5000, pool_size=700) == want and len(want) > 50

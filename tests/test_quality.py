@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from wdsprep.format.keys import speaker_of
-from wdsprep.loading.batching import bucket_pools
+from wdsprep.loading.batching import BatchFit, bucket_pools
 from wdsprep.loading.quality import ShuffleQuality, corpus_quality, sequence_quality
 
 A, B, C, D = 0, 1, 2, 3
@@ -126,7 +126,7 @@ def _capped_case(seed=0):
 @pytest.mark.parametrize("cap", [1, 2, 5])
 def test_the_speaker_cap_holds_in_every_batch_and_keeps_every_utterance(cap):
     lengths, speakers = _capped_case()
-    pos, starts = bucket_pools(lengths, max_frames=20_000, rng=np.random.default_rng(1), pool_size=1000,
+    pos, starts = bucket_pools(lengths, fit=BatchFit(20_000), rng=np.random.default_rng(1), pool_size=1000,
                                speakers=speakers, max_utts_per_speaker=cap)
     assert sorted(pos.tolist()) == list(range(len(lengths)))
     for a, b in zip(starts[:-1], starts[1:]):
@@ -138,21 +138,21 @@ def test_the_speaker_cap_holds_in_every_batch_and_keeps_every_utterance(cap):
 def test_the_cap_changes_nothing_where_it_already_holds():
     lengths, speakers = _capped_case()
     speakers = np.random.default_rng(2).permutation(speakers)
-    pos, starts = bucket_pools(lengths, max_frames=20_000, rng=np.random.default_rng(1))
+    pos, starts = bucket_pools(lengths, fit=BatchFit(20_000), rng=np.random.default_rng(1))
     top = max(int(np.bincount(speakers[pos[a:b]]).max()) for a, b in zip(starts[:-1], starts[1:]))
-    capped = bucket_pools(lengths, max_frames=20_000, rng=np.random.default_rng(1), speakers=speakers,
+    capped = bucket_pools(lengths, fit=BatchFit(20_000), rng=np.random.default_rng(1), speakers=speakers,
                           max_utts_per_speaker=top)
     assert np.array_equal(capped[0], pos) and np.array_equal(capped[1], starts)
-    tighter = bucket_pools(lengths, max_frames=20_000, rng=np.random.default_rng(1), speakers=speakers,
+    tighter = bucket_pools(lengths, fit=BatchFit(20_000), rng=np.random.default_rng(1), speakers=speakers,
                            max_utts_per_speaker=top - 1)
     assert not np.array_equal(tighter[0], pos)
 
 
 def test_the_cap_needs_speakers_and_a_positive_count():
     with pytest.raises(ValueError, match="speakers"):
-        bucket_pools(np.ones(5, np.int64), max_frames=10, rng=np.random.default_rng(0), max_utts_per_speaker=1)
+        bucket_pools(np.ones(5, np.int64), fit=BatchFit(10), rng=np.random.default_rng(0), max_utts_per_speaker=1)
     with pytest.raises(ValueError, match="max_utts_per_speaker"):
-        bucket_pools(np.ones(5, np.int64), max_frames=10, rng=np.random.default_rng(0), speakers=np.zeros(5),
+        bucket_pools(np.ones(5, np.int64), fit=BatchFit(10), rng=np.random.default_rng(0), speakers=np.zeros(5),
                      max_utts_per_speaker=0)
 
 

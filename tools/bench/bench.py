@@ -96,7 +96,7 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
     def run() -> int:
         import kaldiio
 
-        from wdsprep.loading.batching import bucket_pools
+        from wdsprep.loading.batching import BatchFit, bucket_pools
         from wdsprep.loading.collate import collate
         from wdsprep.loading.records import Records
         from wdsprep.prep.kaldi import read_text
@@ -109,7 +109,7 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
         state["round"] += 1
         keys = list(d.keys())
         order = [keys[i] for i in rng.permutation(len(keys))]
-        positions, starts = bucket_pools(np.array([frames[k] for k in order]), max_frames=max_frames, rng=rng)
+        positions, starts = bucket_pools(np.array([frames[k] for k in order]), fit=BatchFit(max_frames), rng=rng)
         n = 0
         for a, b in zip(starts[:-1], starts[1:]):
             batch = [order[i] for i in positions[a:b]]

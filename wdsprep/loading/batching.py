@@ -16,6 +16,7 @@ The batchers it is measured against (CAT's stream, WeNet's sort window) are in
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -33,51 +34,73 @@ def len_of_first_dim(sample: Any) -> int:
     return int(sample[1].shape[0])
 
 
-def check_batching(max_frames: int, max_batch_size: int | None, pool_size: int = 1, max_carry: int = 0,
-                   max_utts_per_speaker: int | None = None) -> None:
-    """ValueError for options no batching can honour."""
+def check_batching(pool_size: int = 1, max_carry: int = 0, max_utts_per_speaker: int | None = None) -> None:
+    """ValueError for pooling options no batching can honour (the fit checks its own)."""
     if max_utts_per_speaker is not None and not (
             isinstance(max_utts_per_speaker, (int, np.integer)) and max_utts_per_speaker > 0):
         raise ValueError(f"max_utts_per_speaker must be None or a positive int, got {max_utts_per_speaker!r}")
-    if not (isinstance(max_frames, (int, np.integer)) and max_frames > 0):
-        raise ValueError(f"max_frames must be a positive int, got {max_frames!r}")
-    if max_batch_size is not None and not (isinstance(max_batch_size, (int, np.integer)) and max_batch_size > 0):
-        raise ValueError(f"max_batch_size must be None or a positive int, got {max_batch_size!r}")
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
     if max_carry < 0:
         raise ValueError(f"max_carry must be >= 0, got {max_carry!r}")
 
 
-def _cut(lengths: list[int], max_frames: int, max_batch_size: int | None) -> list[tuple[int, int]]:
-    """Greedy ``[start, end)`` cuts of ascending lengths: a batch closes before the sample that
-    would break ``(B + 1) * longest <= max_frames`` or ``max_batch_size``, so an oversize sample is
-    alone.  The last cut is the open batch.
+@dataclass(frozen=True)
+class BatchFit:
+    """Whether a batch fits: the one rule every batch of the plan is cut by.
 
-    Lengths ascend, so ``(i - start + 1) * lengths[i]`` does too: each batch's end is found by
-    bisection, ~12 steps per batch instead of one per sample (planning 15M utterances).
+    A batch of ``B`` utterances whose longest has ``longest`` frames fits when
+    ``B * longest <= max_frames`` and ``B <= max_batch_size``.  One utterance always makes a
+    batch, fitting or not: nothing is dropped for its length.
     """
-    n = len(lengths)
-    cap = max_batch_size or n
-    cuts: list[tuple[int, int]] = []
-    start = 0
-    while start < n:
-        # The first i in (start, stop) whose addition breaks the bound; stop if none does.
-        lo, hi = start + 1, min(n, start + cap)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (mid - start + 1) * lengths[mid] > max_frames:
-                hi = mid
-            else:
-                lo = mid + 1
-        cuts.append((start, lo))
-        start = lo
-    return cuts
+
+    max_frames: int
+    max_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_frames, (int, np.integer)) and self.max_frames > 0):
+            raise ValueError(f"max_frames must be a positive int, got {self.max_frames!r}")
+        if self.max_batch_size is not None and not (isinstance(self.max_batch_size, (int, np.integer))
+                                                    and self.max_batch_size > 0):
+            raise ValueError(f"max_batch_size must be None or a positive int, got {self.max_batch_size!r}")
+
+    def room(self, longest: np.ndarray | int) -> np.ndarray:
+        """The most utterances a batch may hold when its longest has ``longest`` frames (>= 1);
+        elementwise (int64) for an array."""
+        longest = np.asarray(longest, np.int64)
+        # Utterances of no frames pad nothing: only max_batch_size bounds them.
+        room = np.where(longest > 0, self.max_frames // np.maximum(longest, 1), np.iinfo(np.int64).max)
+        if self.max_batch_size is not None:
+            room = np.minimum(room, self.max_batch_size)
+        return np.maximum(room, 1)
+
+    def fits(self, size: int, longest: int) -> bool:
+        return bool(size <= self.room(longest))
+
+    def cut(self, lengths: np.ndarray) -> list[tuple[int, int]]:
+        """Greedy ``[start, end)`` cuts of ascending lengths: a batch closes before the sample that
+        would not fit.  The last cut is the open batch.
+
+        A batch from ``start`` must close before sample ``i`` when ``i - start + 1 > room[i]``,
+        that is when ``i + 1 - room[i] > start``.  Lengths ascend, so ``room`` falls and
+        ``i + 1 - room[i]`` rises strictly: each batch's end is one binary search (planning 15M
+        utterances cuts ~750,000 batches).
+        """
+        n = len(lengths)
+        if not n:
+            return []
+        closes = np.arange(1, n + 1, dtype=np.int64) - self.room(lengths)
+        cuts: list[tuple[int, int]] = []
+        start = 0
+        while start < n:
+            end = max(start + 1, int(np.searchsorted(closes, start, side="right")))
+            cuts.append((start, end))
+            start = end
+        return cuts
 
 
-def _cut_capped(lengths: list[int], speakers: list[int], max_frames: int, max_batch_size: int | None,
-                cap: int) -> list[list[int]]:
-    """Greedy batches of ascending lengths as :func:`_cut` cuts them, but with at most ``cap``
+def _cut_capped(lengths: list[int], speakers: list[int], fit: BatchFit, cap: int) -> list[list[int]]:
+    """Greedy batches of ascending lengths as :meth:`BatchFit.cut` cuts them, but with at most ``cap``
     utterances of one speaker each: the positions of each batch, the last one open.
 
     An utterance whose speaker already has ``cap`` in the batch waits (per speaker, in order) and
@@ -87,7 +110,6 @@ def _cut_capped(lengths: list[int], speakers: list[int], max_frames: int, max_ba
     O(pool): each position is looked at once on the way in and once per batch it waits for.
     """
     n = len(lengths)
-    size_cap = max_batch_size or n
     waiting: dict[int, deque[int]] = {}  # speaker -> positions passed over, ascending
     batches: list[list[int]] = []
     i = 0
@@ -97,7 +119,7 @@ def _cut_capped(lengths: list[int], speakers: list[int], max_frames: int, max_ba
         longest = 0
 
         def fits(j: int) -> bool:
-            return not batch or (len(batch) < size_cap and (len(batch) + 1) * max(longest, lengths[j]) <= max_frames)
+            return fit.fits(len(batch) + 1, max(longest, lengths[j]))
 
         # Those waiting first, shortest first; at most cap of each speaker can be taken.
         for j in sorted(j for q in waiting.values() for j in islice(q, cap)):
@@ -133,8 +155,8 @@ def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bo
     return bool(len(codes)) and int(np.unique(codes, return_counts=True)[1].max()) > cap
 
 
-def _plan_pool(lens: np.ndarray, max_frames: int, max_batch_size: int | None, rng: np.random.Generator,
-               ages: np.ndarray, max_carry: int, speakers: np.ndarray | None = None,
+def _plan_pool(lens: np.ndarray, fit: BatchFit, rng: np.random.Generator, ages: np.ndarray, max_carry: int,
+               speakers: np.ndarray | None = None,
                max_utts_per_speaker: int | None = None) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The rows of each batch of one pool in random order, the rows to carry over and their new ages.
 
@@ -142,18 +164,18 @@ def _plan_pool(lens: np.ndarray, max_frames: int, max_batch_size: int | None, rn
     """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
     order = np.argsort(lens, kind="stable")
-    sorted_lens = lens[order].tolist()
-    cuts = _cut(sorted_lens, max_frames, max_batch_size)
+    sorted_lens = lens[order]
+    cuts = fit.cut(sorted_lens)
     batches = [order[a:b] for a, b in cuts]
     if max_utts_per_speaker is not None and speakers is not None and _over_cap(cuts, speakers[order],
                                                                                max_utts_per_speaker):
-        capped = _cut_capped(sorted_lens, speakers[order].tolist(), max_frames, max_batch_size, max_utts_per_speaker)
+        capped = _cut_capped(sorted_lens.tolist(), speakers[order].tolist(), fit, max_utts_per_speaker)
         batches = [order[np.array(b, np.int64)] for b in capped]
     carry = new_ages = np.zeros(0, np.int64)
     if max_carry and batches:
         rows = batches[-1]
         size, longest = len(rows), int(lens[rows].max())
-        full = (max_batch_size is not None and size >= max_batch_size) or (size + 1) * longest > max_frames
+        full = not fit.fits(size + 1, longest)
         aged = np.ones(len(rows), np.int64)
         was_carried = rows < len(ages)
         aged[was_carried] += ages[rows[was_carried]]
@@ -165,8 +187,8 @@ def _plan_pool(lens: np.ndarray, max_frames: int, max_batch_size: int | None, rn
     return [batches[j] for j in rng.permutation(len(batches))], carry, new_ages
 
 
-def bucket_pools(lengths: np.ndarray, *, max_frames: int, rng: np.random.Generator, max_batch_size: int | None = None,
-                 pool_size: int = DEFAULT_POOL_SIZE, max_carry: int = 1, speakers: np.ndarray | None = None,
+def bucket_pools(lengths: np.ndarray, *, fit: BatchFit, rng: np.random.Generator, pool_size: int = DEFAULT_POOL_SIZE,
+                 max_carry: int = 1, speakers: np.ndarray | None = None,
                  max_utts_per_speaker: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Batches of a shuffled length sequence as ``(positions, starts)``: batch ``j`` holds the
     positions ``positions[starts[j]:starts[j + 1]]`` of ``lengths``, batches in the order a trainer
@@ -174,7 +196,7 @@ def bucket_pools(lengths: np.ndarray, *, max_frames: int, rng: np.random.Generat
 
     ``max_utts_per_speaker`` caps each speaker's utterances per batch; it needs ``speakers``
     (an int id per length)."""
-    check_batching(max_frames, max_batch_size, pool_size, max_carry, max_utts_per_speaker)
+    check_batching(pool_size, max_carry, max_utts_per_speaker)
     if max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(lengths)):
         raise ValueError("max_utts_per_speaker needs the speaker of every length (speakers=)")
     lengths = np.asarray(lengths, np.int64)
@@ -193,9 +215,8 @@ def bucket_pools(lengths: np.ndarray, *, max_frames: int, rng: np.random.Generat
         pos += take
         if not len(pool):
             break
-        rows, carry, ages = _plan_pool(lengths[pool], max_frames, max_batch_size, rng, ages,
-                                       0 if last else max_carry, None if speakers is None else speakers[pool],
-                                       max_utts_per_speaker)
+        rows, carry, ages = _plan_pool(lengths[pool], fit, rng, ages, 0 if last else max_carry,
+                                       None if speakers is None else speakers[pool], max_utts_per_speaker)
         for r in rows:
             out.append(pool[r])
             sizes.append(len(r))
@@ -228,7 +249,7 @@ def bucket_batches(
         # Samples are usually (key, features, ...): name the key so the user can find the utterance.
         what = repr(bad[0]) if isinstance(bad, (tuple, list)) and bad and isinstance(bad[0], str) else repr(bad)
         raise ValueError(f"sample length must be >= 0, got {int(lens.min())} for sample {what}")
-    positions, starts = bucket_pools(lens, max_frames=max_frames, rng=rng, max_batch_size=max_batch_size,
-                                     pool_size=pool_size, max_carry=max_carry)
+    positions, starts = bucket_pools(lens, fit=BatchFit(max_frames, max_batch_size), rng=rng, pool_size=pool_size,
+                                     max_carry=max_carry)
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
         yield [items[i] for i in positions[a:b].tolist()]

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from wdsprep.balance import least_loaded
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE, bucket_pools, check_batching
+from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
 # each: a stream is batched from its own length pools, and a smaller one pads more (lognormal
@@ -53,12 +53,17 @@ class PlanOptions:
     max_utts_per_speaker: int | None = None  # per batch; the plan then needs every utterance's speaker
 
     def __post_init__(self) -> None:
-        check_batching(self.max_frames, self.max_batch_size, self.pool_size,
-                       max_utts_per_speaker=self.max_utts_per_speaker)
+        self.fit  # building it checks max_frames and max_batch_size
+        check_batching(self.pool_size, max_utts_per_speaker=self.max_utts_per_speaker)
         if self.streams is not None and self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
         if self.shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {self.shuffle_buffer}")
+
+    @property
+    def fit(self) -> BatchFit:
+        """The rule the plan's batches are cut by."""
+        return BatchFit(self.max_frames, self.max_batch_size)
 
     def num_streams(self, num_shards: int, num_utts: int) -> int:
         """The streams given, or min(shards, 64, utterances // 2,000); never more than the shards."""
@@ -180,9 +185,8 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
                 keep &= ~out
     if not keep.all():
         rows, lens = rows[keep], lens[keep]
-    positions, batch_starts = bucket_pools(lens, max_frames=options.max_frames,
+    positions, batch_starts = bucket_pools(lens, fit=options.fit, pool_size=options.pool_size,
                                            rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
-                                           max_batch_size=options.max_batch_size, pool_size=options.pool_size,
                                            speakers=None if speakers is None else np.asarray(speakers[rows]),
                                            max_utts_per_speaker=options.max_utts_per_speaker)
     return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
