@@ -115,7 +115,7 @@ def test_elastic_resume_continues_the_plan_on_another_topology(uneven, tmp_path,
     common = ["--epochs", "1", "--streams", "6"]
     a = torchrun(before[0], tmp_path / "a", trset, tok, "--num-workers", str(before[1]), "--save-at", "3", *common)
     saved = a[0]["epochs"][0]["saved"]
-    assert (saved["epoch"], saved["step"], saved["runs"]) == (0, 3, [[before[0], before[1], 3]])
+    assert (saved["epoch"], saved["step"], saved["position"]) == (0, 3, {"runs": [[before[0], before[1], 3]]})
     state = tmp_path / "state.json"
     state.write_text(json.dumps(saved))
     b = torchrun(after[0], tmp_path / "b", trset, tok, "--num-workers", str(after[1]), "--resume", str(state), *common)
@@ -128,7 +128,8 @@ def test_elastic_resume_continues_the_plan_on_another_topology(uneven, tmp_path,
     assert set(done) | set(later) <= set(plan)
     assert len(set(plan) - set(done) - set(later)) < after[0]  # nothing skipped beyond one batch per rank
     assert len({ep["len"] for ep in rest}) == 1 and all(len(ep["batches"]) == ep["len"] for ep in rest)
-    assert all(ep["state"]["runs"] == [[before[0], before[1], 3], [after[0], after[1], ep["len"]]] for ep in rest)
+    runs = [[before[0], before[1], 3], [after[0], after[1], rest[0]["len"]]]
+    assert all(ep["state"]["position"] == {"runs": runs} for ep in rest)
 
 
 def test_dev_mode_reads_each_utterance_once(uneven, tmp_path):

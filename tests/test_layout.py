@@ -1,16 +1,10 @@
-"""The package's layout holds: the layering contracts, torch-free stages, the 0.1 module paths."""
+"""The package's layout holds: the layering contracts, no import cycle, torch-free planning and stages."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-import warnings
 from pathlib import Path
-
-import pytest
-
-from wdsprep import _moved
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,7 +33,7 @@ import numpy as np
 from wdsprep.format.samples import iter_decoded
 from wdsprep.loading.assign import assign, rank_order
 from wdsprep.loading.plan import PlanOptions, plan_epoch
-from wdsprep.loading.stages import filter_ctc, planned_batches, read_batches, tokenize
+from wdsprep.loading.stages import filter_ctc, read_batches, tokenize
 from wdsprep.loading.shardset import shard_set
 plan = plan_epoch(np.array([5, 4]), np.arange(10, 19, dtype=np.int32), PlanOptions(max_frames=40), seed=0, epoch=0)
 a = assign(plan.counts, 2, 0)
@@ -52,28 +46,22 @@ print(yielded + left)
     assert r.stdout.strip() == "9"  # every utterance of the plan: in a rank's batches or the discarded tail
 
 
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_old_module_paths_still_import_with_a_warning(old):
-    sys.modules.pop(f"wdsprep.{old}", None)
-    with pytest.warns(DeprecationWarning, match=f"wdsprep.{old} moved to"):
-        mod = importlib.import_module(f"wdsprep.{old}")
-    new = [importlib.import_module(f"wdsprep.{h}") for h in _moved.MOVED[old]]
-    # Every public name of the new homes is reachable through the old path, as the same object.
-    for home in new:
-        for name in [n for n in vars(home) if not n.startswith("_")][:20]:
-            assert getattr(mod, name) is next(getattr(h, name) for h in new if hasattr(h, name))
+def test_dry_run_plan_of_a_mixture_runs_without_torch(tmp_path):
+    """The planning side (epoch source, mixture, plan report) is pure: dry-run --plan of two named
+    corpora mixed on a schedule, with every import of torch failing."""
+    from shardsets import build
 
-
-def test_names_that_left_wdsprep_loader_still_resolve():
-    import wdsprep.loader
-    from wdsprep.loading.collate import collate
-    from wdsprep.loading.stages import tokenize
-
-    with pytest.warns(DeprecationWarning, match="wdsprep.loading.collate.collate"):
-        assert wdsprep.loader.collate is collate
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from wdsprep.loader import tokenize as old  # noqa: F401
-    assert old is tokenize
-    with pytest.raises(AttributeError):
-        wdsprep.loader.no_such_name  # noqa: B018
+    en, _ = build(tmp_path, n=120, utts_per_shard=20, seed=1)
+    zh, _ = build(tmp_path, n=60, utts_per_shard=20, seed=2)
+    code = f"""
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+from wdsprep.cli import main
+status = main(["dry-run", "--plan", "--corpus", "en={en}/data-*.tar", "--corpus", "zh={zh}/data-*.tar",
+               "--max-frames", "1500", "--schedule", "0:en=9,zh=1", "30:en=1,zh=1", "--world-size", "2"])
+assert "torch" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
+sys.exit(status)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "share of utterances per step range" in r.stdout and "en 0.9@0 -> 0.5@30" in r.stdout

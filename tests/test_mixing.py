@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from shardsets import build, train_char_tokenizer
 
-from wdsprep.loader import MixedLoader, make_loader
+from wdsprep.loader import make_loader
 from wdsprep.loading.read import iter_records
 from wdsprep.units import FRAMES_PER_HOUR
 
@@ -41,15 +41,20 @@ def epoch_batches(loader, epoch):
 def planned_keys(loader, rank_refs):
     """The utterance ids the mixed plan puts in each of these batches (read from the shards, not
     from the loader): what the loader must yield."""
-    mix = loader.dataset.mix
-    keys = np.array([k for url in mix.shards.urls for r in iter_records(url) for k in r.uttids.tolist()], object)
-    return [sorted(keys[mix.rows_of(ref)].tolist()) for ref in rank_refs]
+    source = loader.source
+    keys = np.array([k for url in source.shards.urls for r in iter_records(url) for k in r.uttids.tolist()], object)
+    return [sorted(keys[source.rows(ref)].tolist()) for ref in rank_refs]
+
+
+def planned_refs(loader, epoch, rank):
+    """The batches the mixed plan gives ``rank`` in ``epoch``, from where the loader starts it."""
+    return loader.source.run(loader.source.start(epoch)).rank_order(rank)
 
 
 def test_batches_say_which_corpus_each_utterance_came_from(corpora):
     trset, utts, tok = corpora
     loader = make_loader(trset, tok, max_frames=1500, weights={"en": 1, "zh": 1})
-    assert isinstance(loader, MixedLoader) and loader.corpora == ("en", "zh")
+    assert loader.source.kind == "mixture" and loader.corpora == ("en", "zh")
     batches = epoch_batches(loader, 0)
     assert len(batches) == len(loader) == loader.stats.steps == loader.stats.planned_steps
     per = Counter()
@@ -76,7 +81,7 @@ def test_the_share_of_utterances_follows_the_schedule_within_sampling_noise(corp
     trset, _, tok = corpora
     schedule = [(0, {"en": 9, "zh": 1}), (400, {"en": 1, "zh": 1})]
     loader = make_loader(trset, tok, max_frames=700, schedule=schedule, steps_per_epoch=300)
-    mix = loader.dataset.mix
+    mix = loader.source
     got = []  # per step: (en utterances, zh utterances)
     for epoch in (0, 1):
         for b in epoch_batches(loader, epoch):
@@ -85,7 +90,7 @@ def test_the_share_of_utterances_follows_the_schedule_within_sampling_noise(corp
     got = np.array(got, float)
     assert len(got) == 600
     # Batch sizes of each corpus, from its plan: the spread the utterance share inherits.
-    sizes = [np.concatenate([np.diff(s.starts) for s in mix.corpus_plan(c, 0).streams]) for c in (0, 1)]
+    sizes = [np.concatenate([np.diff(s.starts) for s in mix.parts[c].plan(0).streams]) for c in (0, 1)]
     m1, m2 = [s.mean() for s in sizes], [(s.astype(float) ** 2).mean() for s in sizes]
     for w0 in range(0, 600, 50):
         steps = np.arange(w0, w0 + 50)
@@ -111,7 +116,7 @@ def test_workers_yield_exactly_the_plan(corpora):
     loader = make_loader(trset, tok, max_frames=1500, num_workers=2, temperature=2.0)
     for epoch in (0, 1):
         batches = epoch_batches(loader, epoch)
-        refs = loader.dataset.mix.run(epoch).rank_order(0)
+        refs = planned_refs(loader, epoch, 0)
         assert [sorted(b.keys) for b in batches] == planned_keys(loader, refs)
 
 
@@ -135,14 +140,14 @@ def test_resumed_mid_schedule_on_another_world_size_it_continues_the_plan(corpor
     state = two[0].state_dict()
     assert state == two[1].state_dict()  # every rank is at the same place: rank 0's serves
     json.dumps(state)  # a checkpoint holds it as it is
-    assert state["step"] == 9 and state["global_step"] == two[0].dataset.mix.run(0).steps + 9
+    assert state["step"] == 9 and state["global_step"] == len(planned_refs(two[0], 0, 0)) + 9
     three = ranks(trset, tok, 3, schedule=schedule)
     for loader in three:
         loader.load_state_dict(state)
         assert len(loader) == math.ceil(state["position"]["batches_left"] / 3)
     for r, loader in enumerate(three):
         batches = epoch_batches(loader, 1)
-        refs = loader.dataset.mix.run(1).rank_order(r)
+        refs = planned_refs(loader, 1, r)
         assert [sorted(b.keys) for b in batches] == planned_keys(loader, refs)
     end = three[0].state_dict()
     assert end["global_step"] == state["global_step"] + len(batches) and end["complete"]
@@ -181,7 +186,7 @@ def test_changed_weights_at_resume_say_what_changed_and_apply_from_there(corpora
 def test_a_dev_loader_reads_every_corpus_once(corpora):
     trset, utts, tok = corpora
     loader = make_loader(trset, tok, max_frames=1500, train=False)
-    assert not isinstance(loader, MixedLoader) and loader.corpora == ("en", "zh")
+    assert loader.source.kind == "corpus" and loader.corpora == ("en", "zh")
     batches = epoch_batches(loader, 0)
     keys = [k for b in batches for k in b.keys]
     assert Counter(keys) == Counter(utts.keys())
@@ -200,7 +205,7 @@ def test_mistakes_are_refused_saying_what_to_do(corpora, tmp_path):
     with pytest.raises(ValueError, match="is in corpus 'en' and in corpus 'again'"):
         make_loader({**trset, "again": trset["en"]}, tok, max_frames=1500)
     plain = make_loader(trset["en"], tok, max_frames=1500)
-    with pytest.raises(ValueError, match="mixed loader's state"):
+    with pytest.raises(ValueError, match="saved by a mixed loader"):
         plain.load_state_dict(make_loader(trset, tok, max_frames=1500).state_dict())
 
 
@@ -212,8 +217,8 @@ def test_hyper_ld_object_names_the_corpora_and_the_mixture(corpora, tmp_path):
     ld = {"corpora": trset, "schedule": [[0, {"en": 3, "zh": 1}], [50, {"en": 1, "zh": 1}]], "steps-per-epoch": 40}
     hyper.write_text(json.dumps({"train": {"option": {"ld": ld, "bucket_size": 3000, "tokenizer": str(tok)}}}))
     loader = make_loader_from_hyper(hyper, world_size=2, rank=1)
-    assert isinstance(loader, MixedLoader) and len(loader) == 40
-    assert loader.dataset.mix.mixture.describe() == "en 0.75@0 -> 0.5@50, zh 0.25@0 -> 0.5@50 (schedule)"
+    assert loader.source.kind == "mixture" and len(loader) == 40
+    assert loader.source.mixture.describe() == "en 0.75@0 -> 0.5@50, zh 0.25@0 -> 0.5@50 (schedule)"
     hyper.write_text(json.dumps({"train": {"option": {"ld": {"corpora": trset, "mix": 1}, "bucket_size": 3000,
                                                       "tokenizer": str(tok)}}}))
     with pytest.raises(ValueError, match=r"ld has \['mix'\]"):
@@ -262,7 +267,7 @@ def test_each_corpus_has_a_shuffle_report_of_its_own_batches_and_speakers(tmp_pa
     report count what the yielded batches hold."""
     from shardsets import make_kaldi_dir
 
-    from wdsprep.check.dryrun import plan_report
+    from wdsprep.check.planreport import plan_report
     from wdsprep.pack import pack_data
     from wdsprep.tokenizer import train_tokenizer
 

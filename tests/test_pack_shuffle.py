@@ -15,7 +15,7 @@ import pytest
 from shardsets import train_char_tokenizer
 
 from wdsprep import StrictError, index_shards, pack_data, read_index
-from wdsprep.check.dryrun import plan_report
+from wdsprep.check.planreport import plan_report
 from wdsprep.format.index import FROM_KEYS, FROM_UTT2SPK, INDEX_NAME
 from wdsprep.format.keys import decode_key, speaker_of
 from wdsprep.loader import make_loader

@@ -154,3 +154,23 @@ def test_resumed_on_the_same_topology_the_order_continues_exactly(world_size, wo
         for r in range(world_size):
             first = next_turn(counts, runs, world_size, workers, r)
             assert rank_order(b, r, first) == rank_order(a, r)[steps:], (steps, r)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_what_the_plan_leaves_out_is_counted_once_even_from_a_stream_left_without_batches(world_size):
+    """Two streams, one of them all too short: its utterances leave the plan, and some rank must
+    still count them (it has no batches, so no rank was dealt it)."""
+    from wdsprep.loading.corpus import Corpus
+    from wdsprep.loading.epochs import CorpusEpochs
+    from wdsprep.loading.shardset import ShardSet
+
+    frames = np.concatenate([np.full(40, 30), np.full(60, 500)]).astype(np.int32)
+    shards = ShardSet(["a/0.tar", "a/1.tar"], np.array([40, 60]), frames, ["", ""], np.array([-1, -1]))
+    options = PlanOptions(max_frames=1000, min_frames=100, streams=2)
+    source = CorpusEpochs(Corpus(shards, options, seed=0), corpora=("",), world_size=world_size, num_workers=0)
+    run = source.run(source.start(0))
+    assert 0 in source.corpus.counts(0).tolist()  # the short stream has no batches
+    dropped = Counter()
+    for r in range(world_size):
+        dropped.update(run.planned_stats(r).dropped)
+    assert dropped == {"too_short": 40}

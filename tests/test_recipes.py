@@ -177,7 +177,7 @@ def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
     import wdsprep
 
     saved = torch.load(demo_exp / "epoch1.pt", weights_only=False)["loader"]
-    assert (saved["epoch"], saved["runs"], saved["complete"]) == (1, [[2, 0, 3]], False)
+    assert (saved["epoch"], saved["position"], saved["complete"]) == (1, {"runs": [[2, 0, 3]]}, False)
     hyper = demo_exp / "hyper-p.json"
     per_rank = {k: saved["options"][k] for k in ("max_frames", "max_batch_size")}  # as train.py keeps them
     whole = wdsprep.make_loader_from_hyper(hyper, world_size=1, rank=0, ctc_subsampling=4, **per_rank)

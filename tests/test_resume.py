@@ -45,13 +45,13 @@ def test_resume_on_the_same_workers_yields_the_rest_of_the_epoch(data, workers):
     assert (saved["epoch"], saved["step"], saved["complete"]) == (2, len(full), True)
     loader = make_loader(trset, tok, num_workers=workers, **KW)  # a new job: its workers serve every resume below
     for step in [1, len(full) // 2, len(full) - 2, len(full) - 1]:
-        loader.load_state_dict({**saved, "step": step, "runs": [[1, workers, step]], "complete": False})
+        loader.load_state_dict({**saved, "step": step, "position": {"runs": [[1, workers, step]]}, "complete": False})
         assert loader.state_dict()["step"] == step  # a checkpoint taken before iterating again says the same
         assert len(loader) == len(full) - step
         rest = epoch(loader)  # no set_epoch: the loaded state chose epoch 2
         assert same(rest, full[step:]), f"resumed at step {step} of {len(full)}"
         assert loader.stats.steps == len(full) and loader.stats.planned_steps == len(full) - step
-        assert loader.state_dict()["runs"] == [[1, workers, step], [1, workers, len(full) - step]]
+        assert loader.state_dict()["position"]["runs"] == [[1, workers, step], [1, workers, len(full) - step]]
     assert same(epoch(loader, 3), epoch(full_loader, 3))  # the next epoch is untouched by the resume
 
 
@@ -81,7 +81,7 @@ def test_state_follows_the_iteration(data):
     it = iter(loader)
     next(it), next(it)
     s = loader.state_dict()
-    assert (s["seed"], s["epoch"], s["step"], s["complete"], s["runs"]) == (4, 1, 2, False, [[1, 0, 2]])
+    assert (s["seed"], s["epoch"], s["step"], s["complete"], s["position"]) == (4, 1, 2, False, {"runs": [[1, 0, 2]]})
     json.dumps(s)  # a few plain numbers: goes into any checkpoint
     rest = list(it)
     assert loader.state_dict()["complete"] and loader.state_dict()["step"] == 2 + len(rest)
@@ -103,7 +103,7 @@ def test_load_state_for_another_epoch_is_dropped_by_set_epoch(data):
     trset, tok, _ = data
     a = make_loader(trset, tok, max_frames=1200, seed=4)
     b = make_loader(trset, tok, max_frames=1200, seed=4)
-    b.load_state_dict({**a.state_dict(), "epoch": 5, "runs": [[1, 0, 3]]})
+    b.load_state_dict({**a.state_dict(), "epoch": 5, "step": 3, "position": {"runs": [[1, 0, 3]]}})
     assert same(epoch(b, 6), epoch(a, 6))  # the trainer moved on: a whole epoch 6
 
 
@@ -129,7 +129,7 @@ def test_a_step_past_the_end_of_the_epoch_is_refused(data):
     trset, tok, _ = data
     loader = make_loader(trset, tok, max_frames=1200, seed=4)
     n = len(epoch(loader, 0))
-    state = {**loader.state_dict(), "step": n + 50, "runs": [[1, 0, n + 50]], "complete": False}
+    state = {**loader.state_dict(), "step": n + 50, "position": {"runs": [[1, 0, n + 50]]}, "complete": False}
     with pytest.raises(ValueError, match=f"step {n + 50} of epoch 0 .* has {n} steps"):
         make_loader(trset, tok, max_frames=1200, seed=4).load_state_dict(state)
 

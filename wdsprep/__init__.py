@@ -4,7 +4,6 @@ Importing this package is cheap and safe on CPU-only machines: torch, torchaudio
 are imported only by the functions that need them.
 """
 
-from wdsprep import _moved
 from wdsprep.check.inspect import InspectResult, inspect_shards
 from wdsprep.check.verify import VerifyResult, verify_shards
 from wdsprep.format.index import index_shards, read_index
@@ -21,8 +20,6 @@ from wdsprep.tokenizer import (
 )
 
 __version__ = "0.1.0"
-
-_moved.install()  # the 0.1 module paths (wdsprep.reader, ...) still import, with a warning
 
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
            "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer",

@@ -228,8 +228,6 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
-    from wdsprep.check.dryrun import dry_run, plan_report
-
     opts = _loader_options(args)
     trset = _corpora(args.corpus) if args.corpus else args.trset
     if args.plan:
@@ -245,8 +243,12 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
             opts.pop(name, None)  # run-time options: they do not change the plan
+        from wdsprep.check.planreport import plan_report  # reads only the index: no torch
+
         plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
         return
+    from wdsprep.check.dryrun import dry_run
+
     dry_run(hyper=args.hyper, trset=trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
             stats_json=args.stats_json, plot=args.plot, num_workers=args.num_workers, **opts)
 

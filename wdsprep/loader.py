@@ -1,18 +1,18 @@
 """The training loader: shards -> padded, length-bucketed batches, planned, deterministic and DDP-safe.
 
-This is the front: :func:`make_loader`, the :class:`Loader` (and :class:`MixedLoader` for named
-corpora) a trainer iterates, and the :class:`Batch` it gets.  Every epoch is planned from the
-index before it starts (``loading/plan.py``) and dealt to ranks and readers (``loading/assign.py``;
-mixed corpora: ``loading/mixplan.py``), so ``len(loader)`` is exact and equal on every rank, with
+This is the front: :func:`make_loader`, the :class:`Loader` a trainer iterates, and the
+:class:`Batch` it gets.  Every epoch is planned from the index before it starts, by the epoch
+source :func:`~wdsprep.loading.source.epoch_source` builds (one corpus: ``loading/epochs.py``;
+named corpora mixed: ``loading/mix/``), so ``len(loader)`` is exact and equal on every rank, with
 no collective per step.  The run-time data flow is composed in ``loading/stream.py``
-(``ShardStream.stages``) from the stages in ``loading/stages.py``; ``loading/collate.py`` pads a
+(``ReaderStream.stages``) from the stages in ``loading/stages.py``; ``loading/collate.py`` pads a
 batch into one buffer, ``loading/transport.py`` moves it out of a worker process.
 
 The collate reads a batch's features from the shards in a thread of its own (in C, without the
 GIL), while the stages make the next batches: the two halves of the work overlap on two cores.
 With ``num_workers > 0`` each DataLoader worker reads its share of the plan and collates into
-shared-memory buffers it recycles; workers persist across epochs by default and learn the epoch
-through shared memory.
+shared-memory buffers it recycles; workers persist across epochs by default and learn where each
+iteration starts through shared memory.
 
 Under DDP the ranks meet only when the loader is built (same shards and options?) and at each
 training epoch's end (same steps?), under ``collective_timeout``.  Dev mode (``train=False``)
@@ -26,30 +26,21 @@ import gc
 import os
 import time
 import warnings
-from collections import Counter
 from dataclasses import asdict
 from typing import Any, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from wdsprep import _moved
-from wdsprep.format.shardlist import expand_shards
-from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.fetch import FetchOptions
-from wdsprep.loading.mixing import MixedStream, mixture_for
-from wdsprep.loading.mixplan import MixPosition
-from wdsprep.loading.mixture import Mixture
-from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
-from wdsprep.loading.quality import plan_quality, shard_speakers
-from wdsprep.loading.shardset import shard_set, union
-from wdsprep.loading.stages import BatchId
+from wdsprep.loading.plan import BatchId, PlanOptions
+from wdsprep.loading.source import epoch_source, load_shards
+from wdsprep.loading.state import STATE_VERSION, read_state
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
-from wdsprep.loading.stream import LoaderConfig, ShardStream, _identity
+from wdsprep.loading.stream import LoaderConfig, ReaderStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
 from wdsprep.tokenizer import SubwordSampling, Tokenizer, load_tokenizer
 
@@ -91,16 +82,18 @@ class Loader:
     """One epoch of :class:`Batch` per iteration; call :meth:`set_epoch` before each epoch.
 
     ``len(loader)`` is exactly the number of batches this rank yields in the epoch set, the same
-    on every rank in training.  With ``persistent_workers`` (the default) the worker processes,
-    their buffer pools and one DataLoader live as long as the Loader; the epoch reaches them
-    through shared memory.
+    on every rank in training.  The batches come from the epoch source (``loader.source``: one
+    corpus, or named corpora mixed), read by ``loader.dataset``.  With ``persistent_workers`` (the
+    default) the worker processes, their buffer pools and one DataLoader live as long as the
+    Loader; where each iteration starts reaches them through shared memory.
     """
 
-    def __init__(self, dataset: ShardStream, *, num_workers: int, group: Any = None, collective_timeout: float = 300.0,
-                 prefetch_factor: int | None = None, pin_memory: bool = False,
+    def __init__(self, dataset: ReaderStream, *, rank: int, num_workers: int, group: Any = None,
+                 collective_timeout: float = 300.0, prefetch_factor: int | None = None, pin_memory: bool = False,
                  persistent_workers: bool = True) -> None:
         self.dataset = dataset
-        self.control = dataset.control  # the readers' side of it is the dataset's; this Loader writes it
+        self.source = dataset.source
+        self.rank = rank
         self.num_workers = num_workers
         self.group = group  # the loader's gloo group under DDP (checks only), else None
         self.collective_timeout = collective_timeout
@@ -117,135 +110,93 @@ class Loader:
         self._loader: DataLoader | None = None  # kept with persistent workers
         self._slots: SlotCache | None = None  # the main process's side of the workers' pools
         self._iteration = 0  # which iteration of the loader may take batches (see _batches)
-        # Where the current (or next) iteration of the epoch starts: the epoch's earlier runs as
-        # (world size, workers, steps), set by load_state_dict; then its progress.
-        self._runs: list[tuple[int, int, int]] = []
-        self._steps = 0  # batches this iteration yielded
-        self._complete = False  # the epoch ended (or the loaded state said so)
-        self._resume: tuple[int, list[tuple[int, int, int]], bool] | None = None  # a loaded position, not yet used
-        self._planned: tuple[int, tuple, Assignment] | None = None  # (epoch, runs, assignment) last computed
-        self._warned_idle = False
+        self._run: Any = None  # the latest iteration of this epoch (an EpochRun), or None
+        self._steps = 0  # batches that iteration yielded
         self._iterating = False
-
-    @property
-    def rank(self) -> int:
-        return self.dataset.rank
+        self._warned_idle = False
 
     @property
     def world_size(self) -> int:
-        return self.dataset.world_size
+        return self.source.world_size
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.dataset.tokenizer
 
     @property
     def corpora(self) -> tuple[str, ...]:
         """The corpora's names, in order: ``batch.corpus`` indexes them (``("",)`` for one unnamed)."""
-        return self.dataset.shards.corpora
+        return self.source.corpora
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it."""
         epoch = int(epoch)
         if epoch != self.epoch:
-            self._runs, self._steps, self._complete = [], 0, False
-            if self._resume is not None and self._resume[0] != epoch:
-                self._resume = None  # the trainer moved on from the epoch it resumed in
+            self._run, self._steps = None, 0
         self.epoch = epoch
 
-    def _start(self) -> tuple[list[tuple[int, int, int]], bool]:
-        """(earlier runs, complete) the next iteration of the epoch starts from: a loaded position, or the start."""
-        if self._resume is not None and self._resume[0] == self.epoch:
-            return self._resume[1], self._resume[2]
-        return [], False
-
-    def assignment(self, runs: list[tuple[int, int, int]] | None = None) -> Assignment:
-        """Who yields which planned batches of the epoch set, after ``runs`` (default: where the next
-        iteration starts)."""
-        runs = self._start()[0] if runs is None else runs
-        key = tuple(runs)
-        if self._planned is None or self._planned[:2] != (self.epoch, key):
-            counts = self.dataset.plan(self.epoch).counts
-            self._planned = (self.epoch, key, self.dataset.assignment(counts, runs))
-        return self._planned[2]
+    def _next_run(self) -> Any:
+        """The run the next iteration of the epoch set yields: from a loaded position in it, else its start."""
+        return self.source.run(self.source.start(self.epoch))
 
     def __len__(self) -> int:
         """Batches this rank yields in the next (or current) iteration of the epoch set: the whole
         epoch, or what is left of it after :meth:`load_state_dict`.  The same on every rank."""
-        if self._iterating:
-            return 0 if self._complete else self.assignment(self._runs).steps[self.rank]
-        runs, complete = self._start()
-        return 0 if complete else self.assignment(runs).steps[self.rank]
+        run = self._run if self._iterating else self._next_run()
+        return run.steps(self.rank)
+
+    def position(self) -> Any:
+        """Where the epoch set stands: after the batches its latest iteration yielded (a loaded
+        position before any)."""
+        if self._run is None:
+            return self.source.start(self.epoch)
+        return self._run.after(self.rank, self._steps)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as a few numbers, for a checkpoint; see :meth:`load_state_dict`.
 
-        Every batch is a function of (seed, epoch, the plan's inputs), and which batches each
-        rank has yielded a function of the runs' topologies and steps: ``runs`` lists the epoch's
-        runs so far as ``[world_size, num_workers, steps]``.  Under DDP (training) every rank is
-        at the same step, so rank 0's state restores every rank, on any world size and workers.
+        Every batch is a function of (seed, epoch, the plan's inputs), and where an epoch stands a
+        few numbers (``loading/state.py`` has the format).  Under DDP (training) every rank is at
+        the same step, so rank 0's state restores every rank, on any world size and workers.
         """
-        if self._resume is not None and self._resume[0] == self.epoch:  # loaded, not iterated yet
-            runs, complete = self._resume[1], self._resume[2]
-        else:
-            runs = self._runs + ([(self.world_size, self.num_workers, self._steps)] if self._steps else [])
-            complete = self._complete
-        return {"version": STATE_VERSION, "seed": self.dataset.cfg.seed, "epoch": self.epoch,
-                "step": sum(s for _, _, s in runs), "complete": complete,
-                "runs": [list(r) for r in runs], "options": asdict(self.dataset.cfg.plan),
-                "fingerprint": self.dataset.fingerprint()}
+        src = self.source
+        at = self.position()
+        return {"version": STATE_VERSION, "kind": src.kind, "seed": self.dataset.cfg.seed, "epoch": at.epoch,
+                "step": at.step, "complete": src.complete(at), "global_step": src.global_step(at),
+                "position": src.position_json(at),
+                "mixture": None if src.mixture is None else src.mixture.to_json(),
+                "options": asdict(self.dataset.cfg.plan), "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
         the next iteration of ``state["epoch"]`` yields the planned batches not yet yielded, dealt
-        anew over the ranks (equal steps again; at most one batch per rank left over).
+        anew over the ranks (one corpus: equal steps again, at most one batch per rank left over; a
+        mixture: its schedule goes on at the saved global step, every corpus where it stood).  A
+        mixture other than the saved one is allowed: it warns, saying what changed.
 
-        Raises ValueError when the state was saved for other shards, options or seed, or names a
-        position past the end of its epoch.
+        Raises :class:`~wdsprep.loading.state.StateError` (a ValueError) when the state was saved
+        for other shards, options or seed, or any of its fields is not what such a loader saves.
         """
-        ds = self.dataset
-        self._check_state(state, {"runs"})
-        epoch = int(state["epoch"])
-        runs: list[tuple[int, int, int]] = []
-        counts = ds.plan(epoch).counts
-        for world, workers, steps in state["runs"]:
-            run = (int(world), int(workers), int(steps))
-            if run[0] < 1 or run[1] < 0:
-                raise ValueError(f"the loader state has a run on world size {run[0]} with {run[1]} workers")
-            total = epoch_assignment(counts, runs, run[0], run[1], equal=ds.cfg.train).steps[0]
-            if not 0 <= run[2] <= total:
-                raise ValueError(f"the loader state says step {run[2]} of epoch {epoch} on world size {run[0]} with "
-                                 f"{run[1]} workers, but that run of the epoch has {total} steps: the state is not "
-                                 f"from these shards and options, or was edited")
-            runs.append(run)
-        self.set_epoch(epoch)
-        self._resume = (epoch, runs, bool(state["complete"]))
+        saved = read_state(state, kind=self.source.kind, seed=self.dataset.cfg.seed,
+                           options=asdict(self.dataset.cfg.plan), fingerprint=self.dataset.fingerprint())
+        at = self.source.position(saved)
+        self.source.resume(at)
+        self.set_epoch(at.epoch)
+        self._run, self._steps = None, 0
 
-    def _check_state(self, state: dict[str, Any], keys: set[str]) -> None:
-        """Refuse a state saved for another seed, options, shards or kind of loader, saying which."""
-        ds = self.dataset
-        missing = ({"version", "seed", "epoch", "complete", "fingerprint"} | keys) - set(state)
-        if missing:
-            kind = (" (it is a mixed loader's state)" if "position" in state else
-                    " (it is a single-corpus loader's state)" if "runs" in state else "")
-            raise ValueError(f"not a wdsprep loader state for this loader (version {STATE_VERSION}){kind}: "
-                             f"missing {sorted(missing)}")
-        if state["seed"] != ds.cfg.seed:
-            raise ValueError(f"the loader state was saved with seed={state['seed']} (this loader: {ds.cfg.seed}): "
-                             f"the batches depend on it; build the loader with the saved seed to resume")
-        mine = asdict(ds.cfg.plan)
-        differ = [f"{k}={v} (this loader: {mine.get(k)})" for k, v in state.get("options", {}).items()
-                  if mine.get(k) != v]
-        if differ:
-            raise ValueError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
-                             f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
-                             f"over the world size: pass max_frames as saved)")
-        if state["fingerprint"] != ds.fingerprint():
-            raise ValueError("the loader state was saved for other shards, index, tokenizer or batching options "
-                             "(fingerprint differs): resuming would not continue the same epoch")
-
-    def _dataloader(self) -> DataLoader | ShardStream:
+    def _dataloader(self, note: bytes) -> DataLoader | ReaderStream:
         """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
         workers, the dataset itself: a DataLoader would only add ~4% (a profiler hook per batch).
 
-        The pool flags are created with the workers (before they fork) and live as long as they do.
+        The pool flags and the control are created with the workers (before they fork) and live as
+        long as they do; a note too long for the control starts workers with a larger one.
         """
+        control = self.dataset.control
+        if len(note) > control.capacity:
+            self.dataset.control = WorkerControl(max(len(note) * 2, control.capacity * 2))
+            self.dataset.control.pool = control.pool
+            self._loader = None  # persistent workers hold the old control: fork new ones
+        self.dataset.control.write(note)
         if self._loader is not None:
             return self._loader
         persistent = self.persistent_workers and self.num_workers > 0
@@ -253,7 +204,7 @@ class Loader:
             # num_workers=0 recycles batch buffers the same way, in this process, for the Loader's
             # life: filling fresh memory cost a page fault per 4 KiB, ~20% of an epoch.
             self._slots = SlotCache(max(1, self.num_workers))
-            self.control.pool = (self._slots.flags, self._slots.serial)
+            self.dataset.control.pool = (self._slots.flags, self._slots.serial)
         if self.num_workers == 0:
             return self.dataset
         kw: dict[str, Any] = {}
@@ -280,10 +231,10 @@ class Loader:
             buf = _pin(p.buf) if self._pin else p.buf
         return unpack(p._replace(buf=buf))
 
-    def _batches(self, iteration: int, expected: list[BatchId]) -> Iterator[Batch]:
-        """This rank's batches, in the order the assignment says, with the readers' counts folded in."""
+    def _batches(self, iteration: int, note: bytes, expected: list[BatchId]) -> Iterator[Batch]:
+        """This rank's batches, in the order the run says, with the readers' counts folded in."""
         st = self.stats
-        loader = self._dataloader()
+        loader = self._dataloader(note)
         slots = self._slots
         assert slots is not None
         slots.new_epoch()  # before iter(): the workers resume the moment it returns
@@ -302,7 +253,7 @@ class Loader:
                 continue
             if k >= len(expected) or bid != expected[k]:
                 # The resume of another run relies on this order (DataLoader workers in turn).
-                raise RuntimeError(f"loader bug: batch {bid} came as this rank's batch {k}, the assignment says "
+                raise RuntimeError(f"loader bug: batch {bid} came as this rank's batch {k}, the plan says "
                                    f"{expected[k] if k < len(expected) else 'no more'}")
             k += 1
             batch = self._receive(packed, worker)
@@ -315,42 +266,28 @@ class Loader:
                 raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
                                    "finish or drop the old iterator first")
 
-    def _begin(self) -> list[BatchId] | None:
-        """Set up an iteration of the epoch: its stats, what the readers are told; the batches this
-        rank yields, in order (None: the epoch is complete)."""
-        ds = self.dataset
-        self._runs, self._complete = self._start()
-        self._resume = None
-        plan = ds.plan(self.epoch)
-        a = self.assignment(self._runs)
-        self.stats = st = self._planned_stats(plan, a)
-        speakers = ds.speakers
-        if speakers is not None:  # from the plan and the index: no feature read
-            st.shuffle = plan_quality(plan, a, speakers.ids, ds.shards.frames, ranks=[self.rank],
-                                      source=speakers.source).to_dict()
-        if self._complete:
-            return None
-        self._warn_idle(a)
-        self.control.write(self.epoch, plan.counts, self._runs)  # read by the readers in iter()
-        return rank_order(a, self.rank, next_turn(plan.counts, self._runs, self.world_size, self.num_workers,
-                                                  self.rank, equal=ds.cfg.train))
-
     def __iter__(self) -> Iterator[Batch]:
-        ds = self.dataset
+        src = self.source
+        at = src.start(self.epoch)
+        run = self._run = src.run(at)
         self._steps = 0
-        expected = self._begin()
-        if expected is None:
+        self.stats = st = run.planned_stats(self.rank)
+        if run.complete:
             return
-        st = self.stats
-        names = ds.shards.corpora
+        warning = run.idle_warning(self.rank)
+        if warning and not self._warned_idle:
+            self._warned_idle = True
+            warnings.warn(warning, UserWarning, stacklevel=2)
+        expected = run.rank_order(self.rank)
+        names = src.corpora
         start = time.perf_counter()
         self._iteration += 1
-        batches = self._batches(self._iteration, expected)
+        batches = self._batches(self._iteration, WorkerControl.encode(src.note(at)), expected)
         self._iterating = True
         try:
             for batch in batches:
                 counted = BatchTally()
-                counted.add(batch.feat_lens.numpy(), ds.cfg.plan.max_frames)
+                counted.add(batch.feat_lens.numpy(), self.dataset.cfg.plan.max_frames)
                 st.add_batches(counted)
                 if len(names) > 1:
                     st.add_corpora(names, batch.corpus.numpy(), batch.feat_lens.numpy())
@@ -366,146 +303,15 @@ class Loader:
         st.seconds = time.perf_counter() - start
         if self._steps != len(expected):
             raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {len(expected)}")
-        self._complete = True
-        self._ended()
-        if self.group is not None and ds.cfg.train:  # dev mode: ranks end apart, and need not meet
-            ranks = gather(self.group, [self.epoch, self._steps, ds.fingerprint()], timeout=self.collective_timeout,
-                           where=f"end of epoch {self.epoch}")
+        progress = src.progress(self.position())
+        for name, done in zip(names, progress or []):
+            st.corpora.setdefault(name, CorpusStats()).epochs = done
+        if self.group is not None and self.dataset.cfg.train:  # dev mode: ranks end apart, and need not meet
+            ranks = gather(self.group, [self.epoch, self._steps, self.dataset.fingerprint()],
+                           timeout=self.collective_timeout, where=f"end of epoch {self.epoch}")
             if len({tuple(r) for r in ranks}) > 1:
                 raise RuntimeError(f"wdsprep loader: ranks ended epoch {self.epoch} differently "
                                    f"([epoch, steps, fingerprint] per rank: {ranks})")
-
-    def _ended(self) -> None:
-        """The epoch was iterated to its end (a hook for the mixed loader's stats)."""
-
-    def _planned_stats(self, plan: EpochPlan, a: Assignment) -> LoaderStats:
-        """The stats an iteration starts from: what the plan gives this rank, and what it leaves out."""
-        st = LoaderStats(epoch=self.epoch, steps=sum(s for _, _, s in self._runs),
-                         planned_steps=0 if self._complete else a.steps[self.rank])
-        utts = lambda tasks: sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])  # noqa: E731
-                                 for t in tasks)
-        st.assigned = sum(utts(tasks) for tasks in a.workers[self.rank])
-        total = sum(int(s.starts[-1]) for s in plan.streams)
-        st.discarded = utts(a.discarded)
-        st.discarded_fraction = st.discarded / total if total else 0.0
-        if not self._runs:  # what the plan left out, counted once, by the rank the stream was dealt to
-            lost = self.dataset.shards.lost
-            for s in plan.streams:
-                if a.owners[s.stream] != self.rank:
-                    continue
-                unreadable = int(lost[s.shards].sum()) if len(s.shards) else 0
-                extra = Counter(s.dropped) + Counter({"unreadable": unreadable})
-                if extra:
-                    st.dropped = dict(Counter(st.dropped) + extra)
-        return st
-
-    def _warn_idle(self, a: Assignment) -> None:
-        readers = a.workers[self.rank]
-        idle = sum(not tasks for tasks in readers)
-        # A corpus too small for a stream per reader pads less in fewer streams: no warning then.
-        big = self.dataset.shards.num_utts >= MIN_STREAM_UTTS * self.world_size * self.num_workers
-        if idle and self.num_workers > 1 and big and not self._warned_idle:
-            self._warned_idle = True
-            warnings.warn(f"rank {self.rank}: {idle} of {self.num_workers} DataLoader workers get no batches this "
-                          f"epoch: the plan has {len(self.dataset.plan(self.epoch).streams)} streams for "
-                          f"{self.world_size} ranks x {self.num_workers} workers; pass streams= at least "
-                          f"{self.world_size * self.num_workers} (or fewer workers)", UserWarning, stacklevel=3)
-
-
-class MixedLoader(Loader):
-    """A :class:`Loader` over named corpora mixed by weight, temperature or schedule (see
-    ``loading/mixplan.py``): every loader epoch has the same number of steps on every rank,
-    ``len(loader)`` of them, and nothing is left over; each corpus runs through epochs of its own.
-
-    Its state (:meth:`state_dict`) is where every corpus stands, a few numbers per stream: it
-    resumes on any world size and workers, and on the same ones exactly as if never stopped.
-    """
-
-    dataset: MixedStream
-
-    def __init__(self, dataset: MixedStream, **kw: Any) -> None:
-        super().__init__(dataset, **kw)
-        self._from: MixPosition | None = None  # where the current iteration started
-
-    def set_epoch(self, epoch: int) -> None:
-        if int(epoch) != self.epoch:
-            self._from, self._steps = None, 0
-        super().set_epoch(epoch)
-
-    def __len__(self) -> int:
-        """Steps this rank yields in the next (or current) iteration of the epoch set; the same on every rank."""
-        if self._iterating and self._from is not None:
-            return self.dataset.mix.run(self.epoch, self._from).steps
-        return self.dataset.mix.run(self.epoch).steps
-
-    def position(self) -> MixPosition:
-        """Where every corpus stands now: after the batches yielded in this epoch's iteration."""
-        if self._from is None:
-            return self.dataset.mix.epoch_start(self.epoch)
-        return self.dataset.mix.run_from(self._from, steps=self._steps).end
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the mixed run stands, for a checkpoint: the loader epoch and step, the schedule's
-        global step, every corpus's epoch and what of it is handed out; rank 0's serves every rank."""
-        ds = self.dataset
-        pos = self.position()
-        return {"version": STATE_VERSION, "seed": ds.cfg.seed, "epoch": pos.epoch, "step": pos.step,
-                "global_step": pos.global_step, "complete": pos.batches_left == 0, "position": pos.to_json(),
-                "mixture": ds.mix.mixture.to_json(), "options": asdict(ds.cfg.plan), "fingerprint": ds.fingerprint()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` on this loader's world size and workers: the schedule goes
-        on at the saved global step and every corpus where it stood.  A mixture other than the
-        saved one is allowed: it warns, saying what changed, and applies from the saved step on.
-
-        Raises ValueError when the state was saved for other shards, options or seed.
-        """
-        ds = self.dataset
-        self._check_state(state, {"position", "mixture"})
-        try:
-            pos = MixPosition.from_json(state["position"])
-            saved = Mixture.from_json(state["mixture"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"the loader state's position or mixture is not readable ({e!r}): "
-                             f"was it edited?") from None
-        if pos.epoch != int(state["epoch"]) or len(pos.corpora) != len(self.corpora):
-            raise ValueError(f"the loader state's position is for epoch {pos.epoch} and {len(pos.corpora)} corpora, "
-                             f"its epoch {state['epoch']} and this loader {len(self.corpora)}: was it edited?")
-        changed = ds.mix.mixture.changes_from(saved)
-        if changed:
-            warnings.warn(f"the mixture differs from the one the loader state was saved with: {changed}; the new one "
-                          f"applies from global step {pos.global_step} on", UserWarning, stacklevel=2)
-        ds.mix.set_anchor(pos)
-        if self._loader is not None:  # persistent workers hold the old anchor: start fresh ones
-            self._loader, self._slots = None, None
-        self.set_epoch(pos.epoch)
-        self._from, self._steps = None, 0
-
-    def _begin(self) -> list[BatchId] | None:
-        mix = self.dataset.mix
-        start = self._from = mix.epoch_start(self.epoch)
-        run = mix.run(self.epoch, start)
-        refs = run.rank_order(self.rank)
-        self.stats = st = LoaderStats(epoch=self.epoch, steps=start.step, planned_steps=run.steps)
-        st.corpora = {name: CorpusStats() for name in self.corpora}
-        if self.dataset.speakers is not None:  # from the plan and the index: no feature read
-            for name, q in mix.shuffle_quality(run, self.dataset.speakers, ranks=[self.rank]).items():
-                st.corpora[name].shuffle = q
-        st.assigned = sum(mix.batch_size(r) for r in refs)
-        dropped = sum((mix.plan_dropped(r) for r in refs), Counter())
-        st.dropped = dict(+dropped)
-        if not run.steps:
-            return None
-        self.control.write(self.epoch, np.zeros(0, np.int64), [])  # the readers need only the epoch
-        return list(refs)
-
-    def _ended(self) -> None:
-        pos = self.position()
-        for name, done in zip(self.corpora, self.dataset.mix.progress(pos)):
-            self.stats.corpora[name].epochs = done
-
-
-STATE_VERSION = 2
 
 
 def make_loader(
@@ -571,8 +377,9 @@ def make_loader(
         max_utts_per_speaker: at most this many utterances of one speaker per batch (speakers from
             the index: ``pack --utt2spk``, else the speaker each id names; docs/shuffle.md).
         tokenize_group: utterances per block when a shard's samples are read.
-        streams: canonical streams the epoch is planned in (default: min(shards, 64)); each is read
-            by one reader, so at least world_size x num_workers keeps every worker busy.
+        streams: canonical streams the epoch is planned in (default: min(shards, 64, utterances // 2000),
+            at least 1); each is read by one reader, so at least world_size x num_workers keeps every
+            worker busy.
         rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
         prefetch_factor: batches each worker prepares ahead (torch's default: 2).
         pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process
@@ -623,42 +430,14 @@ def make_loader(
                          retries=retries, retry_backoff=retry_backoff)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
-    mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
-    given = [k for k, v in mixing.items() if v is not None]
     if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    named = isinstance(trset, Mapping)
-    if given and not (named and train):
-        why = "a dev loader (train=False) reads every corpus once, unmixed" if named else \
-            "give trset as {name: pattern, ...}"
-        raise ValueError(f"{', '.join(given)}: only named corpora are mixed, in training; {why}")
-    if named:
-        shards = union({str(name): shard_set(expand_shards(patterns), policy=fetch.policy())
-                        for name, patterns in trset.items()})
-    else:
-        shards = shard_set(expand_shards(trset), policy=fetch.policy())
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
-    speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None, policy=fetch.policy())
-    if max_utts_per_speaker is not None and speakers is None:
-        raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index; these shards "
-                         "are in no index: run wdsprep index on a local copy, or leave the option out")
-    topology = {"rank": rank, "world_size": world_size, "num_workers": num_workers, "speakers": speakers}
-    dataset: ShardStream
-    if named and train and (len(shards.corpora) > 1 or given):
-        mixture = mixture_for(shards, weights=weights, temperature=temperature, schedule=schedule)
-        dataset = MixedStream(shards, tokenizer, cfg, mixture=mixture, steps_per_epoch=steps_per_epoch,
-                              control=WorkerControl(0), **topology)
-        loader_cls: type[Loader] = MixedLoader
-        if not dataset.mix.run(0).steps:
-            raise ValueError(f"a mixed epoch of 0 steps on {world_size} ranks: give steps_per_epoch")
-    else:
-        control = WorkerControl(options.num_streams(len(shards), shards.num_utts))
-        dataset = ShardStream(shards, tokenizer, cfg, control=control, **topology)
-        loader_cls = Loader
-        batches = dataset.plan(0).num_batches
-        if train and batches < world_size:
-            raise ValueError(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
-                             f"least one (fewer ranks, a smaller max_frames, or more data)")
+    shards = load_shards(trset, policy=fetch.policy(), derive_speakers=max_utts_per_speaker is not None)
+    source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
+                          named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
+                          schedule=schedule, steps_per_epoch=steps_per_epoch)
+    dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl())
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
     group = loader_group(collective_timeout) if world_size > 1 else None
@@ -669,10 +448,5 @@ def make_loader(
             raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints "
                              f"{fingerprints}): give every rank the same trset, index and loader options")
     _settle_heap()
-    return loader_cls(dataset, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
-                      prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)
-
-
-def __getattr__(name: str) -> Any:
-    # wdsprep 0.1 kept the stages, the collate and the transport here: one release of grace.
-    return _moved.moved_attribute(__name__, name, _moved.LOADER_MOVED)
+    return Loader(dataset, rank=rank, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
+                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)

@@ -130,7 +130,7 @@ def bench_tail(work: Path) -> list[dict]:
     sys.path.insert(0, str(REPO / "tests"))
     from shardsets import build  # the test fixture's corpus, packed as users pack
 
-    from wdsprep.check.dryrun import plan_report
+    from wdsprep.check.planreport import plan_report
 
     shutil.rmtree(work / "uneven", ignore_errors=True)
     out, _ = build(work / "uneven", n=260, utts_per_shard=29, groups=["0:150", "150:"])

@@ -27,7 +27,7 @@ import kaldiio
 import numpy as np
 
 from wdsprep import pack_data
-from wdsprep.check.dryrun import plan_report
+from wdsprep.check.planreport import plan_report
 
 
 def make_sorted_dir(d: Path, utts: int, speakers: int, seed: int = 0) -> tuple[Path, Path, Path]:

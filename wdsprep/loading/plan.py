@@ -37,6 +37,9 @@ _SHUFFLE, _BATCHES = 1, 2
 # Arrivals exchanged with the shuffle buffer per numpy step (fixed: the draws depend on it).
 _BUFFER_BLOCK = 4096
 
+BatchId = tuple[int, int, int, int]  # a planned batch: (corpus, corpus epoch, stream, batch of that stream)
+Planned = tuple[BatchId, np.ndarray]  # a planned batch and its utterances' rows in the loader's shard set
+
 
 @dataclass(frozen=True)
 class PlanOptions:

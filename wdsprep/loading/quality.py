@@ -31,13 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wdsprep.format.index import Speakers, read_index
-from wdsprep.format.shardlist import index_place, is_url
 from wdsprep.loading.assign import Assignment, rank_order
 from wdsprep.loading.plan import EpochPlan
-from wdsprep.loading.shardset import ShardSet, remote_index
-from wdsprep.remote.fetch import RetryPolicy
-from wdsprep.remote.urls import has_folder
 
 RECURRENCE_STEPS = (1, 4)  # k of "recurs within the next k steps" reported
 
@@ -273,31 +268,3 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
         q.speakers = int(np.count_nonzero(counts))
         out.append(q)
     return out
-
-
-def shard_speakers(shards: ShardSet, *, derive: bool = True, policy: RetryPolicy | None = None) -> Speakers | None:
-    """Every utterance's speaker in the shard set's row order, numbered across folders: the stored
-    columns the shard set was built with; else, with ``derive``, by the key rule for indexes that
-    store none (which reads their keys; a remote index's are fetched, with ``policy``).  None when
-    a shard is in no index (a ``pipe:`` command, a shard packed elsewhere and not indexed), or
-    when an index stores none and not ``derive``."""
-    if shards.speakers is not None or not derive:
-        return shards.speakers
-    indexes: dict[str, Any] = {}
-    parts: list[Speakers] = []
-    for k, url in enumerate(shards.urls):
-        if is_url(url) and not has_folder(url):
-            return None
-        folder, name = index_place(url)
-        if folder not in indexes:
-            indexes[folder] = (remote_index(folder, policy=policy or RetryPolicy(), keys=True) if is_url(url)
-                               else read_index(folder))
-        index = indexes[folder]
-        i = None if index is None else index.position(name)
-        if i is None:
-            return None
-        a, b = int(index.starts[i]), int(index.starts[i + 1])
-        if b - a != shards.utts[k]:
-            return None  # not the index the plan was made from
-        parts.append(index.speakers().rows(a, b))
-    return Speakers.concat(parts)

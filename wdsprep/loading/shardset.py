@@ -64,7 +64,7 @@ class ShardSet:
     lost: np.ndarray | None = None  # int64 [S]: samples a scan found the loader cannot read (damage)
     corpora: tuple[str, ...] = ("",)  # the named corpora, in order (one unnamed without names)
     corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
-    # Every utterance's speaker, where every shard's index stores them (else None: see quality.shard_speakers).
+    # Every utterance's speaker, where every shard's index gives them (see shard_set), else None.
     speakers: Speakers | None = None
 
     def __post_init__(self) -> None:
@@ -169,10 +169,13 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
     return index
 
 
-def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> ShardSet:
+def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
-    ``policy``: retries for fetching remote indexes."""
+    ``policy``: retries for fetching remote indexes.  Every utterance's speaker comes with the set
+    where every index stores them; with ``derive_speakers`` also by the key rule from the keys of
+    an index that stores none (``Speakers.from_keys``; a remote index's keys are fetched for it).
+    A shard in no index leaves the set without speakers."""
     indexes: dict[str, FolderIndex | None] = {}
     utts: list[int] = []
     sizes: list[int] = []
@@ -225,7 +228,9 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
                 f"or the shard was replaced on purpose, re-index it (wdsprep index --refresh '{url}'); "
                 f"otherwise restore the shard or repack")
         a, b = int(index.starts[i]), int(index.starts[i + 1])
-        if speakers is not None and index.has_speakers:
+        if speakers is not None and (index.has_speakers or derive_speakers):
+            if not index.has_speakers and remote:  # the key rule needs the keys, not fetched for planning
+                index = indexes[folder] = remote_index(folder, policy=policy or RetryPolicy(), keys=True)
             speakers.append(index.speakers().rows(a, b))
         else:
             speakers = None

@@ -2,7 +2,7 @@
 
 The epoch plan (``plan.py``) decided every batch; these stages read them.  Each takes an iterator
 of ``(batch id, rows)`` pairs, ``rows`` a :class:`~wdsprep.loading.records.Records` block held as
-columns, and yields them on.  They are composed in one place, ``ShardStream.stages``
+columns, and yields them on.  They are composed in one place, ``ReaderStream.stages``
 (``stream.py``).  numpy only: no torch here, so they run and test anywhere.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from wdsprep.format.samples import report_damage
 from wdsprep.format.shardfile import ShardError
 from wdsprep.loading.fetch import FetchOptions, ShardFetcher
-from wdsprep.loading.plan import StreamPlan
+from wdsprep.loading.plan import BatchId, Planned
 from wdsprep.loading.read import iter_records
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
@@ -24,14 +24,7 @@ from wdsprep.loading.stats import WorkerTally
 from wdsprep.remote.fetch import FetchError, SizeMismatchError
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
-BatchId = tuple[int, ...]  # (stream, batch of that stream); mixed: (corpus, corpus epoch, stream, batch)
-Planned = tuple[BatchId, np.ndarray]  # a batch's global utterance rows
 Rows = tuple[BatchId, Records]
-
-
-def planned_batches(order: Sequence[tuple[int, int]], plan_of: Callable[[int], StreamPlan]) -> list[Planned]:
-    """The batches ``(stream, j)`` of ``order``, each as the global rows the plan gave it."""
-    return [((s, j), plan_of(s).batch(j)) for s, j in order]
 
 
 class _Shard:

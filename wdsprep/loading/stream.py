@@ -1,14 +1,15 @@
 """One reader's epoch: the planned batches it was dealt, read, labelled, filtered and collated.
 
-:meth:`ShardStream.stages` is the one place the loader's run-time data flow is written down::
+:meth:`ReaderStream.stages` is the one place the loader's run-time data flow is written down::
 
-    plan (from the index, per stream) -> this reader's tasks (assign)
-      -> read each shard once, in stream order -> gather each planned batch's rows
+    the epoch source (from the index) -> this reader's planned batches, in order
+      -> read each shard once, in that order -> gather each planned batch's rows
       -> tokenize -> CTC filter -> collate (in a C thread, overlapped) -> Batch
 
-The plan and the assignment are pure functions of (seed, epoch, the shard set, the options,
-the topology), computed alike in the main process and in every worker, so the batches are the
-same in any process layout; only which reader yields which batch depends on the topology.
+The source is pure: the plan and this reader's share are computed alike in the main process and
+in every worker from the note the Loader writes (``source.note``: where the iteration starts),
+so the batches are the same in any process layout; only which reader yields which batch depends
+on the topology.
 """
 
 from __future__ import annotations
@@ -24,23 +25,22 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from wdsprep.format.index import Speakers
 from wdsprep.format.shardfile import row_reader
-from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn
 from wdsprep.loading.collate import Packed, start_collate
 from wdsprep.loading.fetch import FetchOptions
-from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, fingerprint, plan_epoch
+from wdsprep.loading.plan import BatchId, Planned, PlanOptions, fingerprint
 from wdsprep.loading.records import Records
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.stages import BatchId, Planned, filter_ctc, planned_batches, read_batches, tokenize
+from wdsprep.loading.source import EpochSource
+from wdsprep.loading.stages import filter_ctc, read_batches, tokenize
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.loading.transport import READ_AHEAD, ShmPool, WorkerControl
 from wdsprep.tokenizer import SubwordSampling, Tokenizer, derive_seed
 
 # What a reader hands the main process: a batch (None: its last counts, or a resumed run's
 # placeholder), the counts since its previous item, the reader, and which planned batch it is
-# ((-1, -1) with no batch).
+# ((-1, -1, -1, -1) with no batch).
 Item = tuple["Packed | None", WorkerTally, int, BatchId]
+NO_BATCH: BatchId = (-1, -1, -1, -1)
 
 
 @dataclass
@@ -61,80 +61,32 @@ class LoaderConfig:
         return self.plan.train
 
 
-class ShardStream(IterableDataset):
+class ReaderStream(IterableDataset):
     """The planned epoch of one rank, read by its readers (the main process, or DataLoader workers).
 
     Yields :data:`Item`; a reader's last item has no batch and carries its last counts.
     """
 
-    def __init__(self, shards: ShardSet, tokenizer: Tokenizer, cfg: LoaderConfig, *, rank: int, world_size: int,
-                 num_workers: int, control: WorkerControl, speakers: Speakers | None = None) -> None:
-        self.shards = shards
-        self.speakers = speakers  # per row of the shard set: max_utts_per_speaker plans with it, stats report it
+    def __init__(self, source: EpochSource, tokenizer: Tokenizer, cfg: LoaderConfig, *, rank: int,
+                 control: WorkerControl) -> None:
+        self.source = source
+        self.shards = source.shards
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.rank = rank
-        self.world_size = world_size
-        self.num_workers = num_workers
-        self.control = control  # the Loader's: the epoch and a resumed epoch's position reach readers through it
-        self._plan: EpochPlan | None = None  # the last full plan this process made (main process)
-        self._streams: dict[tuple[int, int], StreamPlan] = {}  # (epoch, stream) -> plan, this epoch's
+        self.control = control  # the Loader's: where each iteration starts reaches the readers through it
         self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
 
     def fingerprint(self) -> str:
         """A digest of what decides the batches besides (seed, epoch): the plan's options, the shard
         set (last two path parts, utterance counts, frame columns), the tokenizer, the run-time options."""
+        speakers = self.shards.speakers
+        planned = None if self.cfg.plan.max_utts_per_speaker is None or speakers is None else \
+            hashlib.blake2b(np.ascontiguousarray(speakers.ids).tobytes(), digest_size=8).hexdigest()
         run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.ctc_subsampling,
-               "sampling": repr(self.cfg.subword_sampling), "speakers": self._planned_speakers_digest()}
+               "sampling": repr(self.cfg.subword_sampling), "speakers": planned}
         text = json.dumps(run, sort_keys=True, default=repr, ensure_ascii=False)
         return fingerprint(self.cfg.plan, self.shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
-
-    def _planned_speakers(self) -> np.ndarray | None:
-        """The speaker column, where the plan depends on it (``max_utts_per_speaker``)."""
-        if self.cfg.plan.max_utts_per_speaker is None or self.speakers is None:
-            return None
-        return self.speakers.ids
-
-    def _planned_speakers_digest(self) -> str | None:
-        ids = self._planned_speakers()
-        return None if ids is None else hashlib.blake2b(np.ascontiguousarray(ids).tobytes(), digest_size=8).hexdigest()
-
-    def plan(self, epoch: int) -> EpochPlan:
-        """Every stream's plan for ``epoch`` (kept for the epoch: the main process plans once)."""
-        epoch = epoch if self.cfg.train else 0
-        if self._plan is None or self._plan.epoch != epoch:
-            self._plan = plan_epoch(self.shards.utts, self.shards.frames, self.cfg.plan, seed=self.cfg.seed,
-                                    epoch=epoch, speakers=self._planned_speakers())
-            self._streams = {(epoch, p.stream): p for p in self._plan.streams}
-        return self._plan
-
-    def stream_plan(self, epoch: int, stream: int) -> StreamPlan:
-        """One stream's plan: a worker plans only the streams it reads."""
-        epoch = epoch if self.cfg.train else 0
-        key = (epoch, stream)
-        if key not in self._streams:
-            if any(e != epoch for e, _ in self._streams):
-                self._streams = {}
-            one = plan_epoch(self.shards.utts, self.shards.frames, self.cfg.plan, seed=self.cfg.seed, epoch=epoch,
-                             streams=[stream], speakers=self._planned_speakers())
-            self._streams[key] = one.streams[stream]
-        return self._streams[key]
-
-    def assignment(self, counts: np.ndarray, runs: list[tuple[int, int, int]]) -> Assignment:
-        """Who yields what this epoch, after the epoch's earlier ``runs``, on this loader's topology."""
-        return epoch_assignment(counts, runs, self.world_size, self.num_workers, equal=self.cfg.train)
-
-    def reader_batches(self, worker: int) -> tuple[int, bool, list[Planned]]:
-        """(epoch, whether this reader hands out a placeholder first, its planned batches in order),
-        from what the Loader wrote into the control for this iteration."""
-        epoch, plan_counts, runs = self.control.read()
-        a = self.assignment(plan_counts, runs)
-        tasks = a.tasks(self.rank, worker)
-        # Resumed on the topology it stopped on: readers whose turn of the round had come already
-        # hand out a placeholder first, so the batches come in the order the stopped run's would.
-        lead = bool(tasks) and worker < next_turn(plan_counts, runs, self.world_size, self.num_workers, self.rank,
-                                                  equal=self.cfg.train)
-        return epoch, lead, planned_batches(a.reader_order(self.rank, worker), lambda s: self.stream_plan(epoch, s))
 
     def stages(self, planned: list[Planned], epoch: int, counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
         """The data flow of one reader for one epoch, in order."""
@@ -150,7 +102,9 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        epoch, lead, planned = self.reader_batches(worker)
+        at = self.source.from_note(self.control.read())
+        lead, planned = self.source.run(at).reader_batches(self.rank, worker)
+        epoch = at.epoch
         counts = WorkerTally()
         pool = None
         if self.control.pool is not None:
@@ -171,7 +125,7 @@ class ShardStream(IterableDataset):
 
         def item(done: tuple[BatchId, Callable[[], Packed]] | None) -> Item:
             if done is None:
-                return None, counts.take(), worker, (-1, -1)
+                return None, counts.take(), worker, NO_BATCH
             bid, finish = done
             out = finish()
             if out.nonfinite:

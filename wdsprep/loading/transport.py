@@ -4,6 +4,7 @@ shared state through which the Loader steers its (persistent) workers.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -25,40 +26,34 @@ _FREE, _BUSY = 0, 1
 
 
 class WorkerControl:
-    """What the Loader tells its readers each epoch, in shared memory: persistent workers were forked
-    with a copy of the dataset, so only shared memory reaches them after the fork.
+    """What the Loader tells its readers each iteration, in shared memory: persistent workers were
+    forked with a copy of the dataset, so only shared memory reaches them after the fork.
 
-    The epoch, the plan's batch count per stream, and a resumed epoch's earlier runs (world size,
-    workers, steps each): from these a reader works out the plan and its own share itself.  The
-    Loader owns it and writes it before each epoch's ``iter()``.
+    It holds one JSON note, the epoch source's (``source.note``): where the iteration starts, from
+    which a reader works out the plan and its own share itself.  The Loader owns it and writes it
+    before each iteration's ``iter()``; a note longer than ``capacity`` needs a larger control
+    (and workers forked with it).
     """
 
-    MAX_SEGMENTS = 64  # runs of one epoch: resumes within an epoch, one row each
-
-    def __init__(self, num_streams: int) -> None:
-        self._epoch = mp.RawValue("q", 0)
-        self._counts = mp.RawArray("q", max(1, num_streams))
-        self._num_streams = num_streams
-        self._segments = mp.RawArray("q", 3 * self.MAX_SEGMENTS)
-        self._num_segments = mp.RawValue("q", 0)
+    def __init__(self, capacity: int = 1 << 20) -> None:
+        self.capacity = capacity
+        self._note = mp.RawArray("c", capacity)
+        self._length = mp.RawValue("q", 0)
         # (flags, serial) of the Loader's SlotCache, set before the workers start: see ShmPool.
         self.pool: tuple[Any, Any] | None = None
 
-    def write(self, epoch: int, counts: np.ndarray, segments: list[tuple[int, int, int]]) -> None:
-        if len(segments) > self.MAX_SEGMENTS:
-            raise ValueError(f"an epoch resumed {len(segments)} times; at most {self.MAX_SEGMENTS} are kept")
-        self._epoch.value = epoch
-        self._counts[:self._num_streams] = [int(c) for c in counts]
-        flat = [int(x) for seg in segments for x in seg]
-        self._segments[:len(flat)] = flat
-        self._num_segments.value = len(segments)
+    @staticmethod
+    def encode(note: dict[str, Any]) -> bytes:
+        return json.dumps(note, separators=(",", ":")).encode()
 
-    def read(self) -> tuple[int, np.ndarray, list[tuple[int, int, int]]]:
-        """(epoch, batches per stream, earlier runs of the epoch)."""
-        k = self._num_segments.value
-        flat = self._segments[:3 * k]
-        return (self._epoch.value, np.array(self._counts[:self._num_streams], np.int64),
-                [tuple(flat[i:i + 3]) for i in range(0, 3 * k, 3)])  # type: ignore[misc]
+    def write(self, data: bytes) -> None:
+        if len(data) > self.capacity:
+            raise ValueError(f"a reader note of {len(data):,} bytes; this control holds {self.capacity:,}")
+        self._note[:len(data)] = data
+        self._length.value = len(data)
+
+    def read(self) -> dict[str, Any]:
+        return json.loads(self._note[:self._length.value])
 
 
 class ShmPool:

@@ -141,7 +141,7 @@ def build_loaders(hyper_path: str, hyper: dict, world: int, **train_overrides: A
     train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING, **train_overrides)
     # The loader's own tokenizer object: the labels it makes and the output layer's size can
     # never come from two different files.
-    tokenizer = train.dataset.tokenizer
+    tokenizer = train.tokenizer
     dev = None
     dev_ld = normalize_keys(train_option(hyper)).get("dev_ld")
     if dev_ld:

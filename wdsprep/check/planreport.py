@@ -1,0 +1,162 @@
+"""``wdsprep dry-run --plan``: the epochs' plan at N ranks, from the index alone.
+
+No feature is read, no tokenizer is needed and torch is never imported: the plan comes from the
+same epoch source the loader iterates (``loading/source.py``).  Per epoch: steps per rank,
+utterances and hours, padding efficiency, what the plan leaves out, the discarded tail and how
+random the batches are (speakers per batch against a random draw, speaker recurrence, lag-1
+length correlation: ``loading/quality.py``); for named corpora mixed, each corpus's scheduled
+against planned share of the utterances per step range, and how far each is through its epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Mapping, TextIO
+
+import numpy as np
+
+from wdsprep.loading.plan import PlanOptions
+from wdsprep.loading.quality import ShuffleQuality
+from wdsprep.loading.source import Trset, epoch_source, load_shards
+from wdsprep.loading.stats import BatchTally, LoaderStats
+from wdsprep.units import hours
+
+# make_loader's options that mix named corpora
+MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
+
+
+def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
+                out: TextIO | None = None, windows: int = 8, **plan_options: Any) -> list[dict[str, Any]]:
+    """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
+    returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
+    (``max_frames`` and any of the batching options ``make_loader`` takes), and for named corpora
+    (``trset`` a mapping) the mixing options too; a mixture's shares are shown in ``windows``
+    step ranges."""
+    out = out or sys.stdout
+    mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
+    options = PlanOptions(**plan_options)
+    shards = load_shards(trset, derive_speakers=True)
+    source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
+                          named=isinstance(trset, Mapping), **mixing)
+    names = source.corpora
+    reports = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        at = source.start(epoch)
+        run = source.run(at)
+        seconds = time.perf_counter() - t0
+        steps = [run.steps(r) for r in range(world_size)]
+        # Per step (over all ranks): each corpus's utterances and frames; every rank's batches' tally.
+        utts = np.zeros((max(steps, default=0), len(names)))
+        frames = np.zeros_like(utts)
+        total = BatchTally()
+        planned: list[LoaderStats] = []
+        for r in range(world_size):
+            for k, bid in enumerate(run.rank_order(r)):
+                rows = source.rows(bid)
+                f = shards.frames[rows]
+                total.add(f, options.max_frames)
+                utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
+                frames[k, bid[0]] += f.sum()
+            planned.append(run.planned_stats(r))
+        left = BatchTally()
+        for bid in run.discarded():
+            left.add(shards.frames[source.rows(bid)])
+        dropped: dict[str, int] = {}
+        for st in planned:
+            for reason, n in st.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        report: dict[str, Any] = {
+            "epoch": epoch, "world_size": world_size, "num_workers": num_workers, "steps_per_rank": steps,
+            "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),
+            "padding_efficiency": total.padding_efficiency, "dropped": dropped, "discarded_batches": left.batches,
+            "discarded_utterances": left.utterances, "streams": source.num_streams,
+            "planning_seconds": round(seconds, 3)}
+        if source.mixture is None:
+            if shards.speakers is not None:
+                report["shuffle"] = merged_shuffle([st.shuffle for st in planned])
+        else:
+            mixture = source.mixture
+            g0 = source.global_step(at) or 0
+            rows_ = []
+            for part in np.array_split(np.arange(len(utts)), min(windows, max(1, len(utts)))):
+                if not len(part):
+                    continue
+                g = g0 + part
+                rows_.append({"steps": [int(at.step + part[0]), int(at.step + part[-1])],
+                              "global_steps": [int(g[0]), int(g[-1])],
+                              "scheduled": mixture.at(g).mean(axis=0).round(4).tolist(),
+                              "planned": _shares(utts[part].sum(axis=0)),
+                              "hours_share": _shares(frames[part].sum(axis=0))})
+            progress = source.progress(run.after(0, run.steps(0))) or []
+            per_corpus = {n: {"utterances": int(u), "hours": round(hours(h), 4), "epochs": round(e, 3)}
+                          for n, u, h, e in zip(names, utts.sum(axis=0), frames.sum(axis=0), progress)}
+            report.update({"corpora": list(names), "mixture": mixture.describe(), "ranges": rows_,
+                           "per_corpus": per_corpus})
+            if shards.speakers is not None:
+                report["shuffle"] = {n: merged_shuffle([st.corpora[n].shuffle for st in planned]) for n in names}
+        reports.append(report)
+        out.write(plan_summary(report, shards.num_utts) + "\n")
+    return reports
+
+
+def merged_shuffle(shuffles: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """Ranks' shuffle reports as one (their sums add up)."""
+    q = ShuffleQuality.from_dict(shuffles[0])  # type: ignore[arg-type]
+    for other in shuffles[1:]:
+        q.merge(ShuffleQuality.from_dict(other))  # type: ignore[arg-type]
+    return q.to_dict()
+
+
+def _shares(x: np.ndarray) -> list[float]:
+    total = float(x.sum())
+    return [round(float(v) / total, 4) if total else 0.0 for v in x]
+
+
+def plan_summary(r: dict[str, Any], num_utts: int) -> str:
+    """The printed form of one epoch's :func:`plan_report`."""
+    steps = r["steps_per_rank"]
+    shown = steps if len(steps) <= 16 else f"{steps[:8]} ... ({len(steps)} ranks)"
+    lines = [
+        f"epoch {r['epoch']} planned for {r['world_size']} rank(s) x {max(1, r['num_workers'])} reader(s), "
+        f"{r['streams']} streams ({r['planning_seconds']:.2f} s, no feature read)",
+        f"  steps per rank      {shown}",
+        f"  utterances          {r['utterances']:,} of {num_utts:,} indexed, {r['hours']:.2f} hours",
+        f"  padding efficiency  {r['padding_efficiency']:.4f}",
+        f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
+        f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "
+        f"(at most one batch per rank)",
+    ]
+    if "mixture" not in r:
+        lines.append(shuffle_lines(r.get("shuffle")))
+        return "\n".join(lines)
+    names = r["corpora"]
+    width = max(8, *(len(n) for n in names))
+    lines += [f"  mixture             {r['mixture']}",
+              "  share of utterances per step range, scheduled -> planned (share of hours):",
+              "    " + f"{'steps':>17}  " + "  ".join(f"{n:>{width + 12}}" for n in names)]
+    for row in r["ranges"]:
+        a, b = row["global_steps"]
+        cells = [f"{s:.3f}->{p:.3f} ({h:.3f})" for s, p, h in zip(row["scheduled"], row["planned"], row["hours_share"])]
+        lines.append("    " + f"{a:>8}-{b:<8}  " + "  ".join(f"{c:>{width + 12}}" for c in cells))
+    lines.append("  per corpus          " + ", ".join(
+        f"{n}: {c['utterances']:,} utts, {c['hours']:.2f} h, {c['epochs']:.2f} epochs"
+        for n, c in r["per_corpus"].items()))
+    lines.append(corpus_shuffle_lines(r.get("shuffle")))
+    return "\n".join(lines)
+
+
+def corpus_shuffle_lines(shuffles: dict[str, dict[str, Any]] | None) -> str:
+    """Each corpus's shuffle report, its "steps" that corpus's batches on a rank."""
+    if shuffles is None:
+        return "  speakers            unknown (shards in no index)"
+    return "\n".join(f"  shuffle of {name} (steps: its own batches)\n" + shuffle_lines(q, indent="    ")
+                     for name, q in shuffles.items())
+
+
+def shuffle_lines(shuffle: dict[str, Any] | None, indent: str = "  ") -> str:
+    if shuffle is None:
+        return f"{indent}speakers            unknown (shards in no index)"
+    return ShuffleQuality.from_dict(shuffle).format(indent)

@@ -1,0 +1,140 @@
+"""One corpus planned on its own: the unit every epoch source is made of.
+
+A :class:`Corpus` is a shard set planned as one (a corpus; in dev mode the named corpora's union)
+with its own seed: its epochs' plans (``plan.py``), what each leaves out, and where its rows sit in
+the loader's shard set.  One corpus read alone is ``epochs.CorpusEpochs``; several mixed are
+``mix.epochs.MixedEpochs``.  Pure: no I/O, no torch.
+
+Plans are kept in three small most-recently-used tables, one idiom: whole plans (the main
+process's stats and shuffle report), single streams (a reader plans only the streams it reads)
+and each epoch's batch counts and sizes (what dealing batches to readers needs).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Generic, Hashable, TypeVar
+
+import numpy as np
+
+from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, plan_epoch
+from wdsprep.loading.shardset import ShardSet
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Recent(Generic[K, V]):
+    """The ``size`` values last used, by key; older ones are forgotten."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = make()
+        self.put(key, value)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def peek(self, key: K) -> V | None:
+        return self._items.get(key)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """An epoch's batches per stream, and (in the main process) utterances per batch."""
+
+    counts: np.ndarray  # int64 [streams]
+    sizes: list[np.ndarray] | None = None  # per stream: utterances in each batch; None where only counts are known
+
+
+class Corpus:
+    """A shard set planned as one, with its own seed; its rows start at ``row0`` of the loader's shard set.
+
+    ``speakers`` (one id per row of this corpus) is kept only when the plan depends on it
+    (``options.max_utts_per_speaker``).
+    """
+
+    def __init__(self, shards: ShardSet, options: PlanOptions, *, seed: int, row0: int = 0,
+                 speakers: np.ndarray | None = None) -> None:
+        self.shards = shards
+        self.options = options
+        self.seed = seed
+        self.row0 = row0
+        self.speakers = speakers if options.max_utts_per_speaker is not None else None
+        if options.max_utts_per_speaker is not None and speakers is None:
+            raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index")
+        self._plans: Recent[int, EpochPlan] = Recent(1)
+        self._streams: Recent[tuple[int, int], StreamPlan] = Recent(256)
+        self._tallies: Recent[int, Tally] = Recent(4)
+
+    @property
+    def num_streams(self) -> int:
+        return self.options.num_streams(len(self.shards), self.shards.num_utts)
+
+    def _epoch(self, epoch: int) -> int:
+        return epoch if self.options.train else 0  # dev mode: the same batches every epoch
+
+    def _plan(self, epoch: int, streams: list[int] | None = None) -> EpochPlan:
+        return plan_epoch(self.shards.utts, self.shards.frames, self.options, seed=self.seed, epoch=epoch,
+                          streams=streams, speakers=self.speakers)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """Every stream's plan of ``epoch`` (the last one asked for is kept)."""
+        epoch = self._epoch(epoch)
+        return self._plans.get(epoch, lambda: self._plan(epoch))
+
+    def stream(self, epoch: int, stream: int) -> StreamPlan:
+        """One stream's plan: from the whole plan when it is at hand, else planned alone."""
+        epoch = self._epoch(epoch)
+        whole = self._plans.peek(epoch)
+        if whole is not None:
+            return whole.streams[stream]
+        return self._streams.get((epoch, stream), lambda: self._plan(epoch, [stream]).streams[stream])
+
+    def counts(self, epoch: int) -> np.ndarray:
+        """Batches per stream of ``epoch``."""
+        return self._tally(epoch, sizes=False).counts
+
+    def sizes(self, epoch: int) -> list[np.ndarray]:
+        """Per stream, the utterances of each batch of ``epoch``."""
+        sizes = self._tally(epoch, sizes=True).sizes
+        assert sizes is not None
+        return sizes
+
+    def know_counts(self, epoch: int, counts: np.ndarray) -> None:
+        """Take the batch counts of ``epoch`` as given (a reader told by the main process), so
+        dealing the epoch does not plan every stream again."""
+        epoch = self._epoch(epoch)
+        if self._tallies.peek(epoch) is None:
+            self._tallies.put(epoch, Tally(np.asarray(counts, np.int64)))
+
+    def _tally(self, epoch: int, *, sizes: bool) -> Tally:
+        epoch = self._epoch(epoch)
+        got = self._tallies.peek(epoch)
+        if got is None or (sizes and got.sizes is None):
+            plan = self._plans.peek(epoch) or self._plan(epoch)  # the rows go: only the numbers are kept
+            got = Tally(plan.counts, [np.diff(s.starts) for s in plan.streams])
+            self._tallies.put(epoch, got)
+        return got
+
+    def dropped(self, epoch: int, stream: int) -> Counter[str]:
+        """What the plan of a stream leaves out of ``epoch``: its length filters, and the samples
+        of its shards the index says cannot be read."""
+        s = self.stream(epoch, stream)
+        unreadable = int(self.shards.lost[s.shards].sum()) if len(s.shards) else 0
+        return Counter(s.dropped) + Counter({"unreadable": unreadable})  # zero counts drop out
+
+    def rows(self, epoch: int, stream: int, batch: int) -> np.ndarray:
+        """A planned batch's rows in the loader's shard set."""
+        return self.stream(epoch, stream).batch(batch) + self.row0

@@ -1,0 +1,235 @@
+"""One corpus read alone: its epochs dealt to ranks and readers, the same batches on every topology.
+
+Every epoch is the corpus's own plan (``corpus.py``, ``plan.py``), its canonical streams dealt by
+``assign.py``: every rank yields ``total // world_size`` batches, at most one batch per rank is
+left over, and every batch any rank yields on any world size or worker count is a batch of the
+plan.  Where an epoch stands is its runs so far (:class:`Runs`), so a resume on another topology
+deals what is left anew.  Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from wdsprep.format.index import Speakers
+from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
+from wdsprep.loading.corpus import Corpus, Recent
+from wdsprep.loading.plan import MIN_STREAM_UTTS, BatchId, Planned
+from wdsprep.loading.quality import plan_quality
+from wdsprep.loading.state import (
+    MAX_RUNS,
+    MAX_WORKERS,
+    MAX_WORLD_SIZE,
+    SavedState,
+    StateError,
+    agree,
+    ints,
+    need_list,
+)
+from wdsprep.loading.stats import LoaderStats
+
+Run = tuple[int, int, int]  # (world size, workers per rank, steps)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Where an epoch of one corpus stands: its runs so far, each ``(world size, workers, steps)``."""
+
+    epoch: int
+    runs: tuple[Run, ...] = ()
+
+    @property
+    def step(self) -> int:
+        return sum(steps for _, _, steps in self.runs)
+
+    def then(self, world_size: int, num_workers: int, steps: int) -> Runs:
+        """This position after ``steps`` more steps on a topology."""
+        return Runs(self.epoch, self.runs + ((world_size, num_workers, steps),)) if steps else self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": [list(r) for r in self.runs]}
+
+
+class CorpusEpochs:
+    """The epochs of one corpus on one topology (``world_size`` ranks of ``num_workers`` readers)."""
+
+    kind = "corpus"
+    mixture = None
+
+    def __init__(self, corpus: Corpus, *, corpora: tuple[str, ...], world_size: int, num_workers: int,
+                 speakers: Speakers | None = None) -> None:
+        self.corpus = corpus
+        self.shards = corpus.shards
+        self.corpora = corpora  # the named corpora of its rows (dev mode plans their union as one)
+        self.world_size, self.num_workers = world_size, num_workers
+        self.speakers = speakers  # for the shuffle report
+        self.anchor: Runs | None = None  # a loaded position
+        self._runs: Recent[Runs, CorpusRun] = Recent(2)  # len(loader) and the iteration ask for the same one
+
+    @property
+    def num_streams(self) -> int:
+        return self.corpus.num_streams
+
+    @property
+    def train(self) -> bool:
+        return self.corpus.options.train
+
+    def start(self, epoch: int) -> Runs:
+        """Where an iteration of ``epoch`` starts: the loaded position in its epoch, else the epoch's start."""
+        return self.anchor if self.anchor is not None and self.anchor.epoch == epoch else Runs(epoch)
+
+    def resume(self, at: Runs) -> None:
+        self.anchor = at
+
+    def run(self, at: Runs) -> CorpusRun:
+        return self._runs.get(at, lambda: CorpusRun(self, at))
+
+    def global_step(self, at: Runs) -> int | None:
+        return None  # no schedule runs across a single corpus's epochs
+
+    def progress(self, at: Runs) -> list[float] | None:
+        """How far each named corpus is through epochs of its own: none but the loader's."""
+        return None
+
+    def rows(self, bid: BatchId) -> np.ndarray:
+        _, epoch, stream, batch = bid
+        return self.corpus.rows(epoch, stream, batch)
+
+    def assignment(self, at: Runs, world_size: int | None = None, num_workers: int | None = None) -> Assignment:
+        """Who yields what is left of the epoch after ``at`` (on this topology, or the one given)."""
+        w = self.world_size if world_size is None else world_size
+        nw = self.num_workers if num_workers is None else num_workers
+        return epoch_assignment(self.corpus.counts(at.epoch), list(at.runs), w, nw, equal=self.train)
+
+    def complete(self, at: Runs) -> bool:
+        """Whether the last run ended the epoch on its topology (what another topology would still
+        find left, the discarded tail, is not for it)."""
+        if not at.runs:
+            return False
+        w, nw, steps = at.runs[-1]
+        return self.assignment(Runs(at.epoch, at.runs[:-1]), w, nw).steps[0] <= steps
+
+    # -- the resume state -------------------------------------------------------------------------
+
+    def position(self, saved: SavedState) -> Runs:
+        """The saved position, checked against the plan: every run's topology and steps possible."""
+        at = Runs(saved.epoch)
+        total = int(self.corpus.counts(saved.epoch).sum())
+        # Training refuses more ranks than batches; dev mode deals whatever there is.
+        most = max(1, total) if self.train else MAX_WORLD_SIZE
+        for k, raw in enumerate(need_list(saved.position, "runs", most=MAX_RUNS, where="position.")):
+            w, nw, steps = ints(raw, 3, where=f"position.runs[{k}]")
+            if not 1 <= w <= most or nw > MAX_WORKERS:
+                raise StateError(f"the loader state's position.runs[{k}] is a run on {w} ranks with {nw} workers; "
+                                 f"epoch {saved.epoch} has {total} batches, so 1 to {most} ranks and at most "
+                                 f"{MAX_WORKERS} workers are possible: the state is damaged or was edited")
+            left = self.assignment(at, w, nw).steps[0]
+            if steps > left:
+                raise StateError(f"the loader state says step {steps} of epoch {saved.epoch} on world size {w} with "
+                                 f"{nw} workers, but that run of the epoch has {left} steps: the state is not from "
+                                 f"these shards and options, or was edited")
+            at = at.then(w, nw, steps)
+        agree(saved, epoch=at.epoch, step=at.step, complete=self.complete(at))
+        return at
+
+    def position_json(self, at: Runs) -> dict[str, Any]:
+        return at.to_json()
+
+    # -- what the readers are told ----------------------------------------------------------------
+
+    def note(self, at: Runs) -> dict[str, Any]:
+        """What a reader needs to deal the epoch as the main process does, without planning it whole."""
+        return {"epoch": at.epoch, "runs": [list(r) for r in at.runs],
+                "counts": self.corpus.counts(at.epoch).tolist()}
+
+    def from_note(self, note: Mapping[str, Any]) -> Runs:
+        self.corpus.know_counts(note["epoch"], np.array(note["counts"], np.int64))
+        return Runs(note["epoch"], tuple(tuple(r) for r in note["runs"]))  # type: ignore[misc]
+
+
+class CorpusRun:
+    """The rest of an epoch of one corpus, from ``at``, on the source's topology."""
+
+    def __init__(self, source: CorpusEpochs, at: Runs) -> None:
+        self.source, self.at = source, at
+        self.complete = source.complete(at)
+        self.assignment = source.assignment(at)
+
+    def steps(self, rank: int) -> int:
+        """Batches ``rank`` yields (the same on every rank in training)."""
+        return 0 if self.complete else self.assignment.steps[rank]
+
+    def _first_turn(self, rank: int) -> int:
+        s = self.source
+        return next_turn(s.corpus.counts(self.at.epoch), list(self.at.runs), s.world_size, s.num_workers, rank,
+                         equal=s.train)
+
+    def rank_order(self, rank: int) -> list[BatchId]:
+        """The batches ``rank`` yields, in order (its readers in turn, as torch's DataLoader takes them)."""
+        if self.complete:
+            return []
+        e = self.at.epoch
+        return [(0, e, s, j) for s, j in rank_order(self.assignment, rank, self._first_turn(rank))]
+
+    def reader_batches(self, rank: int, worker: int) -> tuple[bool, list[Planned]]:
+        """(whether the reader hands out a placeholder first, its planned batches in order).
+
+        Resumed on the topology it stopped on, readers whose turn of the round had come already
+        hand out a placeholder first, so the batches come in the order the stopped run's would.
+        """
+        if self.complete:
+            return False, []
+        e, corpus = self.at.epoch, self.source.corpus
+        lead = bool(self.assignment.tasks(rank, worker)) and worker < self._first_turn(rank)
+        return lead, [((0, e, s, j), corpus.rows(e, s, j)) for s, j in self.assignment.reader_order(rank, worker)]
+
+    def after(self, rank: int, steps: int) -> Runs:
+        """Where the epoch stands after this run's first ``steps`` steps."""
+        s = self.source
+        return self.at.then(s.world_size, s.num_workers, steps)
+
+    def planned_stats(self, rank: int) -> LoaderStats:
+        """What the plan gives ``rank`` in this run, and what it leaves out (counted once, by the
+        rank each stream was dealt to, in an epoch's first run; rank 0 counts a stream the plan left
+        without batches)."""
+        s, a, e = self.source, self.assignment, self.at.epoch
+        plan = s.corpus.plan(e)
+        st = LoaderStats(epoch=e, steps=self.at.step, planned_steps=self.steps(rank))
+        utts = lambda tasks: sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])  # noqa: E731
+                                 for t in tasks)
+        st.assigned = sum(utts(tasks) for tasks in a.workers[rank])
+        total = sum(int(p.starts[-1]) for p in plan.streams)
+        st.discarded = utts(a.discarded)
+        st.discarded_fraction = st.discarded / total if total else 0.0
+        if not self.at.runs:
+            dropped: Counter[str] = Counter()
+            for p in plan.streams:
+                owner = a.owners[p.stream]  # -1: a stream left without batches (all filtered) is rank 0's to count
+                if owner == rank or (owner < 0 and rank == 0):
+                    dropped += s.corpus.dropped(e, p.stream)
+            st.dropped = dict(dropped)
+        if s.speakers is not None:  # from the plan and the index: no feature read
+            st.shuffle = plan_quality(plan, a, s.speakers.ids, s.corpus.shards.frames, ranks=[rank],
+                                      source=s.speakers.source).to_dict()
+        return st
+
+    def discarded(self) -> list[BatchId]:
+        """The epoch's tail no rank yields (fewer batches than ranks)."""
+        e = self.at.epoch
+        return [(0, e, t.stream, j) for t in self.assignment.discarded for j in range(t.start, t.stop)]
+
+    def idle_warning(self, rank: int) -> str | None:
+        """Why some of ``rank``'s workers get no batches, when more streams would have kept them busy."""
+        s = self.source
+        idle = sum(not tasks for tasks in self.assignment.workers[rank])
+        # A corpus too small for a stream per reader pads less in fewer streams: no warning then.
+        big = s.corpus.shards.num_utts >= MIN_STREAM_UTTS * s.world_size * s.num_workers
+        if not (idle and s.num_workers > 1 and big):
+            return None
+        return (f"rank {rank}: {idle} of {s.num_workers} DataLoader workers get no batches this epoch: the plan has "
+                f"{s.corpus.num_streams} streams for {s.world_size} ranks x {s.num_workers} workers; pass streams= at "
+                f"least {s.world_size * s.num_workers} (or fewer workers)")

@@ -1,0 +1,154 @@
+"""The loader's resume state: one format for every epoch source, checked before anything uses it.
+
+``Loader.state_dict()`` returns::
+
+    {"version": 3, "kind": "corpus" | "mixture", "seed": int, "epoch": int, "step": int,
+     "complete": bool, "global_step": int | None, "position": {...}, "mixture": {...} | None,
+     "options": {...}, "fingerprint": str}
+
+``position`` is where the epoch source stands (``epochs.Runs``: the epoch's runs so far; a
+mixture's ``mix.deal.MixPosition``: where every corpus stands), a few numbers; the other fields
+repeat what follows from it (epoch, step, complete, global step) for people and tools, and must
+agree with it.  A state is read by :func:`read_state` and the source's ``position`` parser, which
+check every field's type and range against the plan before the loader uses any of it: an edited
+or damaged state is refused with the field named, never a hang, an allocation of its say-so or
+silently different batches.  Version 2 states (``runs`` or ``position`` at the top) still load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+STATE_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+# Bounds no real run comes near; past them a state is refused before anything is sized by it.
+MAX_WORLD_SIZE = 1 << 20
+MAX_WORKERS = 1024
+MAX_RUNS = 64  # resumes within one epoch
+MAX_EPOCH = 1 << 40
+# What a state's kind says, for messages.
+KINDS = {"corpus": "a single-corpus loader (one corpus, or named corpora read once)",
+         "mixture": "a mixed loader (named corpora mixed)"}
+
+
+class StateError(ValueError):
+    """A loader state that cannot be resumed from; the message names the field and what to do."""
+
+
+def need_int(doc: Mapping[str, Any], key: str, *, lo: int = 0, hi: int | None = None, where: str = "") -> int:
+    """``doc[key]`` as an int in ``[lo, hi]`` (not a bool, not a float), else StateError naming it."""
+    value = need(doc, key, where=where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StateError(f"the loader state's {where}{key} must be an integer, not {_show(value)}: was it edited?")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise StateError(f"the loader state's {where}{key} is {value}; it must be {bound}: "
+                         f"the state is damaged or was edited")
+    return value
+
+
+def need_list(doc: Mapping[str, Any], key: str, *, most: int, where: str = "") -> list[Any]:
+    value = need(doc, key, where=where)
+    if not isinstance(value, list):
+        raise StateError(f"the loader state's {where}{key} must be a list, not {_show(value)}: was it edited?")
+    if len(value) > most:
+        raise StateError(f"the loader state's {where}{key} has {len(value):,} entries, at most {most:,} are possible "
+                         f"here: the state is damaged or was edited")
+    return value
+
+
+def need(doc: Mapping[str, Any], key: str, *, where: str = "") -> Any:
+    if not isinstance(doc, Mapping):
+        raise StateError(f"the loader state's {where.rstrip('.') or 'top level'} must be an object, not {_show(doc)}")
+    if key not in doc:
+        raise StateError(f"the loader state is missing {where}{key}: it is not a complete state from "
+                         f"Loader.state_dict()")
+    return doc[key]
+
+
+def ints(value: Any, n: int, *, where: str) -> list[int]:
+    """A list of exactly ``n`` ints >= 0 (a run, a held chunk), else StateError naming ``where``."""
+    if (not isinstance(value, list) or len(value) != n
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in value)):
+        raise StateError(f"the loader state's {where} must be {n} integers >= 0, not {_show(value)}: was it edited?")
+    return list(value)
+
+
+def _show(value: Any) -> str:
+    """A short description of a value for a message, never its whole repr (a state may be huge)."""
+    text = repr(value) if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A state's envelope, checked against the loader reading it; ``position`` is the source's to read."""
+
+    epoch: int
+    step: int
+    complete: bool
+    global_step: int | None
+    position: Mapping[str, Any]
+    mixture: Mapping[str, Any] | None
+
+
+def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], fingerprint: str) -> SavedState:
+    """The envelope of ``state``, refused (StateError naming the field) unless it was saved by a
+    loader of this ``kind`` with this seed, these plan options and this fingerprint."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a loader state is a dict from Loader.state_dict(), not {_show(state)}")
+    version = need_int(state, "version", lo=0)
+    if version not in READABLE_VERSIONS:
+        raise StateError(f"the loader state has version {version}; this wdsprep reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}: save it again with a matching wdsprep")
+    if version == 2:  # runs (one corpus) or position (a mixture) at the top
+        saved_kind = "mixture" if "position" in state else "corpus"
+        position = state["position"] if saved_kind == "mixture" else {"runs": need(state, "runs")}
+    else:
+        saved_kind = need(state, "kind")
+        position = need(state, "position")
+    if saved_kind != kind:
+        said = KINDS.get(saved_kind, "") if isinstance(saved_kind, str) else ""
+        raise StateError(f"the loader state was saved by {said or f'a loader of no known kind ({_show(saved_kind)})'}; "
+                         f"this is {KINDS[kind]}: resume with the trset (and mixture) it was saved with")
+    saved_seed = need_int(state, "seed", lo=-(1 << 63), hi=(1 << 64) - 1)
+    if saved_seed != seed:
+        raise StateError(f"the loader state was saved with seed={saved_seed} (this loader: {seed}): the batches "
+                         f"depend on it; build the loader with the saved seed to resume")
+    saved_options = need(state, "options")
+    if not isinstance(saved_options, Mapping):
+        raise StateError(f"the loader state's options must be an object, not {_show(saved_options)}")
+    differ = [f"{k}={_show(v)} (this loader: {options.get(k)})" for k, v in saved_options.items()
+              if options.get(k) != v]
+    if differ:
+        raise StateError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
+                         f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
+                         f"over the world size: pass max_frames as saved)")
+    if need(state, "fingerprint") != fingerprint:
+        raise StateError("the loader state was saved for other shards, index, tokenizer or batching options "
+                         "(fingerprint differs): resuming would not continue the same epoch")
+    complete = need(state, "complete")
+    if not isinstance(complete, bool):
+        raise StateError(f"the loader state's complete must be true or false, not {_show(complete)}: was it edited?")
+    global_step = state.get("global_step")
+    if global_step is not None:
+        global_step = need_int(state, "global_step")
+    mixture = state.get("mixture")
+    if mixture is not None and not isinstance(mixture, Mapping):
+        raise StateError(f"the loader state's mixture must be an object, not {_show(mixture)}")
+    if not isinstance(position, Mapping):
+        raise StateError(f"the loader state's position must be an object, not {_show(position)}")
+    return SavedState(need_int(state, "epoch", hi=MAX_EPOCH), need_int(state, "step"), complete, global_step,
+                      position, mixture)
+
+
+def agree(saved: SavedState, *, epoch: int, step: int, complete: bool, global_step: int | None = None) -> None:
+    """Refuse a state whose envelope says otherwise than its position."""
+    said = {"epoch": (saved.epoch, epoch), "step": (saved.step, step), "global_step": (saved.global_step, global_step)}
+    for name, (got, want) in said.items():
+        if got is not None and want is not None and got != want:
+            raise StateError(f"the loader state says {name} {got}, its position {want}: the state was edited")
+    if saved.complete and not complete:
+        raise StateError(f"the loader state says epoch {epoch} is complete, but its position has steps left on the "
+                         f"topology it was saved on: the state was edited")
