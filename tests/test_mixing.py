@@ -48,7 +48,8 @@ def planned_keys(loader, rank_refs):
 
 def planned_refs(loader, epoch, rank):
     """The batches the mixed plan gives ``rank`` in ``epoch``, from where the loader starts it."""
-    return loader.source.run(loader.source.start(epoch)).rank_order(rank)
+    run = loader.source.run(loader.source.start(epoch))
+    return [ref for window in run.windows(rank) for ref in window.refs]
 
 
 def test_batches_say_which_corpus_each_utterance_came_from(corpora):
@@ -308,3 +309,71 @@ def test_each_corpus_has_a_shuffle_report_of_its_own_batches_and_speakers(tmp_pa
     for name in loader.corpora:
         sums = capped[name]["sums"]
         assert sums["distinct"] == sums["utterances"] > sums["batches"]
+
+
+def test_a_long_epoch_is_dealt_in_windows_that_continue_each_other_exactly(corpora):
+    """A mixed run dealt 5 steps at a time gives the batches, positions and end one deal of the
+    whole epoch gives: windows only bound what is dealt at once."""
+    from wdsprep.loading.mix.epochs import MixedRun
+
+    trset, _, tok = corpora
+    loader = make_loader(trset, tok, max_frames=700, rank=0, world_size=2, num_workers=2, weights={"en": 1, "zh": 2},
+                         steps_per_epoch=40)
+    source = loader.source
+    at = source.start(1)
+    whole, windowed = MixedRun(source, at, window=10**6), MixedRun(source, at, window=5)
+    for r in range(2):
+        assert [w.refs for w in windowed.windows(r)] != [w.refs for w in whole.windows(r)]  # 8 windows, not 1
+        assert [b for w in windowed.windows(r) for b in w.refs] == [b for w in whole.windows(r) for b in w.refs]
+        assert sum(w.assigned for w in windowed.windows(r)) == sum(w.assigned for w in whole.windows(r))
+        for worker in range(2):
+            lead, parts = windowed.reader_batches(r, worker)
+            lead_whole, parts_whole = whole.reader_batches(r, worker)
+            flat = [bid for part in parts for bid, _ in part]
+            assert lead == lead_whole and flat == [bid for part in parts_whole for bid, _ in part]
+    for k in (0, 3, 5, 17, 40):
+        assert windowed.after(0, k).to_json() == whole.after(0, k).to_json()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_dealing_small_windows_yields_and_reads_what_one_deal_does(corpora, monkeypatch, workers):
+    """Windows of 3 batches yield the batches of one deal.  Windows of 128 read no shard more
+    often: the next window is looked at before the current one is read, so a shard used on both
+    sides of a boundary is read once (only a reader's chunk that skips a whole window is read again)."""
+    import wdsprep.loading.mix.epochs as mix_epochs
+
+    trset, _, tok = corpora
+    kw = dict(max_frames=700, weights={"en": 3, "zh": 1}, steps_per_epoch=300, num_workers=workers)
+    whole = make_loader(trset, tok, **kw)
+    want = [b.keys for b in epoch_batches(whole, 0)]
+    for window in (3, 128):
+        monkeypatch.setattr(mix_epochs, "WINDOW_BATCHES", window)
+        small = make_loader(trset, tok, **kw)
+        assert [b.keys for b in epoch_batches(small, 0)] == want and len(want) == 300
+        assert small.stats.assigned == whole.stats.assigned
+        if window == 128:
+            assert small.stats.read == whole.stats.read
+
+
+def test_a_million_step_epoch_starts_at_once_in_bounded_memory(corpora, tmp_path):
+    """A mixed epoch of 10**6 steps (the hostile round: 62 s and 1.2 GB before the first batch,
+    10**9 exhausted memory) is dealt a window at a time; far longer ones are refused, saying why."""
+    trset, _, tok = corpora
+    code = f"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from wdsprep.loader import make_loader
+loader = make_loader({trset!r}, {str(tok)!r}, max_frames=700, weights={{"en": 1, "zh": 1}}, steps_per_epoch=10**6)
+it = iter(loader)
+got = [next(it) for _ in range(5)]
+print(len(loader), len(got))
+try:
+    make_loader({trset!r}, {str(tok)!r}, max_frames=700, steps_per_epoch=10**9)
+except ValueError as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, refused = r.stdout.splitlines()[:2]
+    assert first == "1000000 5"
+    assert refused.startswith("steps_per_epoch must be in [1, 10,000,000], got 1,000,000,000")

@@ -26,6 +26,7 @@ import gc
 import os
 import time
 import warnings
+from collections import Counter
 from dataclasses import asdict
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -231,7 +232,7 @@ class Loader:
             buf = _pin(p.buf) if self._pin else p.buf
         return unpack(p._replace(buf=buf))
 
-    def _batches(self, iteration: int, note: bytes, expected: list[BatchId]) -> Iterator[Batch]:
+    def _batches(self, iteration: int, note: bytes, expected: Iterator[BatchId]) -> Iterator[Batch]:
         """This rank's batches, in the order the run says, with the readers' counts folded in."""
         st = self.stats
         loader = self._dataloader(note)
@@ -251,10 +252,11 @@ class Loader:
             st.add_worker(delta)
             if packed is None:
                 continue
-            if k >= len(expected) or bid != expected[k]:
+            want = next(expected, None)
+            if bid != want:
                 # The resume of another run relies on this order (DataLoader workers in turn).
                 raise RuntimeError(f"loader bug: batch {bid} came as this rank's batch {k}, the plan says "
-                                   f"{expected[k] if k < len(expected) else 'no more'}")
+                                   f"{want if want is not None else 'no more'}")
             k += 1
             batch = self._receive(packed, worker)
             del packed  # only the yielded Batch may keep the buffer alive
@@ -265,6 +267,16 @@ class Loader:
                 # take the newer one's batches.
                 raise RuntimeError("this Loader was iterated again before an earlier iteration finished; "
                                    "finish or drop the old iterator first")
+
+    def _expected(self, run: Any) -> Iterator[BatchId]:
+        """The batches this rank is to yield, in order; each window's planned figures go into the
+        stats as it begins."""
+        st = self.stats
+        for window in run.windows(self.rank):
+            st.assigned += window.assigned
+            if window.dropped:
+                st.dropped = dict(Counter(st.dropped) + window.dropped)
+            yield from window.refs
 
     def __iter__(self) -> Iterator[Batch]:
         src = self.source
@@ -278,10 +290,11 @@ class Loader:
         if warning and not self._warned_idle:
             self._warned_idle = True
             warnings.warn(warning, UserWarning, stacklevel=2)
-        expected = run.rank_order(self.rank)
+        expected = self._expected(run)
         names = src.corpora
         start = time.perf_counter()
         self._iteration += 1
+        planned = run.steps(self.rank)
         batches = self._batches(self._iteration, WorkerControl.encode(src.note(at)), expected)
         self._iterating = True
         try:
@@ -301,8 +314,8 @@ class Loader:
             batches.close()
             self._iterating = False
         st.seconds = time.perf_counter() - start
-        if self._steps != len(expected):
-            raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {len(expected)}")
+        if self._steps != planned or next(expected, None) is not None:
+            raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {planned}")
         progress = src.progress(self.position())
         for name, done in zip(names, progress or []):
             st.corpora.setdefault(name, CorpusStats()).epochs = done

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any, Mapping, TextIO
 
 import numpy as np
@@ -53,25 +54,25 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
         frames = np.zeros_like(utts)
         total = BatchTally()
         planned: list[LoaderStats] = []
+        dropped: Counter[str] = Counter()
         for r in range(world_size):
-            for k, bid in enumerate(run.rank_order(r)):
-                rows = source.rows(bid)
-                f = shards.frames[rows]
-                total.add(f, options.max_frames)
-                utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
-                frames[k, bid[0]] += f.sum()
+            k = 0
+            for window in run.windows(r):
+                dropped += window.dropped
+                for bid in window.refs:
+                    f = shards.frames[source.rows(bid)]
+                    total.add(f, options.max_frames)
+                    utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
+                    frames[k, bid[0]] += f.sum()
+                    k += 1
             planned.append(run.planned_stats(r))
         left = BatchTally()
         for bid in run.discarded():
             left.add(shards.frames[source.rows(bid)])
-        dropped: dict[str, int] = {}
-        for st in planned:
-            for reason, n in st.dropped.items():
-                dropped[reason] = dropped.get(reason, 0) + n
         report: dict[str, Any] = {
             "epoch": epoch, "world_size": world_size, "num_workers": num_workers, "steps_per_rank": steps,
             "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),
-            "padding_efficiency": total.padding_efficiency, "dropped": dropped, "discarded_batches": left.batches,
+            "padding_efficiency": total.padding_efficiency, "dropped": dict(dropped), "discarded_batches": left.batches,
             "discarded_utterances": left.utterances, "streams": source.num_streams,
             "planning_seconds": round(seconds, 3)}
         if source.mixture is None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from wdsprep.format.index import Speakers
 from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.loading.corpus import Corpus, Recent
-from wdsprep.loading.plan import MIN_STREAM_UTTS, BatchId, Planned
+from wdsprep.loading.plan import MIN_STREAM_UTTS, BatchId, Planned, Window
 from wdsprep.loading.quality import plan_quality
 from wdsprep.loading.state import (
     MAX_RUNS,
@@ -168,24 +168,35 @@ class CorpusRun:
         return next_turn(s.corpus.counts(self.at.epoch), list(self.at.runs), s.world_size, s.num_workers, rank,
                          equal=s.train)
 
-    def rank_order(self, rank: int) -> list[BatchId]:
-        """The batches ``rank`` yields, in order (its readers in turn, as torch's DataLoader takes them)."""
+    def windows(self, rank: int) -> Iterator[Window]:
+        """The batches ``rank`` yields, in order (its readers in turn, as torch's DataLoader takes
+        them), as one window: with what the plan put in them, and what it leaves out (counted once,
+        by the rank each stream was dealt to, in an epoch's first run; rank 0 counts a stream the
+        plan left without batches)."""
         if self.complete:
-            return []
-        e = self.at.epoch
-        return [(0, e, s, j) for s, j in rank_order(self.assignment, rank, self._first_turn(rank))]
+            return
+        s, a, e = self.source, self.assignment, self.at.epoch
+        refs: list[BatchId] = [(0, e, st, j) for st, j in rank_order(a, rank, self._first_turn(rank))]
+        sizes = s.corpus.sizes(e)
+        dropped: Counter[str] = Counter()
+        if not self.at.runs:
+            for stream, owner in enumerate(a.owners):
+                if owner == rank or (owner < 0 and rank == 0):
+                    dropped += s.corpus.dropped(e, stream)
+        yield Window(refs, sum(int(sizes[st][j]) for _, _, st, j in refs), dropped)
 
-    def reader_batches(self, rank: int, worker: int) -> tuple[bool, list[Planned]]:
-        """(whether the reader hands out a placeholder first, its planned batches in order).
+    def reader_batches(self, rank: int, worker: int) -> tuple[bool, Iterator[list[Planned]]]:
+        """(whether the reader hands out a placeholder first, its planned batches in order, as one window).
 
         Resumed on the topology it stopped on, readers whose turn of the round had come already
         hand out a placeholder first, so the batches come in the order the stopped run's would.
         """
         if self.complete:
-            return False, []
+            return False, iter(())
         e, corpus = self.at.epoch, self.source.corpus
         lead = bool(self.assignment.tasks(rank, worker)) and worker < self._first_turn(rank)
-        return lead, [((0, e, s, j), corpus.rows(e, s, j)) for s, j in self.assignment.reader_order(rank, worker)]
+        order = self.assignment.reader_order(rank, worker)
+        return lead, iter([[((0, e, s, j), corpus.rows(e, s, j)) for s, j in order]])
 
     def after(self, rank: int, steps: int) -> Runs:
         """Where the epoch stands after this run's first ``steps`` steps."""
@@ -193,25 +204,14 @@ class CorpusRun:
         return self.at.then(s.world_size, s.num_workers, steps)
 
     def planned_stats(self, rank: int) -> LoaderStats:
-        """What the plan gives ``rank`` in this run, and what it leaves out (counted once, by the
-        rank each stream was dealt to, in an epoch's first run; rank 0 counts a stream the plan left
-        without batches)."""
+        """The epoch's figures known at its start: its steps, the discarded tail, the shuffle report."""
         s, a, e = self.source, self.assignment, self.at.epoch
         plan = s.corpus.plan(e)
         st = LoaderStats(epoch=e, steps=self.at.step, planned_steps=self.steps(rank))
-        utts = lambda tasks: sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])  # noqa: E731
-                                 for t in tasks)
-        st.assigned = sum(utts(tasks) for tasks in a.workers[rank])
         total = sum(int(p.starts[-1]) for p in plan.streams)
-        st.discarded = utts(a.discarded)
+        st.discarded = sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])
+                           for t in a.discarded)
         st.discarded_fraction = st.discarded / total if total else 0.0
-        if not self.at.runs:
-            dropped: Counter[str] = Counter()
-            for p in plan.streams:
-                owner = a.owners[p.stream]  # -1: a stream left without batches (all filtered) is rank 0's to count
-                if owner == rank or (owner < 0 and rank == 0):
-                    dropped += s.corpus.dropped(e, p.stream)
-            st.dropped = dict(dropped)
         if s.speakers is not None:  # from the plan and the index: no feature read
             st.shuffle = plan_quality(plan, a, s.speakers.ids, s.corpus.shards.frames, ranks=[rank],
                                       source=s.speakers.source).to_dict()

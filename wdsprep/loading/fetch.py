@@ -80,6 +80,13 @@ class ShardFetcher:
         self.cache = ShardCache(options.cache_dir, options.cache_bytes) if options.cache_dir else None
         self.policy = options.policy()
 
+    def extend(self, order: Sequence[int]) -> None:
+        """More shards to fetch ahead, after those in the order so far (the next window's)."""
+        for s in order:
+            if s not in self.position:
+                self.position[s] = len(self.order)
+                self.order.append(s)
+
     def _size(self, s: int) -> int:
         return max(0, int(self.sizes[s]))
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -39,6 +40,14 @@ _BUFFER_BLOCK = 4096
 
 BatchId = tuple[int, int, int, int]  # a planned batch: (corpus, corpus epoch, stream, batch of that stream)
 Planned = tuple[BatchId, np.ndarray]  # a planned batch and its utterances' rows in the loader's shard set
+
+
+class Window(NamedTuple):
+    """A stretch of one rank's planned batches, in order: what an epoch source deals at once."""
+
+    refs: list[BatchId]
+    assigned: int  # utterances the plan put in them
+    dropped: Counter[str]  # utterances the plan left out, counted with these batches
 
 
 @dataclass(frozen=True)

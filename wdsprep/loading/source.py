@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions
+from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
 from wdsprep.loading.shardset import ShardSet, shard_set, union
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
@@ -57,17 +57,19 @@ class EpochRun(Protocol):
     def steps(self, rank: int) -> int:
         """Batches ``rank`` yields: ``len(loader)``."""
 
-    def rank_order(self, rank: int) -> list[BatchId]:
-        """The batches ``rank`` yields, in the order the trainer gets them."""
+    def windows(self, rank: int) -> Iterator[Window]:
+        """The batches ``rank`` yields, in the order the trainer gets them, a window at a time (with
+        what the plan put in them and left out), dealt as they are asked for."""
 
-    def reader_batches(self, rank: int, worker: int) -> tuple[bool, list[Planned]]:
-        """(whether the reader hands out a placeholder first, its batches with their rows, in order)."""
+    def reader_batches(self, rank: int, worker: int) -> tuple[bool, Iterator[list[Planned]]]:
+        """(whether the reader hands out a placeholder first, its batches with their rows in order,
+        a window at a time)."""
 
     def after(self, rank: int, steps: int) -> Any:
         """Where the epoch stands after this run's first ``steps`` steps."""
 
     def planned_stats(self, rank: int) -> LoaderStats:
-        """What the plan gives ``rank`` in this run and what it leaves out; the shuffle report."""
+        """The figures known at the run's start: steps, the discarded tail, the shuffle report."""
 
     def discarded(self) -> list[BatchId]:
         """The planned batches no rank yields (the tail when ranks do not divide them)."""

@@ -9,7 +9,7 @@ columns, and yields them on.  They are composed in one place, ``ReaderStream.sta
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,50 +28,63 @@ Rows = tuple[BatchId, Records]
 
 
 class _Shard:
-    """A shard read for the batches that need it: its rows, why any planned row is missing, and
-    how many of its planned rows are still to be used."""
+    """A shard read for the batches that need it: its rows, and why any planned row is missing."""
 
-    __slots__ = ("rows", "missing", "waiting")
+    __slots__ = ("rows", "missing")
 
-    def __init__(self, rows: Records, missing: str, waiting: int) -> None:
-        self.rows, self.missing, self.waiting = rows, missing, waiting
+    def __init__(self, rows: Records, missing: str) -> None:
+        self.rows, self.missing = rows, missing
 
 
-def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callable[[int, Records], Records],
+def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, label: Callable[[int, Records], Records],
                  on_error: str, counts: WorkerTally, block: int, fetch: FetchOptions | None = None) -> Iterator[Rows]:
     """Each planned batch's rows, read from the shards and labelled; rows a shard does not deliver
     are left out of their batch and counted.
 
-    Every shard the batches need is read once, when the first batch needs it (the next
-    ``fetch.read_ahead`` fetched meanwhile, in the order the batches need them:
-    ``loading/fetch.py``), labelled whole by ``label(shard, rows)``, and let go after the last
-    batch that needs it.
+    The batches come a window at a time (an epoch source deals a long epoch in windows).  Every
+    shard they need is read once, when the first batch needs it (the next ``fetch.read_ahead``
+    fetched meanwhile, in the order the batches need them: ``loading/fetch.py``), labelled whole by
+    ``label(shard, rows)``, and let go after the last batch that needs it.  The next window is
+    looked at before the current one is read, so a shard used on both sides of a boundary is read
+    once and fetched ahead across it.
     """
-    if not planned:
-        return
-    owners = [shards.shard_of(rows) for _, rows in planned]
-    used, first, n = np.unique(np.concatenate(owners), return_index=True, return_counts=True)
-    waiting = dict(zip(used.tolist(), n.tolist()))  # shard -> planned rows in it
-    order = used[np.argsort(first, kind="stable")].tolist()  # the shards in the order first needed
-    fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions())
+    fetcher = ShardFetcher(shards.urls, shards.sizes, [], fetch or FetchOptions())
+    waiting: dict[int, int] = {}  # shard -> planned rows of it not yet gathered, in the windows seen
+    loaded: dict[int, _Shard] = {}
+
+    def seen(planned: Sequence[Planned]) -> list[np.ndarray]:
+        owners = [shards.shard_of(rows) for _, rows in planned]
+        if owners:
+            used, first, n = np.unique(np.concatenate(owners), return_index=True, return_counts=True)
+            for s, k in zip(used.tolist(), n.tolist()):
+                waiting[s] = waiting.get(s, 0) + k
+            fetcher.extend(used[np.argsort(first, kind="stable")].tolist())  # in the order first needed
+        return owners
+
+    windows = iter(windows)
     try:
-        yield from _gather(planned, owners, shards, fetcher, waiting, label=label, on_error=on_error, counts=counts,
-                           block=block)
+        current = next(windows, None)
+        owners = seen(current) if current is not None else []
+        while current is not None:
+            upcoming = next(windows, None)
+            upcoming_owners = seen(upcoming) if upcoming is not None else []
+            yield from _gather(current, owners, shards, fetcher, waiting, loaded, label=label, on_error=on_error,
+                               counts=counts, block=block)
+            current, owners = upcoming, upcoming_owners
     finally:
         fetcher.close()  # stopped early: downloads in flight give up
 
 
 def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardSet, fetcher: ShardFetcher,
-            waiting: dict[int, int], *, label: Callable[[int, Records], Records], on_error: str, counts: WorkerTally,
-            block: int) -> Iterator[Rows]:
-    loaded: dict[int, _Shard] = {}
+            waiting: dict[int, int], loaded: dict[int, _Shard], *, label: Callable[[int, Records], Records],
+            on_error: str, counts: WorkerTally, block: int) -> Iterator[Rows]:
     for (bid, rows), owner in zip(planned, owners):
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
         for s in present:
             if s not in loaded:
                 got, missing = _read_shard(shards, s, on_error=on_error, counts=counts, block=block, fetcher=fetcher)
-                loaded[s] = _Shard(label(s, got), missing, waiting[s])
+                loaded[s] = _Shard(label(s, got), missing)
         have = within < np.array([len(loaded[s].rows) for s in owner.tolist()], np.int64)
         for s in present:
             lost = int(((owner == s) & ~have).sum())
@@ -83,10 +96,9 @@ def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardS
         # Back to the planned order within the batch (the collate sorts by length, ties in this order).
         yield bid, got_rows[np.argsort(np.concatenate(slots), kind="stable")] if parts else got_rows
         for s in present:
-            shard = loaded[s]
-            shard.waiting -= int((owner == s).sum())
-            if shard.waiting <= 0:
-                del loaded[s]  # its last planned row is used: let its file (or bytes) go
+            waiting[s] -= int((owner == s).sum())
+            if waiting[s] <= 0:
+                del loaded[s], waiting[s]  # its last planned row is used: let its file (or bytes) go
 
 
 def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally, block: int,

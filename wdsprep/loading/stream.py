@@ -20,7 +20,7 @@ import os
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -88,14 +88,15 @@ class ReaderStream(IterableDataset):
         text = json.dumps(run, sort_keys=True, default=repr, ensure_ascii=False)
         return fingerprint(self.cfg.plan, self.shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
 
-    def stages(self, planned: list[Planned], epoch: int, counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
-        """The data flow of one reader for one epoch, in order."""
+    def stages(self, windows: Iterable[list[Planned]], epoch: int,
+               counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
+        """The data flow of one reader for one epoch, in order, a window of planned batches at a time."""
         cfg = self.cfg
         sampling = cfg.subword_sampling if cfg.train else None
         # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
         label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
             rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
-        rows = read_batches(planned, self.shards, label=label, on_error=cfg.on_error, counts=counts,
+        rows = read_batches(windows, self.shards, label=label, on_error=cfg.on_error, counts=counts,
                             block=cfg.tokenize_group, fetch=cfg.fetch)
         return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
 
@@ -103,7 +104,7 @@ class ReaderStream(IterableDataset):
         info = get_worker_info()
         worker = 0 if info is None else info.id
         at = self.source.from_note(self.control.read())
-        lead, planned = self.source.run(at).reader_batches(self.rank, worker)
+        lead, windows = self.source.run(at).reader_batches(self.rank, worker)
         epoch = at.epoch
         counts = WorkerTally()
         pool = None
@@ -137,7 +138,7 @@ class ReaderStream(IterableDataset):
         try:
             if lead:
                 yield item(None)
-            for bid, rows in self.stages(planned, epoch, counts):
+            for bid, rows in self.stages(windows, epoch, counts):
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
                                                    alloc=pool.alloc if pool is not None else None,
                                                    on_error=self.cfg.on_error)))

@@ -205,7 +205,9 @@ def draw_corpora(probabilities: np.ndarray, *, seed: int, epoch: int, rank: int,
     [steps, corpora], per step); one uniform number per (epoch, rank, step), so a resumed run
     draws what the uninterrupted one would have."""
     n = len(probabilities)
-    u = np.random.default_rng([seed, epoch, rank, _MIX]).random(first + n)[first:]
+    bits = np.random.PCG64(np.random.SeedSequence([seed, epoch, rank, _MIX]))
+    bits.advance(first)  # a float is one 64-bit draw: skip the steps before ``first`` without making them
+    u = np.random.Generator(bits).random(n)
     cum = np.cumsum(probabilities, axis=1)
     return (u[:, None] * cum[:, -1:] >= cum).sum(axis=1).astype(np.int64)
 

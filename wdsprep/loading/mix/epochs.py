@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from wdsprep.loading.mix.deal import (
     start_position,
 )
 from wdsprep.loading.mix.weights import Mixture, draw_probabilities
-from wdsprep.loading.plan import BatchId, Planned
+from wdsprep.loading.plan import BatchId, Planned, Window
 from wdsprep.loading.quality import corpus_quality
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import (
@@ -43,6 +43,8 @@ from wdsprep.loading.state import (
 )
 from wdsprep.loading.stats import CorpusStats, LoaderStats
 
+# Batches (over all ranks) dealt at once: a window of a long mixed epoch (see MixedRun).
+WINDOW_BATCHES = 1 << 14
 # A loader epoch of more steps than this is refused: the epoch is how often set_epoch runs and a
 # state is saved, and a schedule runs on the global step across epochs anyway.
 MAX_STEPS_PER_EPOCH = 10_000_000
@@ -84,7 +86,7 @@ class MixedEpochs:
         self.one_pass = sum(p.num_batches for p in first)
         self.anchor = start_position(len(self.parts), self.epoch_batches(), world_size, num_workers)
         self._starts: Recent[int, MixPosition] = Recent(3)  # loader epoch -> where it starts, from the anchor
-        self._runs: Recent[tuple[int | None, str], MixedRun] = Recent(3)
+        self._runs: Recent[str, MixedRun] = Recent(3)
 
     @property
     def num_streams(self) -> int:
@@ -138,15 +140,15 @@ class MixedEpochs:
         self.anchor = at
         self._starts = Recent(3)
 
-    def run(self, at: MixPosition, steps: int | None = None) -> MixedRun:
-        """The rest of ``at``'s loader epoch on this topology (or its next ``steps`` steps)."""
-        def make() -> MixedRun:
-            return MixedRun(self, at, mix_run(at, self.world_size, self.num_workers, seed=self.seed,
-                                              probabilities=self.probabilities, counts=self._counts,
-                                              chunks=self.chunks, steps=steps))
-
+    def run(self, at: MixPosition) -> MixedRun:
+        """The rest of ``at``'s loader epoch on this topology (dealt window by window as it is asked for)."""
         # len(loader), the iteration and the next epoch's start ask for the same runs.
-        return self._runs.get((steps, json.dumps(at.to_json())), make)
+        return self._runs.get(json.dumps(at.to_json()), lambda: MixedRun(self, at))
+
+    def deal(self, at: MixPosition, steps: int) -> MixRun:
+        """The next ``steps`` steps from ``at``: which corpus each rank draws, which batch each reader yields."""
+        return mix_run(at, self.world_size, self.num_workers, seed=self.seed, probabilities=self.probabilities,
+                       counts=self._counts, chunks=self.chunks, steps=steps)
 
     def _counts(self, corpus: int, epoch: int) -> np.ndarray:
         return self.parts[corpus].counts(epoch)
@@ -275,53 +277,81 @@ def _no_overlap(taken: list[tuple[int, int, int, int, str]], where: str, name: s
 
 
 class MixedRun:
-    """Steps of a mixed loader epoch on the source's topology, from ``at``."""
+    """The rest of a mixed loader epoch on the source's topology, from ``at``, dealt in windows of
+    ``window`` steps as they are asked for: an epoch of a million steps costs a window's time and
+    memory before its first batch, and each window's afterwards (the deal of a window continues
+    the one before exactly: the same batches as one deal of the whole epoch)."""
 
-    def __init__(self, source: MixedEpochs, at: MixPosition, run: MixRun) -> None:
-        self.source, self.at, self.mix = source, at, run
+    def __init__(self, source: MixedEpochs, at: MixPosition, window: int | None = None) -> None:
+        self.source, self.at = source, at
         self.complete = source.complete(at)
+        self.total = at.steps_left(source.world_size)
+        self.window = window or max(1, WINDOW_BATCHES // source.world_size)
+        self._starts: list[MixPosition] = [at]  # where each window dealt so far starts
+        self._dealt: Recent[int, MixRun] = Recent(2)
 
     def steps(self, rank: int) -> int:
-        return self.mix.steps
+        return self.total
 
-    def rank_order(self, rank: int) -> list[BatchId]:
-        return self.mix.rank_order(rank)
+    def _part(self, k: int) -> MixRun:
+        """Window ``k`` (steps ``k * window ..``), dealt from where window ``k - 1`` ended."""
+        while len(self._starts) <= k:
+            self._starts.append(self._part(len(self._starts) - 1).end)
+        first = k * self.window
+        return self._dealt.get(k, lambda: self.source.deal(self._starts[k], min(self.window, self.total - first)))
 
-    def reader_batches(self, rank: int, worker: int) -> tuple[bool, list[Planned]]:
-        refs = self.mix.reader_refs(rank, worker)
-        return bool(refs) and self.mix.lead(worker), [(ref, self.source.rows(ref)) for ref in refs]
+    def _parts(self) -> Iterator[MixRun]:
+        for k in range(-(-self.total // self.window)):
+            yield self._part(k)
+
+    def windows(self, rank: int) -> Iterator[Window]:
+        """``rank``'s batches, window by window, with what the plan put in them and left out
+        (what a stream's plan leaves out is counted with its first batch: once per corpus epoch)."""
+        s = self.source
+        for part in self._parts():
+            refs = part.rank_order(rank)
+            dropped: Counter[str] = Counter()
+            for c, e, stream, j in refs:
+                if j == 0:
+                    dropped += s.parts[c].dropped(e, stream)
+            yield Window(refs, sum(s.batch_size(r) for r in refs), dropped)
+
+    def reader_batches(self, rank: int, worker: int) -> tuple[bool, Iterator[list[Planned]]]:
+        parts = (part.reader_refs(rank, worker) for part in self._parts())
+        first = self._part(0) if self.total else None
+        lead = first is not None and bool(first.reader_refs(rank, worker)) and first.lead(worker)
+        return lead, ([(ref, self.source.rows(ref)) for ref in refs] for refs in parts)
 
     def after(self, rank: int, steps: int) -> MixPosition:
         """Where the mixed run stands after its first ``steps`` steps."""
-        return self.mix.end if steps >= self.mix.steps else self.source.run(self.at, steps=steps).mix.end
+        if not self.total or not steps:
+            return self.at
+        k = min(steps // self.window, (self.total - 1) // self.window)
+        part = self._part(k)
+        return part.end if steps >= k * self.window + part.steps else self.source.deal(self._starts[k],
+                                                                                       steps - k * self.window).end
 
     @property
     def end(self) -> MixPosition:
-        return self.mix.end
+        return self.after(0, self.total)
 
     def planned_stats(self, rank: int) -> LoaderStats:
-        """What the plan gives ``rank`` in this run; what the plans leave out is counted with each
-        stream's first batch (yielded once in a corpus epoch, by one rank)."""
+        """The epoch's figures known at its start; the shuffle report over its first window."""
         s = self.source
-        refs = self.mix.rank_order(rank)
-        st = LoaderStats(epoch=self.at.epoch, steps=self.at.step, planned_steps=self.mix.steps)
+        st = LoaderStats(epoch=self.at.epoch, steps=self.at.step, planned_steps=self.total)
         st.corpora = {name: CorpusStats() for name in s.corpora}
-        if s.speakers is not None:  # from the plan and the index: no feature read
+        if s.speakers is not None and self.total:  # from the plan and the index: no feature read
             for name, q in self.shuffle(ranks=[rank]).items():
                 st.corpora[name].shuffle = q
-        st.assigned = sum(s.batch_size(r) for r in refs)
-        dropped: Counter[str] = Counter()
-        for c, e, stream, j in refs:
-            if j == 0:
-                dropped += s.parts[c].dropped(e, stream)
-        st.dropped = dict(dropped)
         return st
 
     def shuffle(self, *, ranks: Sequence[int]) -> dict[str, dict[str, Any]]:
-        """Each corpus's shuffle report (``loading/quality.py``) over the batches ``ranks`` get."""
+        """Each corpus's shuffle report (``loading/quality.py``) over the batches ``ranks`` get in
+        the first window (the whole epoch, unless it is longer than a window)."""
         s = self.source
         assert s.speakers is not None
-        sequences = [[(ref[0], s.rows(ref)) for ref in self.mix.rank_order(r)] for r in ranks]
+        part = self._part(0)
+        sequences = [[(ref[0], s.rows(ref)) for ref in part.rank_order(r)] for r in ranks]
         corpus_rows = [range(c.row0, c.row0 + c.shards.num_utts) for c in s.parts]
         qs = corpus_quality(sequences, corpus_rows, s.speakers.ids, s.shards.frames, source=s.speakers.source)
         return {name: q.to_dict() for name, q in zip(s.corpora, qs)}
