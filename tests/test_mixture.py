@@ -20,6 +20,15 @@ def test_fixed_weights_are_shares_of_utterances():
     assert m.given == "weights"
 
 
+def test_weights_at_the_edge_of_floats_are_still_shares():
+    """{1e308, 1e308} summed to inf and gave NaN chances, and 100% of one corpus in silence."""
+    m = make_mixture(["en", "zh"], weights={"en": 1e308, "zh": 1e308})
+    assert m.points == ((0.5, 0.5),)
+    assert np.allclose(draw_probabilities(m.at([0, 5]), [10.0, 10.0]), 0.5)
+    tiny = make_mixture(["en", "zh"], weights={"en": 5e-324, "zh": 1e-323})
+    assert tiny.points[0][1] == pytest.approx(2 / 3)
+
+
 def test_temperature_flattens_by_hours():
     hours = [900.0, 100.0]
     np.testing.assert_allclose(make_mixture(NAMES, temperature=1, hours=hours).at([0])[0], [0.9, 0.1])

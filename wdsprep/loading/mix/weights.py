@@ -89,10 +89,12 @@ def _shares(weights: Weights, names: Sequence[str], where: str) -> tuple[float, 
         if not math.isfinite(w) or w < 0:
             raise ValueError(f"{where}: the weight of {n!r} must be finite and >= 0, got {weights[n]!r}")
         values.append(w)
-    total = sum(values)
-    if total <= 0:
+    top = max(values)
+    if top <= 0:
         raise ValueError(f"{where}: every weight is 0; at least one corpus must be drawn")
-    return tuple(v / total for v in values)
+    scaled = [v / top for v in values]  # first to at most 1: a sum of weights near 1e308 would overflow
+    total = sum(scaled)
+    return tuple(v / total for v in scaled)
 
 
 def make_mixture(names: Sequence[str], *, weights: Weights | None = None, temperature: float | None = None,
