@@ -72,7 +72,12 @@ def cases(root: Path, scp: Path, text: Path, shards: Path) -> list[tuple[list[st
         (["inspect", trset, "--json", f"{r}/afile/x.json"], 2, [f"{r}/afile/x.json: Not a directory"]),
         (["inspect", trset, "--plot", f"{r}/adir"], 2, [f"{r}/adir: Is a directory"]),
         (["verify", f"{r}/adir"], 2, ["a directory: only regular files"]),
-        (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-frames", "0"], 2, ["max_frames must be >= 1"]),
+        (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-frames", "0"], 2,
+         ["max_frames must be a positive int"]),
+        (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-cost", "5"], 2, ["needs both cost", "and max_cost"]),
+        (["dry-run", "--trset", trset, "--tokenizer", tok, "--cost", f"{r}/nope.json", "--max-cost", "5"], 2,
+         ["nope.json: no such cost model file"]),
+        (["dry-run", "--trset", trset, "--tokenizer", tok], 2, ["batches need a bound: max_frames"]),
         (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-frames", "900", "--stats-json", f"{r}/afile/s"], 2,
          [f"{r}/afile/s: Not a directory"]),
         # data: what is inside the files is wrong

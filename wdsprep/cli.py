@@ -237,15 +237,18 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
             resolved = loader_options(json.loads(Path(args.hyper).read_text(encoding="utf-8")),
                                       world_size=args.world_size, where=args.hyper)
             trset, opts = resolved.trset, {**resolved.loader_kwargs, **opts}
-        if trset is None or opts.get("max_frames") is None:
-            raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) and --max-frames (it reads only "
-                             "the index)")
+            tokenizer = args.tokenizer or resolved.tokenizer_file(args.hyper)
+        else:
+            tokenizer = args.tokenizer
+        if trset is None:
+            raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
             opts.pop(name, None)  # run-time options: they do not change the plan
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
 
-        plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs, **opts)
+        plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs,
+                    tokenizer=tokenizer, dump_keys=args.dump_keys, **opts)
         return
     from wdsprep.check.dryrun import dry_run
 
@@ -257,6 +260,9 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     """The options of make_loader, one flag each (the CLI mirrors the API)."""
     g = p.add_argument_group("loader options (make_loader's; with --hyper they override hyper-p.json)")
     g.add_argument("--max-frames", type=int, help="padded frames per rank batch (B x longest)")
+    g.add_argument("--cost", metavar="FILE", help="the cost model of a training step (JSON, e.g. from wdsprep "
+                                                 "calibrate): batches are cut by what they cost, within --max-cost")
+    g.add_argument("--max-cost", type=float, help="per-rank bound on a batch's cost under --cost")
     g.add_argument("--seed", type=int, help="with the epoch, decides every shuffle (default: 0)")
     g.add_argument("--shuffle-buffer", type=int, help="utterances each stream's shuffle buffer holds (default: 2000)")
     g.add_argument("--max-batch-size", type=int, help="utterances per batch at most")
@@ -312,9 +318,9 @@ def _loader_options(args: argparse.Namespace) -> dict:
     """The loader options given on the command line, as make_loader's keyword arguments."""
     from wdsprep.tokenizer import SubwordSampling
 
-    names = ("max_frames", "seed", "shuffle_buffer", "max_batch_size", "min_frames", "max_utt_frames",
-             "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error", "tokenize_group",
-             "prefetch_factor", "collective_timeout", *FETCH_OPTIONS)
+    names = ("max_frames", "cost", "max_cost", "seed", "shuffle_buffer", "max_batch_size", "min_frames",
+             "max_utt_frames", "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error",
+             "tokenize_group", "prefetch_factor", "collective_timeout", *FETCH_OPTIONS)
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False
@@ -384,7 +390,8 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
     p.add_argument("--dump-keys", metavar="FILE",
-                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun)")
+                   help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun); with --plan, every "
+                        "rank's planned batches from the index, 'epoch<TAB>step<TAB>rank<TAB>uttid'")
     p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="mixed corpora: each corpus's realized share per step against "
                                                       "the schedule")

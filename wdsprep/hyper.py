@@ -101,6 +101,13 @@ class HyperOptions:
     passthrough: dict[str, Any] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
 
+    def tokenizer_file(self, hyper: str | os.PathLike) -> Path:
+        """The tokenizer's path; recipes often give it relative to the experiment dir (the file's)."""
+        tok = Path(self.tokenizer)
+        if not tok.is_absolute() and not tok.exists() and (Path(hyper).parent / tok).exists():
+            return Path(hyper).parent / tok
+        return tok
+
 
 def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mapping[str, Any]:
     """``train:option``: CAT nests it as ``{"train": {"bin": ..., "option": {...}}}``.
@@ -114,24 +121,42 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
-# Keys of an ``ld`` object: named corpora and how to mix them (make_loader's arguments of those names).
-LD_KEYS = {"corpora", "weights", "temperature", "schedule", "steps_per_epoch"}
+# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora and
+# what a batch may cost (make_loader's arguments of those names).
+LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost"}
 
 
-def _mixed_ld(ld: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An ``ld`` object: ``{"corpora": {name: pattern}, "weights" | "temperature" | "schedule": ...,
-    "steps_per_epoch": N}`` -> (corpora, mixing keyword arguments)."""
+def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str, Any], dict[str, Any]]:
+    """An ``ld`` object: ``{"shards": pattern}`` or ``{"corpora": {name: pattern}, "weights" |
+    "temperature" | "schedule": ..., "steps_per_epoch": N}``, either with ``"cost": FILE_OR_OBJECT,
+    "max_cost": N`` -> (the trset, make_loader's keyword arguments for the rest)."""
     ld = normalize_keys(ld, f"{where}: ld")
     unknown = sorted(set(ld) - LD_KEYS)
     if unknown:
         raise ValueError(f"{where}: train:option ld has {unknown}; an ld object takes {sorted(LD_KEYS)}")
-    corpora = ld.get("corpora")
+    kw: dict[str, Any] = {}
+    if "cost" in ld:
+        kw["cost"] = ld["cost"] if isinstance(ld["cost"], Mapping) else str(ld["cost"])
+    if "max_cost" in ld:
+        if isinstance(ld["max_cost"], bool) or not isinstance(ld["max_cost"], (int, float)):
+            raise ValueError(f"{where}: ld max_cost must be a number, got {ld['max_cost']!r}")
+        kw["max_cost"] = float(ld["max_cost"])
+    if ("shards" in ld) == ("corpora" in ld):
+        raise ValueError(f"{where}: train:option ld needs one of \"shards\": PATTERN or \"corpora\": "
+                         f"{{name: shard pattern, ...}}")
+    if "shards" in ld:
+        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost"})
+        if mixing:
+            raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\"")
+        if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:
+            raise ValueError(f"{where}: ld shards must be a shard pattern or a list of them, got {ld['shards']!r}")
+        return ld["shards"], kw
+    corpora = ld["corpora"]
     if not isinstance(corpora, Mapping) or not corpora:
         raise ValueError(f"{where}: train:option ld needs \"corpora\": {{name: shard pattern, ...}}")
     for name, pattern in corpora.items():
         if not isinstance(pattern, (str, list)) or not pattern:
             raise ValueError(f"{where}: ld corpus {name!r} must be a shard pattern or a list of them, got {pattern!r}")
-    kw: dict[str, Any] = {}
     if "weights" in ld:
         if not isinstance(ld["weights"], Mapping):
             raise ValueError(f"{where}: ld weights must be {{name: weight}}, got {ld['weights']!r}")
@@ -180,7 +205,7 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
     trset = _shard_pattern(opt, where)
     mixing: dict[str, Any] = {}
     if isinstance(trset, Mapping):
-        trset, mixing = _mixed_ld(trset, where)
+        trset, mixing = _ld_object(trset, where)
     tok = opt.get("tokenizer", hyper.get("tokenizer"))
     if tok is None:
         raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level "
@@ -207,10 +232,11 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
                                      "(so does CAT's ld loader)")
     elif "batch_size" in opt:
         kw["max_batch_size"] = max(1, _int(opt, "batch_size", where) // world_size)
-    elif mode == "batch" or bucket_size is None:
+    elif mode == "batch" or (bucket_size is None and "max_cost" not in mixing):
         raise ValueError(f"{where}: batching_mode 'batch' needs batch_size (the global batch size); "
                          f"or set batching_mode 'bucket' with bucket_size (global frames per batch)")
-    kw.setdefault("max_frames", NO_FRAME_BOUND)
+    if "max_cost" not in mixing:
+        kw.setdefault("max_frames", NO_FRAME_BOUND)
     if "ld_shuffle_buffer" in opt:
         kw["shuffle_buffer"] = _int(opt, "ld_shuffle_buffer", where)  # <= 1: no shuffle buffer, as CAT's <= 0
     if "seed" in opt:
@@ -255,11 +281,7 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
     if world_size is None:
         world_size = dist_info()[1]
     o = loader_options(hyper, world_size=world_size, where=str(p))
-    tok = tokenizer
-    if tok is None:
-        tok = Path(o.tokenizer)
-        if not tok.is_absolute() and not tok.exists() and (p.parent / tok).exists():
-            tok = p.parent / tok  # recipes often give paths relative to the experiment dir
+    tok = o.tokenizer_file(p) if tokenizer is None else tokenizer
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(tok)
     classes = hyper.get("tokenizer", {}).get("|V|") if isinstance(hyper.get("tokenizer"), Mapping) else None

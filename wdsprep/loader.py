@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
+from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import BatchId, PlanOptions
 from wdsprep.loading.source import epoch_source, load_shards
@@ -331,7 +332,7 @@ def make_loader(
     trset: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]],
     tokenizer: Tokenizer | str | os.PathLike,
     *,
-    max_frames: int,
+    max_frames: int | None = None,
     seed: int = 0,
     shuffle_buffer: int = 2000,
     num_workers: int = 0,
@@ -362,6 +363,8 @@ def make_loader(
     cache_bytes: int | None = None,
     retries: int = 5,
     retry_backoff: float = 1.0,
+    cost: CostModel | Mapping[str, Any] | str | os.PathLike | None = None,
+    max_cost: float | None = None,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -376,7 +379,8 @@ def make_loader(
             ``batch.corpus`` says which corpus each utterance came from.
         tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
-            utterance becomes a batch of its own.
+            utterance becomes a batch of its own.  Give it, or ``cost`` and ``max_cost``, or both
+            (a batch then fits both).
         seed: with the epoch, decides every shuffle and so every batch, on any world size and workers.
         shuffle_buffer: samples held by each stream's shuffle buffer.
         num_workers: DataLoader worker processes per rank; the rank's streams are split among them.
@@ -419,9 +423,12 @@ def make_loader(
             linear between points, constant after the last.
         steps_per_epoch: steps of a mixed loader epoch (default: one pass's worth of every
             corpus's batches, divided over the ranks).
+        cost: what a batch costs a training step, ``B x c(t, u)`` (``wdsprep.loading.cost``): a
+            CostModel, a dict with its coefficients, or the JSON file ``wdsprep calibrate`` writes.
+        max_cost: per-rank bound on a batch's cost under ``cost``; an utterance over it is a batch
+            of its own.  A model that counts label tokens needs every label's length: counted once
+            per index folder and tokenizer and kept beside the index (docs/batching.md).
     """
-    if max_frames < 1:
-        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
     if on_error not in ("warn", "raise"):
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
     if ctc_subsampling is not None and ctc_subsampling < 1:
@@ -437,7 +444,8 @@ def make_loader(
         tokenizer = load_tokenizer(tokenizer)
     options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
                           pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
-                          train=train, max_utts_per_speaker=max_utts_per_speaker)
+                          train=train, max_utts_per_speaker=max_utts_per_speaker,
+                          cost=None if cost is None else load_cost(cost), max_cost=max_cost)
     fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
                          cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
                          retries=retries, retry_backoff=retry_backoff)
@@ -446,7 +454,8 @@ def make_loader(
     if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
-    shards = load_shards(trset, policy=fetch.policy(), derive_speakers=max_utts_per_speaker is not None)
+    shards = load_shards(trset, policy=fetch.policy(), derive_speakers=max_utts_per_speaker is not None,
+                         tokenizer=tokenizer if options.fit.uses_tokens else None)
     source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
                           named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
                           schedule=schedule, steps_per_epoch=steps_per_epoch)

@@ -50,8 +50,9 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
             # --tokenizer names the file to use instead of hyper-p.json's (a CAT .tknz imported as JSON).
             loader = make_loader_from_hyper(hyper, **({"tokenizer": tokenizer} if tokenizer else {}), **loader_options)
         else:
-            if trset is None or tokenizer is None or loader_options.get("max_frames") is None:
-                raise ValueError("dry-run needs --hyper FILE, or --trset, --tokenizer and --max-frames")
+            if trset is None or tokenizer is None:
+                raise ValueError("dry-run needs --hyper FILE, or --trset (or --corpus) and --tokenizer, with "
+                                 "--max-frames or --cost and --max-cost")
             loader = make_loader(trset, tokenizer, **loader_options)
         rank, world = loader.rank, loader.world_size
         mixture = loader.source.mixture

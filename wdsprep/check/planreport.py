@@ -11,6 +11,7 @@ against planned share of the utterances per step range, and how far each is thro
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -18,10 +19,14 @@ from typing import Any, Mapping, TextIO
 
 import numpy as np
 
+from wdsprep.files import naming
+from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.plan import PlanOptions
 from wdsprep.loading.quality import ShuffleQuality
-from wdsprep.loading.source import Trset, epoch_source, load_shards
-from wdsprep.loading.stats import BatchTally, LoaderStats
+from wdsprep.loading.shardset import ShardSet, row_keys
+from wdsprep.loading.source import EpochSource, Trset, epoch_source, load_shards
+from wdsprep.loading.stats import BatchTally, LoaderStats, StepCosts
+from wdsprep.tokenizer import Tokenizer, load_tokenizer
 from wdsprep.units import hours
 
 # make_loader's options that mix named corpora
@@ -29,78 +34,132 @@ MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 
 
 def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
-                out: TextIO | None = None, windows: int = 8, **plan_options: Any) -> list[dict[str, Any]]:
+                out: TextIO | None = None, windows: int = 8, tokenizer: Tokenizer | str | os.PathLike | None = None,
+                dump_keys: str | os.PathLike | None = None, **plan_options: Any) -> list[dict[str, Any]]:
     """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
-    (``max_frames`` and any of the batching options ``make_loader`` takes), and for named corpora
-    (``trset`` a mapping) the mixing options too; a mixture's shares are shown in ``windows``
-    step ranges."""
+    (``max_frames``, ``cost`` and ``max_cost`` and any of the batching options ``make_loader``
+    takes), and for named corpora (``trset`` a mapping) the mixing options too; a mixture's shares
+    are shown in ``windows`` step ranges.  Steps are judged by ``cost`` (padded frames without);
+    ``cost`` without ``max_cost`` judges a plan cut by frames (what ``max_cost`` keeps its peak?).
+    ``tokenizer`` is needed by a cost model that counts label tokens.  ``dump_keys``: every rank's
+    planned batches written there, one ``epoch<TAB>step<TAB>rank<TAB>uttid`` line per utterance,
+    from the index's keys."""
     out = out or sys.stdout
     mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
+    if plan_options.get("cost") is not None:
+        plan_options["cost"] = load_cost(plan_options["cost"])
+    judge = plan_options.get("cost")
+    if plan_options.get("max_cost") is None:  # a cost model alone judges a plan cut by frames: what max_cost to give?
+        plan_options["cost"] = None
     options = PlanOptions(**plan_options)
-    shards = load_shards(trset, derive_speakers=True)
+    tokens = judge is not None and judge.uses_tokens
+    if tokens and tokenizer is None:
+        raise ValueError("the cost model counts label tokens: give the tokenizer (--tokenizer) to count them")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    shards = load_shards(trset, derive_speakers=True, tokenizer=tokenizer if tokens else None)
     source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
                           named=isinstance(trset, Mapping), **mixing)
-    names = source.corpora
+    keys = row_keys(shards) if dump_keys is not None else None
+    dump = open(dump_keys, "w", encoding="utf-8") if dump_keys is not None else None
     reports = []
-    for epoch in range(epochs):
-        t0 = time.perf_counter()
-        at = source.start(epoch)
-        run = source.run(at)
-        seconds = time.perf_counter() - t0
-        steps = [run.steps(r) for r in range(world_size)]
-        # Per step (over all ranks): each corpus's utterances and frames; every rank's batches' tally.
-        utts = np.zeros((max(steps, default=0), len(names)))
-        frames = np.zeros_like(utts)
-        total = BatchTally()
-        planned: list[LoaderStats] = []
-        dropped: Counter[str] = Counter()
-        for r in range(world_size):
-            k = 0
-            for window in run.windows(r):
-                dropped += window.dropped
-                for bid in window.refs:
-                    f = shards.frames[source.rows(bid)]
-                    total.add(f, options.max_frames)
-                    utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
-                    frames[k, bid[0]] += f.sum()
-                    k += 1
-            planned.append(run.planned_stats(r))
-        left = BatchTally()
-        for bid in run.discarded():
-            left.add(shards.frames[source.rows(bid)])
-        report: dict[str, Any] = {
-            "epoch": epoch, "world_size": world_size, "num_workers": num_workers, "steps_per_rank": steps,
-            "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),
-            "padding_efficiency": total.padding_efficiency, "dropped": dict(dropped), "discarded_batches": left.batches,
-            "discarded_utterances": left.utterances, "streams": source.num_streams,
-            "planning_seconds": round(seconds, 3)}
-        if source.mixture is None:
-            if shards.speakers is not None:
-                report["shuffle"] = merged_shuffle([st.shuffle for st in planned])
-        else:
-            mixture = source.mixture
-            g0 = source.global_step(at) or 0
-            rows_ = []
-            for part in np.array_split(np.arange(len(utts)), min(windows, max(1, len(utts)))):
-                if not len(part):
-                    continue
-                g = g0 + part
-                rows_.append({"steps": [int(at.step + part[0]), int(at.step + part[-1])],
-                              "global_steps": [int(g[0]), int(g[-1])],
-                              "scheduled": mixture.at(g).mean(axis=0).round(4).tolist(),
-                              "planned": _shares(utts[part].sum(axis=0)),
-                              "hours_share": _shares(frames[part].sum(axis=0))})
-            progress = source.progress(run.after(0, run.steps(0))) or []
-            per_corpus = {n: {"utterances": int(u), "hours": round(hours(h), 4), "epochs": round(e, 3)}
-                          for n, u, h, e in zip(names, utts.sum(axis=0), frames.sum(axis=0), progress)}
-            report.update({"corpora": list(names), "mixture": mixture.describe(), "ranges": rows_,
-                           "per_corpus": per_corpus})
-            if shards.speakers is not None:
-                report["shuffle"] = {n: merged_shuffle([st.corpora[n].shuffle for st in planned]) for n in names}
-        reports.append(report)
-        out.write(plan_summary(report, shards.num_utts) + "\n")
+    try:
+        for epoch in range(epochs):
+            reports.append(epoch_report(source, options, epoch, windows=windows, keys=keys, dump=dump, judge=judge))
+            out.write(plan_summary(reports[-1], shards.num_utts) + "\n")
+    finally:
+        if dump is not None:
+            dump.close()
     return reports
+
+
+def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windows: int = 8,
+                 keys: list[str] | None = None, dump: TextIO | None = None,
+                 judge: CostModel | None = None) -> dict[str, Any]:
+    """One epoch of :func:`plan_report` from its epoch source (``keys``: every row's id, for
+    ``dump``); step costs under ``judge`` (default: the plan's cost model, else padded frames)."""
+    judge = judge or options.cost
+    shards, names, world_size = source.shards, source.corpora, source.world_size
+    t0 = time.perf_counter()
+    at = source.start(epoch)
+    run = source.run(at)
+    seconds = time.perf_counter() - t0
+    steps = [run.steps(r) for r in range(world_size)]
+    # Per step (over all ranks): each corpus's utterances and frames; every rank's batches' tally and cost.
+    utts = np.zeros((max(steps, default=0), len(names)))
+    frames = np.zeros_like(utts)
+    costs = np.full((world_size, max(steps, default=0)), np.nan)
+    total = BatchTally()
+    planned: list[LoaderStats] = []
+    dropped: Counter[str] = Counter()
+    for r in range(world_size):
+        k = 0
+        for window in run.windows(r):
+            dropped += window.dropped
+            for bid in window.refs:
+                rows = source.rows(bid)
+                f = shards.frames[rows]
+                total.add(f, options.max_frames)
+                utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
+                frames[k, bid[0]] += f.sum()
+                costs[r, k] = _cost(judge, shards, rows, f)
+                if dump is not None and keys is not None:
+                    with naming(dump.name):  # a full disk: say which file
+                        dump.write("".join(f"{epoch}\t{k}\t{r}\t{keys[i]}\n" for i in rows.tolist()))
+                k += 1
+        planned.append(run.planned_stats(r))
+    left = BatchTally()
+    for bid in run.discarded():
+        left.add(shards.frames[source.rows(bid)])
+    report: dict[str, Any] = {
+        "epoch": epoch, "world_size": world_size, "num_workers": source.num_workers, "steps_per_rank": steps,
+        "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),
+        "padding_efficiency": total.padding_efficiency, "dropped": dict(dropped), "discarded_batches": left.batches,
+        "discarded_utterances": left.utterances, "streams": source.num_streams,
+        "planning_seconds": round(seconds, 3),
+        "cost": StepCosts(costs, "padded frames (B x longest)" if judge is None else _describe(judge)).to_dict()}
+    if source.mixture is None:
+        if shards.speakers is not None:
+            report["shuffle"] = merged_shuffle([st.shuffle for st in planned])
+    else:
+        mixture = source.mixture
+        g0 = source.global_step(at) or 0
+        rows_ = []
+        for part in np.array_split(np.arange(len(utts)), min(windows, max(1, len(utts)))):
+            if not len(part):
+                continue
+            g = g0 + part
+            rows_.append({"steps": [int(at.step + part[0]), int(at.step + part[-1])],
+                          "global_steps": [int(g[0]), int(g[-1])],
+                          "scheduled": mixture.at(g).mean(axis=0).round(4).tolist(),
+                          "planned": _shares(utts[part].sum(axis=0)),
+                          "hours_share": _shares(frames[part].sum(axis=0))})
+        progress = source.progress(run.after(0, run.steps(0))) or []
+        per_corpus = {n: {"utterances": int(u), "hours": round(hours(h), 4), "epochs": round(e, 3)}
+                      for n, u, h, e in zip(names, utts.sum(axis=0), frames.sum(axis=0), progress)}
+        report.update({"corpora": list(names), "mixture": mixture.describe(), "ranges": rows_,
+                       "per_corpus": per_corpus})
+        if shards.speakers is not None:
+            report["shuffle"] = {n: merged_shuffle([st.corpora[n].shuffle for st in planned]) for n in names}
+    return report
+
+
+def _cost(model: CostModel | None, shards: ShardSet, rows: np.ndarray, frames: np.ndarray) -> float:
+    """What a batch costs: under the cost model when there is one, else its padded frames."""
+    if not len(frames):
+        return 0.0
+    longest = int(frames.max())
+    if model is None:
+        return float(len(frames) * longest)
+    tokens = int(shards.tokens[rows].max()) if shards.tokens is not None else 0
+    return float(model.batch(len(frames), longest, tokens))
+
+
+def _describe(cost: CostModel) -> str:
+    terms = [f"{v:g}{unit}" for v, unit in ((cost.per_utt, ""), (cost.per_frame, " t"), (cost.per_frame2, " t^2"),
+                                              (cost.per_token, " u"), (cost.per_token2, " u^2")) if v]
+    return f"B x ({' + '.join(terms)}), t = frames/{cost.subsampling}"
 
 
 def merged_shuffle(shuffles: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -109,6 +168,10 @@ def merged_shuffle(shuffles: list[dict[str, Any] | None]) -> dict[str, Any]:
     for other in shuffles[1:]:
         q.merge(ShuffleQuality.from_dict(other))  # type: ignore[arg-type]
     return q.to_dict()
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{x:.1%}"
 
 
 def _shares(x: np.ndarray) -> list[float]:
@@ -129,6 +192,8 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
         f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
         f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "
         f"(at most one batch per rank)",
+        f"  step cost           every step waits {_pct(r['cost']['step_wait'])} for its slowest rank; the costliest "
+        f"batch is {r['cost']['largest_over_median']:.2f}x the median (cost: {r['cost']['model']})",
     ]
     if "mixture" not in r:
         lines.append(shuffle_lines(r.get("shuffle")))

@@ -15,12 +15,15 @@ The batchers it is measured against (CAT's stream, WeNet's sort window) are in
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
+
+from wdsprep.loading.cost import CostModel
 
 S = TypeVar("S")
 
@@ -49,57 +52,94 @@ def check_batching(pool_size: int = 1, max_carry: int = 0, max_utts_per_speaker:
 class BatchFit:
     """Whether a batch fits: the one rule every batch of the plan is cut by.
 
-    A batch of ``B`` utterances whose longest has ``longest`` frames fits when
-    ``B * longest <= max_frames`` and ``B <= max_batch_size``.  One utterance always makes a
-    batch, fitting or not: nothing is dropped for its length.
+    A batch of ``B`` utterances whose longest has ``longest`` frames (and whose longest label has
+    ``tokens`` tokens) fits when each bound given holds: ``B * longest <= max_frames``,
+    ``B <= max_batch_size``, and its cost ``B * c(t, u) <= max_cost`` under the cost model
+    (``loading/cost.py``).  One utterance always makes a batch, fitting or not: nothing is dropped
+    for its length.
     """
 
-    max_frames: int
+    max_frames: int | None = None
     max_batch_size: int | None = None
+    cost: CostModel | None = None
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_frames, (int, np.integer)) and self.max_frames > 0):
+        if self.max_frames is not None and not (isinstance(self.max_frames, (int, np.integer)) and self.max_frames > 0):
             raise ValueError(f"max_frames must be a positive int, got {self.max_frames!r}")
         if self.max_batch_size is not None and not (isinstance(self.max_batch_size, (int, np.integer))
                                                     and self.max_batch_size > 0):
             raise ValueError(f"max_batch_size must be None or a positive int, got {self.max_batch_size!r}")
+        if self.max_cost is not None and (isinstance(self.max_cost, bool) or not isinstance(self.max_cost, (int, float))
+                                          or not math.isfinite(self.max_cost) or self.max_cost <= 0):
+            raise ValueError(f"max_cost must be a finite number > 0, got {self.max_cost!r}")
+        if (self.cost is None) != (self.max_cost is None):
+            raise ValueError("a cost budget needs both cost (the model: a dict or its JSON file) and max_cost")
+        if self.max_frames is None and self.max_cost is None:
+            raise ValueError("batches need a bound: max_frames (padded frames), or cost and max_cost")
 
-    def room(self, longest: np.ndarray | int) -> np.ndarray:
-        """The most utterances a batch may hold when its longest has ``longest`` frames (>= 1);
-        elementwise (int64) for an array."""
+    @property
+    def uses_tokens(self) -> bool:
+        """Whether a batch's fit depends on its labels' length in tokens."""
+        return self.cost is not None and self.cost.uses_tokens
+
+    def room(self, longest: np.ndarray | int, tokens: np.ndarray | int = 0) -> np.ndarray:
+        """The most utterances a batch may hold when its longest has ``longest`` frames and its
+        longest label ``tokens`` tokens (>= 1); elementwise (int64) for arrays."""
         longest = np.asarray(longest, np.int64)
-        # Utterances of no frames pad nothing: only max_batch_size bounds them.
-        room = np.where(longest > 0, self.max_frames // np.maximum(longest, 1), np.iinfo(np.int64).max)
+        room = np.full(longest.shape, np.iinfo(np.int64).max, np.int64)
+        if self.max_frames is not None:
+            # Utterances of no frames pad nothing: the frame bound leaves them be.
+            room = np.where(longest > 0, self.max_frames // np.maximum(longest, 1), room)
         if self.max_batch_size is not None:
             room = np.minimum(room, self.max_batch_size)
+        if self.cost is not None and self.max_cost is not None:
+            each = self.cost.per_utterance(longest, tokens)
+            # The last ulp must not turn B * c == max_cost into one utterance fewer.
+            most = np.floor(self.max_cost / np.maximum(each, 1e-300) * (1 + 1e-12))
+            room = np.minimum(room, np.where(each > 0, np.minimum(most, 2.0 ** 62), room).astype(np.int64))
         return np.maximum(room, 1)
 
-    def fits(self, size: int, longest: int) -> bool:
-        return bool(size <= self.room(longest))
+    def fits(self, size: int, longest: int, tokens: int = 0) -> bool:
+        return bool(size <= self.room(longest, tokens))
 
-    def cut(self, lengths: np.ndarray) -> list[tuple[int, int]]:
-        """Greedy ``[start, end)`` cuts of ascending lengths: a batch closes before the sample that
-        would not fit.  The last cut is the open batch.
+    def cut(self, lengths: np.ndarray, tokens: np.ndarray | None = None) -> list[tuple[int, int]]:
+        """Greedy ``[start, end)`` cuts of ascending lengths (and their labels' tokens, when the fit
+        depends on them): a batch closes before the sample that would not fit.  The last cut is the
+        open batch.
 
         A batch from ``start`` must close before sample ``i`` when ``i - start + 1 > room[i]``,
         that is when ``i + 1 - room[i] > start``.  Lengths ascend, so ``room`` falls and
         ``i + 1 - room[i]`` rises strictly: each batch's end is one binary search (planning 15M
-        utterances cuts ~750,000 batches).
+        utterances cuts ~750,000 batches).  With tokens, a batch's room also falls with its
+        longest label so far: its end is searched among the next ``room[start]`` samples.
         """
         n = len(lengths)
         if not n:
             return []
-        closes = np.arange(1, n + 1, dtype=np.int64) - self.room(lengths)
         cuts: list[tuple[int, int]] = []
         start = 0
+        if tokens is None or not self.uses_tokens:
+            closes = np.arange(1, n + 1, dtype=np.int64) - self.room(lengths)
+            while start < n:
+                end = max(start + 1, int(np.searchsorted(closes, start, side="right")))
+                cuts.append((start, end))
+                start = end
+            return cuts
+        lengths, tokens = np.asarray(lengths, np.int64), np.asarray(tokens, np.int64)
         while start < n:
-            end = max(start + 1, int(np.searchsorted(closes, start, side="right")))
-            cuts.append((start, end))
-            start = end
+            # The room a batch has only falls as it grows: its first sample's room bounds its size.
+            stop = min(n, start + int(self.room(lengths[start], tokens[start])) + 1)
+            room = self.room(lengths[start:stop], np.maximum.accumulate(tokens[start:stop]))
+            over = np.flatnonzero(np.arange(1, stop - start + 1) > room)
+            end = start + (int(over[0]) if len(over) else stop - start)
+            cuts.append((start, max(start + 1, end)))
+            start = max(start + 1, end)
         return cuts
 
 
-def _cut_capped(lengths: list[int], speakers: list[int], fit: BatchFit, cap: int) -> list[list[int]]:
+def _cut_capped(lengths: list[int], tokens: list[int], speakers: list[int], fit: BatchFit,
+                cap: int) -> list[list[int]]:
     """Greedy batches of ascending lengths as :meth:`BatchFit.cut` cuts them, but with at most ``cap``
     utterances of one speaker each: the positions of each batch, the last one open.
 
@@ -116,17 +156,17 @@ def _cut_capped(lengths: list[int], speakers: list[int], fit: BatchFit, cap: int
     while i < n or waiting:
         batch: list[int] = []
         count: dict[int, int] = {}
-        longest = 0
+        longest = most_tokens = 0
 
         def fits(j: int) -> bool:
-            return fit.fits(len(batch) + 1, max(longest, lengths[j]))
+            return fit.fits(len(batch) + 1, max(longest, lengths[j]), max(most_tokens, tokens[j]))
 
         # Those waiting first, shortest first; at most cap of each speaker can be taken.
         for j in sorted(j for q in waiting.values() for j in islice(q, cap)):
             if not fits(j):
                 break
             batch.append(j)
-            longest = max(longest, lengths[j])
+            longest, most_tokens = max(longest, lengths[j]), max(most_tokens, tokens[j])
             spk = speakers[j]
             count[spk] = count.get(spk, 0) + 1
             waiting[spk].popleft()
@@ -140,7 +180,7 @@ def _cut_capped(lengths: list[int], speakers: list[int], fit: BatchFit, cap: int
             if not fits(i):
                 break
             batch.append(i)
-            longest = max(longest, lengths[i])
+            longest, most_tokens = max(longest, lengths[i]), max(most_tokens, tokens[i])
             count[spk] = count.get(spk, 0) + 1
             i += 1
         batches.append(batch)
@@ -155,27 +195,30 @@ def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bo
     return bool(len(codes)) and int(np.unique(codes, return_counts=True)[1].max()) > cap
 
 
-def _plan_pool(lens: np.ndarray, fit: BatchFit, rng: np.random.Generator, ages: np.ndarray, max_carry: int,
-               speakers: np.ndarray | None = None,
+def _plan_pool(lens: np.ndarray, tokens: np.ndarray | None, fit: BatchFit, rng: np.random.Generator,
+               ages: np.ndarray, max_carry: int, speakers: np.ndarray | None = None,
                max_utts_per_speaker: int | None = None) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The rows of each batch of one pool in random order, the rows to carry over and their new ages.
 
-    The first ``len(ages)`` rows of the pool are the ones carried into it.
+    The first ``len(ages)`` rows of the pool are the ones carried into it.  ``tokens`` (labels'
+    lengths) only where the fit depends on them.
     """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
     order = np.argsort(lens, kind="stable")
     sorted_lens = lens[order]
-    cuts = fit.cut(sorted_lens)
+    sorted_tokens = None if tokens is None else tokens[order]
+    cuts = fit.cut(sorted_lens, sorted_tokens)
     batches = [order[a:b] for a, b in cuts]
     if max_utts_per_speaker is not None and speakers is not None and _over_cap(cuts, speakers[order],
                                                                                max_utts_per_speaker):
-        capped = _cut_capped(sorted_lens.tolist(), speakers[order].tolist(), fit, max_utts_per_speaker)
+        token_list = [0] * len(order) if sorted_tokens is None else sorted_tokens.tolist()
+        capped = _cut_capped(sorted_lens.tolist(), token_list, speakers[order].tolist(), fit, max_utts_per_speaker)
         batches = [order[np.array(b, np.int64)] for b in capped]
     carry = new_ages = np.zeros(0, np.int64)
     if max_carry and batches:
         rows = batches[-1]
         size, longest = len(rows), int(lens[rows].max())
-        full = not fit.fits(size + 1, longest)
+        full = not fit.fits(size + 1, longest, 0 if tokens is None else int(tokens[rows].max()))
         aged = np.ones(len(rows), np.int64)
         was_carried = rows < len(ages)
         aged[was_carried] += ages[rows[was_carried]]
@@ -188,17 +231,21 @@ def _plan_pool(lens: np.ndarray, fit: BatchFit, rng: np.random.Generator, ages: 
 
 
 def bucket_pools(lengths: np.ndarray, *, fit: BatchFit, rng: np.random.Generator, pool_size: int = DEFAULT_POOL_SIZE,
-                 max_carry: int = 1, speakers: np.ndarray | None = None,
+                 max_carry: int = 1, tokens: np.ndarray | None = None, speakers: np.ndarray | None = None,
                  max_utts_per_speaker: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Batches of a shuffled length sequence as ``(positions, starts)``: batch ``j`` holds the
     positions ``positions[starts[j]:starts[j + 1]]`` of ``lengths``, batches in the order a trainer
     gets them.  Same ``rng`` state and lengths -> same batches in the same order.
 
+    ``tokens`` (each label's length) is needed when the fit's cost depends on it;
     ``max_utts_per_speaker`` caps each speaker's utterances per batch; it needs ``speakers``
     (an int id per length)."""
     check_batching(pool_size, max_carry, max_utts_per_speaker)
     if max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(lengths)):
         raise ValueError("max_utts_per_speaker needs the speaker of every length (speakers=)")
+    if fit.uses_tokens and (tokens is None or len(tokens) != len(lengths)):
+        raise ValueError("the cost model counts label tokens: it needs every label's length (tokens=)")
+    tokens = np.asarray(tokens, np.int64) if fit.uses_tokens else None
     lengths = np.asarray(lengths, np.int64)
     if len(lengths) and lengths.min() < 0:
         # A negative length would let a batch pass the B * max <= max_frames check wrongly.
@@ -215,8 +262,9 @@ def bucket_pools(lengths: np.ndarray, *, fit: BatchFit, rng: np.random.Generator
         pos += take
         if not len(pool):
             break
-        rows, carry, ages = _plan_pool(lengths[pool], fit, rng, ages, 0 if last else max_carry,
-                                       None if speakers is None else speakers[pool], max_utts_per_speaker)
+        rows, carry, ages = _plan_pool(lengths[pool], None if tokens is None else tokens[pool], fit, rng, ages,
+                                       0 if last else max_carry, None if speakers is None else speakers[pool],
+                                       max_utts_per_speaker)
         for r in rows:
             out.append(pool[r])
             sizes.append(len(r))

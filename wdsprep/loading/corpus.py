@@ -74,6 +74,7 @@ class Corpus:
         self.speakers = speakers if options.max_utts_per_speaker is not None else None
         if options.max_utts_per_speaker is not None and speakers is None:
             raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index")
+        self.tokens = shards.tokens if options.fit.uses_tokens else None  # each label's length, for the cost
         self._plans: Recent[int, EpochPlan] = Recent(1)
         self._streams: Recent[tuple[int, int], StreamPlan] = Recent(256)
         self._tallies: Recent[int, Tally] = Recent(4)
@@ -87,7 +88,7 @@ class Corpus:
 
     def _plan(self, epoch: int, streams: list[int] | None = None) -> EpochPlan:
         return plan_epoch(self.shards.utts, self.shards.frames, self.options, seed=self.seed, epoch=epoch,
-                          streams=streams, speakers=self.speakers)
+                          streams=streams, speakers=self.speakers, tokens=self.tokens)
 
     def plan(self, epoch: int) -> EpochPlan:
         """Every stream's plan of ``epoch`` (the last one asked for is kept)."""

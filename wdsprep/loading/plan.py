@@ -26,6 +26,7 @@ import numpy as np
 
 from wdsprep.balance import least_loaded
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching
+from wdsprep.loading.cost import CostModel
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
 # each: a stream is batched from its own length pools, and a smaller one pads more (lognormal
@@ -54,7 +55,7 @@ class Window(NamedTuple):
 class PlanOptions:
     """Everything besides the shards, the seed and the epoch that decides the batches."""
 
-    max_frames: int
+    max_frames: int | None = None
     max_batch_size: int | None = None
     shuffle_buffer: int = 2000
     pool_size: int = DEFAULT_POOL_SIZE
@@ -63,9 +64,11 @@ class PlanOptions:
     streams: int | None = None  # None: see num_streams
     train: bool = True  # False (dev): shards in order, no shuffle, the same plan every epoch
     max_utts_per_speaker: int | None = None  # per batch; the plan then needs every utterance's speaker
+    cost: CostModel | None = None  # what a batch costs (loading/cost.py), bounded by max_cost
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
-        self.fit  # building it checks max_frames and max_batch_size
+        self.fit  # building it checks the bounds
         check_batching(self.pool_size, max_utts_per_speaker=self.max_utts_per_speaker)
         if self.streams is not None and self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
@@ -75,7 +78,7 @@ class PlanOptions:
     @property
     def fit(self) -> BatchFit:
         """The rule the plan's batches are cut by."""
-        return BatchFit(self.max_frames, self.max_batch_size)
+        return BatchFit(self.max_frames, self.max_batch_size, self.cost, self.max_cost)
 
     def num_streams(self, num_shards: int, num_utts: int) -> int:
         """The streams given, or min(shards, 64, utterances // 2,000); never more than the shards."""
@@ -128,7 +131,11 @@ class EpochPlan:
 
 def fingerprint(options: PlanOptions, shards_fingerprint: str, extra: object = None) -> str:
     """A digest of a plan's inputs besides seed and epoch: options, the shard set, and ``extra``."""
-    doc = {"options": asdict(options), "shards": shards_fingerprint, "extra": extra}
+    opts = asdict(options)
+    for added in ("cost", "max_cost"):  # options added later: left out while unused, so older states still resume
+        if opts[added] is None:
+            del opts[added]
+    doc = {"options": opts, "shards": shards_fingerprint, "extra": extra}
     return hashlib.blake2b(json.dumps(doc, sort_keys=True, default=repr).encode(), digest_size=8).hexdigest()
 
 
@@ -175,9 +182,11 @@ def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
-                options: PlanOptions, speakers: np.ndarray | None = None) -> StreamPlan:
-    """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames`` and
-    ``speakers``, needed by ``max_utts_per_speaker`` only, per row)."""
+                options: PlanOptions, speakers: np.ndarray | None = None,
+                tokens: np.ndarray | None = None) -> StreamPlan:
+    """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames``,
+    ``speakers`` (needed by ``max_utts_per_speaker`` only) and ``tokens`` (each label's length,
+    needed by a cost model that counts them) per row)."""
     if len(shards):
         rows = np.concatenate([np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards])
     else:
@@ -199,16 +208,21 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
         rows, lens = rows[keep], lens[keep]
     positions, batch_starts = bucket_pools(lens, fit=options.fit, pool_size=options.pool_size,
                                            rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
+                                           tokens=None if tokens is None else np.asarray(tokens[rows]),
                                            speakers=None if speakers is None else np.asarray(speakers[rows]),
                                            max_utts_per_speaker=options.max_utts_per_speaker)
     return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
 
 
 def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
-               streams: Sequence[int] | None = None, speakers: np.ndarray | None = None) -> EpochPlan:
+               streams: Sequence[int] | None = None, speakers: np.ndarray | None = None,
+               tokens: np.ndarray | None = None) -> EpochPlan:
     """The plan of ``epoch`` over shards of ``utts[i]`` utterances whose frames are ``frames`` (shard after
     shard); ``streams`` plans only those (a worker needs only its own), the rest left empty.
-    ``speakers`` (an int id per utterance) is needed with ``options.max_utts_per_speaker`` only."""
+    ``speakers`` (an int id per utterance) is needed with ``options.max_utts_per_speaker`` only,
+    ``tokens`` (each label's length in tokens) with a cost model that counts them."""
+    if options.fit.uses_tokens and (tokens is None or len(tokens) != len(frames)):
+        raise ValueError("the cost model counts label tokens: the plan needs every label's length in tokens")
     if options.max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(frames)):
         raise ValueError("max_utts_per_speaker needs every utterance's speaker (from the index)")
     utts = np.asarray(utts, np.int64)
@@ -224,7 +238,8 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
     for s, shards in enumerate(dealt):
         if s in wanted:
             plans.append(plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options,
-                                     speakers=speakers if options.max_utts_per_speaker is not None else None))
+                                     speakers=speakers if options.max_utts_per_speaker is not None else None,
+                                     tokens=tokens if options.fit.uses_tokens else None))
         else:
             plans.append(StreamPlan(s, shards, np.zeros(0, np.int64), np.zeros(1, np.int64)))
     return EpochPlan(epoch, plans)

@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -40,10 +40,20 @@ from wdsprep.format.index import (
     scan_shard,
     stale_reason,
 )
+from wdsprep.format.keys import decode_key
 from wdsprep.format.shardlist import index_place, is_url
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
 from wdsprep.remote.listing import take_listed_size
 from wdsprep.remote.urls import has_folder
+
+
+class TokenCounts(Protocol):
+    """Each label's length in tokens (``loading/tokens.LabelTokens``): per index folder, or for a
+    shard in no index."""
+
+    def folder(self, folder: str, index: FolderIndex) -> np.ndarray: ...
+
+    def shard(self, url: str) -> np.ndarray: ...
 
 
 class StaleIndexError(DataError):
@@ -66,6 +76,7 @@ class ShardSet:
     corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
     # Every utterance's speaker, where every shard's index gives them (see shard_set), else None.
     speakers: Speakers | None = None
+    tokens: np.ndarray | None = None  # int32 [N]: every label's length in tokens, where a cost model needs them
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -105,7 +116,7 @@ class ShardSet:
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
         speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
-                        0, self.lost[sl], speakers=speakers)
+                        0, self.lost[sl], speakers=speakers, tokens=None if self.tokens is None else self.tokens[rows])
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -124,12 +135,14 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                 raise ValueError(f"shard {url} is in corpus {seen[url]!r} and in corpus {name!r}: a shard belongs to "
                                  f"one corpus (narrow one of the patterns)")
     speakers = [p.speakers for p in parts if p.speakers is not None]
+    tokens = [p.tokens for p in parts if p.tokens is not None]
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
                     sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
-                    Speakers.concat(speakers) if len(speakers) == len(parts) else None)
+                    Speakers.concat(speakers) if len(speakers) == len(parts) else None,
+                    np.concatenate(tokens) if len(tokens) == len(parts) else None)
 
 
 def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
@@ -169,10 +182,12 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
     return index
 
 
-def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False) -> ShardSet:
+def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
+              tokens: TokenCounts | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
-    ``policy``: retries for fetching remote indexes.  Every utterance's speaker comes with the set
+    ``policy``: retries for fetching remote indexes.  ``tokens``: every label's length in tokens
+    comes with the set (a cost model that counts them needs it).  Every utterance's speaker comes with the set
     where every index stores them; with ``derive_speakers`` also by the key rule from the keys of
     an index that stores none (``Speakers.from_keys``; a remote index's keys are fetched for it).
     A shard in no index leaves the set without speakers."""
@@ -185,6 +200,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     dims: set[int] = set()
     lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
     speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
+    token_columns: dict[str, np.ndarray] = {}  # folder -> its index's token column
+    token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
     for k, url in enumerate(urls):
         remote = has_folder(url)
         folder, name = index_place(url)
@@ -202,6 +219,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         if i is None:
             speakers = None
             unlisted.append(k)
+            token_rows.append(np.zeros(0, np.int32))
             utts.append(0)
             sizes.append(-1)
             digests.append("")
@@ -235,6 +253,10 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         else:
             speakers = None
         lost_in[k] = int(index.lost[i])
+        if tokens is not None:
+            if folder not in token_columns:
+                token_columns[folder] = tokens.folder(folder, index)
+            token_rows.append(np.asarray(token_columns[folder][a:b], np.int32))
         utts.append(b - a)
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
@@ -250,6 +272,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             frames = np.asarray(scan.info.frames, np.int32)
             utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
             dims |= scan.dims
+            if tokens is not None:
+                token_rows[k] = tokens.shard(urls[k])
         some = urls[unlisted[0]]
         warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {some}): read their "
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
@@ -257,4 +281,26 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
                     dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
-                    speakers=None if speakers is None else Speakers.concat(speakers))
+                    speakers=None if speakers is None else Speakers.concat(speakers),
+                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]))
+
+
+def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str]:
+    """Every row's utterance id, from the indexes' keys (a shard in no index: from its headers);
+    for what names planned batches without reading them (``dry-run --plan --dump-keys``)."""
+    indexes: dict[str, FolderIndex | None] = {}
+    out: list[str] = []
+    for k, url in enumerate(shards.urls):
+        folder, name = index_place(url)
+        if folder not in indexes:
+            indexes[folder] = (remote_index(folder, policy=policy or RetryPolicy(), keys=True) if has_folder(url)
+                               else None if is_url(url) else read_index(folder))
+        index = indexes[folder]
+        i = None if index is None else index.position(name)
+        keys = scan_shard(url).info.keys if index is None or i is None else \
+            index.keys()[int(index.starts[i]):int(index.starts[i + 1])]
+        if len(keys) != shards.utts[k]:
+            raise StaleIndexError(f"shard {url}: {len(keys)} keys, {shards.utts[k]} utterances planned: it changed "
+                                  f"since the loader read its index; run again")
+        out.extend(decode_key(key) for key in keys)
+    return out

@@ -33,8 +33,9 @@ from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
 from wdsprep.loading.shardset import ShardSet, shard_set, union
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
+from wdsprep.loading.tokens import LabelTokens
 from wdsprep.remote.fetch import RetryPolicy
-from wdsprep.tokenizer import derive_seed
+from wdsprep.tokenizer import Tokenizer, derive_seed
 from wdsprep.units import hours
 
 Trset = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]]
@@ -120,12 +121,15 @@ class EpochSource(Protocol):
     def from_note(self, note: Mapping[str, Any]) -> Any: ...
 
 
-def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False) -> ShardSet:
-    """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``."""
+def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
+                tokenizer: Tokenizer | None = None) -> ShardSet:
+    """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
+    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``)."""
+    tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
+    kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
     if isinstance(trset, Mapping):
-        return union({str(name): shard_set(expand_shards(patterns), policy=policy, derive_speakers=derive_speakers)
-                      for name, patterns in trset.items()})
-    return shard_set(expand_shards(trset), policy=policy, derive_speakers=derive_speakers)
+        return union({str(name): shard_set(expand_shards(patterns), **kw) for name, patterns in trset.items()})
+    return shard_set(expand_shards(trset), **kw)
 
 
 def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,

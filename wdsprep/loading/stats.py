@@ -168,3 +168,33 @@ class LoaderStats:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "padding_efficiency": self.padding_efficiency,
                 "corpora": {name: c.to_dict() for name, c in self.corpora.items()}}
+
+
+@dataclass
+class StepCosts:
+    """What each rank's batch costs at each step (``costs[rank, step]``; NaN: no batch), and how
+    evenly: the figures DDP steps are judged by, since every step waits for its slowest rank."""
+
+    costs: np.ndarray  # float64 [world size, steps]
+    model: str  # what the costs are: "padded frames (B x longest)" or the cost model
+
+    @property
+    def step_wait(self) -> float:
+        """Time every step waits for its slowest rank, as a share of the time it works:
+        sum over steps of the slowest rank's cost / sum of the ranks' mean cost, minus 1."""
+        full = self.costs[:, ~np.isnan(self.costs).any(axis=0)]  # steps every rank takes (all, in training)
+        mean = float(full.mean(axis=0).sum()) if full.size else 0.0
+        return float(full.max(axis=0).sum()) / mean - 1 if mean else math.nan
+
+    @property
+    def largest_over_median(self) -> float:
+        """The costliest batch against the median one: what memory is sized for, against the typical."""
+        c = self.costs[~np.isnan(self.costs)]
+        median = float(np.median(c)) if c.size else 0.0
+        return float(c.max()) / median if median else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.costs[~np.isnan(self.costs)]
+        return {"model": self.model, "step_wait": self.step_wait, "largest_over_median": self.largest_over_median,
+                "largest": float(c.max()) if c.size else math.nan,
+                "median": float(np.median(c)) if c.size else math.nan}
