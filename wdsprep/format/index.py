@@ -235,8 +235,16 @@ def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
 
 
 def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
-    """Write a folder's index, every file atomically and ``index.json`` last."""
+    """Write a folder's index, every file atomically and ``index.json`` last.  Whatever stands in a
+    file's place is replaced (a FIFO, an empty folder); a folder with files in it is an error naming it."""
     folder = Path(folder)
+    for name in INDEX_FILES:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            try:
+                (folder / name).rmdir()
+            except OSError:
+                raise DataError(f"{folder / name} is a folder with files in it where the index writes its {name}; "
+                                f"move it away and index again") from None
     keys = index.keys()
     bad = next((k for k in keys if "\n" in k), None)
     if bad is not None:
@@ -657,8 +665,11 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
 
     A folder without an index gets one.  A folder whose index is current is left alone.  One whose
     shards changed since it was indexed (size or mtime) is an error, unless ``refresh``: then the
-    changed shards (and those it does not list) are read again and the rest kept; ``force`` reads
-    every shard again.  Entries of shards the patterns do not name are kept while the shard exists.
+    changed shards (and those it does not list) are read again and the rest kept.  ``force`` reads
+    every shard again and needs nothing of the old index: a damaged one is rebuilt from the shards
+    (the speakers an intact one had from ``utt2spk`` are kept).  Entries of shards the patterns do
+    not name are kept while the shard exists; those of shards no longer on disk are dropped, and
+    the output says so.
     """
     from tqdm import tqdm
 
@@ -676,30 +687,47 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     bar = tqdm(total=len(paths), desc="index", unit="shard", disable=None if progress is None else not progress)
     with bar:
         for folder, shards in by_folder.items():
-            old = read_index(folder)
+            notes: list[str] = []
+            try:
+                old = read_index(folder)
+            except DataError as e:
+                if not force:
+                    raise
+                old = None
+                where = f"{e.path}: {e.what}" if isinstance(e, DamagedIndexError) else str(e)
+                notes.append(f"the old index was damaged ({where}), so it was rebuilt from the shards alone "
+                             f"(speakers by the key rule)")
             entries: dict[str, tuple[ShardInfo, int, int, int]] = {}  # name -> (info, size, mtime, lost)
             stale: list[str] = []
+            gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
+            if gone:
+                notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
+                             f"{', ...' if len(gone) > 3 else ''})")
             upgrade = old is not None and bool((old.sizes < 0).any())  # version 1: no sizes, read it all again
             if old is not None and not force and not upgrade:
                 for i, name in enumerate(old.names):
-                    path = folder / name
-                    if not path.is_file():
-                        continue  # gone: its entry goes too
-                    if stale_reason(old, i, path.stat()) is not None or old.mtimes[i] < 0:  # no mtime: cannot tell
+                    if name in gone:
+                        continue
+                    if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
                         stale.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
-            todo = [s for s in shards if s.name not in entries]
+            # The named shards and the listed ones still there, less those kept: read (again).
+            listed = [] if old is None else [folder / n for n in old.names if n not in gone]
+            todo = list({p.name: p for p in [*shards, *listed] if p.name not in entries}.values())
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
             # An index without a speakers column (written before it existed) is rewritten, without a read.
-            if not todo and old is not None and not force and not stale and not upgrade and old.has_speakers:
+            if not todo and old is not None and not force and not gone and not upgrade and old.has_speakers:
                 result.folders[str(folder)] = "up to date"
-                result.shards += len(shards)
+                result.shards += len(old.names)
                 result.utterances += old.num_utts
                 bar.update(len(shards))
                 continue
+            named = {p.name for p in shards}
+            bar.total += sum(1 for p in todo if p.name not in named)  # listed shards the patterns leave out
+            bar.refresh()
             layouts, dims, dtypes = set(), set(), set()
             for path in todo:
                 st = path.stat()
@@ -711,7 +739,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                 dtypes |= scan.dtypes
                 entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
                 bar.update(1)
-            bar.update(len(shards) - len(todo))
+            bar.update(sum(1 for p in shards if p.name in entries and p not in todo))
             if old is not None and entries.keys() - {p.name for p in todo}:
                 layouts.add(old.layout)
                 dtypes.add(old.dtype)
@@ -727,15 +755,16 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             try:
                 if old is not None and old.speakers().source != FROM_KEYS:
                     carried = _carried_speakers(old, [k for i in infos for k in i.keys])
-            except DataError:
-                pass  # damaged keys: the key rule it is
+            except DataError as e:  # damaged keys: the key rule it is
+                notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
+                             f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
             index = FolderIndex.from_shards(layouts.pop() if layouts else "cat", dims.pop() if dims else None,
                                             dtypes.pop() if dtypes else "float32", infos,
                                             sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
                                             lost=[entries[n][3] for n in names], speakers=carried)
             write_index(folder, index)
-            what = "indexed" if old is None else "upgraded from version 1" if upgrade else "re-indexed"
-            result.folders[str(folder)] = f"{what}: {len(names)} shards, {len(todo)} read"
-            result.shards += len(shards)
+            what = "indexed" if old is None and not notes else "upgraded from version 1" if upgrade else "re-indexed"
+            result.folders[str(folder)] = "; ".join([f"{what}: {len(names)} shards, {len(todo)} read", *notes])
+            result.shards += len(names)
             result.utterances += index.num_utts
     return result
