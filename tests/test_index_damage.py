@@ -137,6 +137,7 @@ DAMAGE = [
     ("mtime-float", edit_shard(0, mtime_ns=1.5), INDEX_NAME, "'shards[0].mtime_ns' is 1.5"),
     ("lost-a-million", edit_shard(0, lost=10**6), INDEX_NAME, "'lost' (1,000,000)"),
     ("lost-negative", edit_shard(0, lost=-1), INDEX_NAME, "'shards[0].lost' is -1"),
+    ("lost-int64-max", edit_shard(0, lost=2**63 - 1), INDEX_NAME, "'lost' (9,223,372,036,854,775,807)"),
     ("frames-total", edit_json(lambda doc: doc["shards"][3].update(frames=doc["shards"][3]["frames"] + 1)),
      INDEX_NAME, "'shards[3].frames'"),
     ("num-frames", edit_json(lambda doc: doc.update(num_frames=doc["num_frames"] - 1)), INDEX_NAME, "'num_frames'"),

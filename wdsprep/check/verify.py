@@ -141,7 +141,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                     result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
                                                          f"it; re-index it (wdsprep index --refresh) or repack"))
                 _compare_index(path, index.shard(i), index, shard_samples, result.problems)
-                if why is None:  # a changed shard is named above: its losses are not the index's to know
+                if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
     for folder, index in indexes.items():
@@ -304,9 +304,10 @@ def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: 
 
 def _compare_lost(path: str, lost: int, samples: list[_Sample], problems: list[Problem]) -> None:
     """The index's count of a shard's samples lost (from the first one the loader refuses on, as
-    ``wdsprep index`` counts them) must be the tar's: the loader reports them as unreadable drops."""
+    ``wdsprep index`` counts them) must not exceed the tar's: the loader reports them as unreadable
+    drops.  (Fewer is a shard damaged since it was indexed: named above, sample by sample.)"""
     first = next((j for j, s in enumerate(samples) if s.refused), len(samples))
-    if lost != len(samples) - first:
+    if lost > len(samples) - first:
         problems.append(Problem(path, f"{INDEX_NAME} of {os.path.dirname(path) or '.'} says {lost:,} samples of this "
                                       f"shard are lost, the tar has {len(samples) - first:,}; the loader reports them "
                                       f"as unreadable drops: re-index the folder (wdsprep index --force)"))

@@ -407,8 +407,8 @@ def check_index(index: FolderIndex, stated: _Stated | None = None) -> None:
         if name in seen:
             raise DamagedIndexError(path, f"field 'shards[{i}].name' is {name!r}, which an earlier shard has too")
         seen.add(name)
-    members = 2 * index.utts + index.lost  # an indexed sample has two members, a lost one at least one
-    for i in np.flatnonzero((index.sizes >= 0) & (members > index.sizes // _TAR_BLOCK)):
+    # An indexed sample has two members, a lost one at least one (lost on the left: 2**63 - 1 is a valid int64).
+    for i in np.flatnonzero((index.sizes >= 0) & (index.lost > index.sizes // _TAR_BLOCK - 2 * index.utts)):
         raise DamagedIndexError(path, f"fields 'shards[{i}].utts' ({int(index.utts[i]):,}) and 'lost' "
                                       f"({int(index.lost[i]):,}) are more samples than its {int(index.sizes[i]):,} "
                                       f"bytes can hold")
