@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from shard_helpers import cat_members, npy, packed, rewrite_tar, tar_members, write_tar
 
 from wdsprep import verify_shards
-from wdsprep.format.index import read_index
+from wdsprep.format.index import frames_digest, read_index
 from wdsprep.format.keys import encode_key
 from wdsprep.format.samples import iter_decoded
 
@@ -133,6 +134,16 @@ def test_index_mismatch_is_named(pack_dir):
     row = int(index.starts[1]) + 2  # the third utterance of the second shard
     frames[row] += 7
     np.save(d / "60_150" / "index.frames.npy", frames)
+    # The column alone edited: the index disagrees with itself, which the loader refuses too.
+    r = verify_shards(f"{d}/*/data-*.tar")
+    want = "field 'shards[1].frames_digest' does not match rows 4:8 of index.frames.npy"
+    assert [(p.shard, p.what.split(";")[0]) for p in r.problems] == [(str(d / "60_150" / "index.json"), want)]
+    # Digest and totals edited too (a coherent index of other shards): verify holds it against the tar.
+    doc = json.loads((d / "60_150" / "index.json").read_text())
+    doc["shards"][1]["frames_digest"] = frames_digest(frames[4:8])
+    doc["shards"][1]["frames"] += 7
+    doc["num_frames"] += 7
+    (d / "60_150" / "index.json").write_text(json.dumps(doc))
     found = problems_for(d, shard(d))
     assert [p.key for p in found] == [index.keys()[row]]
     assert f"says {frames[row]} frames" in found[0].what

@@ -73,7 +73,7 @@ def make_index(folder: Path, utts: int, shards: int = 1000) -> None:
     """An indexed folder of ``utts`` utterances in ``shards`` sparse shard files."""
     from wdsprep.format.index import FolderIndex, write_index
 
-    stamp = folder / f".made-{utts}-{shards}"
+    stamp = folder / f".made-cat-{utts}-{shards}"  # "cat": read_index refuses a layout no reader knows
     if stamp.exists():
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def make_index(folder: Path, utts: int, shards: int = 1000) -> None:
         sizes.append(size)
         mtimes.append(os.stat(path).st_mtime_ns)
     keys = [f"spk{i % 5000:04d}-utt{i:08d}" for i in range(utts)]
-    index = FolderIndex("wdsprep", 80, "float32", names, per, frames, text_lens, sizes=np.array(sizes),
+    index = FolderIndex("cat", 80, "float32", names, per, frames, text_lens, sizes=np.array(sizes),
                         mtimes=np.array(mtimes), keys=keys)
     write_index(folder, index)
     stamp.touch()

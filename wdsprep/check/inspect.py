@@ -26,7 +26,7 @@ from wdsprep.files import naming, write_text
 from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.loading.shardset import remote_index
-from wdsprep.units import hours
+from wdsprep.units import hours, thousands
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
 # bucket_batches is pure Python; beyond this many utterances the curve is computed on a seeded
@@ -161,7 +161,7 @@ class InspectResult:
             mfs = sorted({mf for c in self.efficiency.values() for mf in c})
             lines.append("")
             lines.append("padding efficiency (real / padded frames) of bucket_batches at max_frames:")
-            lines.append(f"  {'':<26}" + "".join(f"{_k(mf):>8}" for mf in mfs))
+            lines.append(f"  {'':<26}" + "".join(f"{thousands(mf):>8}" for mf in mfs))
             for name, curve in self.efficiency.items():
                 lines.append(f"  {name:<26}" + "".join(f"{curve.get(mf, math.nan):>8.3f}" for mf in mfs))
         if self.plot:
@@ -175,10 +175,6 @@ class InspectResult:
 
 def _fmt3(t: tuple[float, float, float] | None) -> str:
     return "-" if t is None else f"{t[0]} / {t[1]:g} / {t[2]}"
-
-
-def _k(n: int) -> str:
-    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
 def inspect_shards(
@@ -243,7 +239,8 @@ def inspect_shards(
         from wdsprep.check.plot import plot_inspect  # matplotlib only when a plot is asked for
 
         result.plot = str(plot)
-        plot_inspect(result, plot)
+        plot_inspect(plot, [(g.name, g.frames) for g in groups], result.efficiency,
+                     f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours", overall=ALL)
     return result
 
 

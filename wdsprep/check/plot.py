@@ -1,24 +1,31 @@
-"""Plots of ``inspect``: what a person would rather look at than read."""
+"""Plots of ``inspect`` and ``dry-run``: what a person would rather look at than read.
+
+Plain data in (arrays, dicts, names), a PNG out: this module knows no result class of the
+commands that draw with it, so it imports none of them (and none imports it back at load time).
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from wdsprep.check.inspect import ALL, InspectResult, _k
 from wdsprep.files import atomic_path
-from wdsprep.units import FRAMES_PER_SECOND
+from wdsprep.units import FRAMES_PER_SECOND, hours, thousands
 
 
-def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
-    """One PNG: a frame-length histogram per group and the padding-efficiency curves; written atomically."""
+def plot_inspect(path: str | os.PathLike, groups: Sequence[tuple[str, np.ndarray]],
+                 efficiency: Mapping[str, Mapping[int, float]], title: str, *, overall: str | None = None) -> None:
+    """One PNG: a frame-length histogram per group (``(name, frames of each utterance)``, empty
+    ones left out) and the padding-efficiency curves (``{curve: {max_frames: efficiency}}``, the
+    one named ``overall`` drawn bold), under ``title``; written atomically."""
     # The object API with the Agg canvas: no pyplot, so a caller's interactive backend is left alone.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    groups = [g for g in result.groups if g.utts]
-    panels = len(groups) + (1 if result.efficiency else 0)
+    groups = [(name, np.asarray(frames)) for name, frames in groups if len(frames)]
+    panels = len(groups) + (1 if efficiency else 0)
     if panels == 0:
         raise ValueError("nothing to plot: the shards hold no readable utterances")
     ncols = min(3, panels)
@@ -26,22 +33,22 @@ def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
     fig = Figure(figsize=(5.2 * ncols, 3.9 * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, g in zip(axes, groups):
-        ax.hist(g.frames, bins=min(50, max(5, int(np.sqrt(g.utts)))), color="tab:blue", edgecolor="white")
-        ax.set_title(f"{g.name}: {g.utts:,} utts, {g.hours:.2f} h", fontsize=10)
+    for ax, (name, frames) in zip(axes, groups):
+        ax.hist(frames, bins=min(50, max(5, int(np.sqrt(len(frames))))), color="tab:blue", edgecolor="white")
+        ax.set_title(f"{name}: {len(frames):,} utts, {hours(frames.sum()):.2f} h", fontsize=10)
         ax.set_xlabel("frames (10 ms)")
         ax.set_ylabel("utterances")
         sec = ax.secondary_xaxis("top", functions=(lambda f: f / FRAMES_PER_SECOND, lambda s: s * FRAMES_PER_SECOND))
         sec.set_xlabel("seconds", fontsize=9)
-    if result.efficiency:
+    if efficiency:
         ax = axes[len(groups)]
-        for name, curve in result.efficiency.items():
+        for name, curve in efficiency.items():
             mfs = sorted(curve)
             ax.plot(mfs, [curve[m] for m in mfs], marker="o", label=name,
-                    linewidth=2.5 if name == ALL else 1.2, color="black" if name == ALL else None)
+                    linewidth=2.5 if name == overall else 1.2, color="black" if name == overall else None)
         ax.set_xscale("log")
-        mfs = sorted({m for c in result.efficiency.values() for m in c})
-        ax.set_xticks(mfs, [_k(m) for m in mfs])
+        mfs = sorted({m for c in efficiency.values() for m in c})
+        ax.set_xticks(mfs, [thousands(m) for m in mfs])
         ax.minorticks_off()
         ax.set_ylim(top=1.005)
         ax.grid(True, alpha=0.3)
@@ -51,7 +58,7 @@ def plot_inspect(result: InspectResult, path: str | os.PathLike) -> None:
         ax.legend(fontsize=8, loc="best")
     for ax in axes[panels:]:
         ax.set_visible(False)
-    fig.suptitle(f"{len(result.shards)} shards, {result.utts:,} utterances, {result.hours:.2f} hours")
+    fig.suptitle(title)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
 

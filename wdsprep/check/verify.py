@@ -30,7 +30,7 @@ import numpy as np
 
 from wdsprep.files import naming
 from wdsprep.format import commit
-from wdsprep.format.index import INDEX_NAME, FolderIndex, ShardInfo, read_index, stale_reason
+from wdsprep.format.index import INDEX_NAME, DamagedIndexError, FolderIndex, ShardInfo, read_index, stale_reason
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
 from wdsprep.format.shardfile import ShardFile
@@ -88,6 +88,7 @@ class _Sample:
     dims: int | None = None
     dtype: str | None = None
     text_len: int | None = None
+    refused: bool = False  # the loader refuses its members (and stops reading the shard here)
 
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, retries: int = 5,
@@ -140,6 +141,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                     result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
                                                          f"it; re-index it (wdsprep index --refresh) or repack"))
                 _compare_index(path, index.shard(i), index, shard_samples, result.problems)
+                if why is None:  # a changed shard is named above
+                    _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
     for folder, index in indexes.items():
         if is_url(folder):
@@ -164,14 +167,17 @@ def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) 
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
+    """The folder's index as the loader reads it (so what it refuses is a problem here), keys too."""
     try:
         index = read_index(folder)
         if index is not None:
             index.keys()  # read here, so a missing or damaged keys file is one problem, named
         return index
+    except DamagedIndexError as e:  # named by the index file at fault
+        problems.append(Problem(e.path, str(e).removeprefix(f"{e.path}: ")))
     except ValueError as e:
         problems.append(Problem(str(Path(folder) / INDEX_NAME), str(e)))
-        return None
+    return None
 
 
 def _read_remote_index(folder: str, policy: RetryPolicy, problems: list[Problem]) -> FolderIndex | None:
@@ -214,7 +220,7 @@ def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str
     stop: str | None = None  # the first sample the loader refuses: it reads no further
     for key, group in samples_before_damage(members, damage):
         s = _Sample(key)
-        refused = _check_sample(path, src, s, group, problems)
+        refused = s.refused = _check_sample(path, src, s, group, problems)
         if not refused:
             refused = _check_key(path, s, seen, result)
         if refused and stop is None:
@@ -294,6 +300,17 @@ def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: 
         problems.append(Problem(path, f"utterance {uttid!r} is {where} (key {first[1]!r}); each id may be packed "
                                       f"once, drop one of the copies", key=s.key))
     return False
+
+
+def _compare_lost(path: str, lost: int, samples: list[_Sample], problems: list[Problem]) -> None:
+    """The index's count of a shard's samples lost (from the first one the loader refuses on, as
+    ``wdsprep index`` counts them) must not exceed the tar's: the loader reports them as unreadable
+    drops.  (Fewer is a shard damaged since it was indexed: named above, sample by sample.)"""
+    first = next((j for j, s in enumerate(samples) if s.refused), len(samples))
+    if lost > len(samples) - first:
+        problems.append(Problem(path, f"{INDEX_NAME} of {os.path.dirname(path) or '.'} says {lost:,} samples of this "
+                                      f"shard are lost, the tar has {len(samples) - first:,}; the loader reports them "
+                                      f"as unreadable drops: re-index the folder (wdsprep index --force)"))
 
 
 def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list[_Sample],

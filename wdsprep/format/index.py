@@ -15,7 +15,10 @@ tars, ``verify`` holds it against them.  On disk, per folder:
   without them (written before they existed) gets its speakers from the keys when asked.
 
 ``index.json`` is written last: a folder whose ``index.json`` is there has the rest.  Version 1
-indexes (one JSON holding every key) are still read.
+indexes (one JSON holding every key) are still read.  Every reader reads an index through
+:func:`read_index`, which checks it whole (:func:`check_index`) and opens regular files only: a
+damaged index is one :class:`DamagedIndexError` naming the file and field, whoever reads it, and
+``wdsprep index --force`` rebuilds it from the shards whatever state it is in.
 """
 
 from __future__ import annotations
@@ -24,14 +27,18 @@ import hashlib
 import io
 import json
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.files import atomic_path, write_text
+from wdsprep.files import atomic_path, naming, write_text
+from wdsprep.format.npy import FEATURE_DTYPES, npy_header_end, parse_npy_header
+from wdsprep.format.shardlist import file_kind
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 2
@@ -40,6 +47,7 @@ SPEAKERS_FILE, SPEAKER_NAMES_FILE = "index.speakers.npy", "index.speaker_names.t
 # everything an index writes
 INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE, SPEAKERS_FILE, SPEAKER_NAMES_FILE)
 FROM_UTT2SPK, FROM_KEYS = "utt2spk", "key prefix"  # where a speakers column came from
+INDEX_DTYPES = frozenset(str(d.newbyteorder("=")) for d in FEATURE_DTYPES.values())  # "float32", ...
 
 
 @dataclass
@@ -106,7 +114,7 @@ class Speakers:
 
 def frames_digest(frames: np.ndarray) -> str:
     """A short digest of a shard's frame column: the plan depends on every value of it."""
-    return hashlib.blake2b(np.ascontiguousarray(frames, np.int32).tobytes(), digest_size=8).hexdigest()
+    return hashlib.blake2b(np.ascontiguousarray(frames, np.int32), digest_size=8).hexdigest()
 
 
 class FolderIndex:
@@ -120,8 +128,7 @@ class FolderIndex:
                  frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
                  keys: list[str] | None = None, folder: str | os.PathLike | None = None,
-                 lost: np.ndarray | None = None, speakers: Speakers | None = None,
-                 speakers_meta: dict | None = None) -> None:
+                 lost: np.ndarray | None = None, speakers: Speakers | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
@@ -138,7 +145,6 @@ class FolderIndex:
         self.folder = None if folder is None else Path(folder)
         self._position: dict[str, int] | None = None
         self._speakers = speakers
-        self._speakers_meta = speakers_meta  # index.json's "speakers": the column is on disk, read on first use
         if len(frames) != self.starts[-1] or len(text_lens) != len(frames):
             raise ValueError(f"index columns hold {len(frames)} frame counts and {len(text_lens)} transcript "
                              f"lengths for {self.starts[-1]} utterances")
@@ -173,30 +179,24 @@ class FolderIndex:
         if self._keys is None:
             assert self.folder is not None
             path = self.folder / KEYS_FILE
-            try:
-                self._keys = path.read_text(encoding="utf-8").split("\n")[:-1]
-            except (OSError, UnicodeDecodeError) as e:
-                raise DataError(f"{path}: cannot read the index's keys ({e}); re-index the folder "
-                                f"(wdsprep index --force)") from None
-            if len(self._keys) != self.num_utts:
-                raise DataError(f"{path}: {len(self._keys)} keys for {self.num_utts} utterances; the index is "
-                                f"damaged, re-index the folder (wdsprep index --force)")
+            keys = _read_lines(path)
+            if len(keys) != self.num_utts:
+                raise DamagedIndexError(path, f"{len(keys):,} keys; {INDEX_NAME} lists {self.num_utts:,} utterances")
+            if not all(keys):
+                raise DamagedIndexError(path, f"an empty key at line {keys.index('') + 1}")
+            self._keys = keys
         return self._keys
 
     @property
     def has_speakers(self) -> bool:
         """Whether the speakers are stored (or given), not to be derived from the keys."""
-        return self._speakers is not None or self._speakers_meta is not None
+        return self._speakers is not None
 
     def speakers(self) -> Speakers:
-        """Every utterance's speaker, in shard order: the stored column (read on first use), else by
-        the key rule from the keys (an index written before the column existed)."""
+        """Every utterance's speaker, in shard order: the stored column, else by the key rule from
+        the keys (an index written before the column existed)."""
         if self._speakers is None:
-            if self._speakers_meta is not None:
-                assert self.folder is not None
-                self._speakers = _read_speakers(self.folder, self._speakers_meta, self.num_utts)
-            else:
-                self._speakers = Speakers.from_keys(self.keys())
+            self._speakers = Speakers.from_keys(self.keys())
         return self._speakers
 
     def shard(self, i: int) -> ShardInfo:
@@ -212,8 +212,7 @@ class FolderIndex:
     def summary(self) -> dict:
         """``index.json``'s content."""
         sp = self._speakers
-        meta = self._speakers_meta if sp is None else {"count": len(sp.names), "source": sp.source}
-        speakers = {"speakers": meta} if meta is not None else {}
+        speakers = {"speakers": {"count": len(sp.names), "source": sp.source}} if sp is not None else {}
         return {
             "version": INDEX_VERSION, "layout": self.layout, "dims": self.dims, "dtype": self.dtype,
             "num_utts": self.num_utts, "num_frames": self.num_frames,
@@ -237,8 +236,16 @@ def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
 
 
 def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
-    """Write a folder's index, every file atomically and ``index.json`` last."""
+    """Write a folder's index, every file atomically and ``index.json`` last.  Whatever stands in a
+    file's place is replaced (a FIFO, an empty folder); a folder with files in it is an error naming it."""
     folder = Path(folder)
+    for name in INDEX_FILES:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            try:
+                (folder / name).rmdir()
+            except OSError:
+                raise DataError(f"{folder / name} is a folder with files in it where the index writes its {name}; "
+                                f"move it away and index again") from None
     keys = index.keys()
     bad = next((k for k in keys if "\n" in k), None)
     if bad is not None:
@@ -259,37 +266,310 @@ def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
     return write_text(folder / INDEX_NAME, json.dumps(index.summary(), ensure_ascii=False, separators=(",", ":")))
 
 
+REINDEX = "re-index the folder (wdsprep index --force)"
+_INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
+_TAR_BLOCK = 512  # every tar member takes at least its header block
+_MAX_NPY_HEADER = 1 << 16  # numpy itself refuses headers over 10,000 bytes
+_REQUIRED = object()
+COLUMN_DTYPE = np.dtype(np.int32)  # every column file: native int32, as np.save writes it
+
+
+class DamagedIndexError(DataError):
+    """A file of a folder's index is not what the index writer writes (missing, not a regular file,
+    a field of the wrong type or range, columns that disagree): ``path`` names it, ``what`` says how."""
+
+    def __init__(self, path: str | os.PathLike, what: str) -> None:
+        self.path, self.what = str(path), what
+        super().__init__(f"{path}: {what}; the index is damaged: {REINDEX}, or delete {', '.join(INDEX_FILES)} to "
+                         f"read the shards without one")
+
+    def __reduce__(self) -> tuple:  # to cross a process boundary whole (its args are not the message's)
+        return type(self), (self.path, self.what)
+
+
 def read_index(folder: str | os.PathLike) -> FolderIndex | None:
-    """The index of a shard folder, or None when it has none (e.g. shards CAT wrote)."""
+    """The index of a shard folder, or None when it has none (e.g. shards CAT wrote).
+
+    Every reader (the loader, ``verify``, ``inspect``, ``index``) gets its index from here, so all
+    give one verdict on it: :func:`check_index` holds every field and column against the others,
+    and anything the writer would not have written is a :class:`DamagedIndexError` naming the file
+    and field.  Only regular files are opened (a FIFO in a column's place would block the open).
+    The keys are the one part read later, by what needs them (:meth:`FolderIndex.keys`): the
+    loader does not, and remote loaders do not even fetch them.
+    """
     folder = Path(folder)
     path = folder / INDEX_NAME
-    if not path.is_file():
+    data = _read_file(path, required=False)
+    if data is None:
         return None
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        version = d.get("version")
-        if version == 1:
-            infos = [ShardInfo(s["name"], list(s["keys"]), [int(x) for x in s["frames"]],
-                               [int(x) for x in s["text_lens"]]) for s in d["shards"]]
-            index = FolderIndex.from_shards(d["layout"], d.get("dims"), d.get("dtype", "float32"), infos)
-            index.folder = folder
-            return index
-        if version != INDEX_VERSION:
-            raise ValueError(f"index version {version!r}; this wdsprep reads 1 and {INDEX_VERSION}")
-        shards = d["shards"]
-        # mmap: a loader over 15M utterances maps 60 MB per column instead of reading it.
-        frames = np.load(folder / FRAMES_FILE, mmap_mode="r", allow_pickle=False)
-        text_lens = np.load(folder / TEXT_LENS_FILE, mmap_mode="r", allow_pickle=False)
-        return FolderIndex(d["layout"], d.get("dims"), d.get("dtype", "float32"), [s["name"] for s in shards],
-                           np.array([s["utts"] for s in shards], np.int64), frames, text_lens,
-                           sizes=np.array([s["size"] for s in shards], np.int64),
-                           mtimes=np.array([s["mtime_ns"] for s in shards], np.int64),
-                           digests=[s["frames_digest"] for s in shards], folder=folder,
-                           lost=np.array([s.get("lost", 0) for s in shards], np.int64),
-                           speakers_meta=d.get("speakers"))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index --force) or "
-                        f"delete {', '.join(INDEX_FILES)} to read the shards without one") from e
+        d = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise DamagedIndexError(path, f"not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
+    if not isinstance(d, dict):
+        raise DamagedIndexError(path, f"holds {_show(d)}, not a JSON object")
+    version = _field(path, d, "version", f"1 or {INDEX_VERSION}", lambda v: type(v) is int and v in (1, INDEX_VERSION))
+    index, stated = (_index_v1 if version == 1 else _index_v2)(folder, path, d)
+    check_index(index, stated)
+    return index
+
+
+@dataclass
+class _Stated:
+    """What ``index.json`` states besides the columns (totals, per-shard frames), to hold against them."""
+
+    shard_frames: list[int]
+    num_utts: int
+    num_frames: int
+
+
+def _index_v2(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, _Stated]:
+    """The index ``index.json`` (version 2) describes, its fields' types and ranges checked, its
+    columns' headers and sizes checked and mapped."""
+    layout, dims, dtype = _layout_fields(path, d)
+    shards = _field(path, d, "shards", "a list", lambda v: isinstance(v, list))
+    rows = []
+    for i, s in enumerate(shards):
+        at = f"shards[{i}]."
+        if not isinstance(s, dict):
+            raise DamagedIndexError(path, f"field 'shards[{i}]' is {_show(s)}, not a JSON object")
+        rows.append((_field(path, s, "name", *_NAME, at), _field(path, s, "size", *_SIZE, at),
+                     _field(path, s, "mtime_ns", *_MTIME, at), _field(path, s, "utts", *_COUNT, at),
+                     _field(path, s, "frames", *_SIZE, at), _field(path, s, "frames_digest", *_DIGEST, at),
+                     _field(path, s, "lost", *_SIZE, at, default=0)))
+    names, sizes, mtimes, utts, shard_frames, digests, lost = (list(c) for c in zip(*rows)) if rows else ([],) * 7
+    stated = _Stated(shard_frames, _field(path, d, "num_utts", *_SIZE), _field(path, d, "num_frames", *_SIZE))
+    n = sum(utts)
+    if stated.num_utts != n:
+        raise DamagedIndexError(path, f"field 'num_utts' is {stated.num_utts:,}, its shards' 'utts' add up to {n:,}")
+    # mmap: a loader over 15M utterances maps 60 MB per column instead of reading it.
+    frames, text_lens = _column(folder / FRAMES_FILE, n), _column(folder / TEXT_LENS_FILE, n)
+    meta = _field(path, d, "speakers", "a JSON object with 'count' and 'source'", lambda v: isinstance(v, dict),
+                  default=None)
+    speakers = None
+    if meta is not None:
+        count = _field(path, meta, "count", *_COUNT, "speakers.")
+        source = _field(path, meta, "source", "a string", lambda v: isinstance(v, str), "speakers.")
+        names_path = folder / SPEAKER_NAMES_FILE
+        speaker_names = _read_lines(names_path)
+        if len(speaker_names) != count:
+            raise DamagedIndexError(names_path, f"{len(speaker_names):,} names; index.json's field 'speakers.count' "
+                                                f"says {count:,}")
+        speakers = Speakers(_column(folder / SPEAKERS_FILE, n), speaker_names, source)
+    index = FolderIndex(layout, dims, dtype, names, np.array(utts, np.int64), frames, text_lens,
+                        sizes=np.array(sizes, np.int64),
+                        mtimes=np.array(mtimes, np.int64), digests=digests, folder=folder,
+                        lost=np.array(lost, np.int64), speakers=speakers)
+    return index, stated
+
+
+def _index_v1(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, None]:
+    """A version 1 index: every shard's keys, frames and transcript lengths in ``index.json``."""
+    layout, dims, dtype = _layout_fields(path, d)
+    infos = []
+    for i, s in enumerate(_field(path, d, "shards", "a list", lambda v: isinstance(v, list))):
+        at = f"shards[{i}]."
+        if not isinstance(s, dict):
+            raise DamagedIndexError(path, f"field 'shards[{i}]' is {_show(s)}, not a JSON object")
+        keys = _field(path, s, "keys", "a list of keys", lambda v: isinstance(v, list) and all(
+            isinstance(k, str) and k for k in v), at)
+        columns = [_field(path, s, c, f"a list of {len(keys)} whole numbers in [0, {_INT32_MAX:,}]",
+                          lambda v: isinstance(v, list) and len(v) == len(keys) and all(
+                              type(x) is int and 0 <= x <= _INT32_MAX for x in v), at)
+                   for c in ("frames", "text_lens")]
+        infos.append(ShardInfo(_field(path, s, "name", *_NAME, at), list(keys), *columns))
+    index = FolderIndex.from_shards(layout, dims, dtype, infos)
+    index.folder = folder
+    return index, None
+
+
+def _layout_fields(path: Path, d: dict) -> tuple[str, int | None, str]:
+    from wdsprep.format.keys import LAYOUTS
+
+    return (_field(path, d, "layout", f"one of {sorted(LAYOUTS)}", lambda v: isinstance(v, str) and v in LAYOUTS),
+            _field(path, d, "dims", "null or " + _DIMS[0], lambda v: v is None or _DIMS[1](v), default=None),
+            _field(path, d, "dtype", f"one of {sorted(INDEX_DTYPES)}",
+                   lambda v: isinstance(v, str) and v in INDEX_DTYPES, default="float32"))
+
+
+def check_index(index: FolderIndex, stated: _Stated | None = None) -> None:
+    """Hold every field and column of an index against the others (and against what ``index.json``
+    ``stated`` about them): a DamagedIndexError naming the file and field of the first that does not fit.
+
+    Utterance counts against the columns, each shard's utterances and lost samples against its byte
+    size (a tar member takes at least a 512-byte block), frames >= 1 and transcript lengths >= 0,
+    each shard's frame digest and frame total against its rows, speaker ids within the speaker
+    table, shard names unique plain file names.
+    """
+    folder = index.folder if index.folder is not None else Path(".")
+    path = folder / INDEX_NAME
+    seen: set[str] = set()
+    for i, name in enumerate(index.names):
+        if name in seen:
+            raise DamagedIndexError(path, f"field 'shards[{i}].name' is {name!r}, which an earlier shard has too")
+        seen.add(name)
+    # An indexed sample has two members, a lost one at least one (lost on the left: 2**63 - 1 is a valid int64).
+    for i in np.flatnonzero((index.sizes >= 0) & (index.lost > index.sizes // _TAR_BLOCK - 2 * index.utts)):
+        raise DamagedIndexError(path, f"fields 'shards[{i}].utts' ({int(index.utts[i]):,}) and 'lost' "
+                                      f"({int(index.lost[i]):,}) are more samples than its {int(index.sizes[i]):,} "
+                                      f"bytes can hold")
+    frames, text_lens = index.frames, index.text_lens
+    if len(frames) and int(frames.min()) < 1:
+        raise DamagedIndexError(folder / FRAMES_FILE, f"frame count {int(frames.min())} at row "
+                                                      f"{int(np.argmin(frames))}; every utterance has at least 1")
+    if len(text_lens) and int(text_lens.min()) < 0:
+        raise DamagedIndexError(folder / TEXT_LENS_FILE, f"transcript length {int(text_lens.min())} at row "
+                                                         f"{int(np.argmin(text_lens))}")
+    plain = np.asarray(frames).view(np.ndarray)  # slices of a plain view cost less than a memmap's
+    total = 0
+    for i, (a, b) in enumerate(zip(index.starts[:-1].tolist(), index.starts[1:].tolist())):
+        rows = plain[a:b]
+        if frames_digest(rows) != index.digests[i]:
+            raise DamagedIndexError(path, f"field 'shards[{i}].frames_digest' does not match rows {a:,}:{b:,} of "
+                                          f"{FRAMES_FILE}")
+        n = int(rows.sum(dtype=np.int64))  # per shard: one int64 copy of the column would be 120 MB at 15M rows
+        if stated is not None and stated.shard_frames[i] != n:
+            raise DamagedIndexError(path, f"field 'shards[{i}].frames' is {stated.shard_frames[i]:,}, its rows of "
+                                          f"{FRAMES_FILE} add up to {n:,}")
+        total += n
+    if stated is not None and stated.num_frames != total:
+        raise DamagedIndexError(path, f"field 'num_frames' is {stated.num_frames:,}, {FRAMES_FILE} adds up to "
+                                      f"{total:,}")
+    sp = index._speakers
+    if sp is not None and len(sp.ids):
+        lo, hi = int(sp.ids.min()), int(sp.ids.max())
+        if lo < 0 or hi >= len(sp.names):
+            bad = lo if lo < 0 else hi
+            raise DamagedIndexError(folder / SPEAKERS_FILE, f"speaker id {bad} at row "
+                                                            f"{int(np.flatnonzero(sp.ids == bad)[0])}; "
+                                                            f"{SPEAKER_NAMES_FILE} names {len(sp.names):,} speakers")
+
+
+def _field(path: Path, obj: dict, key: str, want: str, ok: Callable[[object], bool], where: str = "", *,
+           default: object = _REQUIRED) -> Any:
+    """``obj[key]`` when ``ok`` holds for it; else a DamagedIndexError naming field ``where + key``
+    and saying it should be ``want``.  A missing key is ``default``, when one is given."""
+    if key not in obj:
+        if default is _REQUIRED:
+            raise DamagedIndexError(path, f"field {where + key!r} is missing")
+        return default
+    value = obj[key]
+    if not ok(value):
+        raise DamagedIndexError(path, f"field {where + key!r} is {_show(value)}, not {want}")
+    return value
+
+
+def _whole(lo: int, hi: int) -> tuple[str, Callable[[object], bool]]:
+    """(what, test) of a whole number in ``[lo, hi]`` (JSON's true/false are not numbers)."""
+    return f"a whole number in [{lo:,}, {hi:,}]", lambda v: type(v) is int and lo <= v <= hi
+
+
+_COUNT, _SIZE, _DIMS = _whole(0, _INT32_MAX), _whole(0, _INT64_MAX), _whole(1, _INT32_MAX)
+_MTIME = _whole(-_INT64_MAX, _INT64_MAX)
+
+
+def _is_name(v: object) -> bool:
+    """A shard's file name in its folder: nothing that leaves it or could not be one line."""
+    return isinstance(v, str) and v not in ("", ".", "..") and not any(c in v for c in "/\\\0\n")
+
+
+def _is_digest(v: object) -> bool:
+    return isinstance(v, str) and _DIGEST_RE.fullmatch(v) is not None
+
+
+_NAME, _DIGEST = ("a file name", _is_name), ("16 hex digits", _is_digest)
+_DIGEST_RE = re.compile("[0-9a-f]{16}")
+
+
+def _show(v: object) -> str:
+    """A JSON value for a message: short, whatever it holds (nested 1,000 deep, 5,000 digits)."""
+    if isinstance(v, dict):
+        return f"a JSON object of {len(v)} field(s)"
+    if isinstance(v, list):
+        return f"a list of {len(v)} item(s)"
+    if isinstance(v, str):
+        return repr(v[:40] + ("..." if len(v) > 40 else ""))
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, int) and abs(v) >= 10**18:
+        return f"a {len(str(abs(v)))}-digit number"
+    return repr(v)
+
+
+def _read_file(path: Path, *, required: bool = True) -> bytes | None:
+    """The bytes of index file ``path``: only a regular file is opened; None when it is missing
+    and not ``required``."""
+    f = _open_regular(path)
+    if f is None:
+        if required:
+            raise DamagedIndexError(path, "is missing")
+        return None
+    with f, naming(path):
+        return f.read()
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 index file, one item each, every one ended by a newline."""
+    data = _read_file(path)
+    assert data is not None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DamagedIndexError(path, f"not UTF-8 ({e})") from None
+    if text and not text.endswith("\n"):
+        raise DamagedIndexError(path, "does not end in a newline (cut short?)")
+    return text.split("\n")[:-1]
+
+
+def _open_regular(path: Path) -> BinaryIO | None:
+    """``path`` opened for reading, or None when there is none.  Anything but a regular file (a
+    FIFO, a device, a folder) is damage, found by ``stat`` before any open: opening a FIFO blocks."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise DamagedIndexError(path, f"is a {file_kind(mode)}, not a regular file")
+        # O_NONBLOCK: a FIFO put in its place since the stat does not block the open either.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise DamagedIndexError(path, f"cannot be opened ({e.strerror})") from None
+    f = os.fdopen(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        f.close()
+        raise DamagedIndexError(path, f"is a {file_kind(mode)}, not a regular file")
+    return f
+
+
+def _column(path: Path, rows: int) -> np.ndarray:
+    """Column file ``path`` of ``rows`` int32 values, memory-mapped; its header, dtype, shape and
+    byte size are checked first, so nothing past the file is mapped."""
+    f = _open_regular(path)
+    if f is None:
+        raise DamagedIndexError(path, "is missing")
+    with f, naming(path):
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(12)
+        try:
+            end = npy_header_end(head)
+            if not 12 <= end <= min(size, _MAX_NPY_HEADER):
+                raise ValueError(f"a header of {end:,} bytes in a file of {size:,}")
+            head += f.read(end - len(head))
+            descr, _, shape = parse_npy_header(head[10 if head[6] == 1 else 12:end].decode("latin1"))
+        except ValueError as e:
+            raise DamagedIndexError(path, f"not an .npy column ({e})") from None
+        if descr != COLUMN_DTYPE.str:
+            raise DamagedIndexError(path, f"holds values of type {descr!r}; an index column is {COLUMN_DTYPE.str!r} "
+                                          f"(int32)")
+        if shape != (rows,):
+            raise DamagedIndexError(path, f"has shape {shape}; index.json's shards hold {rows:,} utterances")
+        if size != end + rows * COLUMN_DTYPE.itemsize:
+            raise DamagedIndexError(path, f"has {size:,} bytes; a column of {rows:,} rows has "
+                                          f"{end + rows * COLUMN_DTYPE.itemsize:,}")
+        if not rows:
+            return np.zeros(0, COLUMN_DTYPE)
+        return np.memmap(f, COLUMN_DTYPE, "r", end, (rows,))
 
 
 def _carried_speakers(old: FolderIndex, keys: Sequence[str]) -> Speakers:
@@ -303,21 +583,6 @@ def _carried_speakers(old: FolderIndex, keys: Sequence[str]) -> Speakers:
         return Speakers.of(names, sp.source)
     return Speakers.of([n if n is not None else speaker_of(uttid_for_message(k) or "") for n, k in zip(names, keys)],
                        f"{sp.source}, {FROM_KEYS} for utterances it lacked")
-
-
-def _read_speakers(folder: Path, meta: dict, num_utts: int) -> Speakers:
-    """The speakers column ``index.json`` says is beside it, checked against the index."""
-    try:
-        ids = np.load(folder / SPEAKERS_FILE, mmap_mode="r", allow_pickle=False)
-        names = (folder / SPEAKER_NAMES_FILE).read_text(encoding="utf-8").split("\n")[:-1]
-        in_range = not len(ids) or 0 <= ids.min() <= ids.max() < len(names)
-        if len(ids) != num_utts or len(names) != meta["count"] or not in_range:
-            raise ValueError(f"{len(ids)} speaker ids for {num_utts} utterances, {len(names)} names for "
-                             f"{meta['count']} speakers")
-        return Speakers(ids, names, str(meta["source"]))
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{folder / SPEAKERS_FILE}: cannot read the index's speakers ({e}); re-index the folder "
-                        f"(wdsprep index --force) or repack it") from None
 
 
 @dataclass
@@ -401,8 +666,11 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
 
     A folder without an index gets one.  A folder whose index is current is left alone.  One whose
     shards changed since it was indexed (size or mtime) is an error, unless ``refresh``: then the
-    changed shards (and those it does not list) are read again and the rest kept; ``force`` reads
-    every shard again.  Entries of shards the patterns do not name are kept while the shard exists.
+    changed shards (and those it does not list) are read again and the rest kept.  ``force`` reads
+    every shard again and needs nothing of the old index: a damaged one is rebuilt from the shards
+    (the speakers an intact one had from ``utt2spk`` are kept).  Entries of shards the patterns do
+    not name are kept while the shard exists; those of shards no longer on disk are dropped, and
+    the output says so.
     """
     from tqdm import tqdm
 
@@ -420,30 +688,47 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     bar = tqdm(total=len(paths), desc="index", unit="shard", disable=None if progress is None else not progress)
     with bar:
         for folder, shards in by_folder.items():
-            old = read_index(folder)
+            notes: list[str] = []
+            try:
+                old = read_index(folder)
+            except DataError as e:
+                if not force:
+                    raise
+                old = None
+                where = f"{e.path}: {e.what}" if isinstance(e, DamagedIndexError) else str(e)
+                notes.append(f"the old index was damaged ({where}), so it was rebuilt from the shards alone "
+                             f"(speakers by the key rule)")
             entries: dict[str, tuple[ShardInfo, int, int, int]] = {}  # name -> (info, size, mtime, lost)
             stale: list[str] = []
+            gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
+            if gone:
+                notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
+                             f"{', ...' if len(gone) > 3 else ''})")
             upgrade = old is not None and bool((old.sizes < 0).any())  # version 1: no sizes, read it all again
             if old is not None and not force and not upgrade:
                 for i, name in enumerate(old.names):
-                    path = folder / name
-                    if not path.is_file():
-                        continue  # gone: its entry goes too
-                    if stale_reason(old, i, path.stat()) is not None or old.mtimes[i] < 0:  # no mtime: cannot tell
+                    if name in gone:
+                        continue
+                    if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
                         stale.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
-            todo = [s for s in shards if s.name not in entries]
+            # The named shards and the listed ones still there, less those kept: read (again).
+            listed = [] if old is None else [folder / n for n in old.names if n not in gone]
+            todo = list({p.name: p for p in [*shards, *listed] if p.name not in entries}.values())
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
             # An index without a speakers column (written before it existed) is rewritten, without a read.
-            if not todo and old is not None and not force and not stale and not upgrade and old.has_speakers:
+            if not todo and old is not None and not force and not gone and not upgrade and old.has_speakers:
                 result.folders[str(folder)] = "up to date"
-                result.shards += len(shards)
+                result.shards += len(old.names)
                 result.utterances += old.num_utts
                 bar.update(len(shards))
                 continue
+            named = {p.name for p in shards}
+            bar.total += sum(1 for p in todo if p.name not in named)  # listed shards the patterns leave out
+            bar.refresh()
             layouts, dims, dtypes = set(), set(), set()
             for path in todo:
                 st = path.stat()
@@ -455,7 +740,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                 dtypes |= scan.dtypes
                 entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
                 bar.update(1)
-            bar.update(len(shards) - len(todo))
+            bar.update(sum(1 for p in shards if p.name in entries and p not in todo))
             if old is not None and entries.keys() - {p.name for p in todo}:
                 layouts.add(old.layout)
                 dtypes.add(old.dtype)
@@ -471,16 +756,17 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             try:
                 if old is not None and old.speakers().source != FROM_KEYS:
                     carried = _carried_speakers(old, [k for i in infos for k in i.keys])
-            except DataError:
-                pass  # a damaged column: the key rule it is
+            except DataError as e:  # damaged keys: the key rule it is
+                notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
+                             f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
             index = FolderIndex.from_shards(layouts.pop() if layouts else "cat", dims.pop() if dims else None,
                                             dtypes.pop() if dtypes else "float32", infos,
                                             sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
                                             lost=[entries[n][3] for n in names], speakers=carried)
             write_index(folder, index)
-            what = "indexed" if old is None else "upgraded from version 1" if upgrade else "re-indexed"
-            result.folders[str(folder)] = f"{what}: {len(names)} shards, {len(todo)} read"
-            result.shards += len(shards)
+            what = "indexed" if old is None and not notes else "upgraded from version 1" if upgrade else "re-indexed"
+            result.folders[str(folder)] = "; ".join([f"{what}: {len(names)} shards, {len(todo)} read", *notes])
+            result.shards += len(names)
             result.utterances += index.num_utts
     return result
 
