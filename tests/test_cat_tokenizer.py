@@ -7,12 +7,17 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import resource
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from cat_reference import (
+    CAT_MODULE,
     JiebaComposeLexiconTokenizer,
     JiebaTokenizer,
     LexiconTokenizer,
@@ -30,7 +35,7 @@ from wdsprep.tokenizer import (
     read_cat_tokenizer,
     train_tokenizer,
 )
-from wdsprep.tokenizer.cat import read_cat_pickle
+from wdsprep.tokenizer.cat import MAX_DEPTH, MAX_NODES, read_cat_pickle
 
 TEXTS = corpus()
 
@@ -267,6 +272,137 @@ def test_damaged_and_foreign_files(tmp_path: Path):
     cat._r_vocab["b"] = 7
     with pytest.raises(TokenizerFileError, match=r"ids are not 0\.\.3"):
         read_cat_tokenizer(tknz(cat, tmp_path / "gap.tknz"))
+
+
+# --- Crafted files: bounded nesting, nodes and memo reuse ------------------------------------
+# Pickles written opcode by opcode (pickle itself never writes these shapes): protocol 2, a CAT
+# object created empty (NEWOBJ) and given the state the middle opcodes push (BUILD).
+
+
+def _cat_object(cls: str, state: bytes) -> bytes:
+    return b"\x80\x02c" + f"{CAT_MODULE}\n{cls}\n".encode() + b")\x81" + state + b"b."
+
+
+def _text(s: str) -> bytes:
+    return b"X" + struct.pack("<I", len(s.encode())) + s.encode()  # BINUNICODE
+
+
+def _vocab(*extra: bytes) -> bytes:
+    """A SimpleTokenizer's state: {'<s>': 0, '<unk>': 1, then the (key, value) opcode pairs}."""
+    return b"}(" + _text("<s>") + b"K\x00" + _text("<unk>") + b"K\x01" + b"".join(extra) + b"u"
+
+
+def _doubled(steps: int) -> bytes:
+    """A tuple holding the one before twice, ``steps`` over, through the memo (BINPUT, BINGET,
+    TUPLE2): 5 bytes a step, 2**steps leaves."""
+    return b")" + b"q\x00h\x00\x86" * steps
+
+
+def _nested(depth: int) -> bytes:
+    return b")" + b"\x85" * depth  # TUPLE1 over and over
+
+
+def _import_cat_limited(tmp: Path, data: bytes, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``wdsprep tokenizer import-cat`` on ``data`` in a process held to 2 GiB of address space."""
+    path = tmp / "crafted.tknz"
+    path.write_bytes(data)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    cmd = [sys.executable, "-m", "wdsprep", "tokenizer", "import-cat", str(path), "--out", str(tmp / "out.json")]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"import-cat still ran after {timeout} s on a {len(data):,}-byte file")
+
+
+CRAFTED = {
+    # A tuple 2,000,000 deep as a dict key: hashing it overflowed the C stack (a segfault).
+    "deep_key": (b"}" + _nested(2_000_000) + b"K\x00s", r"nests values more than 64 deep"),
+    # ... as a value: repr() in the error message raised RecursionError.
+    "deep_value": (_vocab(_text("w") + _nested(2_000_000)), r"nests values more than 64 deep"),
+    # 2**80 leaves in ~450 bytes, hashed as a key, or written into a message by repr(): hung and grew to GBs.
+    "shared_key": (b"}" + _doubled(80) + b"K\x00s", r"more than 50,000,000 nodes"),
+    "shared_id": (_vocab(_text("w") + _doubled(80)), r"more than 50,000,000 nodes"),
+    "shared_call": (b"\x80\x02ccollections\nOrderedDict\n" + _doubled(80) + b"\x85R.", r"more than 50,000,000 nodes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_structures_end_in_one_line(tmp_path: Path, name: str):
+    """Items 2 and 3 of issue 30: depth, nodes and memo reuse are bounded while the opcodes are read."""
+    data, expected = CRAFTED[name]
+    body = data if data.startswith(b"\x80") else _cat_object("SimpleTokenizer", data)
+    started = time.monotonic()
+    r = _import_cat_limited(tmp_path, body)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])  # not -11 (SIGSEGV), not 2 (a usage error)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "crafted.tknz") in lines[0], r.stderr[-2000:]
+    assert re.search(expected, lines[0]) and len(lines[0]) < 400, lines[0]
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out.json").exists()
+
+
+def _tampered(tmp: Path, cat_tok, name: str) -> Path:
+    return tknz(cat_tok, tmp / f"{name}.tknz")
+
+
+def test_tknz_edge_cases_are_one_line_errors_naming_the_file(tmp_path: Path):
+    """Values a damaged .tknz may hold that once escaped as a raw ValueError (the CLI's exit 2, no
+    file named) or printed a BytesIO: each is now a TokenizerFileError naming the file."""
+    simple = SimpleTokenizer(["a"])
+    simple._r_vocab["b"] = "\u00b2"  # "²".isdigit() is True, but int() refuses it
+    superscript = _tampered(tmp_path, simple, "superscript")
+    simple = SimpleTokenizer(["a"])
+    simple._r_vocab[("x",) * 3] = 10 ** 5000  # not text -> an id with no decimal repr (str() raises ValueError)
+    both = _tampered(tmp_path, simple, "tuple_piece")
+    lex = LexiconTokenizer(str(_lexicon_file(tmp_path)))
+    lex._w2pid[next(iter(lex._w2pid))] = (99_999,)  # a unit id past the units
+    lexicon = _tampered(tmp_path, lex, "lexicon")
+    jieba = JiebaTokenizer("北京 3\n".encode(), cache_dir=tmp_path)
+    jieba.byte_dict = "北京 3\n天安门 x\n".encode()  # line 2: a count that is no number
+    dictionary = _tampered(tmp_path, jieba, "dictionary")
+    cases = {superscript: r"maps 'b' to '²'", both: r"maps \('x', 'x', 'x'\) to <an integer of 16610 bits>",
+             lexicon: r"99999 is outside the vocabulary",
+             dictionary: r"invalid dictionary entry in the dictionary at Line 2: 天安门 x"}
+    for path, expected in cases.items():
+        with pytest.raises(TokenizerFileError, match=expected) as err:
+            read_cat_tokenizer(path)
+        message = str(err.value)
+        assert message.startswith(str(path)) and "\n" not in message and len(message) < 400, message
+        assert "BytesIO" not in message
+
+
+def test_cycles_and_late_changes_are_refused():
+    """A container may not hold itself, nor change once inside another: no cycle, no stale count."""
+    cases = {
+        b"]q\x00h\x00a": "a list inside itself",  # L.append(L)
+        b"]q\x00h\x00\x85h\x00K\x01a": "changes a list already inside another",  # t = (L,); L.append(1)
+        b"}q\x00K\x00h\x00s": "a dict inside itself",
+    }
+    for ops, expected in cases.items():
+        with pytest.raises(TokenizerFileError, match=expected):
+            read_cat_pickle(_cat_object("SimpleTokenizer", ops), "x.tknz")
+    # A CAT object inside a value (its state holding another CAT object).
+    inner = b"c" + f"{CAT_MODULE}\nSimpleTokenizer\n".encode() + b")\x81"
+    with pytest.raises(TokenizerFileError, match="CAT SimpleTokenizer object inside another value"):
+        read_cat_pickle(_cat_object("SimpleTokenizer", b"}" + _text("w") + inner + b"s"), "x.tknz")
+
+
+def test_the_bounds_leave_room_for_cats_largest_tokenizer(cat_jieba: JiebaTokenizer, tmp_path: Path):
+    """jieba's whole dictionary (498k words, twice) is CAT's largest state: well inside both bounds."""
+    from wdsprep.tokenizer import cat as cat_import
+
+    data = tknz(cat_jieba, tmp_path / "jieba.tknz").read_bytes()
+    seen = []
+    machine = cat_import._Machine
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cat_import, "_Machine", lambda: seen.append(machine()) or seen[-1])
+        read_cat_pickle(data, "jieba.tknz")
+    m = seen[0]
+    assert 1_000_000 < m.nodes < MAX_NODES / 20
+    assert max(depth for _, _, depth in m.shape.values()) < MAX_DEPTH / 10
 
 
 def test_cli_import_then_train_with_cats_ids(tmp_path: Path):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +170,95 @@ def test_load_errors(toks: dict[str, Tokenizer], tmp_path: Path) -> None:
         assert str(path) in str(err.value)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         toks["char"].decode([toks["char"].vocab_size])
+
+
+_HEAD = {"format": "wdsprep-tokenizer", "version": 2}
+_VOCAB = ["<s>", "<unk>", "<space>", "北京"]
+# What a damaged or crafted tokenizer file may hold, and what its one-line error must say: each
+# was once a RecursionError, a raw ValueError / AttributeError / OverflowError naming no file, a
+# message of a megabyte, or a file that loaded and encoded differently (or failed at the first
+# transcript, in the middle of training).
+HOSTILE: dict[str, tuple[object, str]] = {
+    "nested_json": ('{"format": "wdsprep-tokenizer", "version": 1, "kind": "char", "vocab": '
+                    + "[" * 100_000 + "]" * 100_000 + "}", "cannot be read as a tokenizer.*recursion"),
+    "huge_number": ('{"format": "wdsprep-tokenizer", "version": 1, "kind": "char", "vocab_size": ' + "9" * 5000
+                    + "}", r"cannot be read as a tokenizer.*4300 digits"),
+    "version_true": ({**_HEAD, "version": True, "kind": "simple", "vocab": _VOCAB}, "version True"),
+    "keep_spaces_text": ({**_HEAD, "kind": "char", "vocab": _VOCAB, "keep_spaces": "false"},
+                         "field 'keep_spaces' = 'false', which must be true or false"),
+    "vocab_number": ({**_HEAD, "kind": "char", "vocab": 5, "keep_spaces": True}, "field 'vocab' = 5"),
+    "vocab_nested": ({**_HEAD, "kind": "simple", "vocab": [*_VOCAB, ["x"]]}, "field 'vocab' = .*list of strings"),
+    "model_number": ({**_HEAD, "kind": "sentencepiece", "model": 5}, "field 'model' = 5"),
+    "kind_huge": ({**_HEAD, "kind": "x" * 1_000_000}, r"unknown tokenizer kind 'xxx+\.\.\."),
+    "vocab_size_huge": ({**_HEAD, "kind": "simple", "vocab": _VOCAB, "vocab_size": "9" * 100_000},
+                        r"says vocab_size '999+\.\.\. but holds 4"),
+    "user_dict_inf": ({**_HEAD, "kind": "jieba", "vocab": _VOCAB[:2], "user_dict": [["北京", 1e309]]},
+                      r"field 'user_dict' = \[\['北京', inf\]\]"),
+    "user_dict_negative": ({**_HEAD, "kind": "jieba", "vocab": _VOCAB[:2], "user_dict": [["北京", -5]]},
+                           "field 'user_dict'"),
+    "dictionary_number": ({**_HEAD, "kind": "jieba", "vocab": _VOCAB[:2], "dictionary": 5}, "field 'dictionary' = 5"),
+    "dictionary_negative": ({**_HEAD, "kind": "jieba", "vocab": _VOCAB[:2], "dictionary": "北京 -3\n"},
+                            "negative count"),
+    "dictionary_bad_line": ({**_HEAD, "kind": "jieba", "vocab": _VOCAB[:2], "dictionary": "北京 3\n我们 x\n"},
+                            "in the dictionary at Line 2: 我们 x"),
+    "lexicon_list": ({**_HEAD, "kind": "lexicon", "units": _VOCAB, "lexicon": [], "unk": [1]},
+                     "field 'lexicon' = \\[\\]"),
+    "lexicon_inf": ({**_HEAD, "kind": "lexicon", "units": _VOCAB, "lexicon": {"北京": [1e309]}, "unk": [1]},
+                    "field 'lexicon'"),
+    "lexicon_text_ids": ({**_HEAD, "kind": "lexicon", "units": _VOCAB, "lexicon": {"北京": "12"}, "unk": [1]},
+                         "field 'lexicon'"),
+    "lexicon_huge_id": ('{"format": "wdsprep-tokenizer", "version": 2, "kind": "lexicon", "units": ["<s>", "<unk>"], '
+                        '"lexicon": {"w": [' + "9" * 4000 + ']}, "unk": [1]}', "token id <an integer of 13288 bits>"),
+    "unk_number": ({**_HEAD, "kind": "lexicon", "units": _VOCAB, "lexicon": {"北京": [3]}, "unk": 1},
+                   "field 'unk' = 1"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_tokenizer_files_are_one_line_errors(tmp_path: Path, name: str) -> None:
+    content, expected = HOSTILE[name]
+    path = tmp_path / f"{name}.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(TokenizerFileError) as err:
+        tok = load_tokenizer(path)
+        tok.encode("我们 北京 a")  # what the loader does next must not be where it fails
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message and len(message) < 400, message[:1000]
+    assert re.search(expected, message), message
+
+
+@pytest.mark.timeout(120)
+def test_a_fifo_as_tokenizer_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "tok.json"
+    os.mkfifo(fifo)
+    code = ("import sys\nfrom wdsprep.tokenizer import load_tokenizer, read_cat_tokenizer\n"
+            "for read in (load_tokenizer, read_cat_tokenizer):\n"
+            "    try:\n        read(sys.argv[1])\n    except Exception as e:\n        print(type(e).__name__, e)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading a FIFO as a tokenizer file waited for a writer")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"TokenizerFileError {fifo}: is a FIFO") for line in lines), r
+
+
+def test_no_tokenizer_module_imports_one_that_imports_it_back() -> None:
+    """Issue 26: no import cycle in wdsprep/tokenizer, imports inside functions included."""
+    import grimp
+
+    graph = grimp.build_graph("wdsprep")
+    ours = {m for m in graph.modules if m.startswith("wdsprep.tokenizer.")}
+    cycles = [(a, b) for a in sorted(ours) for b in sorted(graph.find_modules_directly_imported_by(a) & ours)
+              if graph.chain_exists(importer=b, imported=a)]
+    assert not cycles, cycles
+    # The public names are the same objects wherever they are reached from.
+    import wdsprep
+    import wdsprep.tokenizer as tk
+
+    assert set(tk.__all__) >= {"load_tokenizer", "train_tokenizer", "Tokenizer", "TokenizerFileError",
+                               "import_cat_tokenizer", "read_cat_tokenizer", "SubwordSampling"}
+    assert all(getattr(wdsprep, n) is getattr(tk, n) for n in tk.__all__ if hasattr(wdsprep, n))
 
 
 def test_training_text_errors_name_file_and_line(tmp_path: Path) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from wdsprep.files import make_dir, write_text
+from wdsprep.format.shardlist import file_kind
 
 PathLike = str | os.PathLike
 
@@ -34,6 +37,60 @@ SPM_FIXED = frozenset({"bos_id", "unk_id", "eos_id", "pad_id", "bos_piece", "unk
 
 class TokenizerFileError(ValueError):
     """A tokenizer file is missing, not ours, or damaged; the message names the file."""
+
+
+class FieldError(ValueError):
+    """A field of a tokenizer's stored form is missing or not what it must be.
+
+    The message completes "<kind> tokenizer ..." ("lacks the 'vocab' field"); the reader of the
+    file adds the file."""
+
+
+def read_tokenizer_file(path: Path, what: str, missing: str) -> bytes:
+    """The bytes of the tokenizer file ``path`` (``what`` it should be, for messages).
+
+    FileNotFoundError saying ``missing`` (what to do) when it is absent; TokenizerFileError for a
+    directory, a FIFO or another file that is not a regular one (reading a FIFO would wait for good).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {missing}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise TokenizerFileError(f"{path}: is a {file_kind(mode)}, not a file; pass {what}")
+        return f.read()
+
+
+def describe(value: Any, *, bare: bool = False, limit: int = 80) -> str:
+    """At most ``limit`` characters saying what ``value`` (read from a tokenizer file) is, for messages.
+
+    Looks at a few items two levels down, never more: ``repr`` of a crafted value walks all of it
+    (a tuple nested 2,000,000 deep, a DAG of 2^80 nodes) and a huge integer has no decimal ``repr``.
+    ``bare`` writes a string without quotes.
+    """
+    text = value[:limit] if bare and isinstance(value, str) else _sketch(value, 2, limit)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _sketch(x: Any, depth: int, limit: int) -> str:
+    if isinstance(x, (str, bytes, bytearray)):
+        return repr(x[:limit])
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
+        return f"<an integer of {x.bit_length()} bits>"
+    if isinstance(x, (list, tuple, set, frozenset, dict)):
+        if depth == 0:
+            return f"<{type(x).__name__} of {len(x)}>"
+        if isinstance(x, dict):
+            parts = [f"{_sketch(k, depth - 1, limit)}: {_sketch(v, depth - 1, limit)}" for k, v in islice(x.items(), 3)]
+        else:
+            parts = [_sketch(i, depth - 1, limit) for i in islice(x, 3)]
+        brackets = {list: "[]", tuple: "()"}.get(type(x), "{}")
+        return brackets[0] + ", ".join(parts) + (", ..." if len(x) > 3 else "") + brackets[1]
+    # Numbers, None, and the few types of the readers themselves (a CAT object, a pickle global),
+    # whose repr is short.
+    return repr(x)[:limit]
 
 
 @dataclass(frozen=True)
@@ -87,8 +144,38 @@ def derive_seed(*parts: int) -> int:
 def check_ids(ids: Sequence[int], vocab_size: int) -> None:
     for i in ids:
         if not 0 <= i < vocab_size:
-            raise ValueError(f"token id {i} is outside the vocabulary (0..{vocab_size - 1}); "
+            raise ValueError(f"token id {describe(i)} is outside the vocabulary (0..{vocab_size - 1}); "
                              f"were these ids made by another tokenizer?")
+
+
+_REQUIRED: Any = object()
+T = TypeVar("T")
+
+
+def field(doc: Mapping[str, Any], key: str, check: Callable[[Any], bool], expected: str,
+          default: Any = _REQUIRED) -> Any:
+    """``doc[key]`` if ``check`` accepts it (``default`` if the field is absent and has one);
+    otherwise FieldError naming the field, what it must be and (briefly) what it is."""
+    if key not in doc:
+        if default is _REQUIRED:
+            raise FieldError(f"lacks the {key!r} field")
+        return default
+    value = doc[key]
+    if not check(value):
+        raise FieldError(f"has field {key!r} = {describe(value)}, which must be {expected}")
+    return value
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_texts(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(p, str) for p in x)
+
+
+def is_ids(x: Any) -> bool:
+    return isinstance(x, list) and all(map(is_int, x))
 
 
 class TokenizerBase:
@@ -109,6 +196,13 @@ class TokenizerBase:
         """Encoding is deterministic for this kind; nothing to seed."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The tokenizer's fields as the file holds them (besides format, version, kind, vocab_size)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls: type[T], doc: Mapping[str, Any], num_threads: int = 1) -> T:
+        """The tokenizer :meth:`to_dict` describes; FieldError (a ValueError) names a field that is
+        missing or of the wrong type, ValueError says what else is wrong."""
         raise NotImplementedError
 
     def file_version(self) -> int:
@@ -128,10 +222,7 @@ class TokenizerBase:
     def __reduce__(self) -> tuple[Any, ...]:
         # DataLoader workers started with "spawn" pickle the dataset; native handles (the spm
         # processor, jieba's lock) cannot be pickled, so rebuild from the same state the file holds.
-        from wdsprep.tokenizer.file import from_doc
-
-        return (from_doc, ({"kind": self.kind, **self.to_dict()}, "<pickled tokenizer>",
-                            getattr(self, "num_threads", 1)))
+        return (type(self).from_dict, (self.to_dict(), getattr(self, "num_threads", 1)))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} kind={self.kind!r} vocab_size={self.vocab_size}>"
@@ -143,10 +234,10 @@ class VocabTokenizer(TokenizerBase):
     def __init__(self, vocab: Sequence[str]) -> None:
         vocab = list(vocab)
         if vocab[:2] != [BOS, UNK]:
-            raise ValueError(f"vocabulary must start with {BOS!r}, {UNK!r} (ids 0 and 1), got {vocab[:2]}")
+            raise ValueError(f"vocabulary must start with {BOS!r}, {UNK!r} (ids 0 and 1), got {describe(vocab[:2])}")
         if len(set(vocab)) != len(vocab):
             dup = next(p for p, n in Counter(vocab).items() if n > 1)
-            raise ValueError(f"vocabulary lists {dup!r} twice")
+            raise ValueError(f"vocabulary lists {describe(dup)} twice")
         self._pieces = vocab
         self._ids = {p: i for i, p in enumerate(vocab)}
         self.vocab_size = len(vocab)

@@ -25,6 +25,18 @@ dict or bytes.  Anything else (``os.system``, another class or function, an exte
 persistent id) ends the read with an error before anything is built from it.  Nothing is
 imported and nothing is called: the result is plain data, turned into a wdsprep tokenizer whose
 ``encode`` gives CAT's ids (:func:`from_cat`).
+
+A few hundred bytes of opcodes can describe a structure far larger than the file: the memo lets
+one tuple be put into the next twice (2^80 nodes after 80 steps), and 2 MB of TUPLE1 nest a tuple
+2,000,000 deep; hashing such a dict key, comparing it or writing its ``repr`` would run for ever
+or overflow the C stack.  So the reader keeps, for every container it builds, its node count (a
+shared part counted each time it is placed) and its depth, and refuses the file as soon as a
+container is nested deeper than ``MAX_DEPTH`` or the nodes exceed ``MAX_NODES``: every later
+walk (a key's hash, a comparison) is then bounded by what was counted.  A container may not
+change once it is inside another (so no cycle, and no count goes stale), and messages describe
+values with :func:`~wdsprep.tokenizer.base.describe`, which looks at a few items only.  CAT's
+states are at most 3 containers deep (a lexicon: its state, ``_w2pid``, a word's tuple); the
+largest, jieba's whole dictionary, has 1.5 million nodes.
 """
 
 from __future__ import annotations
@@ -34,9 +46,17 @@ import pickletools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import BOS, UNK, PathLike, TokenizerBase, TokenizerFileError
+from wdsprep.tokenizer.base import (
+    BOS,
+    UNK,
+    PathLike,
+    TokenizerBase,
+    TokenizerFileError,
+    describe,
+    read_tokenizer_file,
+)
 from wdsprep.tokenizer.lexicon import LexiconTokenizer
 from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import sentencepiece_from_model
@@ -47,12 +67,16 @@ CAT_CLASSES = ("SentencePieceTokenizer", "JiebaTokenizer", "SimpleTokenizer", "L
                "JiebaComposeLexiconTokenizer", "RawTokenizer", "PretrainedTokenizer")
 
 
-@dataclass
+@dataclass(repr=False)
 class CatObject:
     """An instance of a CAT tokenizer class as the pickle describes it: the class name and its state."""
 
     cls: str
     state: Any = None
+
+    def __repr__(self) -> str:
+        # The state may be large; a repr names the class and what kind of state it holds.
+        return f"<CAT {self.cls} object, state {describe(self.state)}>"
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,15 @@ _VALUE_OPS = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "
               "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"}
 _CONSTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 _EMPTY = {"EMPTY_LIST": list, "EMPTY_DICT": dict, "EMPTY_TUPLE": tuple, "EMPTY_SET": set}
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+
+# How deep containers may nest: CAT's states are at most 3 deep in every protocol; hashing or
+# comparing a 2,000,000-deep tuple overflows the C stack.
+MAX_DEPTH = 64
+# How many nodes what was built may have as a tree, a part placed twice counted twice: the bound
+# on every walk of it.  CAT's largest state (jieba's whole dictionary: 498k words, in 'vocab' and
+# again in 'reverse-vocab') has 1.5 million.
+MAX_NODES = 50_000_000
 
 
 class _Refused(Exception):
@@ -83,11 +116,21 @@ class _Refused(Exception):
 
 @dataclass
 class _Machine:
-    """The pickle virtual machine, restricted to building plain data and CatObjects."""
+    """The pickle virtual machine, restricted to building plain data and CatObjects.
+
+    ``shape`` holds, by ``id``, each container built so far (kept alive there, so an id is never
+    reused) with its node count and depth; a value not in it is a leaf (1 node, depth 0).
+    ``placed`` are the containers already inside another.  ``nodes`` counts the nodes of
+    everything built as a tree: a container's own nodes count once, when they go into it, and a
+    container placed a second time (a memo entry or DUP reused) counts all of its nodes again.
+    """
 
     stack: list[Any] = field(default_factory=list)
     marks: list[int] = field(default_factory=list)
     memo: dict[int, Any] = field(default_factory=dict)
+    shape: dict[int, tuple[Any, int, int]] = field(default_factory=dict)
+    placed: set[int] = field(default_factory=set)
+    nodes: int = 0
 
     def pop_mark(self) -> list[Any]:
         if not self.marks:
@@ -102,46 +145,115 @@ class _Machine:
             raise _Refused("damaged: the stack is empty")
         return self.stack.pop()
 
+    def top(self) -> Any:
+        if not self.stack:
+            raise _Refused("damaged: the stack is empty")
+        return self.stack[-1]
+
+    def _place(self, container: Any, items: Sequence[Any]) -> tuple[int, int]:
+        """Count ``items`` going into ``container`` (checking the bounds before anything walks
+        them); return their node count and depth."""
+        shape, placed = self.shape, self.placed
+        nodes = depth = cost = 0
+        for x in items:
+            known = shape.get(id(x))
+            if known is None:  # every container is in shape: a leaf
+                if isinstance(x, CatObject):
+                    raise _Refused(f"puts a CAT {x.cls} object inside another value; CAT's files never do")
+                nodes += 1
+                cost += 1
+                continue
+            if x is container:
+                raise _Refused(f"puts a {type(x).__name__} inside itself; CAT's tokenizers hold no cycles")
+            n, d = known[1], known[2]
+            nodes, depth = nodes + n, max(depth, d)
+            if id(x) in placed:
+                cost += n  # a second copy of all of it
+            else:
+                cost += 1  # its items were counted as they went into it
+                placed.add(id(x))  # inside another now: a change would make its counts stale
+        self.nodes += cost
+        if self.nodes > MAX_NODES:
+            raise _Refused(f"describes more than {MAX_NODES:,} nodes (a part of the pickle reused over and "
+                           f"over?); CAT's tokenizers are far smaller, so the file is damaged or crafted")
+        if depth + 1 > MAX_DEPTH:
+            raise _Refused(f"nests values more than {MAX_DEPTH} deep; CAT's tokenizers nest a few levels, so the "
+                           f"file is damaged or crafted")
+        return nodes, depth
+
+    def make(self, container: Any, items: Sequence[Any]) -> Any:
+        """``container``, built from ``items``, counted (``items`` are not walked before)."""
+        nodes, depth = self._place(container, items)
+        if isinstance(container, _CONTAINERS):
+            self.shape[id(container)] = (container, 1 + nodes, 1 + depth)
+        return container
+
+    def build(self, kind: type, items: list[Any]) -> Any:
+        """A new ``kind`` (tuple, list, frozenset) of ``items``; counted before it is made, as a
+        frozenset hashes them."""
+        marker = object()
+        nodes, depth = self._place(marker, items)
+        made = kind(items)
+        self.shape[id(made)] = (made, 1 + nodes, 1 + depth)
+        return made
+
+    def add(self, container: Any, kind: type, op: str, items: Sequence[Any]) -> Any:
+        """``container`` (which must be a ``kind`` not yet inside another), about to take ``items``."""
+        if not isinstance(container, kind):
+            raise _Refused(f"{op} on {type(container).__name__}, not a {kind.__name__}")
+        if id(container) in self.placed:
+            raise _Refused(f"{op} changes a {kind.__name__} already inside another value; pickle never writes that "
+                           f"for CAT's tokenizers (a cycle?)")
+        nodes, depth = self._place(container, items)
+        _, n, d = self.shape.get(id(container), (container, 1, 1))
+        self.shape[id(container)] = (container, n + nodes, max(d, 1 + depth))
+        return container
+
     def global_(self, module: Any, name: Any) -> _Global:
         if not isinstance(module, str) or not isinstance(name, str):
-            raise _Refused(f"a global named by {module!r} {name!r}")
+            raise _Refused(f"a global named by {describe(module)} {describe(name)}")
         g = _Global(module, name)
         if g in _HELPERS or (module == CAT_MODULE and name in CAT_CLASSES):
             return g
-        raise _Refused(f"refers to {module}.{name}, which is no part of a CAT tokenizer; refusing the file "
-                       f"(nothing in it was run)")
+        raise _Refused(f"refers to {describe(module, bare=True)}.{describe(name, bare=True)}, which is no part of a "
+                       f"CAT tokenizer; refusing the file (nothing in it was run)")
 
     def reduce(self, func: Any, args: Any) -> Any:
+        # Type checks first: ``in`` a set hashes its operand, and a crafted one may be large.
+        if not isinstance(func, _Global):
+            raise _Refused(f"calls {describe(func)}, which is not a global; the pickle is damaged")
         if not isinstance(args, tuple):
             raise _Refused("damaged: REDUCE without an argument tuple")
         if func == _ORDERED_DICT and (args == () or (len(args) == 1 and isinstance(args[0], list))):
-            return dict(*args)  # items then come by SETITEMS; insertion order is kept
-        if func in _RECONSTRUCTOR and len(args) == 3 and args[1] in _OBJECT and args[2] is None:
+            # Items then come by SETITEMS (insertion order is kept); in protocols 0-1 as a list of pairs.
+            pairs = args[0] if args else []
+            if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+                raise _Refused(f"calls collections.OrderedDict with {describe(args)}, not a list of pairs")
+            made = self.make({}, [x for p in pairs for x in p])
+            made.update(pairs)
+            return made
+        if func in _RECONSTRUCTOR and len(args) == 3 and isinstance(args[1], _Global) and args[1] in _OBJECT \
+                and args[2] is None:
             return self.new(args[0])  # protocols 0 and 1: copyreg._reconstructor(cls, object, None)
         if func == _CODECS_ENCODE and len(args) == 2 and isinstance(args[0], str) and args[1] == "latin1":
             return args[0].encode("latin-1")  # protocols 0-2 write bytes this way
         if func in _BYTES and args == ():
             return b""
-        what = f"{func.module}.{func.name}" if isinstance(func, _Global) else type(func).__name__
-        raise _Refused(f"calls {what} with {_short(args)}, which CAT's tokenizers never pickle; refusing the file "
-                       f"(nothing in it was run)")
+        raise _Refused(f"calls {func.module}.{func.name} with {describe(args)}, which CAT's tokenizers never pickle; "
+                       f"refusing the file (nothing in it was run)")
 
     @staticmethod
     def new(cls: Any) -> CatObject:
         if not (isinstance(cls, _Global) and cls.module == CAT_MODULE and cls.name in CAT_CLASSES):
-            raise _Refused(f"creates an object of {_short(cls)}, not of a CAT tokenizer class")
+            raise _Refused(f"creates an object of {describe(cls)}, not of a CAT tokenizer class")
         return CatObject(cls.name)
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_cat_pickle(data: bytes, where: str) -> CatObject:
     """The CAT tokenizer a pickle describes, as plain data; never imports or calls anything.
 
-    Raises :class:`TokenizerFileError` naming ``where`` and the byte offset for anything else.
+    Raises :class:`TokenizerFileError` naming ``where`` and the byte offset for anything else,
+    including a structure nested deeper than ``MAX_DEPTH`` or larger than ``MAX_NODES``.
     """
     m = _Machine()
     pos = 0
@@ -153,7 +265,7 @@ def read_cat_pickle(data: bytes, where: str) -> CatObject:
             elif name in _CONSTS:
                 m.stack.append(_CONSTS[name])
             elif name in _EMPTY:
-                m.stack.append(_EMPTY[name]())
+                m.stack.append(m.make(_EMPTY[name](), []))
             elif name == "BYTEARRAY8":
                 m.stack.append(bytes(arg))
             elif name in ("PROTO", "FRAME"):
@@ -161,9 +273,9 @@ def read_cat_pickle(data: bytes, where: str) -> CatObject:
             elif name == "MARK":
                 m.marks.append(len(m.stack))
             elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                m.memo[arg] = m.stack[-1]
+                m.memo[arg] = m.top()
             elif name == "MEMOIZE":
-                m.memo[len(m.memo)] = m.stack[-1]
+                m.memo[len(m.memo)] = m.top()
             elif name in ("GET", "BINGET", "LONG_BINGET"):
                 if arg not in m.memo:
                     raise _Refused(f"damaged: memo entry {arg} read before it was written")
@@ -173,35 +285,37 @@ def read_cat_pickle(data: bytes, where: str) -> CatObject:
             elif name == "POP_MARK":
                 m.pop_mark()
             elif name == "DUP":
-                m.stack.append(m.stack[-1])
+                m.stack.append(m.top())
             elif name == "LIST":
-                m.stack.append(m.pop_mark())
+                m.stack.append(m.build(list, m.pop_mark()))
             elif name == "TUPLE":
-                m.stack.append(tuple(m.pop_mark()))
+                m.stack.append(m.build(tuple, m.pop_mark()))
             elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
                 n = int(name[-1])
                 items = [m.pop() for _ in range(n)][::-1]
-                m.stack.append(tuple(items))
+                m.stack.append(m.build(tuple, items))
             elif name == "DICT":
                 items = m.pop_mark()
-                m.stack.append(dict(zip(items[::2], items[1::2])))
+                made = m.add({}, dict, name, items)
+                made.update(zip(items[::2], items[1::2]))
+                m.stack.append(made)
             elif name == "FROZENSET":
-                m.stack.append(frozenset(m.pop_mark()))
+                m.stack.append(m.build(frozenset, m.pop_mark()))
             elif name == "APPEND":
                 value = m.pop()
-                _as(m.stack[-1], list, "APPEND").append(value)
+                m.add(m.top(), list, name, [value]).append(value)
             elif name == "APPENDS":
                 items = m.pop_mark()
-                _as(m.stack[-1], list, "APPENDS").extend(items)
+                m.add(m.top(), list, name, items).extend(items)
             elif name == "SETITEM":
                 value, key = m.pop(), m.pop()
-                _as(m.stack[-1], dict, "SETITEM")[key] = value
+                m.add(m.top(), dict, name, [key, value])[key] = value
             elif name == "SETITEMS":
                 items = m.pop_mark()
-                _as(m.stack[-1], dict, "SETITEMS").update(zip(items[::2], items[1::2]))
+                m.add(m.top(), dict, name, items).update(zip(items[::2], items[1::2]))
             elif name == "ADDITEMS":
                 items = m.pop_mark()
-                _as(m.stack[-1], set, "ADDITEMS").update(items)
+                m.add(m.top(), set, name, items).update(items)
             elif name == "GLOBAL":
                 module, _, attr = str(arg).partition(" ")
                 m.stack.append(m.global_(module, attr))
@@ -213,19 +327,20 @@ def read_cat_pickle(data: bytes, where: str) -> CatObject:
                 m.stack.append(m.reduce(func, args))
             elif name == "NEWOBJ":
                 args, cls = m.pop(), m.pop()
-                if args != ():
-                    raise _Refused(f"creates {_short(cls)} with arguments {_short(args)}; CAT's objects take none")
+                if not isinstance(args, tuple) or args != ():
+                    raise _Refused(f"creates {describe(cls)} with arguments {describe(args)}; CAT's objects take none")
                 m.stack.append(m.new(cls))
             elif name == "NEWOBJ_EX":
                 kwargs, args, cls = m.pop(), m.pop(), m.pop()
-                if args != () or kwargs != {}:
-                    raise _Refused(f"creates {_short(cls)} with arguments; CAT's objects take none")
+                if not isinstance(args, tuple) or args != () or not isinstance(kwargs, dict) or kwargs != {}:
+                    raise _Refused(f"creates {describe(cls)} with arguments; CAT's objects take none")
                 m.stack.append(m.new(cls))
             elif name == "BUILD":
                 state = m.pop()
                 obj = m.stack[-1] if m.stack else None
                 if not isinstance(obj, CatObject) or obj.state is not None:
-                    raise _Refused(f"sets the state of {_short(obj)}, which is not a new CAT tokenizer object")
+                    raise _Refused(f"sets the state of {describe(obj)}, which is not a new CAT tokenizer object")
+                m.make(obj, [state])  # counted and sealed like an item of a container
                 obj.state = state
             elif name == "STOP":
                 break
@@ -236,18 +351,12 @@ def read_cat_pickle(data: bytes, where: str) -> CatObject:
         raise TokenizerFileError(f"{where}: {e} (at byte {pos})") from None
     except (ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError, OverflowError) as e:
         # genops on a truncated or corrupt pickle, an unhashable dict key, a short stack ...
-        raise TokenizerFileError(f"{where}: a damaged pickle ({type(e).__name__}: {e}) near byte {pos}; "
-                                 f"copy the .tknz again from the CAT experiment") from None
+        raise TokenizerFileError(f"{where}: a damaged pickle ({type(e).__name__}: {describe(str(e), bare=True)}) "
+                                 f"near byte {pos}; copy the .tknz again from the CAT experiment") from None
     if len(m.stack) != 1 or not isinstance(m.stack[0], CatObject):
-        raise TokenizerFileError(f"{where}: this pickle holds {_short(m.stack[0] if m.stack else None)}, not a CAT "
+        raise TokenizerFileError(f"{where}: this pickle holds {describe(m.stack[0] if m.stack else None)}, not a CAT "
                                  f"tokenizer (classes of {CAT_MODULE}: {', '.join(CAT_CLASSES)})")
     return m.stack[0]
-
-
-def _as(obj: Any, kind: type, op: str) -> Any:
-    if not isinstance(obj, kind):
-        raise _Refused(f"{op} on {type(obj).__name__}, not a {kind.__name__}")
-    return obj
 
 
 def _field(state: Any, key: str, types: type | tuple[type, ...], cls: str, where: str) -> Any:
@@ -262,13 +371,14 @@ def _vocab_list(mapping: Mapping[Any, Any], cls: str, where: str) -> list[str]:
     by_id: dict[int, str] = {}
     for piece, i in mapping.items():
         # A SimpleTokenizer read from a word-and-index file keeps the index as text ("12").
-        if isinstance(i, str) and i.strip().isdigit():
+        if isinstance(i, str) and i.strip().isascii() and i.strip().isdigit() and len(i.strip()) < 20:
             i = int(i)
         if not isinstance(piece, str) or not isinstance(i, int) or isinstance(i, bool):
-            raise TokenizerFileError(f"{where}: CAT {cls} maps {piece!r} to {i!r}; expected text -> integer id")
+            raise TokenizerFileError(f"{where}: CAT {cls} maps {describe(piece)} to {describe(i)}; expected text -> "
+                                     f"integer id")
         if i in by_id:
-            raise TokenizerFileError(f"{where}: CAT {cls} gives id {i} to both {by_id[i]!r} and {piece!r}; wdsprep "
-                                     f"needs one piece per id")
+            raise TokenizerFileError(f"{where}: CAT {cls} gives id {describe(i)} to both {describe(by_id[i])} and "
+                                     f"{describe(piece)}; wdsprep needs one piece per id")
         by_id[i] = piece
     n = len(by_id)
     if set(by_id) != set(range(n)):
@@ -311,16 +421,27 @@ def _lexicon(obj: CatObject, where: str) -> tuple[list[str], dict[str, list[int]
     for word, ids in w2pid.items():
         if not isinstance(word, str) or not isinstance(ids, (tuple, list)) or \
                 not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise TokenizerFileError(f"{where}: CAT {obj.cls} maps {word!r} to {_short(ids)}; expected unit ids")
+            raise TokenizerFileError(f"{where}: CAT {obj.cls} maps {describe(word)} to {describe(ids)}; expected unit "
+                                     f"ids")
         lexicon[word] = list(ids)
     if unk_token not in lexicon:
         raise TokenizerFileError(f"{where}: CAT {obj.cls} has no lexicon entry for its unknown-word symbol "
-                                 f"{unk_token!r}")
+                                 f"{describe(unk_token)}")
     return units, lexicon, lexicon[unk_token]
 
 
 def from_cat(obj: CatObject, where: str) -> TokenizerBase:
     """The wdsprep tokenizer that encodes as CAT's object did, with the same ids and vocabulary size."""
+    try:
+        return _from_cat(obj, where)
+    except TokenizerFileError:
+        raise
+    except ValueError as e:  # what the tokenizer itself refuses: a unit id past the units, a bad dictionary line
+        raise TokenizerFileError(f"{where}: CAT {obj.cls} that wdsprep cannot rebuild: "
+                                 f"{describe(str(e), bare=True, limit=200)}; the .tknz is damaged") from None
+
+
+def _from_cat(obj: CatObject, where: str) -> TokenizerBase:
     cls, state = obj.cls, obj.state
     if cls == "SentencePieceTokenizer":
         proto = _field(state, "model-data", bytes, cls, where)
@@ -335,7 +456,8 @@ def from_cat(obj: CatObject, where: str) -> TokenizerBase:
             raise TokenizerFileError(f"{where}: CAT JiebaTokenizer's 'vocab' and 'reverse-vocab' disagree; the .tknz "
                                      f"is damaged")
         if vocab[:2] != [BOS, UNK]:
-            raise TokenizerFileError(f"{where}: CAT JiebaTokenizer's ids 0 and 1 are {vocab[:2]}, not {BOS}, {UNK}")
+            raise TokenizerFileError(f"{where}: CAT JiebaTokenizer's ids 0 and 1 are {describe(vocab[:2])}, not {BOS}, "
+                                     f"{UNK}")
         dictionary = _dictionary(state, cls, where)
         if dictionary is None:
             _check_default_dictionary(vocab, where)
@@ -346,7 +468,8 @@ def from_cat(obj: CatObject, where: str) -> TokenizerBase:
                                      f"word -> id mapping")
         vocab = _vocab_list(state, cls, where)
         if vocab[:2] != [BOS, UNK]:
-            raise TokenizerFileError(f"{where}: CAT SimpleTokenizer's ids 0 and 1 are {vocab[:2]}, not {BOS}, {UNK}")
+            raise TokenizerFileError(f"{where}: CAT SimpleTokenizer's ids 0 and 1 are {describe(vocab[:2])}, not "
+                                     f"{BOS}, {UNK}")
         return SimpleTokenizer(vocab)
     if cls == "LexiconTokenizer":
         units, lexicon, unk = _lexicon(obj, where)
@@ -367,12 +490,8 @@ def from_cat(obj: CatObject, where: str) -> TokenizerBase:
 def read_cat_tokenizer(path: PathLike) -> TokenizerBase:
     """The tokenizer in CAT's ``.tknz`` (a pickle, read without unpickling) or sentencepiece ``.model``."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such CAT tokenizer file (CAT writes exp/NAME/tokenizer.tknz)") from None
-    except IsADirectoryError:
-        raise TokenizerFileError(f"{path}: is a directory; pass CAT's tokenizer.tknz") from None
+    raw = read_tokenizer_file(path, "CAT's tokenizer.tknz", "no such CAT tokenizer file (CAT writes "
+                              "exp/NAME/tokenizer.tknz)")
     if raw.lstrip()[:1] == b"{":
         raise TokenizerFileError(f"{path}: JSON, not CAT's pickled tokenizer; if it is a wdsprep tokenizer file, "
                                  f"use it as it is")

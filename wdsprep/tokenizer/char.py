@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from wdsprep.tokenizer.base import SPACE, UNK_ID, VocabTokenizer, check_ids
+from wdsprep.tokenizer.base import SPACE, UNK_ID, VocabTokenizer, check_ids, field, is_texts
 
 
 class CharTokenizer(VocabTokenizer):
@@ -44,3 +44,8 @@ class CharTokenizer(VocabTokenizer):
 
     def to_dict(self) -> dict[str, Any]:
         return {"keep_spaces": self.keep_spaces, "vocab": self._pieces}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> CharTokenizer:
+        return cls(field(doc, "vocab", is_texts, "a list of strings"),
+                   keep_spaces=field(doc, "keep_spaces", lambda x: isinstance(x, bool), "true or false"))

@@ -2,44 +2,54 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import pickletools
 from pathlib import Path
 from typing import Any, Mapping
 
-from wdsprep.tokenizer.base import FILE_KINDS, FORMAT, VERSION, PathLike, Tokenizer, TokenizerFileError
+from wdsprep.tokenizer.base import (
+    FILE_KINDS,
+    FORMAT,
+    VERSION,
+    FieldError,
+    PathLike,
+    Tokenizer,
+    TokenizerBase,
+    TokenizerFileError,
+    describe,
+    is_int,
+    read_tokenizer_file,
+)
 from wdsprep.tokenizer.char import CharTokenizer
 from wdsprep.tokenizer.lexicon import LexiconTokenizer
 from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer, sentencepiece_from_model
 from wdsprep.tokenizer.words import JiebaTokenizer
 
+# The class of each kind a file may hold (base.FILE_KINDS names them).
+CLASSES: dict[str, type[TokenizerBase]] = {
+    "sentencepiece": SentencePieceTokenizer, "jieba": JiebaTokenizer, "char": CharTokenizer,
+    "simple": SimpleTokenizer, "lexicon": LexiconTokenizer}
+assert tuple(CLASSES) == FILE_KINDS
+
 
 def from_doc(doc: Mapping[str, Any], where: str, num_threads: int = 1) -> Tokenizer:
+    """The tokenizer a file's document describes; TokenizerFileError naming ``where`` and the field
+    for anything missing, of the wrong type or inconsistent."""
     kind = doc.get("kind")
+    cls = CLASSES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise TokenizerFileError(f"{where}: unknown tokenizer kind {describe(kind)}; this version knows "
+                                 f"{', '.join(FILE_KINDS)}")
+    redo = ("import it again with wdsprep tokenizer import-cat" if kind == "lexicon"
+            else "make it again with wdsprep tokenizer train (or import-cat)")
     try:
-        if kind == "sentencepiece":
-            proto = base64.b64decode(doc["model"], validate=True)
-            return SentencePieceTokenizer(proto, num_threads=num_threads)  # type: ignore[return-value]
-        if kind == "char":
-            return CharTokenizer(doc["vocab"], keep_spaces=bool(doc["keep_spaces"]))  # type: ignore[return-value]
-        if kind == "jieba":
-            return JiebaTokenizer(doc["vocab"], user_dict=doc.get("user_dict") or [],  # type: ignore[return-value]
-                                  dictionary=doc.get("dictionary"), whitespace=doc.get("whitespace", "drop"))
-        if kind == "simple":
-            return SimpleTokenizer(doc["vocab"])  # type: ignore[return-value]
-        if kind == "lexicon":
-            return LexiconTokenizer(doc["units"], doc["lexicon"], unk=doc["unk"],  # type: ignore[return-value]
-                                    segment=doc.get("segment", "whitespace"), dictionary=doc.get("dictionary"))
-    except KeyError as e:
-        raise TokenizerFileError(f"{where}: {kind} tokenizer lacks the {e.args[0]!r} field; the file is damaged, "
-                                 f"retrain it with wdsprep tokenizer train") from None
-    except (binascii.Error, RuntimeError, ValueError, TypeError) as e:
-        raise TokenizerFileError(f"{where}: damaged {kind} tokenizer ({e}); "
-                                 f"retrain it with wdsprep tokenizer train") from None
-    raise TokenizerFileError(f"{where}: unknown tokenizer kind {kind!r}; this version knows {', '.join(FILE_KINDS)}")
+        return cls.from_dict(doc, num_threads)  # type: ignore[return-value]
+    except FieldError as e:
+        raise TokenizerFileError(f"{where}: {kind} tokenizer {e}; the file is damaged, {redo}") from None
+    except (RuntimeError, ValueError, TypeError) as e:  # RuntimeError: sentencepiece's parse of the model
+        raise TokenizerFileError(f"{where}: damaged {kind} tokenizer ({describe(str(e), bare=True, limit=200)}); "
+                                 f"{redo}") from None
 
 
 def looks_like_pickle(raw: bytes) -> bool:
@@ -64,18 +74,16 @@ def load_tokenizer(path: PathLike, *, num_threads: int = 1) -> Tokenizer:
 
     A ``.model`` keeps its own ids (a model CAT trained keeps CAT's); one whose ids differ from
     CAT's convention warns.  A CAT ``.tknz`` (a pickle) is refused, never unpickled: convert it
-    once with ``wdsprep tokenizer import-cat``.
+    once with ``wdsprep tokenizer import-cat``.  A damaged or crafted file (wrong types, nesting
+    too deep for the JSON parser, numbers too long to read) is a TokenizerFileError naming the
+    file and, where there is one, the field.
 
     ``num_threads``: threads per SentencePiece ``encode_batch`` call. 1 suits DataLoader workers,
     which already keep the cores busy; a single-process loader may use more (-1 = all cores).
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such tokenizer file; make one with wdsprep tokenizer train") from None
-    except IsADirectoryError:
-        raise TokenizerFileError(f"{path}: is a directory; pass the tokenizer's JSON file") from None
+    raw = read_tokenizer_file(path, "the tokenizer's JSON file", "no such tokenizer file; make one with wdsprep "
+                              "tokenizer train")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -88,13 +96,20 @@ def load_tokenizer(path: PathLike, *, num_threads: int = 1) -> Tokenizer:
             raise TokenizerFileError(f"{path}: neither a wdsprep tokenizer file (JSON) nor a sentencepiece .model; "
                                      f"train one with wdsprep tokenizer train") from None
         return tok  # type: ignore[return-value]
+    except (ValueError, RecursionError) as e:
+        # JSON the parser will not build: an integer of more than 4,300 digits, arrays nested
+        # about a thousand deep.  No tokenizer has either.
+        why = describe(str(e), bare=True, limit=120)
+        raise TokenizerFileError(f"{path}: JSON that cannot be read as a tokenizer ({why}); the file is damaged or "
+                                 f"crafted") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TokenizerFileError(f"{path}: JSON but not a wdsprep tokenizer (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") not in range(1, VERSION + 1):
-        raise TokenizerFileError(f"{path}: tokenizer file version {doc.get('version')!r}; this wdsprep reads "
+    version = doc.get("version")
+    if not is_int(version) or not 1 <= version <= VERSION:
+        raise TokenizerFileError(f"{path}: tokenizer file version {describe(version)}; this wdsprep reads "
                                  f"versions 1 to {VERSION} (a newer wdsprep wrote it?)")
     tok = from_doc(doc, str(path), num_threads)
     if "vocab_size" in doc and doc["vocab_size"] != tok.vocab_size:
-        raise TokenizerFileError(f"{path}: says vocab_size {doc['vocab_size']} but holds {tok.vocab_size} pieces; "
-                                 f"the file is damaged")
+        raise TokenizerFileError(f"{path}: says vocab_size {describe(doc['vocab_size'])} but holds {tok.vocab_size} "
+                                 f"pieces; the file is damaged")
     return tok

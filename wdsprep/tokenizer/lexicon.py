@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import TokenizerBase, check_ids
+from wdsprep.tokenizer.base import TokenizerBase, check_ids, describe, field, is_ids, is_texts
 from wdsprep.tokenizer.words import cut_words, make_jieba
 
 SEGMENTS = ("whitespace", "jieba")
@@ -35,7 +35,7 @@ class LexiconTokenizer(TokenizerBase):
         self._units = [str(u) for u in units]
         if len(set(self._units)) != len(self._units):
             dup = next(u for u, n in Counter(self._units).items() if n > 1)
-            raise ValueError(f"units list {dup!r} twice")
+            raise ValueError(f"units list {describe(dup)} twice")
         if segment not in SEGMENTS:
             raise ValueError(f"lexicon segmentation {segment!r}: choose one of {', '.join(SEGMENTS)}")
         self.vocab_size = len(self._units)
@@ -45,7 +45,7 @@ class LexiconTokenizer(TokenizerBase):
             try:
                 check_ids(ids, self.vocab_size)
             except ValueError as e:
-                raise ValueError(f"lexicon entry {word!r}: {e}") from None
+                raise ValueError(f"lexicon entry {describe(word)}: {e}") from None
         self.segment = segment
         self.dictionary = dictionary
         self._jieba = make_jieba([], dictionary) if segment == "jieba" else None
@@ -74,3 +74,14 @@ class LexiconTokenizer(TokenizerBase):
     def to_dict(self) -> dict[str, Any]:
         return {"units": self._units, "lexicon": self._lexicon, "unk": self._unk, "segment": self.segment,
                 "dictionary": self.dictionary}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> LexiconTokenizer:
+        return cls(field(doc, "units", is_texts, "a list of strings"),
+                   field(doc, "lexicon", lambda x: isinstance(x, dict) and all(map(is_ids, x.values())),
+                         "an object mapping each word to a list of unit ids"),
+                   unk=field(doc, "unk", is_ids, "a list of unit ids"),
+                   segment=field(doc, "segment", lambda x: x in SEGMENTS, f"one of {', '.join(map(repr, SEGMENTS))}",
+                                 "whitespace"),
+                   dictionary=field(doc, "dictionary", lambda x: x is None or isinstance(x, str),
+                                    "a jieba dictionary's text or null", None))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import UNK_ID, VocabTokenizer, check_ids
+from wdsprep.tokenizer.base import UNK_ID, VocabTokenizer, check_ids, field, is_texts
 
 
 class SimpleTokenizer(VocabTokenizer):
@@ -30,3 +30,7 @@ class SimpleTokenizer(VocabTokenizer):
 
     def to_dict(self) -> dict[str, Any]:
         return {"vocab": self._pieces}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> SimpleTokenizer:
+        return cls(field(doc, "vocab", is_texts, "a list of strings"))

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import warnings
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import BOS, BOS_ID, UNK, UNK_ID, SubwordSampling, TokenizerBase, check_ids, derive_seed
+from wdsprep.tokenizer.base import (
+    BOS,
+    BOS_ID,
+    UNK,
+    UNK_ID,
+    FieldError,
+    SubwordSampling,
+    TokenizerBase,
+    check_ids,
+    derive_seed,
+    field,
+)
 
 
 class SentencePieceTokenizer(TokenizerBase):
@@ -81,6 +93,15 @@ class SentencePieceTokenizer(TokenizerBase):
     def to_dict(self) -> dict[str, Any]:
         # num_threads is a property of the machine, not of the tokenizer: not saved.
         return {"model": base64.b64encode(self._proto).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> SentencePieceTokenizer:
+        model = field(doc, "model", lambda x: isinstance(x, str), "the .model file as base64 text")
+        try:
+            proto = base64.b64decode(model, validate=True)
+        except (binascii.Error, ValueError) as e:  # ValueError: a character outside ASCII
+            raise FieldError(f"has a 'model' field that is not base64 ({e})") from None
+        return cls(proto, num_threads=num_threads)
 
 
 def sentencepiece_from_model(proto: bytes, where: str, *, num_threads: int = 1) -> SentencePieceTokenizer | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from wdsprep.tokenizer.base import UNK_ID, PathLike, VocabTokenizer, check_ids
+from wdsprep.tokenizer.base import UNK_ID, PathLike, VocabTokenizer, check_ids, field, is_int, is_texts
 
 
 def _quiet_jieba() -> Any:
@@ -84,6 +84,25 @@ class JiebaTokenizer(VocabTokenizer):
             doc.update(dictionary=self.dictionary, whitespace=self.whitespace)
         return doc
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> JiebaTokenizer:
+        return cls(field(doc, "vocab", is_texts, "a list of strings"),
+                   user_dict=field(doc, "user_dict", _is_user_dict, "a list of [word, count or null]", None) or [],
+                   dictionary=field(doc, "dictionary", _is_text_or_none, "a jieba dictionary's text or null", None),
+                   whitespace=field(doc, "whitespace", lambda x: x in cls.WHITESPACE,
+                                    f"one of {', '.join(map(repr, cls.WHITESPACE))}", "drop"))
+
+
+def _is_user_dict(x: Any) -> bool:
+    # A negative count would make jieba's log of it fail at the first transcript.
+    return x is None or (isinstance(x, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and (e[1] is None or (is_int(e[1]) and e[1] >= 0))
+        for e in x))
+
+
+def _is_text_or_none(x: Any) -> bool:
+    return x is None or isinstance(x, str)
+
 
 def cut_words(cutter: Any, text: str, whitespace: str) -> Iterator[str]:
     """jieba's words of ``text`` (dictionary only, HMM off) without whitespace words.
@@ -107,8 +126,14 @@ def make_jieba(user_dict: Sequence[Sequence[Any]], dictionary: str | None = None
     tk = jieba.Tokenizer()
     if dictionary is not None:
         # The parse jieba's initialize() runs on a dictionary file, on the text we hold: no temporary
-        # file and no cache file in /tmp.  Errors name the line ("invalid dictionary entry ...").
-        tk.FREQ, tk.total = tk.gen_pfdict(io.BytesIO(dictionary.encode("utf-8")))
+        # file and no cache file in /tmp.  Errors name the line ("invalid dictionary entry in the
+        # dictionary at Line 3: ...").
+        text = io.BytesIO(dictionary.encode("utf-8"))
+        text.name = "the dictionary"
+        tk.FREQ, tk.total = tk.gen_pfdict(text)
+        # jieba takes the log of every count and of their total when it cuts: say it here, not there.
+        if tk.total <= 0 or min(tk.FREQ.values()) < 0:
+            raise ValueError("the jieba dictionary has a negative count, or its counts add up to 0 or less")
         tk.initialized = True
     else:
         if _JIEBA_BASE is None:
