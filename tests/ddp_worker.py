@@ -25,7 +25,9 @@ def main() -> None:
     p.add_argument("--schedule", help="a mixing schedule as JSON: [[step, {name: weight}], ...]")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--max-frames", type=int, default=3000)
+    p.add_argument("--max-frames", type=int, default=3000, help="0: none (with --cost and --max-cost)")
+    p.add_argument("--cost", help="a cost model's JSON file: batches cut by it, within --max-cost")
+    p.add_argument("--max-cost", type=float)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
@@ -43,7 +45,8 @@ def main() -> None:
     rank = dist.get_rank()
     trset = dict(c.split("=", 1) for c in args.corpus) if args.corpus else args.trset
     mixing = {"schedule": [tuple(p) for p in json.loads(args.schedule)]} if args.schedule else {}
-    loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames, num_workers=args.num_workers,
+    loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames or None, cost=args.cost,
+                         max_cost=args.max_cost, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
                          collective_timeout=args.collective_timeout, read_ahead=args.read_ahead,
                          retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing)

@@ -9,6 +9,8 @@ import pytest
 
 import wdsprep
 from wdsprep.check.dryrun import dry_run
+from wdsprep.check.planreport import plan_report
+from wdsprep.loading.tokens import count_labels
 from wdsprep.cli import build_parser
 
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
@@ -25,6 +27,9 @@ MIRRORS = [
     (("dry-run",), wdsprep.make_loader, {"train": "dev", "persistent_workers": "no_persistent_workers"},
      {"trset": "--trset or --hyper", "tokenizer": "--tokenizer", "rank": "torchrun's", "world_size": "torchrun's"}),
     (("index",), wdsprep.index_shards, {}, {}),
+    (("tokenizer", "count-labels"), count_labels, {}, {}),
+    (("dry-run",), plan_report, {}, {"out": "the report goes to stdout", "windows": "a printout detail",
+                                     "plan_options": "make_loader's: above"}),
 ]
 
 

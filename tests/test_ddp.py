@@ -56,9 +56,10 @@ def torchrun(nproc: int, out: Path, trset: str | dict[str, str], tok: Path, *ext
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def canonical(trset: str, tok: Path, epoch: int, streams: int | None = None) -> list[tuple[str, ...]]:
+def canonical(trset: str, tok: Path, epoch: int, streams: int | None = None, **batching) -> list[tuple[str, ...]]:
     """The epoch's batches on one rank without workers: the plan every topology deals out."""
-    loader = make_loader(trset, tok, max_frames=3000, seed=7, shuffle_buffer=50, streams=streams)
+    batching = batching or {"max_frames": 3000}
+    loader = make_loader(trset, tok, seed=7, shuffle_buffer=50, streams=streams, **batching)
     loader.set_epoch(epoch)
     return [tuple(sorted(b.keys)) for b in loader]
 
@@ -130,6 +131,29 @@ def test_elastic_resume_continues_the_plan_on_another_topology(uneven, tmp_path,
     assert len({ep["len"] for ep in rest}) == 1 and all(len(ep["batches"]) == ep["len"] for ep in rest)
     runs = [[before[0], before[1], 3], [after[0], after[1], rest[0]["len"]]]
     assert all(ep["state"]["position"] == {"runs": runs} for ep in rest)
+
+
+def test_cost_sized_batches_keep_the_plans_guarantees_on_every_topology(uneven, tmp_path):
+    """Batches cut by a cost model that counts label tokens: on 3 ranks with workers the batches
+    are the canonical plan's, steps equal; stopped at step 2 and resumed on 2 ranks, the rest of
+    the plan, nothing twice."""
+    _, out, utts, tok = uneven
+    trset = f"{out}/*/data-*.tar"
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"subsampling": 4, "per_frame": 64, "per_frame2": 1, "per_token": 20}))
+    batching = ["--max-frames", "0", "--cost", str(cost), "--max-cost", "60000", "--streams", "6", "--epochs", "1"]
+    plan = canonical(trset, tok, 0, 6, cost=str(cost), max_cost=60000)
+    assert plan != canonical(trset, tok, 0, 6)  # cut otherwise than by frames
+    whole = torchrun(3, tmp_path / "w", trset, tok, "--num-workers", "2", *batching)
+    check_epoch([r["epochs"][0] for r in whole], plan)
+    a = torchrun(3, tmp_path / "a", trset, tok, "--save-at", "2", *batching)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(a[0]["epochs"][0]["saved"]))
+    b = torchrun(2, tmp_path / "b", trset, tok, "--num-workers", "2", "--resume", str(state), *batching)
+    done = [bt for r in a for bt in batch_set(r["epochs"][0]["batches"])]
+    later = [bt for r in b for bt in batch_set(r["epochs"][0]["batches"])]
+    assert len(done) == 6 and not set(done) & set(later) and set(done) | set(later) <= set(plan)
+    assert len(set(plan) - set(done) - set(later)) < 2
 
 
 def test_dev_mode_reads_each_utterance_once(uneven, tmp_path):

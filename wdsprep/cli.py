@@ -151,6 +151,13 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
             print(" ".join(tok.id_to_piece(i) for i in ids) + "\t" + " ".join(map(str, ids)))
 
 
+def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
+    from wdsprep.loading.tokens import count_labels
+
+    for folder, what in count_labels(args.patterns, args.tokenizer).items():
+        print(f"{folder}: {what}")
+
+
 def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
@@ -186,6 +193,12 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)
+    p = tsub.add_parser("count-labels", help="every label's length in TOKENIZER's tokens, written beside each index "
+                                             "(what a cost model that counts tokens plans with; upload it with the "
+                                             "index for remote shards)")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shards, e.g. 'DIR/*/data-*.tar'")
+    p.add_argument("--tokenizer", required=True, help="tokenizer file (or a sentencepiece .model)")
+    p.set_defaults(func=_cmd_tokenizer_count_labels)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

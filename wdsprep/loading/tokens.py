@@ -15,15 +15,17 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.format.index import FolderIndex, parse_tokens, tokens_name, write_tokens
+from wdsprep.format.index import FolderIndex, parse_tokens, read_index, tokens_name, write_tokens
+from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.read import iter_records
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
 from wdsprep.remote.urls import has_folder
-from wdsprep.tokenizer import Tokenizer
+from wdsprep.tokenizer import Tokenizer, load_tokenizer
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
@@ -53,8 +55,8 @@ class LabelTokens:
             if data is None:
                 raise DataError(
                     f"{folder}/{name}: the cost model counts label tokens, and no token column for this tokenizer "
-                    f"was uploaded beside the index; count them on a local copy (wdsprep index --tokenizer "
-                    f"TOKENIZER 'DIR/*/data-*.tar') and upload {name} with the index files")
+                    f"was uploaded beside the index; count them on a local copy (wdsprep tokenizer count-labels "
+                    f"'DIR/*/data-*.tar' --tokenizer TOKENIZER) and upload {name} with the index files")
             return parse_tokens(data, index.num_utts, f"{folder}/{name}")
         path = Path(folder) / name
         if path.is_file():
@@ -80,3 +82,30 @@ class LabelTokens:
             raise DataError(f"{url}: {len(texts)} transcripts, its index lists {expected}: the shard changed since it "
                             f"was indexed; re-index it (wdsprep index --refresh)")
         return count_tokens(self.tokenizer, texts)
+
+
+def count_labels(patterns: str | os.PathLike | Sequence[str | os.PathLike],
+                 tokenizer: Tokenizer | str | os.PathLike) -> dict[str, str]:
+    """Write the token column of every index folder ``patterns`` reach, for ``tokenizer`` (what a
+    cost model that counts label tokens plans with); returns ``{folder: what was done}``.  Local
+    shards only: for shards on S3 or a web server, count a local copy and upload the column."""
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    counter = LabelTokens(tokenizer)
+    done: dict[str, str] = {}
+    for url in expand_shards(patterns):
+        if is_url(url):
+            raise ValueError(f"{url}: label tokens are counted on local shards; count a local copy and upload the "
+                             f"index.tokens.*.npy it writes beside the index")
+        folder, _ = index_place(url)
+        if folder in done:
+            continue
+        index = read_index(folder)
+        if index is None:
+            raise DataError(f"{folder}: no index; write one first (wdsprep index '{url}')")
+        name = tokens_name(index, counter.digest)
+        had = (Path(folder) / name).is_file()
+        column = counter.folder(folder, index)
+        done[folder] = (f"{name}: {'already there' if had else 'written'}, {len(column):,} labels, "
+                        f"{float(column.mean()) if len(column) else 0:.1f} tokens on average")
+    return done
