@@ -4,8 +4,9 @@ Written by ``pack`` (and by ``wdsprep index`` for shards packed elsewhere) besid
 loader plans every epoch from it without reading a tar, ``inspect`` reads it instead of the
 tars, ``verify`` holds it against them.  On disk, per folder:
 
-- ``index.json``: layout, dims, dtype and per shard its name, byte size, mtime, utterances, frames
-  and a digest of its frame column: small, read in O(shards);
+- ``index.json``: layout, dims, dtype and per shard its name, byte size, mtime, utterances, frames,
+  a digest of its frame column and the SHA-256 of its bytes (``sha256``: a remote shard is checked
+  against it when downloaded; indexes written before it have none): small, read in O(shards);
 - ``index.frames.npy``, ``index.text_lens.npy``: int32 per utterance, in shard order, memory-mapped
   when read, so a process touches only the pages it uses;
 - ``index.keys.txt``: the sample keys, one per line, read only by what needs them (``verify``);
@@ -25,12 +26,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.files import atomic_path, write_text
+from wdsprep.files import atomic_path, file_sha256, write_text
+
+if TYPE_CHECKING:
+    from wdsprep.format.shardfile import ShardFile
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 2
@@ -49,6 +53,7 @@ class ShardInfo:
     keys: list[str] = field(default_factory=list)
     frames: list[int] = field(default_factory=list)
     text_lens: list[int] = field(default_factory=list)
+    sha256: str | None = field(default=None, compare=False)  # of the shard's bytes (hex), where known
 
     @property
     def num_utts(self) -> int:
@@ -120,7 +125,7 @@ class FolderIndex:
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
                  keys: list[str] | None = None, folder: str | os.PathLike | None = None,
                  lost: np.ndarray | None = None, speakers: Speakers | None = None,
-                 speakers_meta: dict | None = None) -> None:
+                 speakers_meta: dict | None = None, checksums: Sequence[str | None] | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
@@ -130,6 +135,8 @@ class FolderIndex:
         self.mtimes = np.full(n, -1, np.int64) if mtimes is None else np.asarray(mtimes, np.int64)
         # Samples past the first one the loader refuses (a damaged shard indexed as it is).
         self.lost = np.zeros(n, np.int64) if lost is None else np.asarray(lost, np.int64)
+        # Each shard's SHA-256 (hex), None where not recorded (an index written before it was).
+        self.checksums: list[str | None] = [None] * n if checksums is None else list(checksums)
         self.starts = np.concatenate([[0], np.cumsum(self.utts)])
         self.digests = list(digests) if digests is not None else [
             frames_digest(frames[a:b]) for a, b in zip(self.starts[:-1], self.starts[1:])]
@@ -151,7 +158,8 @@ class FolderIndex:
         return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
                    frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
                    mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys],
-                   lost=None if lost is None else np.asarray(lost), speakers=speakers)
+                   lost=None if lost is None else np.asarray(lost), speakers=speakers,
+                   checksums=[i.sha256 for i in infos])
 
     @property
     def num_utts(self) -> int:
@@ -201,7 +209,8 @@ class FolderIndex:
     def shard(self, i: int) -> ShardInfo:
         """Shard ``i``'s record, keys included."""
         a, b = int(self.starts[i]), int(self.starts[i + 1])
-        return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist())
+        return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist(),
+                         self.checksums[i])
 
     @property
     def shards(self) -> list[ShardInfo]:
@@ -218,9 +227,9 @@ class FolderIndex:
             "num_utts": self.num_utts, "num_frames": self.num_frames,
             "shards": [{"name": n, "size": int(s), "mtime_ns": int(m), "utts": int(u),
                         "frames": int(self.frames[a:a + u].sum(dtype=np.int64)), "frames_digest": d,
-                        **({"lost": int(x)} if x else {})}
-                       for n, s, m, u, a, d, x in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
-                                                      self.digests, self.lost)],
+                        **({"lost": int(x)} if x else {}), **({"sha256": c} if c else {})}
+                       for n, s, m, u, a, d, x, c in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
+                                                         self.digests, self.lost, self.checksums)],
             **speakers,
         }
 
@@ -285,10 +294,18 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
                            mtimes=np.array([s["mtime_ns"] for s in shards], np.int64),
                            digests=[s["frames_digest"] for s in shards], folder=folder,
                            lost=np.array([s.get("lost", 0) for s in shards], np.int64),
-                           speakers_meta=d.get("speakers"))
+                           speakers_meta=d.get("speakers"), checksums=[_sha256_field(s) for s in shards])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: unreadable shard index ({e}); re-index the folder (wdsprep index --force) or "
                         f"delete {', '.join(INDEX_FILES)} to read the shards without one") from e
+
+
+def _sha256_field(entry: dict) -> str | None:
+    """A shard entry's ``sha256``: 64 hex digits, or absent (an index written before it was recorded)."""
+    c = entry.get("sha256")
+    if c is not None and not (isinstance(c, str) and len(c) == 64 and all(ch in "0123456789abcdef" for ch in c)):
+        raise ValueError(f"shard {entry.get('name')!r}: sha256 {str(c)[:80]!r} is not 64 hex digits")
+    return c
 
 
 def _carried_speakers(old: FolderIndex, keys: Sequence[str]) -> Speakers:
@@ -332,9 +349,10 @@ class ShardScan:
     lost: int = 0  # samples from the first refused one on: the loader stops reading there
 
 
-def scan_shard(path: str | os.PathLike) -> ShardScan:
+def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None) -> ShardScan:
     """Keys, frames and transcript lengths of a shard from its tar and ``.npy`` headers and its
-    transcripts (feature data is not read), as an index entry.
+    transcripts (feature data is not read), as an index entry.  ``source``: the shard fetched by
+    the caller (a pipe's or URL's: the format does not fetch), ``path`` then only names it.
 
     Like the loader, the scan stops at the first sample the loader refuses: what is before it is
     the entry, and that sample and every one after it are counted in ``lost`` and named in
@@ -346,7 +364,7 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
 
     path = str(path)
     scan = ShardScan(ShardInfo(os.path.basename(path)))
-    src, members, problem = open_members(path)
+    src, members, problem = open_members(path, source=source)
     for key, group in samples_before_damage(members, problem):
         where = f"key {key!r}"
         try:
@@ -406,12 +424,15 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     from tqdm import tqdm
 
     from wdsprep.format.shardlist import expand_shards, is_url
+    from wdsprep.remote.urls import redact
 
-    paths = expand_shards(patterns)
-    urls = [p for p in paths if is_url(p)]
+    named = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
+    urls = [str(p) for p in named if is_url(str(p))]  # before expanding too: a URL glob is not listed here
+    paths = [] if urls else expand_shards(named)
+    urls = urls or [p for p in paths if is_url(p)]
     if urls:
-        raise ValueError(f"index reads local shards, got {urls[0]!r}; index a local copy and upload its index files "
-                         f"({', '.join(INDEX_FILES)}) beside the shards")
+        raise ValueError(f"index reads local shards, got {redact(urls[0])!r}; index a local copy and upload its index "
+                         f"files ({', '.join(INDEX_FILES)}) beside the shards")
     by_folder: dict[Path, list[Path]] = {}
     for p in paths:
         by_folder.setdefault(Path(p).resolve().parent, []).append(Path(p).resolve())
@@ -432,12 +453,16 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                         stale.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
+                        if entries[name][0].sha256 is None:  # an index from before checksums: one read adds it
+                            entries[name][0].sha256 = file_sha256(path)
             todo = [s for s in shards if s.name not in entries]
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
-            # An index without a speakers column (written before it existed) is rewritten, without a read.
-            if not todo and old is not None and not force and not stale and not upgrade and old.has_speakers:
+            # An index without a speakers column or checksums (written before them) is rewritten,
+            # without a header read (the checksums read each shard once).
+            if (not todo and old is not None and not force and not stale and not upgrade and old.has_speakers
+                    and None not in old.checksums):
                 result.folders[str(folder)] = "up to date"
                 result.shards += len(shards)
                 result.utterances += old.num_utts
@@ -447,6 +472,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             for path in todo:
                 st = path.stat()
                 scan = scan_shard(path)
+                scan.info.sha256 = file_sha256(path)
                 result.scanned += 1
                 result.problems.extend(scan.problems)
                 layouts |= scan.layouts
