@@ -35,18 +35,17 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdsprep import _moved
-from wdsprep.format.shardlist import expand_shards
 from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
-from wdsprep.loading.fetch import FetchOptions
+from wdsprep.loading.fetch import MIN_RATE, FetchOptions
 from wdsprep.loading.mixing import MixedStream, mixture_for
 from wdsprep.loading.mixplan import MixPosition
 from wdsprep.loading.mixture import Mixture
 from wdsprep.loading.plan import MIN_STREAM_UTTS, EpochPlan, PlanOptions
 from wdsprep.loading.quality import plan_quality, shard_speakers
-from wdsprep.loading.shardset import shard_set, union
+from wdsprep.loading.shardset import indexed_shards, union
 from wdsprep.loading.stages import BatchId
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ShardStream, _identity
@@ -543,6 +542,7 @@ def make_loader(
     cache_bytes: int | None = None,
     retries: int = 5,
     retry_backoff: float = 1.0,
+    min_rate: float = MIN_RATE,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -592,6 +592,9 @@ def make_loader(
             server answers 5xx or whose body is cut short; each is counted in ``stats.retries``.  A
             shard still not fetched is an error (``on_error="raise"``) or skipped and counted.
         retry_backoff: seconds before the first retry, doubling each time (at most 30 s).
+        min_rate: bytes/s a remote download must average, after a grace of the time 1 MiB takes at that
+            rate (at least 1 s); a slower one (a server that trickles) is cut off and retried, and the error
+            names this option.  0: no minimum (the 60 s read timeout alone).
         weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
             weights, temperature or schedule: their own proportions, as if they were one corpus.
         temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are).
@@ -620,7 +623,7 @@ def make_loader(
                           train=train, max_utts_per_speaker=max_utts_per_speaker)
     fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
                          cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
-                         retries=retries, retry_backoff=retry_backoff)
+                         retries=retries, retry_backoff=retry_backoff, min_rate=min_rate)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
     mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
@@ -633,10 +636,10 @@ def make_loader(
             "give trset as {name: pattern, ...}"
         raise ValueError(f"{', '.join(given)}: only named corpora are mixed, in training; {why}")
     if named:
-        shards = union({str(name): shard_set(expand_shards(patterns), policy=fetch.policy())
+        shards = union({str(name): indexed_shards(patterns, policy=fetch.policy())
                         for name, patterns in trset.items()})
     else:
-        shards = shard_set(expand_shards(trset), policy=fetch.policy())
+        shards = indexed_shards(trset, policy=fetch.policy())
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
     speakers = shard_speakers(shards, derive=max_utts_per_speaker is not None, policy=fetch.policy())
     if max_utts_per_speaker is not None and speakers is None:

@@ -175,23 +175,22 @@ def plan_report(trset: Any, *, world_size: int = 1, num_workers: int = 0, epochs
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
     (``max_frames`` and any of the batching options ``make_loader`` takes), and for named corpora
     (``trset`` a mapping) the mixing options too."""
-    from wdsprep.format.shardlist import expand_shards
     from wdsprep.loading.assign import epoch_assignment, rank_order
     from wdsprep.loading.plan import PlanOptions, plan_epoch
     from wdsprep.loading.quality import plan_quality, shard_speakers
-    from wdsprep.loading.shardset import shard_set, union
+    from wdsprep.loading.shardset import indexed_shards, union
 
     out = out or sys.stdout
     mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
     if isinstance(trset, Mapping):
-        shards = union({name: shard_set(expand_shards(p)) for name, p in trset.items()})
+        shards = union({name: indexed_shards(p) for name, p in trset.items()})
         if plan_options.get("train", True) and (len(shards.corpora) > 1 or mixing):
             return mix_report(shards, PlanOptions(**plan_options), world_size=world_size, num_workers=num_workers,
                               epochs=epochs, seed=seed, out=out, speakers=shard_speakers(shards), **mixing)
     elif mixing:
         raise ValueError(f"{', '.join(mixing)} mix named corpora: give them with --corpus NAME=PATTERN")
     else:
-        shards = shard_set(expand_shards(trset))
+        shards = indexed_shards(trset)
     options = PlanOptions(**plan_options)
     speakers = shard_speakers(shards)
     reports = []

@@ -8,10 +8,12 @@ it: it is never read against a stale index.  Shards that no index lists (CAT's, 
 save that scan.
 
 Shards on S3 or a web server are planned from the index files uploaded beside them, fetched once
-per loader (``index.json`` and its columns, speakers included, not the keys).  A remote folder without one is an
-error saying how to make and upload it: scanning would download the whole corpus on every rank
-before the first step.  Their staleness is checked by size: against the bucket listing when the
-pattern was a glob (before the epoch), else when each shard is downloaded.
+per loader (``index.json`` and its columns, speakers included, not the keys), each bounded by
+what an index of that many utterances can be (:func:`index_file_limit`): a server cannot make
+the loader hold more.  A remote folder without one is an error saying how to make and upload it:
+scanning would download the whole corpus on every rank before the first step.  Their staleness
+is checked by size: against the bucket listing when the pattern was a glob (before the epoch),
+else when each shard is downloaded, and then by the SHA-256 the index records too.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ import numpy as np
 
 from wdsprep.errors import DataError
 from wdsprep.format.index import (
+    FRAMES_FILE,
     INDEX_FILES,
     INDEX_NAME,
     KEYS_FILE,
+    SPEAKER_NAMES_FILE,
+    SPEAKERS_FILE,
+    TEXT_LENS_FILE,
     FolderIndex,
     Speakers,
     frames_digest,
@@ -40,10 +46,11 @@ from wdsprep.format.index import (
     scan_shard,
     stale_reason,
 )
-from wdsprep.format.shardlist import index_place, is_url
-from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
-from wdsprep.remote.listing import take_listed_size
-from wdsprep.remote.urls import has_folder
+from wdsprep.format.shardlist import expand_shards, index_place, is_url
+from wdsprep.loading.fetch import fetched_shard
+from wdsprep.remote.fetch import RetryPolicy, TooLargeError, fetch_file
+from wdsprep.remote.listing import lister, take_listed_size
+from wdsprep.remote.urls import has_folder, redact
 
 
 class StaleIndexError(DataError):
@@ -66,6 +73,7 @@ class ShardSet:
     corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
     # Every utterance's speaker, where every shard's index stores them (else None: see quality.shard_speakers).
     speakers: Speakers | None = None
+    checksums: list[str | None] | None = None  # per shard: the SHA-256 its index records (None: not recorded)
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -73,6 +81,8 @@ class ShardSet:
             self.lost = np.zeros(len(self.urls), np.int64)
         if self.corpus is None:
             self.corpus = np.zeros(len(self.urls), np.int64)
+        if self.checksums is None:
+            self.checksums = [None] * len(self.urls)
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -105,7 +115,7 @@ class ShardSet:
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
         speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
-                        0, self.lost[sl], speakers=speakers)
+                        0, self.lost[sl], speakers=speakers, checksums=self.checksums[sl])
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -121,42 +131,78 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
     for name, p in named.items():
         for url in p.urls:
             if seen.setdefault(url, name) != name:
-                raise ValueError(f"shard {url} is in corpus {seen[url]!r} and in corpus {name!r}: a shard belongs to "
-                                 f"one corpus (narrow one of the patterns)")
+                raise ValueError(f"shard {redact(url)} is in corpus {seen[url]!r} and in corpus {name!r}: a shard "
+                                 f"belongs to one corpus (narrow one of the patterns)")
     speakers = [p.speakers for p in parts if p.speakers is not None]
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
                     sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
-                    Speakers.concat(speakers) if len(speakers) == len(parts) else None)
+                    Speakers.concat(speakers) if len(speakers) == len(parts) else None,
+                    [c for p in parts for c in p.checksums])
+
+
+# The most bytes an index file downloaded beside remote shards may have.  index.json is O(shards)
+# (~200 bytes a shard: 32 MiB holds ~160,000 shards in one folder); the others follow from the
+# utterances (and speakers) it lists: int32 columns, and keys or speaker names of up to 1 KiB on
+# average.  A server sending more (a Content-Length of 10^12, an endless body) is cut off there.
+MAX_SUMMARY_BYTES = 32 << 20
+_SLACK = 64 << 10  # an .npy header, a text file's last line
+_PER_ROW = {FRAMES_FILE: 4, TEXT_LENS_FILE: 4, SPEAKERS_FILE: 4, KEYS_FILE: 1024, SPEAKER_NAMES_FILE: 1024}
+
+
+def index_file_limit(name: str, summary: dict) -> int:
+    """The most bytes index file ``name`` can have beside the ``index.json`` ``summary`` (parsed)."""
+    if name == INDEX_NAME:
+        return MAX_SUMMARY_BYTES
+    try:
+        rows = (int(summary["speakers"]["count"]) if name == SPEAKER_NAMES_FILE
+                else sum(int(shard["utts"]) for shard in summary["shards"]))
+    except (KeyError, TypeError, ValueError):
+        rows = 0  # a damaged index.json: read_index names what is wrong with it
+    return _SLACK + _PER_ROW[name] * max(0, rows)
 
 
 def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
     """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
 
-    Fetched into a temporary folder and read there; its columns (the stored speakers too) stay
-    memory-mapped after the folder is gone.  The keys are fetched only with ``keys`` (``verify``,
-    speakers by the key rule): planning does not need them.
+    Fetched into a temporary folder (each file bounded by :func:`index_file_limit`) and read there;
+    its columns (the stored speakers too) stay memory-mapped after the folder is gone.  The keys
+    are fetched only with ``keys`` (``verify``, speakers by the key rule): planning does not need them.
     """
-    summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
-    if summary is None:
-        raise DataError(
-            f"{folder}/{INDEX_NAME}: the shards there have no index; the loader plans every epoch from it and will "
-            f"not download a whole remote corpus on every rank to read its headers. Index a local copy "
-            f"(wdsprep index 'DIR/*/data-*.tar'; pack writes it too) and upload its index files "
-            f"({', '.join(INDEX_FILES)}) beside the shards, e.g. aws s3 sync DIR s3://BUCKET/PREFIX "
-            f"--exclude '*' --include '*index*'")
+    shown = redact(folder)
     with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
-        with open(os.path.join(tmp, INDEX_NAME), "wb") as f:
-            f.write(summary)
+        summary: dict = {}
         for name in INDEX_FILES:
-            if name == INDEX_NAME or (name == KEYS_FILE and not keys):
+            if name == KEYS_FILE and not keys:
                 continue
-            data = fetch_bytes(f"{folder}/{name}", policy=policy)
-            if data is not None:  # missing: read_index says what it lacks
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(data)
+            url, path = f"{folder}/{name}", os.path.join(tmp, name)
+            limit = index_file_limit(name, summary)
+            try:
+                found = fetch_file(url, path, limit=limit, policy=policy)
+            except TooLargeError:
+                bound = ("about 200 bytes per shard" if name == INDEX_NAME
+                         else f"for the utterances its {INDEX_NAME} lists")
+                raise DataError(
+                    f"{shown}/{name}: more than the {limit:,} bytes an index file can have here ({bound}): not an "
+                    f"index wdsprep wrote, or the server sends more than the file; check the server, or index a "
+                    f"local copy again (wdsprep index --force) and upload its index files") from None
+            if name == INDEX_NAME and not found:
+                raise DataError(
+                    f"{shown}/{INDEX_NAME}: the shards there have no index; the loader plans every epoch from it and "
+                    f"will not download a whole remote corpus on every rank to read its headers. Index a local copy "
+                    f"(wdsprep index 'DIR/*/data-*.tar'; pack writes it too) and upload its index files "
+                    f"({', '.join(INDEX_FILES)}) beside the shards, e.g. aws s3 sync DIR s3://BUCKET/PREFIX "
+                    f"--exclude '*' --include '*index*'")
+            if not found:
+                os.unlink(path)  # missing: read_index says what it lacks
+            elif name == INDEX_NAME:
+                try:
+                    summary = json.loads(Path(path).read_bytes())
+                except ValueError:
+                    summary = {}  # read_index names what is wrong with it
+                summary = summary if isinstance(summary, dict) else {}
         try:
             index = read_index(tmp)
             if index is not None and keys:
@@ -164,19 +210,29 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
             if index is not None and index.has_speakers:
                 index.speakers()
         except DataError as e:
-            raise DataError(str(e).replace(tmp, folder)) from None
+            raise DataError(str(e).replace(tmp, shown)) from None
     assert index is not None
     return index
+
+
+def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
+                   policy: RetryPolicy | None = None) -> ShardSet:
+    """The shard set the pattern(s) name: expanded (an S3 glob listed) and indexed, remote reads
+    with ``policy``'s retries."""
+    policy = policy or RetryPolicy()
+    return shard_set(expand_shards(patterns, list_glob=lister(policy)), policy=policy)
 
 
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
-    ``policy``: retries for fetching remote indexes."""
+    ``policy``: retries for fetching remote indexes, and the shards of pipes no index lists."""
+    policy = policy or RetryPolicy()
     indexes: dict[str, FolderIndex | None] = {}
     utts: list[int] = []
     sizes: list[int] = []
     digests: list[str] = []
+    checksums: list[str | None] = []
     columns: list[np.ndarray] = []
     unlisted: list[int] = []
     dims: set[int] = set()
@@ -187,13 +243,14 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
         folder, name = index_place(url)
         if folder not in indexes:
             if remote:
-                indexes[folder] = remote_index(folder, policy=policy or RetryPolicy())
+                indexes[folder] = remote_index(folder, policy=policy)
             else:
                 indexes[folder] = None if is_url(url) else read_index(folder)
         index = indexes[folder]
         i = None if index is None else index.position(name)
         if i is None and remote:
-            raise DataError(f"shard {url} is not in {folder}/{INDEX_NAME}: index a local copy of the folder again "
+            raise DataError(f"shard {redact(url)} is not in {redact(folder)}/{INDEX_NAME}: index a local copy of the "
+                            f"folder again "
                             f"(wdsprep index --refresh) and upload its index files, or leave the shard out of the "
                             f"pattern")
         if i is None:
@@ -202,6 +259,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
             utts.append(0)
             sizes.append(-1)
             digests.append("")
+            checksums.append(None)
             columns.append(np.zeros(0, np.int32))
             continue
         assert index is not None
@@ -215,9 +273,9 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
             why = stale_reason(index, i, os.stat(url))
         if why is not None and remote:
             raise StaleIndexError(
-                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
-                f"{folder}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index --refresh) and "
-                f"upload its index files, or restore the shard")
+                f"shard {redact(url)} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{redact(folder)}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index "
+                f"--refresh) and upload its index files, or restore the shard")
         if why is not None:
             raise StaleIndexError(
                 f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
@@ -233,12 +291,15 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
         utts.append(b - a)
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
+        checksums.append(index.checksums[i])
         columns.append(np.asarray(index.frames[a:b], np.int32))
     lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
         for k in unlisted:
-            scan = scan_shard(urls[k])
+            # A pipe's shard is fetched (with the user's retries) and scanned from its copy.
+            url = urls[k]
+            scan = scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url) else scan_shard(url)
             lost[k] = scan.lost
             for problem in scan.problems:
                 warnings.warn(problem, RuntimeWarning, stacklevel=3)
@@ -246,10 +307,10 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None) -> Shar
             utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
             dims |= scan.dims
         some = urls[unlisted[0]]
-        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {some}): read their "
+        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(some)}): read their "
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
                       f"the index beside them once", UserWarning, stacklevel=3)
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
                     dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
-                    speakers=None if speakers is None else Speakers.concat(speakers))
+                    speakers=None if speakers is None else Speakers.concat(speakers), checksums=checksums)

@@ -21,7 +21,8 @@ from wdsprep.loading.read import iter_records
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stats import WorkerTally
-from wdsprep.remote.fetch import FetchError, SizeMismatchError
+from wdsprep.remote.fetch import ChangedError, FetchError
+from wdsprep.remote.urls import redact
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
 BatchId = tuple[int, ...]  # (stream, batch of that stream); mixed: (corpus, corpus epoch, stream, batch)
@@ -60,7 +61,7 @@ def read_batches(planned: Sequence[Planned], shards: ShardSet, *, label: Callabl
     used, first, n = np.unique(np.concatenate(owners), return_index=True, return_counts=True)
     waiting = dict(zip(used.tolist(), n.tolist()))  # shard -> planned rows in it
     order = used[np.argsort(first, kind="stable")].tolist()  # the shards in the order first needed
-    fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions())
+    fetcher = ShardFetcher(shards.urls, shards.sizes, order, fetch or FetchOptions(), shards.checksums)
     try:
         yield from _gather(planned, owners, shards, fetcher, waiting, label=label, on_error=on_error, counts=counts,
                            block=block)
@@ -100,10 +101,10 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
                 fetcher: ShardFetcher) -> tuple[Records, str]:
     """What shard ``s`` delivers, checked against the frames it was planned with, and the reason
     any planned row it does not deliver is counted under."""
-    url = shards.urls[s]
+    url = redact(shards.urls[s])  # what names it in messages; the fetcher has the URL itself
     try:
         opened = fetcher.open(s)
-    except SizeMismatchError as e:  # the store's copy changed since it was indexed
+    except ChangedError as e:  # the store's copy changed since it was indexed
         counts.retries += e.retries
         return _refuse_stale(str(e), on_error, counts)
     except FetchError as e:
