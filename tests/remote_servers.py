@@ -13,9 +13,10 @@ client sees the body end early), ``"reset"`` sends half and resets the connectio
 byte every ``server.trickle_seconds`` (slow-loris), ``"trickle-headers"`` the status line and
 headers so; ``"huge-length"`` says ``Content-Length: 10^12`` and sends the body; ``"endless"``
 sends a chunked body of zeros until the client goes; ``"bad-length"`` says ``Content-Length: abc``;
-``"503-wait"`` answers 503 with ``Retry-After: 10^9``; ``"truncate-swap"`` sends half, then replaces the file with ``server.swaps[path]`` (a new version
-for the retry; the server ignores ``If-Range``, as some do).  Every GET is counted in
-``server.gets[path]``, its headers kept in ``server.requests[path]`` (names in lower case).
+``"503-wait"`` answers 503 with ``Retry-After: 10^9``; ``"truncate-swap"`` sends half, then
+replaces the file with ``server.swaps[path]`` (a new version for the retry; the server ignores
+``If-Range``, as some do).  Every GET is counted in ``server.gets[path]``, its headers kept in
+``server.requests[path]`` (names in lower case).
 
 ``server.etags``: send an ETag (a hash of the file's bytes); ``server.auth = (user, password)``:
 answer 401 to a request without that basic auth; ``server.token``: answer 403 to a request for a
