@@ -84,9 +84,17 @@ def test_exotic_headers_fall_back_to_tarfile(tmp_path):
 
 
 def test_pipe_url(tmp_path):
+    """The format reads a pipe's shard once the layer above fetched it (with the user's retries); it
+    never fetches one itself."""
+    from wdsprep.loading.readahead import fetched_shard
+    from wdsprep.remote.fetch import RetryPolicy
+
     utts = write_shard(tmp_path / "a.tar")
-    got = [u for u, _, _ in iter_decoded(f"pipe:cat {tmp_path / 'a.tar'}")]
+    url = f"pipe:cat {tmp_path / 'a.tar'}"
+    got = [u for u, _, _ in iter_decoded(url, source=fetched_shard(url, policy=RetryPolicy(retries=0)))]
     assert got == list(utts)
+    with pytest.raises(TypeError, match="not fetched; the format reads local files and fetched copies"):
+        list(iter_decoded(url))
 
 
 def test_truncated_shard_warns_names_shard_and_key_and_keeps_good_samples(tmp_path):

@@ -22,7 +22,7 @@ from shardsets import build, train_char_tokenizer
 import wdsprep
 from wdsprep.errors import DataError
 from wdsprep.format.shardfile import ShardError
-from wdsprep.loading.fetch import FetchOptions, ShardFetcher
+from wdsprep.loading.readahead import FetchOptions, ShardFetcher
 from wdsprep.loading.shardset import StaleIndexError
 from wdsprep.remote import FetchError, RetryPolicy, fetch_shard
 from wdsprep.remote.cache import ShardCache
@@ -49,9 +49,9 @@ def web(corpus):
 
 @pytest.fixture
 def http(web):
-    web.faults.clear()
-    web.gets.clear()
-    return web
+    web.reset()
+    yield web
+    web.reset()
 
 
 @pytest.fixture(scope="module")
@@ -445,6 +445,9 @@ def test_verify_names_in_remote_shards_what_it_names_in_local_ones(corpus, s3, t
     i = data.index(b"'descr'")
     data[i:i + 7] = b"'dxscr'"
     victim.write_bytes(bytes(data))
+    # Indexed again as it now is: the index's checksum is the damaged shard's, so the remote copies are
+    # read and checked (a shard whose bytes are not the indexed ones is refused unread: tested below).
+    wdsprep.index_shards(f"{bad}/*/data-*.tar", refresh=True, progress=False)
     upload(s3, bad, "bad")
 
     def found(result, root: str) -> list[str]:
@@ -570,3 +573,384 @@ def test_a_fetched_shard_with_headers_only_tarfile_reads_is_read_from_its_copy(t
         copy, _ = fetch_shard(url)
         _, members, problem = open_members(url, source=ShardFile(url, copy))
     assert (members, problem) == (local[1], local[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile servers and URLs (issue 30): each ends in a one-line error naming the URL (its secrets
+# masked) and what to do, or is skipped and counted; never a hang, unbounded memory, a printed
+# secret or silently different data.
+# ---------------------------------------------------------------------------------------------
+
+def served_copy(out: Path, dest: Path) -> Path:
+    """A copy of the corpus folder (shards and index files) to change and serve."""
+    import shutil
+
+    shutil.copytree(out, dest)
+    return dest
+
+
+EXIT_SCRIPT = """
+import sys, warnings
+import wdsprep
+trset, tok, on_error = sys.argv[1:4]
+warnings.simplefilter("ignore")
+loader = wdsprep.make_loader(trset, tok, max_frames=2500, train=False, on_error=on_error, read_ahead=10)
+try:
+    for b in loader:
+        break  # a trainer that stops early: the shards read ahead are still held
+    print("stopped; stale shards:", loader.stats.stale_shards)
+except Exception as e:
+    print("error:", type(e).__name__, e)
+# the loader (its read-ahead copies, the generator holding the fetcher) is let go at exit
+"""
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_a_process_that_met_a_changed_remote_shard_exits(corpus, s3, tmp_path, store, on_error):
+    """Issue 30.1: at exit the fetched copies still referenced (read ahead, in the stopped epoch's
+    frames) hand their buffers back; no thread may be started then (it would never run, and its
+    start would wait for it for good): the process ends."""
+    out, _, tok, names = corpus
+    changed = served_copy(out, tmp_path / "changed")
+    victim = changed / GROUPS[0] / names[GROUPS[0]][0]  # the first read: the others are read ahead meanwhile
+    victim.write_bytes(victim.read_bytes() + b"\0" * 1024)  # its index still says the old size
+    if store == "s3":
+        upload(s3, changed, f"exits-{on_error}")
+        trset = brace_pattern(f"s3://{BUCKET}/exits-{on_error}", names)  # braces: no listing catches it first
+        server = None
+    else:
+        server = http_server(changed)
+        trset = brace_pattern(server.__enter__().url, names)
+    try:
+        r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, trset, str(tok), on_error], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        if server is not None:
+            server.__exit__(None, None, None)
+    assert r.returncode == 0, r.stderr[-2000:]
+    if on_error == "raise":
+        assert f"error: ShardError {trset.split('/{')[0]}/{GROUPS[0]}/{victim.name} has" in r.stdout, r.stdout
+    else:
+        assert "stopped; stale shards: 1" in r.stdout, r.stdout
+
+
+def test_a_server_that_trickles_is_cut_off_by_the_minimum_rate(corpus, http, s3, monkeypatch):
+    """Issue 30.6 (slow-loris): one byte every 0.3 s, in the body or in the headers, over HTTP and S3
+    (a relay in front of moto): every attempt ends once it falls behind min_rate, and the error
+    names the option."""
+    import time
+
+    out, _, _, names = corpus
+    shard = f"{GROUPS[0]}/{names[GROUPS[0]][0]}"
+    policy = RetryPolicy(retries=1, backoff=0.01, min_rate=1 << 20)  # a grace of 1 s: a fast test
+    with http_server(upstream=s3) as relay:
+        for server, url, path in ((http, f"{http.url}/{shard}", f"/{shard}"),
+                                  (relay, f"s3://{BUCKET}/corpus/{shard}", f"/{BUCKET}/corpus/{shard}")):
+            if server is relay:
+                monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+            server.trickle_seconds = 0.3
+            for fault in ("trickle", "trickle-headers"):
+                server.faults[path] = [fault] * 2
+                t0 = time.monotonic()
+                with pytest.raises(FetchError, match=r"too slow: .* below the minimum rate of 1,048,576 bytes/s "
+                                                     r"\(min_rate, --min-rate.*gave up after 2 attempt"):
+                    fetch_shard(url, policy=policy)
+                assert time.monotonic() - t0 < 8, f"{fault} over {url}: not cut off in time"
+                assert server.gets[path] == 2
+                server.gets.clear()
+            server.faults.clear()
+
+
+def test_a_trickling_shard_is_skipped_or_named_by_the_loader_and_verify(corpus, http, tmp_path):
+    """The minimum rate as make_loader's option and the CLI's flag: the loader names the shard and
+    the option (on_error='raise') or skips and counts it; verify --min-rate names it."""
+    import time
+
+    out, utts, tok, names = corpus
+    bad = f"/{GROUPS[1]}/{names[GROUPS[1]][1]}"
+    http.trickle_seconds = 0.3
+    http.faults[bad] = ["trickle"] * 2
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match=rf"{http.url}{bad}: too slow.*\(min_rate"):
+        epoch(brace_pattern(http.url, names), tok, on_error="raise", retries=1, min_rate=1 << 20, **FAST)
+    http.faults[bad] = ["trickle"] * 2
+    with pytest.warns(RuntimeWarning, match=rf"{bad}: too slow.*unreachable_shard"):
+        got, st = epoch(brace_pattern(http.url, names), tok, train=False, retries=1, min_rate=1 << 20, **FAST)
+    assert st.unreachable_shards == 1 and sum(len(k) for k, _ in got) == len(utts) - 15
+    assert time.monotonic() - t0 < 30
+    http.faults[bad] = ["trickle"]
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "verify", f"{http.url}{bad}", "--retries", "0",
+                        "--min-rate", str(1 << 20)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "too slow" in r.stdout and "min_rate" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_retry_after_of_years_waits_no_longer_than_the_policy(corpus, http):
+    """A server's Retry-After is honoured up to the longest wait of the retry policy: a reader is
+    never parked for good."""
+    import time
+
+    out, _, _, names = corpus
+    shard = f"/{GROUPS[0]}/{names[GROUPS[0]][0]}"
+    http.faults[shard] = ["503-wait"]
+    t0 = time.monotonic()
+    copy, retries = fetch_shard(f"{http.url}{shard}", policy=RetryPolicy(backoff=0.01, max_backoff=0.2))
+    assert retries == 1 and copy.read() == (out / shard[1:]).read_bytes()
+    assert time.monotonic() - t0 < 5
+
+
+def test_closing_a_reader_ends_a_download_blocked_on_a_trickle(corpus, http):
+    """No minimum rate, a server that trickles: the reader stops (its epoch ends early) and the fetch
+    thread blocked in the read ends at once, not when the trickle ends (hours)."""
+    import threading
+    import time
+
+    out, _, _, names = corpus
+    urls = [f"{http.url}/{GROUPS[0]}/{n}" for n in names[GROUPS[0]]]
+    sizes = np.array([(out / GROUPS[0] / n).stat().st_size for n in names[GROUPS[0]]], np.int64)
+    http.trickle_seconds = 0.3
+    http.faults[f"/{GROUPS[0]}/{names[GROUPS[0]][0]}"] = ["trickle"]
+    f = ShardFetcher(urls, sizes, list(range(len(urls))), FetchOptions(read_ahead=1, min_rate=0))
+    f._ahead(0)  # the first shard's download starts, and blocks in the trickle
+    time.sleep(1)
+    f.close()
+    t0 = time.monotonic()
+    while any(t.name.startswith("wdsprep-fetch") for t in threading.enumerate()) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert not any(t.name.startswith("wdsprep-fetch") for t in threading.enumerate())
+
+
+MEMORY_SCRIPT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: a hostile body would pass it
+from functools import partial
+from wdsprep.errors import DataError
+from wdsprep.format.index import read_index_at
+from wdsprep.remote.fetch import FetchError, RetryPolicy, fetch_file, fetch_shard
+what, url = sys.argv[1:3]
+try:
+    if what == "index":
+        read_index_at(url, partial(fetch_file, policy=RetryPolicy(retries=0)))
+    else:
+        fetch_shard(url, expected=int(sys.argv[3]), policy=RetryPolicy(retries=0))
+    print("no error")
+except (DataError, FetchError) as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("fault,file", [("huge-length", "index.json"), ("endless", "index.json"),
+                                        ("endless", "index.frames.npy"), ("huge-length", "index.text_lens.npy")])
+def test_a_hostile_index_download_is_bounded(corpus, http, fault, file):
+    """Issue 30.7: a Content-Length of 10^12 or an endless body for an index file, under a 1 GiB
+    address-space limit: a one-line error naming the file and its bound, not ENOMEM."""
+    http.faults[f"/{GROUPS[0]}/{file}"] = [fault]
+    r = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "index", f"{http.url}/{GROUPS[0]}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"DataError {http.url}/{GROUPS[0]}/{file}: more than the ") and \
+        "bytes an index file can have here" in r.stdout, r.stdout
+    assert r.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("fault,claimed", [("endless", None), ("huge-length", 10**12)])
+def test_a_shard_download_is_bounded_by_its_index_size(corpus, http, fault, claimed):
+    """A shard's body longer than its index's size is an error (no growth past it); an index that
+    claims a shard larger than memory can hold gets a named error, not the OOM killer."""
+    out, _, _, names = corpus
+    shard = f"/{GROUPS[0]}/{names[GROUPS[0]][0]}"
+    size = claimed or (out / shard[1:]).stat().st_size
+    http.faults[shard] = [fault]
+    r = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "shard", f"{http.url}{shard}", str(size)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = "has more than the" if claimed is None else "cannot hold its bytes in memory"
+    assert r.stdout.startswith(("ChangedError", "FetchError")) and f"{http.url}{shard}" in r.stdout, r.stdout
+    assert want in r.stdout, r.stdout
+
+
+def test_credentials_in_a_url_are_sent_and_never_printed(corpus, local, http, tmp_path):
+    """Issue 30.8: a user and password in the URL go as basic auth (as curl sends them), a token in
+    the query is sent as it is; no message (a warning, an error, verify's report) shows either."""
+    out, utts, tok, names = corpus
+    user, password = "reader", "hunter2:x@y"
+    http.auth = (user, password)
+    http.token = "s3cr3t-t0ken"
+    base = http.url.replace("http://", "http://reader:hunter2%3Ax%40y@")
+    shard_urls = [f"{base}/{g}/{n}?token=s3cr3t-t0ken" for g in GROUPS for n in names[g]]
+    got, st = epoch(shard_urls, tok)
+    assert same(got, local[0])
+    sent = [h for p, hs in http.requests.items() for h in hs]
+    assert sent and all(h.get("authorization") for h in sent)
+    secrets = ("hunter2", "x@y", "s3cr3t-t0ken", "hunter2%3Ax%40y")
+
+    def clean(text: str) -> None:
+        assert not any(s in text for s in secrets), text
+        assert "***" in text, text
+
+    bad = f"/{GROUPS[1]}/{names[GROUPS[1]][1]}"
+    http.faults[bad] = ["503"] * 3
+    with pytest.warns(RuntimeWarning) as caught:
+        epoch(shard_urls, tok, retries=1, train=False, **FAST)
+    text = "\n".join(str(w.message) for w in caught)
+    assert "unreachable_shard" in text
+    clean(text)
+    http.faults[bad] = ["503"] * 3
+    with pytest.raises(FetchError) as e:
+        epoch(shard_urls, tok, retries=1, on_error="raise", **FAST)
+    clean(str(e.value))
+    with pytest.raises(FetchError, match=r"HTTP 401 \(the server wants credentials") as e:  # none given
+        wdsprep.make_loader(f"{http.url}/{GROUPS[0]}/{names[GROUPS[0]][0]}", tok, max_frames=2500, retries=0)
+    wrong = base.replace("hunter2", "hunter3")
+    with pytest.raises(FetchError, match=r"HTTP 401 \(the server refuses the user and password in the URL") as e:
+        wdsprep.make_loader(f"{wrong}/{GROUPS[0]}/{names[GROUPS[0]][0]}", tok, max_frames=2500, retries=0)
+    assert "hunter3" not in str(e.value) and "***@127.0.0.1" in str(e.value)
+    http.faults[bad] = ["503"] * 2
+    some = [u for u in shard_urls if f"/{GROUPS[1]}/" in u][:3]
+    r = subprocess.run([sys.executable, "-m", "wdsprep", "verify", *some, "--retries", "1",
+                        "--retry-backoff", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot be downloaded" in r.stdout, r.stdout + r.stderr
+    clean(r.stdout + r.stderr)
+
+
+def test_a_resumed_download_of_another_version_starts_over(corpus, http, tmp_path):
+    """Issue 30.11: a server that ignores If-Range answers a resumed read with the tail of a new
+    version (another ETag): the download starts over, counted, instead of stitching two versions."""
+    import hashlib
+
+    out, _, _, names = corpus
+    root = tmp_path / "v"
+    root.mkdir()
+    old = (out / GROUPS[0] / names[GROUPS[0]][0]).read_bytes()
+    new = bytes(reversed(old))  # another version of the same size
+    (root / "s.tar").write_bytes(old)
+    with http_server(root) as srv:
+        srv.etags = True
+        srv.swaps["/s.tar"] = new
+        srv.faults["/s.tar"] = ["truncate-swap"]  # cut half-way, and the file replaced meanwhile
+        copy, retries = fetch_shard(f"{srv.url}/s.tar", expected=len(old), policy=RetryPolicy(backoff=0.01))
+        assert copy.read() == new and retries == 2
+        ranges = [h.get("range") for h in srv.requests["/s.tar"]]
+        assert ranges == [None, f"bytes={len(old) // 2}-", None]
+        # Against the old version's checksum (its index), the new one is refused as changed.
+        (root / "s.tar").write_bytes(old)
+        srv.faults["/s.tar"] = ["truncate-swap"]
+        with pytest.raises(FetchError, match=r"s.tar has other bytes than its index's checksum \(SHA-256\), at "
+                                             r"the same size"):
+            fetch_shard(f"{srv.url}/s.tar", expected=len(old), checksum=hashlib.sha256(old).hexdigest(),
+                        policy=RetryPolicy(backoff=0.01))
+
+
+def test_a_same_size_change_to_a_remote_shard_is_refused(corpus, local, http, tmp_path):
+    """Issue 30.11: features rewritten in place (same size, same frames): the loader refuses the
+    shard as changed by its checksum in the index (pack writes it), skipping or naming it; and a
+    cache holding another version of the right size fetches it again."""
+    import hashlib
+
+    out, utts, tok, names = corpus
+    index = json.loads((out / GROUPS[1] / "index.json").read_text())
+    for entry in index["shards"]:
+        assert entry["sha256"] == hashlib.sha256((out / GROUPS[1] / entry["name"]).read_bytes()).hexdigest()
+    changed = served_copy(out, tmp_path / "same-size")
+    victim = changed / GROUPS[1] / names[GROUPS[1]][0]
+    data = bytearray(victim.read_bytes())
+    at = data.index(b"NUMPY") + 200  # inside the first utterance's features
+    data[at:at + 8] = bytes(8)
+    victim.write_bytes(bytes(data))
+    with http_server(changed) as srv:
+        trset = brace_pattern(srv.url, names)
+        with pytest.raises(ShardError, match=rf"{srv.url}/{GROUPS[1]}/{victim.name} has other bytes than its "
+                                             rf"index's checksum"):
+            epoch(trset, tok, on_error="raise")
+        with pytest.warns(RuntimeWarning, match="checksum.*its utterances are skipped"):
+            _, st = epoch(trset, tok, train=False)
+        assert st.stale_shards == 1 and st.dropped == {"stale_shard": 15}
+        # The cache holds the changed copy under the shard's name (an older version, of the right
+        # size): it is not used, the shard is fetched again from a server that has the right one.
+    cache = tmp_path / "cache"
+    with http_server(out) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        cached = cache / "http" / f"127.0.0.1_{port}" / GROUPS[1] / victim.name
+        cached.parent.mkdir(parents=True)
+        cached.write_bytes(bytes(data))
+        got, st = epoch(brace_pattern(srv.url, names), tok, cache_dir=cache)
+        assert same(got, local[0]) and st.fetched_bytes == shard_bytes(out)
+        assert cached.read_bytes() == (out / GROUPS[1] / victim.name).read_bytes()
+
+
+def test_the_index_records_checksums_and_old_indexes_still_load(corpus, tmp_path):
+    """wdsprep index writes each shard's SHA-256 too; an index written before (no sha256) loads,
+    unchecked, and `wdsprep index` adds them."""
+    import hashlib
+
+    out, _, tok, names = corpus
+    folder = served_copy(out / GROUPS[0], tmp_path / "g")
+    doc = json.loads((folder / "index.json").read_text())
+    for entry in doc["shards"]:
+        del entry["sha256"]
+    (folder / "index.json").write_text(json.dumps(doc))
+    assert wdsprep.read_index(folder).checksums == [None] * len(names[GROUPS[0]])
+    r = wdsprep.index_shards(f"{folder}/data-*.tar", progress=False)
+    assert r.ok and "up to date" not in r.format()
+    assert wdsprep.read_index(folder).checksums == [hashlib.sha256((folder / n).read_bytes()).hexdigest()
+                                                    for n in names[GROUPS[0]]]
+    assert "up to date" in wdsprep.index_shards(f"{folder}/data-*.tar", progress=False).format()
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_a_malformed_content_length_is_a_named_fetch_error(corpus, http, s3, monkeypatch, store):
+    """Issue 30.13: Content-Length "abc": retried, then named (on_error='raise') or skipped and
+    counted (warn); never a bare ValueError that ends the epoch."""
+    out, utts, tok, names = corpus
+    shard = f"{GROUPS[0]}/{names[GROUPS[0]][1]}"
+    with http_server(upstream=s3) as relay:
+        if store == "s3":
+            monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+            server, trset, path = relay, f"s3://{BUCKET}/corpus/*/data-*.tar", f"/{BUCKET}/corpus/{shard}"
+            url = f"s3://{BUCKET}/corpus/{shard}"
+        else:
+            server, trset, path, url = http, brace_pattern(http.url, names), f"/{shard}", f"{http.url}/{shard}"
+        server.faults[path] = ["bad-length"] * 2
+        with pytest.raises(FetchError, match=rf"{url}: .*malformed.*gave up after 2 attempt"):
+            epoch(trset, tok, on_error="raise", retries=1, **FAST)
+        server.faults[path] = ["bad-length"] * 2
+        with pytest.warns(RuntimeWarning, match=rf"{url}: .*malformed.*unreachable_shard"):
+            got, st = epoch(trset, tok, train=False, retries=1, **FAST)
+        assert st.unreachable_shards == 1 and sum(len(k) for k, _ in got) == len(utts) - 15
+
+
+def test_the_user_retries_reach_the_scan_of_a_shard_no_index_lists(corpus, tmp_path):
+    """Issue 26: the format does not fetch; a pipe's shard that no index lists is fetched for its
+    header scan with the loader's retries (here: fewer than the default), not a default policy."""
+    out, _, tok, names = corpus
+    flag = tmp_path / "failures"
+    shard = out / GROUPS[0] / names[GROUPS[0]][0]
+    # Fails twice, then cats the shard.
+    cmd = (f"pipe:n=$(cat {flag} 2>/dev/null || echo 0); if [ $n -lt 2 ]; then echo $((n+1)) > {flag}; "
+           f"echo busy >&2; exit 3; fi; cat {shard}")
+    with pytest.raises(FetchError, match="gave up after 2 attempt.*retries=1"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wdsprep.make_loader(cmd, tok, max_frames=2500, retries=1, retry_backoff=0.01)
+    flag.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = wdsprep.make_loader(cmd, tok, max_frames=2500, retries=2, retry_backoff=0.01, train=False)
+    assert sum(len(b.keys) for b in loader) == 15
+
+
+def test_inspect_takes_the_retry_options(corpus, http, tmp_path):
+    """inspect downloads the shards of a folder without an index with the retries it is given."""
+    from wdsprep.check.inspect import inspect_shards
+
+    out, _, _, names = corpus
+    bare = tmp_path / "bare" / GROUPS[0]
+    bare.mkdir(parents=True)
+    for name in names[GROUPS[0]][:2]:
+        (bare / name).write_bytes((out / GROUPS[0] / name).read_bytes())
+    with http_server(tmp_path / "bare") as srv:
+        srv.faults[f"/{GROUPS[0]}/{names[GROUPS[0]][1]}"] = ["503"] * 2
+        r = inspect_shards(f"{srv.url}/{GROUPS[0]}/{{{names[GROUPS[0]][0][:-4]},{names[GROUPS[0]][1][:-4]}}}.tar",
+                           retries=1, retry_backoff=0, max_frames_list=[])
+    assert [s.utts for s in r.shards] == [15]
+    assert any("HTTP 503; gave up after 2 attempt(s) (retries=1)" in p for p in r.problems), r.problems

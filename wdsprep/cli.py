@@ -204,7 +204,8 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from wdsprep.check.inspect import inspect_shards, write_json
 
-    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames, seed=args.seed)
+    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames, seed=args.seed,
+                            **_retry_options(args))
     print(result.format(per_shard=not args.groups_only))
     if args.json:
         write_json(result, args.json)
@@ -214,8 +215,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    retry = {n: getattr(args, n) for n in ("retries", "retry_backoff") if getattr(args, n) is not None}
-    result = verify_shards(args.patterns, **retry)
+    result = verify_shards(args.patterns, **_retry_options(args))
     print(result.format())
     return 0 if result.ok else 1
 
@@ -315,16 +315,27 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--steps-per-epoch", type=int, help="steps of a mixed epoch (default: one pass's worth of batches)")
 
 
+RETRY_OPTIONS = ("retries", "retry_backoff", "min_rate")
+
+
 def _add_retry_options(g: argparse._ActionsContainer) -> None:
-    """--retries and --retry-backoff, for whatever fetches remote shards (the loader, verify)."""
+    """--retries, --retry-backoff and --min-rate, for whatever fetches remote shards (the loader,
+    verify, inspect)."""
     g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
                                                "5xx or a cut-off body (default: 5)")
     g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
                    help="wait before the first retry, doubling each time (default: 1.0)")
+    g.add_argument("--min-rate", type=float, metavar="BYTES_PER_S",
+                   help="a remote download slower than this on average (after a grace of the time 1 MiB takes at "
+                        "it) is cut off and retried: a server that trickles (default: 65536; 0: no minimum)")
+
+
+def _retry_options(args: argparse.Namespace) -> dict:
+    return {n: getattr(args, n) for n in RETRY_OPTIONS if getattr(args, n) is not None}
 
 
 # How remote shards are fetched: run-time options, no part of the plan.
-FETCH_OPTIONS = ("read_ahead", "read_ahead_bytes", "cache_dir", "cache_bytes", "retries", "retry_backoff")
+FETCH_OPTIONS = ("read_ahead", "read_ahead_bytes", "cache_dir", "cache_bytes", *RETRY_OPTIONS)
 
 
 def _loader_options(args: argparse.Namespace) -> dict:
@@ -449,6 +460,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the shuffle the padding-efficiency curve is computed on (default: %(default)s)")
+    _add_retry_options(p)
     p.set_defaults(func=_cmd_inspect)
 
 

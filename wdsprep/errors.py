@@ -12,3 +12,8 @@ from __future__ import annotations
 class DataError(ValueError):
     """The data is wrong (a malformed Kaldi file, an unfinished pack, features that do not agree);
     the message names the file and says what to do."""
+
+
+class OverLimit(Exception):
+    """A download passed the bound its caller set (``remote.fetch.TooLargeError`` is one): the
+    layers that set bounds catch it without importing what fetches."""

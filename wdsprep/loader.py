@@ -37,8 +37,8 @@ from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import BatchId, PlanOptions
+from wdsprep.loading.readahead import MIN_RATE, FetchOptions
 from wdsprep.loading.source import epoch_source, load_shards
 from wdsprep.loading.state import STATE_VERSION, read_state
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
@@ -363,6 +363,7 @@ def make_loader(
     cache_bytes: int | None = None,
     retries: int = 5,
     retry_backoff: float = 1.0,
+    min_rate: float = MIN_RATE,
     cost: CostModel | Mapping[str, Any] | str | os.PathLike | None = None,
     max_cost: float | None = None,
 ) -> Loader:
@@ -416,6 +417,9 @@ def make_loader(
             server answers 5xx or whose body is cut short; each is counted in ``stats.retries``.  A
             shard still not fetched is an error (``on_error="raise"``) or skipped and counted.
         retry_backoff: seconds before the first retry, doubling each time (at most 30 s).
+        min_rate: bytes/s a remote download must average, after a grace of the time 1 MiB takes at that
+            rate (at least 1 s); a slower one (a server that trickles) is cut off and retried, and the error
+            names this option.  0: no minimum (the 60 s read timeout alone).
         weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
             weights, temperature or schedule: their own proportions, as if they were one corpus.
         temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are).
@@ -448,7 +452,7 @@ def make_loader(
                           cost=None if cost is None else load_cost(cost), max_cost=max_cost)
     fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
                          cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
-                         retries=retries, retry_backoff=retry_backoff)
+                         retries=retries, retry_backoff=retry_backoff, min_rate=min_rate)
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
     if steps_per_epoch is not None and steps_per_epoch < 1:

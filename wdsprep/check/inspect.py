@@ -17,15 +17,19 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from wdsprep.files import naming, write_text
-from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, scan_shard
+from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, read_index_at, scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
-from wdsprep.loading.shardset import remote_index
+from wdsprep.loading.readahead import fetched_shard
+from wdsprep.remote.fetch import MIN_RATE, FetchError, RetryPolicy, fetch_file
+from wdsprep.remote.listing import lister
+from wdsprep.remote.urls import redact
 from wdsprep.units import hours, thousands
 
 DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
@@ -183,6 +187,9 @@ def inspect_shards(
     plot: str | os.PathLike | None = None,
     max_frames_list: Sequence[int] = DEFAULT_MAX_FRAMES,
     seed: int = 0,
+    retries: int = 5,
+    retry_backoff: float = 1.0,
+    min_rate: float = MIN_RATE,
 ) -> InspectResult:
     """Statistics of the shards a pattern names, per length group (parent folder) and per shard.
 
@@ -191,26 +198,30 @@ def inspect_shards(
         plot: write a PNG with a length histogram per group and the padding-efficiency curve.
         max_frames_list: ``max_frames`` values for the padding-efficiency curve; empty to skip it.
         seed: seeds the shuffle of lengths (and subset) the curve is computed on.
+        retries, retry_backoff, min_rate: as the loader's, for the index files and shards on S3 or a web server.
 
     Shards whose folder has an ``index.json`` listing them are not opened; on S3 or a web server
     that index is fetched from beside them, and only shards it does not list are downloaded.
     Unreadable shards or samples do not stop the run: they are left out of the numbers and listed
     in ``problems``.
     """
-    paths = expand_shards(patterns)
+    policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
+    paths = expand_shards(patterns, list_glob=lister(policy))
     refuse_commands(paths, "inspect")
 
     by_folder: dict[str, list[str]] = {}
     for p in paths:
         by_folder.setdefault(index_place(p)[0], []).append(p)
-    names = _group_names(list(by_folder))
+    shown = {f: redact(f) for f in by_folder}  # what names a folder in the report: no password or token
+    display = _group_names(list(dict.fromkeys(shown.values())))
+    names = {f: display[shown[f]] for f in by_folder}
 
     problems: list[str] = []
     groups = []
     for folder, shard_paths in by_folder.items():
         remote = is_url(folder)
         try:
-            index = remote_index(folder) if remote else read_index(folder)
+            index = read_index_at(folder, partial(fetch_file, policy=policy)) if remote else read_index(folder)
         except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
             problems.append(f"{e}; its shards were {'downloaded and ' if remote else ''}read instead")
             index = None
@@ -219,19 +230,23 @@ def inspect_shards(
             i = None if index is None else index.position(index_place(p)[1])
             if i is not None:
                 a, b = index.starts[i], index.starts[i + 1]
-                stats.append(ShardStats(p, names[folder], index.layout, "index",
+                stats.append(ShardStats(redact(p), names[folder], index.layout, "index",
                                         np.asarray(index.frames[a:b], np.int64),
                                         np.asarray(index.text_lens[a:b], np.int64)))
                 continue
             if index is not None:
-                where = f"{folder}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
-                problems.append(f"{p}: not listed in {where} (stale index?); read from the tar")
-            with naming(p):  # a read error (EIO) says which shard
-                scan = scan_shard(p)
+                where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
+                problems.append(f"{redact(p)}: not listed in {where} (stale index?); read from the tar")
+            try:
+                with naming(p):  # a read error (EIO) says which shard
+                    scan = scan_shard(redact(p), source=fetched_shard(p, policy=policy)) if remote else scan_shard(p)
+            except FetchError as e:
+                problems.append(f"{e}; left out of the numbers")
+                continue
             problems.extend(scan.problems)
             layout = "+".join(sorted(scan.layouts)) or "-"
-            stats.append(_stats(p, names[folder], layout, "tar", scan.info))
-        groups.append(GroupStats(names[folder], folder, stats))
+            stats.append(_stats(redact(p), names[folder], layout, "tar", scan.info))
+        groups.append(GroupStats(names[folder], redact(folder), stats))
     groups.sort(key=_group_order)
 
     result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems)

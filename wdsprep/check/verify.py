@@ -15,14 +15,16 @@ the loader refuses it; so are shards whose features differ in dimension from the
 
 Shards on S3 or a web server are downloaded one at a time, with the loader's retries, and checked
 the same way against the index uploaded beside them (keys included): a folder without one, a
-shard whose size differs from its index's, and a shard that cannot be downloaded are problems,
-as the loader refuses or skips them.  ``pipe:`` commands are not verified: run one into a file.
+shard whose size or checksum differs from its index's, and a shard that cannot be downloaded are
+problems, as the loader refuses or skips them.  URLs are named with their passwords and tokens
+masked.  ``pipe:`` commands are not verified: run one into a file.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -30,14 +32,24 @@ import numpy as np
 
 from wdsprep.files import naming
 from wdsprep.format import commit
-from wdsprep.format.index import INDEX_NAME, DamagedIndexError, FolderIndex, ShardInfo, read_index, stale_reason
+from wdsprep.format.index import (
+    INDEX_NAME,
+    DamagedIndexError,
+    FolderIndex,
+    ShardInfo,
+    read_index,
+    read_index_at,
+    stale_reason,
+)
 from wdsprep.format.keys import LAYOUTS, decode_key, member_role
 from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
 from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.format.tar import Member, member_bytes
-from wdsprep.loading.shardset import remote_index
-from wdsprep.remote.fetch import FetchError, RetryPolicy, SizeMismatchError, fetch_shard
+from wdsprep.loading.readahead import fetched_shard
+from wdsprep.remote.fetch import MIN_RATE, ChangedError, FetchError, RetryPolicy, fetch_file
+from wdsprep.remote.listing import lister
+from wdsprep.remote.urls import redact
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,11 @@ class Problem:
     what: str
     member: str | None = None
     key: str | None = None
+
+    def __post_init__(self) -> None:
+        # Whatever named a URL here (the shard, or a message quoting one), no password or token is shown.
+        object.__setattr__(self, "shard", redact(self.shard))
+        object.__setattr__(self, "what", redact(self.what))
 
     def __str__(self) -> str:
         where = f"member {self.member!r}" if self.member else f"key {self.key!r}" if self.key else None
@@ -92,14 +109,14 @@ class _Sample:
 
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, retries: int = 5,
-                  retry_backoff: float = 1.0) -> VerifyResult:
+                  retry_backoff: float = 1.0, min_rate: float = MIN_RATE) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes.
 
-    ``retries`` and ``retry_backoff``: as the loader's, for shards on S3 or a web server.
+    ``retries``, ``retry_backoff`` and ``min_rate``: as the loader's, for shards on S3 or a web server.
     """
-    paths = expand_shards(patterns, check_commit=False)  # reported below, with everything else
+    policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
+    paths = expand_shards(patterns, check_commit=False, list_glob=lister(policy))  # commits: reported below
     refuse_commands(paths, "verify")
-    policy = RetryPolicy(retries=retries, backoff=retry_backoff)
     result = VerifyResult(paths, 0)
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
@@ -118,8 +135,10 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
         index = indexes[folder]
         i = None if index is None else index.position(name)
         if remote:
-            expected = None if i is None or index is None or index.sizes[i] < 0 else int(index.sizes[i])
-            shard_samples = _check_remote_shard(path, expected, policy, result, seen_ids)
+            listed = i is not None and index is not None
+            expected = int(index.sizes[i]) if listed and index.sizes[i] >= 0 else None
+            shard_samples = _check_remote_shard(path, expected, index.checksums[i] if listed else None, policy,
+                                                result, seen_ids)
             if shard_samples is None:
                 continue
         else:
@@ -131,7 +150,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                 n, first = dims_seen.get(sample.dims, (0, path))
                 dims_seen[sample.dims] = (n + 1, first)
         if index is not None:
-            where = f"{folder}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
+            where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
                 result.problems.append(Problem(path, f"not listed in {where}: the index is stale; "
                                                      f"repack the folder, or re-index it (wdsprep index --refresh)"))
@@ -184,30 +203,32 @@ def _read_remote_index(folder: str, policy: RetryPolicy, problems: list[Problem]
     """The index uploaded beside remote shards, keys too; a folder without one is a problem (the
     loader refuses it)."""
     try:
-        return remote_index(folder, policy=policy, keys=True)
+        return read_index_at(folder, partial(fetch_file, policy=policy), keys=True)
     except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
-        problems.append(Problem(f"{folder}/{INDEX_NAME}", str(e).removeprefix(f"{folder}/{INDEX_NAME}: ")))
+        where = f"{redact(folder)}/{INDEX_NAME}"
+        problems.append(Problem(where, str(e).removeprefix(f"{where}: ")))
         return None
 
 
-def _check_remote_shard(url: str, expected: int | None, policy: RetryPolicy, result: VerifyResult,
-                        seen: dict[str, tuple[str, str]]) -> list[_Sample] | None:
-    """A remote shard downloaded (its size checked against the index's) and checked as a local one;
-    None when it could not be downloaded whole."""
+def _check_remote_shard(url: str, expected: int | None, checksum: str | None, policy: RetryPolicy,
+                        result: VerifyResult, seen: dict[str, tuple[str, str]]) -> list[_Sample] | None:
+    """A remote shard downloaded (its size and checksum checked against the index's) and checked as
+    a local one, named with its secrets masked; None when it could not be downloaded whole."""
+    name = redact(url)
     try:
-        copy, _ = fetch_shard(url, expected=expected, policy=policy)
-    except SizeMismatchError as e:
-        result.problems.append(Problem(url, f"{str(e).removeprefix(url + ' ')}; the loader refuses it"))
+        source = fetched_shard(url, policy=policy, expected=expected, checksum=checksum)
+    except ChangedError as e:
+        result.problems.append(Problem(name, f"{str(e).removeprefix(name + ' ')}; the loader refuses it"))
         return None
     except FetchError as e:
-        result.problems.append(Problem(url, f"cannot be downloaded: {str(e).removeprefix(url + ': ')}; the loader "
-                                            f"skips it (or stops, with on_error='raise')"))
+        result.problems.append(Problem(name, f"cannot be downloaded: {str(e).removeprefix(name + ': ')}; the loader "
+                                             f"skips it (or stops, with on_error='raise')"))
         return None
-    source = ShardFile(url, copy)
     try:
-        return _check_shard(url, result, seen, source=source)
+        return _check_shard(name, result, seen, source=source)
     finally:
-        copy.close()
+        assert source.copy is not None
+        source.copy.close()
 
 
 def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str]],

@@ -4,8 +4,9 @@ Written by ``pack`` (and by ``wdsprep index`` for shards packed elsewhere) besid
 loader plans every epoch from it without reading a tar, ``inspect`` reads it instead of the
 tars, ``verify`` holds it against them.  On disk, per folder:
 
-- ``index.json``: layout, dims, dtype and per shard its name, byte size, mtime, utterances, frames
-  and a digest of its frame column: small, read in O(shards);
+- ``index.json``: layout, dims, dtype and per shard its name, byte size, mtime, utterances, frames,
+  a digest of its frame column and the SHA-256 of its bytes (``sha256``: a remote shard is checked
+  against it when downloaded; indexes written before it have none): small, read in O(shards);
 - ``index.frames.npy``, ``index.text_lens.npy``: int32 per utterance, in shard order, memory-mapped
   when read, so a process touches only the pages it uses;
 - ``index.keys.txt``: the sample keys, one per line, read only by what needs them (``verify``);
@@ -29,16 +30,20 @@ import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol, Sequence
 
 import numpy as np
 
-from wdsprep.errors import DataError
-from wdsprep.files import atomic_path, naming, write_text
+from wdsprep.errors import DataError, OverLimit
+from wdsprep.files import atomic_path, file_sha256, naming, write_text
 from wdsprep.format.npy import FEATURE_DTYPES, npy_header_end, parse_npy_header
 from wdsprep.format.shardlist import file_kind
+
+if TYPE_CHECKING:
+    from wdsprep.format.shardfile import ShardFile
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 2
@@ -58,6 +63,7 @@ class ShardInfo:
     keys: list[str] = field(default_factory=list)
     frames: list[int] = field(default_factory=list)
     text_lens: list[int] = field(default_factory=list)
+    sha256: str | None = field(default=None, compare=False)  # of the shard's bytes (hex), where known
 
     @property
     def num_utts(self) -> int:
@@ -128,7 +134,8 @@ class FolderIndex:
                  frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
                  keys: list[str] | None = None, folder: str | os.PathLike | None = None,
-                 lost: np.ndarray | None = None, speakers: Speakers | None = None) -> None:
+                 lost: np.ndarray | None = None, speakers: Speakers | None = None,
+                 checksums: Sequence[str | None] | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
@@ -138,6 +145,8 @@ class FolderIndex:
         self.mtimes = np.full(n, -1, np.int64) if mtimes is None else np.asarray(mtimes, np.int64)
         # Samples past the first one the loader refuses (a damaged shard indexed as it is).
         self.lost = np.zeros(n, np.int64) if lost is None else np.asarray(lost, np.int64)
+        # Each shard's SHA-256 (hex), None where not recorded (an index written before it was).
+        self.checksums: list[str | None] = [None] * n if checksums is None else list(checksums)
         self.starts = np.concatenate([[0], np.cumsum(self.utts)])
         self.digests = list(digests) if digests is not None else [
             frames_digest(frames[a:b]) for a, b in zip(self.starts[:-1], self.starts[1:])]
@@ -158,7 +167,8 @@ class FolderIndex:
         return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
                    frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
                    mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys],
-                   lost=None if lost is None else np.asarray(lost), speakers=speakers)
+                   lost=None if lost is None else np.asarray(lost), speakers=speakers,
+                   checksums=[i.sha256 for i in infos])
 
     @property
     def num_utts(self) -> int:
@@ -202,7 +212,8 @@ class FolderIndex:
     def shard(self, i: int) -> ShardInfo:
         """Shard ``i``'s record, keys included."""
         a, b = int(self.starts[i]), int(self.starts[i + 1])
-        return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist())
+        return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist(),
+                         self.checksums[i])
 
     @property
     def shards(self) -> list[ShardInfo]:
@@ -218,9 +229,9 @@ class FolderIndex:
             "num_utts": self.num_utts, "num_frames": self.num_frames,
             "shards": [{"name": n, "size": int(s), "mtime_ns": int(m), "utts": int(u),
                         "frames": int(self.frames[a:a + u].sum(dtype=np.int64)), "frames_digest": d,
-                        **({"lost": int(x)} if x else {})}
-                       for n, s, m, u, a, d, x in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
-                                                      self.digests, self.lost)],
+                        **({"lost": int(x)} if x else {}), **({"sha256": c} if c else {})}
+                       for n, s, m, u, a, d, x, c in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
+                                                         self.digests, self.lost, self.checksums)],
             **speakers,
         }
 
@@ -336,8 +347,10 @@ def _index_v2(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, _Stated]:
         rows.append((_field(path, s, "name", *_NAME, at), _field(path, s, "size", *_SIZE, at),
                      _field(path, s, "mtime_ns", *_MTIME, at), _field(path, s, "utts", *_COUNT, at),
                      _field(path, s, "frames", *_SIZE, at), _field(path, s, "frames_digest", *_DIGEST, at),
-                     _field(path, s, "lost", *_SIZE, at, default=0)))
-    names, sizes, mtimes, utts, shard_frames, digests, lost = (list(c) for c in zip(*rows)) if rows else ([],) * 7
+                     _field(path, s, "lost", *_SIZE, at, default=0),
+                     _field(path, s, "sha256", *_SHA256, at, default=None)))
+    names, sizes, mtimes, utts, shard_frames, digests, lost, checksums = (
+        (list(c) for c in zip(*rows)) if rows else ([],) * 8)
     stated = _Stated(shard_frames, _field(path, d, "num_utts", *_SIZE), _field(path, d, "num_frames", *_SIZE))
     n = sum(utts)
     if stated.num_utts != n:
@@ -359,7 +372,7 @@ def _index_v2(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, _Stated]:
     index = FolderIndex(layout, dims, dtype, names, np.array(utts, np.int64), frames, text_lens,
                         sizes=np.array(sizes, np.int64),
                         mtimes=np.array(mtimes, np.int64), digests=digests, folder=folder,
-                        lost=np.array(lost, np.int64), speakers=speakers)
+                        lost=np.array(lost, np.int64), speakers=speakers, checksums=checksums)
     return index, stated
 
 
@@ -478,6 +491,9 @@ def _is_digest(v: object) -> bool:
 
 
 _NAME, _DIGEST = ("a file name", _is_name), ("16 hex digits", _is_digest)
+# A shard's SHA-256, absent in indexes written before it was recorded.
+_SHA256 = ("64 lowercase hex digits", lambda v: isinstance(v, str) and len(v) == 64
+           and all(c in "0123456789abcdef" for c in v))
 _DIGEST_RE = re.compile("[0-9a-f]{16}")
 
 
@@ -598,9 +614,10 @@ class ShardScan:
     lost: int = 0  # samples from the first refused one on: the loader stops reading there
 
 
-def scan_shard(path: str | os.PathLike) -> ShardScan:
+def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None) -> ShardScan:
     """Keys, frames and transcript lengths of a shard from its tar and ``.npy`` headers and its
-    transcripts (feature data is not read), as an index entry.
+    transcripts (feature data is not read), as an index entry.  ``source``: the shard fetched by
+    the caller (a pipe's or URL's: the format does not fetch), ``path`` then only names it.
 
     Like the loader, the scan stops at the first sample the loader refuses: what is before it is
     the entry, and that sample and every one after it are counted in ``lost`` and named in
@@ -612,7 +629,7 @@ def scan_shard(path: str | os.PathLike) -> ShardScan:
 
     path = str(path)
     scan = ShardScan(ShardInfo(os.path.basename(path)))
-    src, members, problem = open_members(path)
+    src, members, problem = open_members(path, source=source)
     for key, group in samples_before_damage(members, problem):
         where = f"key {key!r}"
         try:
@@ -675,12 +692,15 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     from tqdm import tqdm
 
     from wdsprep.format.shardlist import expand_shards, is_url
+    from wdsprep.remote.urls import redact
 
-    paths = expand_shards(patterns)
-    urls = [p for p in paths if is_url(p)]
+    named = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
+    urls = [str(p) for p in named if is_url(str(p))]  # before expanding too: a URL glob is not listed here
+    paths = [] if urls else expand_shards(named)
+    urls = urls or [p for p in paths if is_url(p)]
     if urls:
-        raise ValueError(f"index reads local shards, got {urls[0]!r}; index a local copy and upload its index files "
-                         f"({', '.join(INDEX_FILES)}) beside the shards")
+        raise ValueError(f"index reads local shards, got {redact(urls[0])!r}; index a local copy and upload its index "
+                         f"files ({', '.join(INDEX_FILES)}) beside the shards")
     by_folder: dict[Path, list[Path]] = {}
     for p in paths:
         by_folder.setdefault(Path(p).resolve().parent, []).append(Path(p).resolve())
@@ -713,14 +733,18 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                         stale.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
+                        if entries[name][0].sha256 is None:  # an index from before checksums: one read adds it
+                            entries[name][0].sha256 = file_sha256(folder / name)
             # The named shards and the listed ones still there, less those kept: read (again).
             listed = [] if old is None else [folder / n for n in old.names if n not in gone]
             todo = list({p.name: p for p in [*shards, *listed] if p.name not in entries}.values())
             if stale and not refresh and not force:
                 raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
                                  f"pass --refresh to read them again (or repack the folder)")
-            # An index without a speakers column (written before it existed) is rewritten, without a read.
-            if not todo and old is not None and not force and not gone and not upgrade and old.has_speakers:
+            # An index without a speakers column or checksums (written before them) is rewritten,
+            # without a header read (the checksums read each shard once).
+            if (not todo and old is not None and not force and not gone and not upgrade and old.has_speakers
+                    and None not in old.checksums):
                 result.folders[str(folder)] = "up to date"
                 result.shards += len(old.names)
                 result.utterances += old.num_utts
@@ -733,6 +757,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             for path in todo:
                 st = path.stat()
                 scan = scan_shard(path)
+                scan.info.sha256 = file_sha256(path)
                 result.scanned += 1
                 result.problems.extend(scan.problems)
                 layouts |= scan.layouts
@@ -802,3 +827,104 @@ def write_tokens(folder: str | os.PathLike, name: str, column: np.ndarray) -> Pa
         with open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(column, np.int32), allow_pickle=False)
     return path
+
+
+# -- an index beside shards on S3 or a web server ------------------------------------------------
+
+
+
+class FetchFile(Protocol):
+    """A small object at a URL into a local file, at most ``limit`` bytes (an ``OverLimit`` error
+    beyond): True when it was there.  The layers above pass one that fetches with the user's
+    retries (``remote.fetch.fetch_file``): the format reads, it does not fetch."""
+
+    def __call__(self, url: str, path: str, *, limit: int) -> bool: ...
+
+
+
+# The most bytes an index file downloaded beside remote shards may have.  index.json is O(shards)
+# (~200 bytes a shard: 32 MiB holds ~160,000 shards in one folder); the others follow from the
+# utterances (and speakers) it lists: int32 columns, and keys or speaker names of up to 1 KiB on
+# average.  A server sending more (a Content-Length of 10^12, an endless body) is cut off there.
+MAX_SUMMARY_BYTES = 32 << 20
+_SLACK = 64 << 10  # an .npy header, a text file's last line
+_PER_ROW = {FRAMES_FILE: 4, TEXT_LENS_FILE: 4, SPEAKERS_FILE: 4, KEYS_FILE: 1024, SPEAKER_NAMES_FILE: 1024}
+
+
+def index_file_limit(name: str, summary: dict) -> int:
+    """The most bytes index file ``name`` can have beside the ``index.json`` ``summary`` (parsed)."""
+    if name == INDEX_NAME:
+        return MAX_SUMMARY_BYTES
+    try:
+        rows = (int(summary["speakers"]["count"]) if name == SPEAKER_NAMES_FILE
+                else sum(int(shard["utts"]) for shard in summary["shards"]))
+    except (KeyError, TypeError, ValueError):
+        rows = 0  # a damaged index.json: read_index names what is wrong with it
+    return _SLACK + _PER_ROW.get(name, 4) * max(0, rows)
+
+
+def read_index_at(folder: str, fetch: FetchFile, *, keys: bool = False) -> FolderIndex:
+    """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL),
+    its files fetched by ``fetch``, each bounded by :func:`index_file_limit`, into a temporary
+    folder and read there by :func:`read_index`; its columns (the stored speakers too) stay
+    memory-mapped after the folder is gone.  The keys are fetched only with ``keys`` (``verify``,
+    speakers by the key rule): planning does not need them."""
+    from wdsprep.remote.urls import redact
+
+    shown = redact(folder)
+    with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
+        summary: dict = {}
+        for name in INDEX_FILES:
+            if name == KEYS_FILE and not keys:
+                continue
+            path = os.path.join(tmp, name)
+            limit = index_file_limit(name, summary)
+            try:
+                found = fetch(f"{folder}/{name}", path, limit=limit)
+            except OverLimit:
+                bound = ("about 200 bytes per shard" if name == INDEX_NAME
+                         else f"for the utterances its {INDEX_NAME} lists")
+                raise DataError(
+                    f"{shown}/{name}: more than the {limit:,} bytes an index file can have here ({bound}): not an "
+                    f"index wdsprep wrote, or the server sends more than the file; check the server, or index a "
+                    f"local copy again (wdsprep index --force) and upload its index files") from None
+            if name == INDEX_NAME and not found:
+                raise DataError(
+                    f"{shown}/{INDEX_NAME}: the shards there have no index; the loader plans every epoch from it and "
+                    f"will not download a whole remote corpus on every rank to read its headers. Index a local copy "
+                    f"(wdsprep index 'DIR/*/data-*.tar'; pack writes it too) and upload its index files "
+                    f"({', '.join(INDEX_FILES)}) beside the shards, e.g. aws s3 sync DIR s3://BUCKET/PREFIX "
+                    f"--exclude '*' --include '*index*'")
+            if not found:
+                os.unlink(path)  # missing: read_index says what it lacks
+            elif name == INDEX_NAME:
+                try:
+                    summary = json.loads(Path(path).read_bytes())
+                except ValueError:
+                    summary = {}  # read_index names what is wrong with it
+                summary = summary if isinstance(summary, dict) else {}
+        try:
+            index = read_index(tmp)
+            if index is not None and keys:
+                index.keys()  # read now: the folder goes
+            if index is not None and index.has_speakers:
+                index.speakers()
+        except DataError as e:
+            raise DataError(str(e).replace(tmp, shown)) from None
+    assert index is not None
+    return index
+
+
+def read_tokens_at(folder: str, name: str, num_utts: int, fetch: FetchFile) -> np.ndarray | None:
+    """A token column uploaded beside a remote index (:func:`tokens_name`), or None when there is none."""
+    from wdsprep.remote.urls import redact
+
+    with tempfile.TemporaryDirectory(prefix="wdsprep-tokens-") as tmp:
+        path = os.path.join(tmp, name)
+        try:
+            if not fetch(f"{folder}/{name}", path, limit=_SLACK + 4 * num_utts):
+                return None
+        except OverLimit:
+            raise DataError(f"{redact(folder)}/{name}: longer than a token column of {num_utts:,} labels can be; "
+                            f"count the labels again and upload the column") from None
+        return parse_tokens(Path(path).read_bytes(), num_utts, f"{redact(folder)}/{name}")

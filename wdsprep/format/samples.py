@@ -43,7 +43,8 @@ def open_members(url: str, *, whole: bool = False,
                  source: ShardFile | None = None) -> tuple[Source, list[Member], str | None]:
     """The shard's source, its members and what is wrong with the tar (None: nothing).
 
-    ``source``: the shard already open (a fetched copy); ``url`` then only names it."""
+    ``source``: the shard already open (a fetched copy, which a pipe's or URL's shard must be:
+    the format does not fetch); ``url`` then only names it."""
     try:
         src = source if source is not None else open_shard(url, whole=whole)
     except (OSError, ValueError) as e:  # ShardError is a ValueError

@@ -4,8 +4,10 @@ A local shard is never read as a whole: the walk (``tar.py``) reads each 512-byt
 with the first bytes of its member, and a sample's features stay on disk (:class:`FileFeats`, or
 a row of the loader's columns) until the collate reads them straight into their row of the
 batch, in one C call for the batch (:class:`RowReads`).  That is the only copy of the feature
-bytes.  Shards from pipes and URLs are fetched whole (``wdsprep.remote``: into memory, or into
-the local cache) and then read the same way, from the fetched copy's descriptor.
+bytes.  Shards from pipes and URLs are fetched whole by the layers above (``loading/readahead.py``,
+with the user's retries: into memory, or into the local cache) and handed here as a copy open
+for positional reads (:class:`Fetched`), read the same way through its descriptor.  Nothing here
+fetches.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import stat
 import threading
 import weakref
 from collections import OrderedDict, deque
-from typing import Any, Sequence, Union
+from typing import Any, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -23,11 +25,19 @@ from wdsprep.format import native
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.native import untrack
 from wdsprep.format.shardlist import file_kind, is_url
-from wdsprep.remote.fetch import LocalCopy, fetch_shard
+from wdsprep.remote.urls import redact
 
 
 class ShardError(ValueError):
     """A shard (or one of its samples) cannot be read; the message names the shard and key."""
+
+
+class Fetched(Protocol):
+    """A shard's bytes brought here by the layers above (``wdsprep.remote``'s ``LocalCopy``): an
+    open descriptor for positional reads, and its size (the descriptor's file may be larger)."""
+
+    fd: int
+    size: int
 
 
 # Shard files one process keeps open at once.  Samples waiting in the loader's buffers reference
@@ -46,12 +56,13 @@ class ShardFile:
 
     A fetched shard (``copy``: a pipe's or URL's bytes in memory or in the local cache) keeps the
     copy's descriptor for its whole life instead: it is the memory itself, or a cache file that
-    may be evicted (unlinked) while it is read.  ``url`` still names it in messages.
+    may be evicted (unlinked) while it is read.  ``url`` then only names it in messages (with its
+    secrets masked by whoever fetched it).
     """
 
     __slots__ = ("url", "fd", "size", "ident", "copy", "__weakref__")
 
-    def __init__(self, url: str, copy: LocalCopy | None = None) -> None:
+    def __init__(self, url: str, copy: Fetched | None = None) -> None:
         self.url = url
         self.fd = -1
         self.ident: tuple[int, ...] | None = None
@@ -249,29 +260,18 @@ def row_reader() -> Any:
     return None if native.lib is None else native.lib.RowReader()
 
 
-def fetched_shard(url: str) -> ShardFile:
-    """A pipe's or URL's shard fetched whole into memory (with retries), open like a local one."""
-    copy, _ = fetch_shard(url)
-    return ShardFile(url, copy)
+def open_shard(path: str, *, whole: bool = False) -> Source:
+    """A local shard as a :class:`ShardFile`; with ``whole``, its bytes read at once.
 
-
-def read_shard_bytes(url: str) -> bytes | bytearray:
-    """The whole shard as bytes: a local file read at once, or a pipe's or URL's fetched copy."""
-    if is_url(url):
-        copy, _ = fetch_shard(url)
-        try:
-            return copy.read()
-        finally:
-            copy.close()
-    with open(url, "rb") as f:
-        return f.read()
-
-
-def open_shard(url: str, *, whole: bool = False) -> Source:
-    """A shard as a :class:`ShardFile` (a pipe or URL fetched first); with ``whole``, its bytes."""
+    A pipe's or URL's shard is not opened here: the layers above fetch it (with the user's retries)
+    and hand it over as a :class:`ShardFile` over the copy (``source=`` of the readers)."""
+    if is_url(path):
+        raise TypeError(f"{redact(path)}: not fetched; the format reads local files and fetched copies: fetch it "
+                        f"first (wdsprep.loading.readahead.fetched_shard) and pass it as source=")
     if whole:
-        return read_shard_bytes(url)
-    return fetched_shard(url) if is_url(url) else ShardFile(url)
+        with open(path, "rb") as f:
+            return f.read()
+    return ShardFile(path)
 
 
 # Bytes per POSIX_FADV_WILLNEED call.  Linux reads at most max(readahead window, the device's

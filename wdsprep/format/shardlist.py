@@ -1,18 +1,22 @@
-"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, URLs."""
+"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, URLs.
+
+A glob in a URL is answered by the store's listing, which the caller hands in (``list_glob``:
+``wdsprep.remote.listing.lister`` with the user's retries); the format itself never lists or
+fetches.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import stat
-from typing import Sequence
+from typing import Callable, Sequence
 
 from braceexpand import braceexpand
 
 from wdsprep.format.commit import check_committed
-from wdsprep.remote.listing import expand_glob
 from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
-from wdsprep.remote.urls import folder_of, has_folder, is_glob, is_url
+from wdsprep.remote.urls import folder_of, has_folder, is_glob, is_url, redact
 
 
 def file_kind(mode: int) -> str:
@@ -37,18 +41,20 @@ def refuse_commands(shards: Sequence[str], tool: str) -> None:
     local files and S3 or web objects, beside which an index can be."""
     commands = [s for s in shards if is_url(s) and not has_folder(s)]
     if commands:
-        raise ValueError(f"{tool} reads files, s3:// and http(s):// shards, not commands such as {commands[0]!r}; "
+        raise ValueError(f"{tool} reads files, s3:// and http(s):// shards, not commands such as "
+                         f"{redact(commands[0])!r}; "
                          f"run the command into a local file and {tool} that")
 
 
-def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
-                  check_commit: bool = True) -> list[str]:
+def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, check_commit: bool = True,
+                  list_glob: Callable[[str], list[str]] | None = None) -> list[str]:
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
-    ``data-0000{0..9}.tar`` is a brace range.  URLs are brace-expanded; a glob in an ``s3://`` key
-    is answered by listing the bucket, one in an http(s) URL is an error (a web server cannot
-    list), and other URLs (``pipe:cat ...``) are kept as they are.  A local pattern that matches nothing, or matches
+    ``data-0000{0..9}.tar`` is a brace range.  URLs are brace-expanded; a glob in a URL is answered
+    by ``list_glob(url)`` (the bucket listed for ``s3://``; an error for http(s), as a web server
+    cannot list; without ``list_glob``, an error), and other URLs (``pipe:cat ...``) are kept as
+    they are.  A local pattern that matches nothing, or matches
     anything but a regular file (a directory, a FIFO), is an error naming it.  So is a folder of
     local shards written by a pack that did not finish (:mod:`wdsprep.format.commit`;
     ``check_commit=False`` leaves that to the caller, as ``verify`` reports it among its problems).
@@ -60,9 +66,12 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
         for p in braceexpand(pattern):
             if is_url(p):
                 if is_glob(p):
-                    found = expand_glob(p)
+                    if list_glob is None:
+                        raise ValueError(f"shard pattern {redact(pattern)!r}: a glob in a URL is answered by listing "
+                                         f"the store, which this command does not do; name the shards")
+                    found = list_glob(p)
                     if not found:
-                        raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no object")
+                        raise FileNotFoundError(f"shard pattern {redact(pattern)!r}: {redact(p)!r} matches no object")
                     shards.extend(found)
                 else:
                     shards.append(p)
@@ -82,10 +91,10 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     seen = set()
     duplicates = [s for s in shards if s in seen or seen.add(s)]
     if duplicates:
-        raise ValueError(f"shard {duplicates[0]!r} is named twice by {list(map(str, patterns))}; "
+        raise ValueError(f"shard {redact(duplicates[0])!r} is named twice by {redact(str(list(map(str, patterns))))}; "
                          f"each shard may be read once per epoch")
     if not shards:
-        raise FileNotFoundError(f"no shards in {list(map(str, patterns))}")
+        raise FileNotFoundError(f"no shards in {redact(str(list(map(str, patterns))))}")
     if check_commit:
         for folder in dict.fromkeys(index_place(s)[0] for s in shards if not is_url(s)):
             check_committed(folder)

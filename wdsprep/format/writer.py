@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -14,6 +16,21 @@ from wdsprep.files import temp_path
 from wdsprep.format.index import ShardInfo
 from wdsprep.format.keys import encode_key, layout_exts
 from wdsprep.format.npy import npy_bytes
+
+
+class _Hashing:
+    """A file written through, hashing (SHA-256) every byte on the way: a shard's checksum, for its
+    index, at no extra read (0.8 s per GB of CPU)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.hash = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return self.f.write(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 class ShardWriter:
@@ -33,7 +50,8 @@ class ShardWriter:
         self.mtime = time.time() if mtime is None else mtime
         # A large buffer: tarfile copies members in 16 KiB pieces, one write() syscall each otherwise.
         self._file = open(self.tmp_path, "wb", buffering=4 << 20)
-        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+        self._hashing = _Hashing(self._file)
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.PAX_FORMAT)
 
     def _add(self, name: str, data: bytes) -> None:
         member = tarfile.TarInfo(name)
@@ -57,6 +75,7 @@ class ShardWriter:
         self._tar.close()  # writes the end-of-archive blocks; the file is ours to close
         self._file.close()
         os.replace(self.tmp_path, self.path)
+        self.info.sha256 = self._hashing.hash.hexdigest()
         return self.info
 
     def abort(self) -> None:

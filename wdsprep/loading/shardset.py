@@ -8,10 +8,12 @@ it: it is never read against a stale index.  Shards that no index lists (CAT's, 
 save that scan.
 
 Shards on S3 or a web server are planned from the index files uploaded beside them, fetched once
-per loader (``index.json`` and its columns, speakers included, not the keys).  A remote folder without one is an
-error saying how to make and upload it: scanning would download the whole corpus on every rank
-before the first step.  Their staleness is checked by size: against the bucket listing when the
-pattern was a glob (before the epoch), else when each shard is downloaded.
+per loader (``index.json`` and its columns, speakers included, not the keys), each bounded by
+what an index of that many utterances can be (:func:`index_file_limit`): a server cannot make
+the loader hold more.  A remote folder without one is an error saying how to make and upload it:
+scanning would download the whole corpus on every rank before the first step.  Their staleness
+is checked by size: against the bucket listing when the pattern was a glob (before the epoch),
+else when each shard is downloaded, and then by the SHA-256 the index records too.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -30,21 +32,21 @@ import numpy as np
 
 from wdsprep.errors import DataError
 from wdsprep.format.index import (
-    INDEX_FILES,
     INDEX_NAME,
-    KEYS_FILE,
     FolderIndex,
     Speakers,
     frames_digest,
     read_index,
+    read_index_at,
     scan_shard,
     stale_reason,
 )
 from wdsprep.format.keys import decode_key
-from wdsprep.format.shardlist import index_place, is_url
-from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
-from wdsprep.remote.listing import take_listed_size
-from wdsprep.remote.urls import has_folder
+from wdsprep.format.shardlist import expand_shards, index_place, is_url
+from wdsprep.loading.readahead import fetched_shard
+from wdsprep.remote.fetch import RetryPolicy, fetch_file
+from wdsprep.remote.listing import lister, take_listed_size
+from wdsprep.remote.urls import has_folder, redact
 
 
 class TokenCounts(Protocol):
@@ -76,6 +78,7 @@ class ShardSet:
     corpus: np.ndarray | None = None  # int64 [S]: each shard's corpus; its shards are contiguous
     # Every utterance's speaker, where every shard's index gives them (see shard_set), else None.
     speakers: Speakers | None = None
+    checksums: list[str | None] | None = None  # per shard: the SHA-256 its index records (None: not recorded)
     tokens: np.ndarray | None = None  # int32 [N]: every label's length in tokens, where a cost model needs them
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class ShardSet:
             self.lost = np.zeros(len(self.urls), np.int64)
         if self.corpus is None:
             self.corpus = np.zeros(len(self.urls), np.int64)
+        if self.checksums is None:
+            self.checksums = [None] * len(self.urls)
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -116,7 +121,8 @@ class ShardSet:
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
         speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
-                        0, self.lost[sl], speakers=speakers, tokens=None if self.tokens is None else self.tokens[rows])
+                        0, self.lost[sl], speakers=speakers, checksums=self.checksums[sl],
+                        tokens=None if self.tokens is None else self.tokens[rows])
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -132,8 +138,8 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
     for name, p in named.items():
         for url in p.urls:
             if seen.setdefault(url, name) != name:
-                raise ValueError(f"shard {url} is in corpus {seen[url]!r} and in corpus {name!r}: a shard belongs to "
-                                 f"one corpus (narrow one of the patterns)")
+                raise ValueError(f"shard {redact(url)} is in corpus {seen[url]!r} and in corpus {name!r}: a shard "
+                                 f"belongs to one corpus (narrow one of the patterns)")
     speakers = [p.speakers for p in parts if p.speakers is not None]
     tokens = [p.tokens for p in parts if p.tokens is not None]
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
@@ -142,59 +148,35 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
                     Speakers.concat(speakers) if len(speakers) == len(parts) else None,
+                    [c for p in parts for c in p.checksums],
                     np.concatenate(tokens) if len(tokens) == len(parts) else None)
 
 
-def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
-    """The index uploaded beside remote shards in ``folder`` (an s3:// or http(s):// folder URL).
-
-    Fetched into a temporary folder and read there; its columns (the stored speakers too) stay
-    memory-mapped after the folder is gone.  The keys are fetched only with ``keys`` (``verify``,
-    speakers by the key rule): planning does not need them.
-    """
-    summary = fetch_bytes(f"{folder}/{INDEX_NAME}", policy=policy)
-    if summary is None:
-        raise DataError(
-            f"{folder}/{INDEX_NAME}: the shards there have no index; the loader plans every epoch from it and will "
-            f"not download a whole remote corpus on every rank to read its headers. Index a local copy "
-            f"(wdsprep index 'DIR/*/data-*.tar'; pack writes it too) and upload its index files "
-            f"({', '.join(INDEX_FILES)}) beside the shards, e.g. aws s3 sync DIR s3://BUCKET/PREFIX "
-            f"--exclude '*' --include '*index*'")
-    with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
-        with open(os.path.join(tmp, INDEX_NAME), "wb") as f:
-            f.write(summary)
-        for name in INDEX_FILES:
-            if name == INDEX_NAME or (name == KEYS_FILE and not keys):
-                continue
-            data = fetch_bytes(f"{folder}/{name}", policy=policy)
-            if data is not None:  # missing: read_index says what it lacks
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(data)
-        try:
-            index = read_index(tmp)
-            if index is not None and keys:
-                index.keys()  # read now: the folder goes
-            if index is not None and index.has_speakers:
-                index.speakers()
-        except DataError as e:
-            raise DataError(str(e).replace(tmp, folder)) from None
-    assert index is not None
-    return index
+def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, policy: RetryPolicy | None = None,
+                   derive_speakers: bool = False, tokens: TokenCounts | None = None) -> ShardSet:
+    """The shard set the pattern(s) name: expanded (an S3 glob listed) and indexed, remote reads
+    with ``policy``'s retries (see :func:`shard_set`)."""
+    policy = policy or RetryPolicy()
+    return shard_set(expand_shards(patterns, list_glob=lister(policy)), policy=policy, derive_speakers=derive_speakers,
+                     tokens=tokens)
 
 
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
               tokens: TokenCounts | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
-    ``policy``: retries for fetching remote indexes.  ``tokens``: every label's length in tokens
-    comes with the set (a cost model that counts them needs it).  Every utterance's speaker comes with the set
-    where every index stores them; with ``derive_speakers`` also by the key rule from the keys of
-    an index that stores none (``Speakers.from_keys``; a remote index's keys are fetched for it).
-    A shard in no index leaves the set without speakers."""
+    ``policy``: retries for fetching remote indexes, and the shards of pipes no index lists.
+    Every utterance's speaker comes with the set where every index stores them; with
+    ``derive_speakers`` also by the key rule from the keys of an index that stores none
+    (``Speakers.from_keys``; a remote index's keys are fetched for it).  A shard in no index leaves
+    the set without speakers.  ``tokens``: every label's length in tokens comes with the set (a
+    cost model that counts them needs it)."""
+    policy = policy or RetryPolicy()
     indexes: dict[str, FolderIndex | None] = {}
     utts: list[int] = []
     sizes: list[int] = []
     digests: list[str] = []
+    checksums: list[str | None] = []
     columns: list[np.ndarray] = []
     unlisted: list[int] = []
     dims: set[int] = set()
@@ -207,13 +189,14 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         folder, name = index_place(url)
         if folder not in indexes:
             if remote:
-                indexes[folder] = remote_index(folder, policy=policy or RetryPolicy())
+                indexes[folder] = read_index_at(folder, partial(fetch_file, policy=policy))
             else:
                 indexes[folder] = None if is_url(url) else read_index(folder)
         index = indexes[folder]
         i = None if index is None else index.position(name)
         if i is None and remote:
-            raise DataError(f"shard {url} is not in {folder}/{INDEX_NAME}: index a local copy of the folder again "
+            raise DataError(f"shard {redact(url)} is not in {redact(folder)}/{INDEX_NAME}: index a local copy of the "
+                            f"folder again "
                             f"(wdsprep index --refresh) and upload its index files, or leave the shard out of the "
                             f"pattern")
         if i is None:
@@ -223,6 +206,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             utts.append(0)
             sizes.append(-1)
             digests.append("")
+            checksums.append(None)
             columns.append(np.zeros(0, np.int32))
             continue
         assert index is not None
@@ -236,9 +220,9 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             why = stale_reason(index, i, os.stat(url))
         if why is not None and remote:
             raise StaleIndexError(
-                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
-                f"{folder}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index --refresh) and "
-                f"upload its index files, or restore the shard")
+                f"shard {redact(url)} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{redact(folder)}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index "
+                f"--refresh) and upload its index files, or restore the shard")
         if why is not None:
             raise StaleIndexError(
                 f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
@@ -248,7 +232,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         a, b = int(index.starts[i]), int(index.starts[i + 1])
         if speakers is not None and (index.has_speakers or derive_speakers):
             if not index.has_speakers and remote:  # the key rule needs the keys, not fetched for planning
-                index = indexes[folder] = remote_index(folder, policy=policy or RetryPolicy(), keys=True)
+                index = indexes[folder] = read_index_at(folder, partial(fetch_file, policy=policy), keys=True)
             speakers.append(index.speakers().rows(a, b))
         else:
             speakers = None
@@ -260,12 +244,15 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         utts.append(b - a)
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
+        checksums.append(index.checksums[i])
         columns.append(np.asarray(index.frames[a:b], np.int32))
     lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
         for k in unlisted:
-            scan = scan_shard(urls[k])
+            # A pipe's shard is fetched (with the user's retries) and scanned from its copy.
+            url = urls[k]
+            scan = scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url) else scan_shard(url)
             lost[k] = scan.lost
             for problem in scan.problems:
                 warnings.warn(problem, RuntimeWarning, stacklevel=3)
@@ -275,13 +262,14 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             if tokens is not None:
                 token_rows[k] = tokens.shard(urls[k])
         some = urls[unlisted[0]]
-        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {some}): read their "
+        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(some)}): read their "
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
                       f"the index beside them once", UserWarning, stacklevel=3)
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
                     dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
                     speakers=None if speakers is None else Speakers.concat(speakers),
+                    checksums=checksums,
                     tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]))
 
 
@@ -293,14 +281,18 @@ def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str
     for k, url in enumerate(shards.urls):
         folder, name = index_place(url)
         if folder not in indexes:
-            indexes[folder] = (remote_index(folder, policy=policy or RetryPolicy(), keys=True) if has_folder(url)
-                               else None if is_url(url) else read_index(folder))
+            remote = has_folder(url)
+            indexes[folder] = (read_index_at(folder, partial(fetch_file, policy=policy or RetryPolicy()), keys=True)
+                               if remote else None if is_url(url) else read_index(folder))
         index = indexes[folder]
         i = None if index is None else index.position(name)
-        keys = scan_shard(url).info.keys if index is None or i is None else \
-            index.keys()[int(index.starts[i]):int(index.starts[i + 1])]
+        if index is None or i is None:  # in no index: its headers
+            keys = (scan_shard(redact(url), source=fetched_shard(url, policy=policy or RetryPolicy())) if is_url(url)
+                    else scan_shard(url)).info.keys
+        else:
+            keys = index.keys()[int(index.starts[i]):int(index.starts[i + 1])]
         if len(keys) != shards.utts[k]:
-            raise StaleIndexError(f"shard {url}: {len(keys)} keys, {shards.utts[k]} utterances planned: it changed "
-                                  f"since the loader read its index; run again")
+            raise StaleIndexError(f"shard {redact(url)}: {len(keys)} keys, {shards.utts[k]} utterances planned: it "
+                                  f"changed since the loader read its index; run again")
         out.extend(decode_key(key) for key in keys)
     return out

@@ -24,13 +24,12 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from wdsprep.format.shardlist import expand_shards
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
-from wdsprep.loading.shardset import ShardSet, shard_set, union
+from wdsprep.loading.shardset import ShardSet, indexed_shards, union
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
 from wdsprep.loading.tokens import LabelTokens
@@ -128,8 +127,8 @@ def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speak
     tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
     kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
     if isinstance(trset, Mapping):
-        return union({str(name): shard_set(expand_shards(patterns), **kw) for name, patterns in trset.items()})
-    return shard_set(expand_shards(trset), **kw)
+        return union({str(name): indexed_shards(patterns, **kw) for name, patterns in trset.items()})
+    return indexed_shards(trset, **kw)
 
 
 def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,

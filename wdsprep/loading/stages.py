@@ -15,13 +15,14 @@ import numpy as np
 
 from wdsprep.format.samples import report_damage
 from wdsprep.format.shardfile import ShardError
-from wdsprep.loading.fetch import FetchOptions, ShardFetcher
 from wdsprep.loading.plan import BatchId, Planned
 from wdsprep.loading.read import iter_records
+from wdsprep.loading.readahead import FetchOptions, ShardFetcher
 from wdsprep.loading.records import Records
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.stats import WorkerTally
-from wdsprep.remote.fetch import FetchError, SizeMismatchError
+from wdsprep.remote.fetch import ChangedError, FetchError
+from wdsprep.remote.urls import redact
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
 Rows = tuple[BatchId, Records]
@@ -43,12 +44,12 @@ def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, labe
 
     The batches come a window at a time (an epoch source deals a long epoch in windows).  Every
     shard they need is read once, when the first batch needs it (the next ``fetch.read_ahead``
-    fetched meanwhile, in the order the batches need them: ``loading/fetch.py``), labelled whole by
+    fetched meanwhile, in the order the batches need them: ``loading/readahead.py``), labelled whole by
     ``label(shard, rows)``, and let go after the last batch that needs it.  The next window is
     looked at before the current one is read, so a shard used on both sides of a boundary is read
     once and fetched ahead across it.
     """
-    fetcher = ShardFetcher(shards.urls, shards.sizes, [], fetch or FetchOptions())
+    fetcher = ShardFetcher(shards.urls, shards.sizes, [], fetch or FetchOptions(), shards.checksums)
     waiting: dict[int, int] = {}  # shard -> planned rows of it not yet gathered, in the windows seen
     loaded: dict[int, _Shard] = {}
 
@@ -105,10 +106,10 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
                 fetcher: ShardFetcher) -> tuple[Records, str]:
     """What shard ``s`` delivers, checked against the frames it was planned with, and the reason
     any planned row it does not deliver is counted under."""
-    url = shards.urls[s]
+    url = redact(shards.urls[s])  # what names it in messages; the fetcher has the URL itself
     try:
         opened = fetcher.open(s)
-    except SizeMismatchError as e:  # the store's copy changed since it was indexed
+    except ChangedError as e:  # the store's copy changed since it was indexed
         counts.retries += e.retries
         return _refuse_stale(str(e), on_error, counts)
     except FetchError as e:

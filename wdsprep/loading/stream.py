@@ -27,8 +27,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.collate import Packed, start_collate
-from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, fingerprint
+from wdsprep.loading.readahead import FetchOptions
 from wdsprep.loading.records import Records
 from wdsprep.loading.source import EpochSource
 from wdsprep.loading.stages import filter_ctc, read_batches, tokenize

@@ -14,17 +14,18 @@ import hashlib
 import json
 import os
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.format.index import FolderIndex, parse_tokens, read_index, tokens_name, write_tokens
+from wdsprep.format.index import FolderIndex, parse_tokens, read_index, read_tokens_at, tokens_name, write_tokens
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.read import iter_records
-from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
-from wdsprep.remote.urls import has_folder
+from wdsprep.remote.fetch import RetryPolicy, fetch_file
+from wdsprep.remote.urls import has_folder, redact
 from wdsprep.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -51,13 +52,13 @@ class LabelTokens:
         """int32 per row of ``index``: read from beside it, else counted and written there."""
         name = tokens_name(index, self.digest)
         if has_folder(folder):
-            data = fetch_bytes(f"{folder}/{name}", policy=self.policy)
-            if data is None:
+            column = read_tokens_at(folder, name, index.num_utts, partial(fetch_file, policy=self.policy))
+            if column is None:
                 raise DataError(
-                    f"{folder}/{name}: the cost model counts label tokens, and no token column for this tokenizer "
-                    f"was uploaded beside the index; count them on a local copy (wdsprep tokenizer count-labels "
-                    f"'DIR/*/data-*.tar' --tokenizer TOKENIZER) and upload {name} with the index files")
-            return parse_tokens(data, index.num_utts, f"{folder}/{name}")
+                    f"{redact(folder)}/{name}: the cost model counts label tokens, and no token column for this "
+                    f"tokenizer was uploaded beside the index; count them on a local copy (wdsprep tokenizer "
+                    f"count-labels 'DIR/*/data-*.tar' --tokenizer TOKENIZER) and upload {name} with the index files")
+            return column
         path = Path(folder) / name
         if path.is_file():
             return parse_tokens(path, index.num_utts, str(path))

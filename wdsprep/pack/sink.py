@@ -296,7 +296,7 @@ def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, l
             for info in r.shards.get(folder, []):
                 final = fmt % len(infos)
                 renames.append((d / folder / info.name, d / folder / final))
-                infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens))
+                infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens, info.sha256))
                 # Size and mtime (kept by the rename) let a reader see a shard changed after it was indexed.
                 stats.append(os.stat(d / folder / info.name))
         if infos:

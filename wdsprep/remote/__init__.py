@@ -1,26 +1,32 @@
 """Where shards live besides a local disk, and how their bytes get here.
 
-``urls.py`` names the locations (``s3://bucket/key``, ``http(s)://``, ``pipe:CMD``) and lists S3
-for globs; ``clients.py`` holds one S3 client (boto3) and one HTTP pool (urllib3) per process
-and opens a byte stream, classifying every failure as worth a retry or not; ``fetch.py`` brings a
-whole object into an anonymous memory file or a file, with retries, resuming a cut-off body where
-it stopped, checked against the size the index recorded; ``cache.py`` is the optional local
-shard cache, shared safely by the ranks of a node.
+``urls.py`` names the locations (``s3://bucket/key``, ``http(s)://``, ``pipe:CMD``) and masks
+their secrets in messages; ``listing.py`` answers S3 globs; ``clients.py`` holds one S3 client
+(boto3) and one HTTP pool (urllib3) per process and opens a byte stream, classifying every
+failure as worth a retry or not; ``deadline.py`` holds every download to a minimum rate;
+``fetch.py`` brings a whole object into an anonymous memory file or a file, with retries,
+resuming a cut-off body where it stopped, checked against the size and checksum the index
+recorded; ``cache.py`` is the optional local shard cache, shared safely by the ranks of a node.
 
 Nothing here knows what a shard holds: the bytes are parsed only by ``wdsprep.format``, which
-opens what this package fetched like a local file.
+reads what the layers above fetched with this package, handed to it as a local copy.
+
+The names below are resolved on first use: importing ``wdsprep.remote.urls`` (as the format
+does, for naming URLs) does not import the fetching side.
 """
 
-from wdsprep.remote.fetch import (
-    FetchError,
-    LocalCopy,
-    NotFoundError,
-    RetryPolicy,
-    SizeMismatchError,
-    fetch_bytes,
-    fetch_shard,
-)
-from wdsprep.remote.urls import SCHEMES, is_url
+_LAZY = {"FetchError": "fetch", "ChangedError": "fetch", "LocalCopy": "fetch", "NotFoundError": "fetch",
+         "RetryPolicy": "fetch", "TooLargeError": "fetch", "fetch_file": "fetch", "fetch_shard": "fetch",
+         "SCHEMES": "urls", "is_url": "urls", "redact": "urls"}
+__all__ = list(_LAZY)
 
-__all__ = ["FetchError", "LocalCopy", "NotFoundError", "RetryPolicy", "SizeMismatchError", "fetch_bytes",
-           "fetch_shard", "SCHEMES", "is_url"]
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wdsprep.remote' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

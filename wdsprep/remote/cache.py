@@ -4,7 +4,8 @@ Files mirror the URLs (``DIR/s3/BUCKET/KEY``, ``DIR/http/HOST_PORT/PATH``, ``DIR
 so ``du`` and ``ls`` show what is cached.  A shard is downloaded under a temporary name and
 renamed when complete (``wdsprep.files.atomic_path``): an interrupted download never leaves a
 file under its final name.  A cached file is used only when its size is the one the index
-records; otherwise it is fetched again.
+records, and, where the index records the shard's SHA-256, its bytes hash to it (one read of the
+file, which also brings it into the page cache for the reader); otherwise it is fetched again.
 
 Several processes (the ranks and workers of a node) may share one directory:
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from wdsprep.files import TMP_SUFFIX, atomic_path, make_dir, temp_path
+from wdsprep.files import TMP_SUFFIX, atomic_path, file_sha256, make_dir, temp_path
 from wdsprep.remote.fetch import FileSink, LocalCopy, RetryPolicy, fetch_into
 from wdsprep.remote.urls import scheme, split_s3
 
@@ -88,14 +89,14 @@ class ShardCache:
         finally:
             os.close(fd)  # releases the lock
 
-    def _hit(self, path: Path, expected: int | None) -> LocalCopy | None:
-        """The cached file open, if it is there and of the expected size."""
+    def _hit(self, path: Path, expected: int | None, checksum: str | None) -> LocalCopy | None:
+        """The cached file open, if it is there and of the expected size and checksum."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         size = os.fstat(fd).st_size
-        if expected is not None and size != expected:
+        if (expected is not None and size != expected) or (checksum is not None and file_sha256(fd) != checksum):
             os.close(fd)  # an older version of the shard: fetched again, under the lock
             return None
         try:
@@ -104,23 +105,25 @@ class ShardCache:
             pass
         return LocalCopy(fd, size, path=str(path))
 
-    def fetch(self, url: str, *, expected: int | None = None, policy: RetryPolicy = RetryPolicy(),
+    def fetch(self, url: str, *, expected: int | None = None, checksum: str | None = None,
+              policy: RetryPolicy = RetryPolicy(),
               cancel: threading.Event | None = None) -> tuple[LocalCopy, int, bool]:
         """``url`` from the cache, fetching it first if needed: (open copy, retries, was it a hit)."""
         path = self.path_for(url)
-        hit = self._hit(path, expected)
+        hit = self._hit(path, expected, checksum)
         if hit is not None:
             return hit, 0, True
         make_dir(path.parent)
         with self._locked(self._lock_path(path)):
-            hit = self._hit(path, expected)  # another process fetched it while this one waited
+            hit = self._hit(path, expected, checksum)  # another process fetched it while this one waited
             if hit is not None:
                 return hit, 0, True
             fd = -1
             try:
                 with atomic_path(path) as tmp:
                     with open(tmp, "w+b") as f:
-                        retries = fetch_into(url, FileSink(f), expected=expected, policy=policy, cancel=cancel)
+                        retries = fetch_into(url, FileSink(f), expected=expected, checksum=checksum, policy=policy,
+                                             cancel=cancel)
                         f.flush()
                         # Kept open across the rename: an eviction (another thread or process) may
                         # unlink the final name the moment it exists, and this copy must stay readable.

@@ -10,7 +10,12 @@ failure whether a retry can help (:class:`Retryable`) or not (``FetchError``).
 
 Clients are made per process: a DataLoader worker forked from a process that had one gets its
 own (connection pools must not be shared across a fork), and the threads of a process share
-theirs (boto3 clients and urllib3 pools are thread-safe).
+theirs (boto3 clients and urllib3 pools are thread-safe).  Their connections register with the
+attempt being made (:mod:`wdsprep.remote.deadline`), which can shut them down when a server
+trickles.
+
+``https://USER:PASSWORD@host/...`` is sent as basic auth (as curl does), the query of a URL as it
+is (a presigned URL's signature); neither is ever part of a message (``urls.redact``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import threading
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from wdsprep.remote.urls import scheme, split_s3
+from wdsprep.remote import deadline
+from wdsprep.remote.urls import credentials, scheme, split_s3
 
 _lock = threading.Lock()
 _clients: dict[tuple, Any] = {}
@@ -55,11 +61,22 @@ class Final(Exception):
 
 class Stream:
     """An object's bytes from ``start`` on.  ``total``: the whole object's size, None when the
-    server did not say; ``validator``: an ETag or date a resumed read must match."""
+    server did not say; ``etag``, ``modified``: the version the server says it is sending (ETag,
+    Last-Modified); ``validator``: the one that pins a resumed read to that version, and which a
+    resumed response must have again."""
 
     start: int = 0
     total: int | None = None
-    validator: str | None = None
+    etag: str | None = None
+    modified: str | None = None
+
+    @property
+    def validator(self) -> str | None:
+        """A strong ETag, else the Last-Modified date (If-Range takes no weak ETag), else None (a
+        read cut short then starts over: it cannot be resumed safely)."""
+        if self.etag and not self.etag.startswith("W/"):
+            return self.etag
+        return self.modified
 
     def read(self, n: int) -> bytes:
         raise NotImplementedError
@@ -85,6 +102,44 @@ def _socket_readinto(response: Any, view: memoryview) -> int:
     return fp.readinto(view) or 0
 
 
+def _watched_connection(cls: type) -> type:
+    """``cls`` (a urllib3 connection class) registering each request's connection with the attempt
+    this thread is making, so the watchdog can shut its socket down (headers and body alike)."""
+
+    class Watched(cls):  # type: ignore[misc, valid-type]
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            watch = deadline.current()
+            if watch is not None:
+                watch.attach(lambda: deadline.shutdown(getattr(self, "sock", None)))
+            return super().request(*args, **kwargs)
+
+    Watched.__name__ = Watched.__qualname__ = f"Watched{cls.__name__}"
+    return Watched
+
+
+def _watch_pools(classes: dict) -> None:
+    """Every pool class of a scheme -> pool class map (urllib3's ``pool_classes_by_scheme``), in
+    place, made to open watched connections."""
+    for name, pool in list(classes.items()):
+        watched = _watched_connection(pool.ConnectionCls)
+        classes[name] = type(f"Watched{pool.__name__}", (pool,), {"ConnectionCls": watched})
+
+
+def _watch_response(response: Any) -> None:
+    """Register the socket a response is read from with this thread's attempt (for a connection
+    that did not register itself)."""
+    watch = deadline.current()
+    if watch is None:
+        return
+    conn = getattr(response, "connection", None) or getattr(response, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is None:  # http.client's response: its file's socket
+        raw = getattr(getattr(getattr(response, "_fp", None), "fp", None), "raw", None)
+        sock = getattr(raw, "_sock", None)
+    if sock is not None:
+        watch.attach(lambda: deadline.shutdown(sock))
+
+
 def _client(key: tuple, make: Any) -> Any:
     key = (os.getpid(), *key)
     with _lock:
@@ -100,9 +155,18 @@ def s3_client(timeout: float) -> Any:
         import boto3
         from botocore.config import Config
 
-        return boto3.session.Session().client(
+        client = boto3.session.Session().client(
             "s3", config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=min(timeout, 20),
                                 read_timeout=timeout, max_pool_connections=32))
+        # botocore's pools are not configurable: its session's scheme -> pool map (one dict, shared
+        # by its pool and proxy managers) is made to open watched connections.  Should a botocore
+        # release rename it, a trickling S3 response is still cut once its body is read
+        # (_watch_response), only its headers are not.
+        classes = getattr(getattr(getattr(client, "_endpoint", None), "http_session", None),
+                          "_pool_classes_by_scheme", None)
+        if isinstance(classes, dict):
+            _watch_pools(classes)
+        return client
     # The endpoint and profile are read when the client is made: a change of them makes another.
     env = tuple(os.environ.get(k) for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE"))
     return _client(("s3", timeout, env), make)
@@ -121,7 +185,10 @@ def http_pool(url: str, timeout: float) -> Any:
         kw = dict(num_pools=16, maxsize=8, timeout=urllib3.Timeout(connect=min(timeout, 20), read=timeout),
                   retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5,
                                         raise_on_status=False))
-        return urllib3.ProxyManager(proxy, **kw) if proxy else urllib3.PoolManager(**kw)
+        manager = urllib3.ProxyManager(proxy, **kw) if proxy else urllib3.PoolManager(**kw)
+        manager.pool_classes_by_scheme = dict(manager.pool_classes_by_scheme)  # this manager's own
+        _watch_pools(manager.pool_classes_by_scheme)
+        return manager
     return _client(("http", proxy, timeout), make)
 
 
@@ -170,13 +237,16 @@ class _S3Stream(Stream):
             raise _s3_error(e, url) from None
         except OSError as e:
             raise Retryable(f"{type(e).__name__}: {e}") from None
+        except (ValueError, TypeError) as e:  # a header botocore cannot parse (a Content-Length of "abc")
+            raise Retryable(f"the server sent a malformed response ({type(e).__name__}: {e})") from None
         self.body = r["Body"]
-        self.validator = r.get("ETag")
+        _watch_response(getattr(self.body, "_raw_stream", None))
+        self.etag, self.modified = r.get("ETag"), None  # S3 resumes by ETag (If-Match)
         span = _content_range(r.get("ContentRange"))
         if span is not None:
             self.start, self.total = span
         else:
-            self.start, self.total = 0, int(r["ContentLength"])
+            self.start, self.total = 0, _content_length(r.get("ContentLength"))
 
     def read(self, n: int) -> bytes:
         try:
@@ -204,6 +274,17 @@ class _S3Stream(Stream):
             pass
 
 
+def _content_length(value: Any) -> int | None:
+    """A Content-Length header's bytes (None without one); Retryable for one that is no count
+    (a broken server or proxy: another attempt may meet a sound one)."""
+    if value is None or isinstance(value, int):
+        return None if value is None or value < 0 else value
+    counts = {v.strip() for v in str(value).split(",")}  # "n, n": a header repeated by a proxy
+    if len(counts) != 1 or not next(iter(counts)).isdigit():
+        raise Retryable(f"the server sent a malformed Content-Length {str(value)[:40]!r}")
+    return int(counts.pop())
+
+
 def _content_range(value: str | None) -> tuple[int, int | None] | None:
     """(first byte, total) of ``bytes a-b/total``; None without one."""
     m = re.fullmatch(r"\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*", value or "")
@@ -216,25 +297,32 @@ class _HTTPStream(Stream):
     def __init__(self, url: str, start: int, validator: str | None, timeout: float) -> None:
         import urllib3
 
+        target, auth = credentials(url)
         headers = {}
+        if auth is not None:
+            headers.update(urllib3.util.make_headers(basic_auth=f"{auth[0]}:{auth[1]}"))
         if start:
             headers["Range"] = f"bytes={start}-"
             if validator:
                 headers["If-Range"] = validator  # changed since: the server sends it whole (200)
         try:
-            r = http_pool(url, timeout).request("GET", url, headers=headers, preload_content=False)
+            r = http_pool(target, timeout).request("GET", target, headers=headers, preload_content=False)
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise Retryable(f"{type(e).__name__}: {e}") from None
         self.r = r
+        _watch_response(r)
         status = r.status
         if status in (200, 206):
-            length = r.headers.get("Content-Length")
-            span = _content_range(r.headers.get("Content-Range")) if status == 206 else None
-            if span is not None:
-                self.start, self.total = span
-            else:
-                self.start, self.total = 0, int(length) if length is not None else None
-            self.validator = r.headers.get("ETag") or r.headers.get("Last-Modified")
+            try:
+                span = _content_range(r.headers.get("Content-Range")) if status == 206 else None
+                if span is not None:
+                    self.start, self.total = span
+                else:
+                    self.start, self.total = 0, _content_length(r.headers.get("Content-Length"))
+            except Retryable:
+                self.close()
+                raise
+            self.etag, self.modified = r.headers.get("ETag"), r.headers.get("Last-Modified")
             return
         self.close()
         if status in (404, 410):
@@ -243,8 +331,14 @@ class _HTTPStream(Stream):
             raise Retryable("HTTP 416 for a resumed range", restart=True)
         if status in _RETRY_STATUS or status >= 500:
             raise Retryable(f"HTTP {status}", wait=_retry_after(r.headers.get("Retry-After")))
-        if status in (401, 403):
-            raise Final(f"HTTP {status} (the server refuses access: check the URL's credentials or token)")
+        if status == 401 and auth is not None:
+            raise Final("HTTP 401 (the server refuses the user and password in the URL: check them)")
+        if status == 401:
+            raise Final("HTTP 401 (the server wants credentials: put USER:PASSWORD@ before the host in the URL, sent "
+                        "as basic auth, or use a presigned URL)")
+        if status == 403:
+            raise Final("HTTP 403 (the server refuses access: check the credentials or token in the URL and the "
+                        "file's permissions on the server)")
         raise Final(f"HTTP {status}")
 
     def read(self, n: int) -> bytes:
@@ -269,10 +363,13 @@ class _HTTPStream(Stream):
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds a Retry-After header asks for; None for a date or nonsense (the backoff decides).
+    The wait is capped by the retry policy."""
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
-        return None  # an HTTP date: the backoff decides
+        return None
+    return seconds if seconds is not None and 0 <= seconds < float("inf") else None
 
 
 class _PipeStream(Stream):
@@ -282,6 +379,9 @@ class _PipeStream(Stream):
         self.cmd = url[len("pipe:"):]
         self.err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty command cannot block on it
         self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=self.err)
+        watch = deadline.current()
+        if watch is not None:
+            watch.attach(self.proc.kill)  # a command that trickles is ended like a slow server
 
     def read(self, n: int) -> bytes:
         assert self.proc.stdout is not None
@@ -350,5 +450,5 @@ def list_s3(bucket: str, prefix: str, timeout: float) -> list[tuple[str, int]]:
         return [(o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", [])]
     except (BotoCoreError, ClientError) as e:
         raise _s3_error(e, f"s3://{bucket}/{prefix}") from None
-    except OSError as e:
+    except (OSError, ValueError, TypeError) as e:
         raise Retryable(f"{type(e).__name__}: {e}") from None

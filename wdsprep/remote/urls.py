@@ -6,11 +6,16 @@ the standard AWS variables and files), ``http://`` and ``https://`` (any web ser
 webdataset's openers as before.
 
 Globs are answered in ``listing.py``.
+
+A URL may hold secrets: a user and password (``https://USER:PASSWORD@host/...``, sent as HTTP
+basic auth) or a token or signature in its query (a presigned URL, sent as it is).  Every
+message that names a URL names it through :func:`redact`.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import re
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 SCHEMES = ("pipe:", "http://", "https://", "gs://", "s3://", "ais://")
 
@@ -39,6 +44,44 @@ def has_folder(url: str) -> bool:
 def folder_of(url: str) -> str:
     """The folder URL of an object URL (its index lives there)."""
     return url.split("?", 1)[0].rsplit("/", 1)[0]
+
+
+# scheme://USER[:PASSWORD]@: the userinfo of any URL in a text (a URL, a pipe: command, a message).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]+@")
+# The query of an http(s) URL (in an s3:// URL a ``?`` is a glob character, not a query).
+_QUERY = re.compile(r"(?i)(\bhttps?://[^?#\s'\"]*\?)[^#\s'\"]*[^#\s'\":;,.)\]]")  # not a sentence's punctuation
+MASK = "***"
+
+
+def _mask_query(query: str) -> str:
+    """``a=1&b=2`` as ``a=***&b=***``: the names stay (they say what kind of URL it is), the values go."""
+    return "&".join(f"{part.partition('=')[0]}={MASK}" if "=" in part else MASK for part in query.split("&"))
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """``text`` (a URL, a command, a message) with its secrets masked: the user and password of every
+    ``scheme://USER:PASSWORD@``, the query values of every http(s) URL, and, where ``url`` is given,
+    ``url``'s own secrets wherever they occur (an HTTP library's message may quote its path and query
+    without the host).  Everything that names a URL in a message names it through this."""
+    if url is not None:
+        parts = urlsplit(url) if scheme(url) == "http" else None
+        if parts is not None and parts.query:
+            text = text.replace(parts.query, _mask_query(parts.query))
+        if parts is not None and "@" in parts.netloc:
+            text = text.replace(parts.netloc.rpartition("@")[0] + "@", MASK + "@")
+    text = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    return _QUERY.sub(lambda m: m.group(1) + _mask_query(m.group(0)[len(m.group(1)):]), text)
+
+
+def credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(``url`` without its userinfo, (user, password) percent-decoded, or None): what an HTTP client
+    sends as basic auth, as curl does with ``https://USER:PASSWORD@host/...``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    return (urlunsplit(parts._replace(netloc=host)),
+            (unquote(parts.username or ""), unquote(parts.password or "")))
 
 
 def split_s3(url: str) -> tuple[str, str]:

@@ -7,6 +7,10 @@ ones are fetched in the background (remote: downloaded, into memory or the cache
 local: asked into the page cache), at most ``read_ahead_bytes`` of them waiting in memory.  A
 fetch that fails is retried (``wdsprep.remote.fetch``); the retries are handed back with the
 shard, for the reader's counts.  Pure threads and numpy: no torch.
+
+This is where a remote shard becomes something ``wdsprep.format`` reads (:func:`fetched_shard`,
+also for ``verify``, ``inspect`` and the scan of shards no index lists): the format does not
+fetch, so the user's retry options reach every read.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import numpy as np
 
 from wdsprep.format.shardfile import ShardFile, prefetch_shard
 from wdsprep.remote.cache import ShardCache
-from wdsprep.remote.fetch import Cancelled, FetchError, LocalCopy, RetryPolicy, fetch_shard
-from wdsprep.remote.urls import is_url
+from wdsprep.remote.fetch import MIN_RATE, Cancelled, FetchError, LocalCopy, RetryPolicy, fetch_shard
+from wdsprep.remote.urls import is_url, redact
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class FetchOptions:
     retries: int = 5  # attempts after the first, for a dropped connection, HTTP 5xx or a cut-off body
     retry_backoff: float = 1.0  # seconds before the first retry, doubling each time (at most 30 s)
     timeout: float = 60.0  # seconds to connect or between two reads before an attempt fails
+    min_rate: float = MIN_RATE  # bytes/s a download must average (after a grace): slower is retried
 
     def __post_init__(self) -> None:
         if self.read_ahead < 0:
@@ -45,10 +50,20 @@ class FetchOptions:
             raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         if self.cache_bytes is not None and self.cache_dir is None:
             raise ValueError("cache_bytes bounds the shard cache: give cache_dir too")
-        self.policy()  # checks retries and backoff
+        self.policy()  # checks retries, backoff and min_rate
 
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(retries=self.retries, backoff=self.retry_backoff, timeout=self.timeout)
+        return RetryPolicy(retries=self.retries, backoff=self.retry_backoff, timeout=self.timeout,
+                           min_rate=self.min_rate)
+
+
+def fetched_shard(url: str, *, policy: RetryPolicy, expected: int | None = None,
+                  checksum: str | None = None) -> ShardFile:
+    """A pipe's or URL's shard fetched whole into memory with ``policy``'s retries, checked against
+    the size and SHA-256 its index recorded (where given), and open for the format's readers like a
+    local one (named in messages with its secrets masked).  Raises ``FetchError``."""
+    copy, _ = fetch_shard(url, expected=expected, checksum=checksum, policy=policy)
+    return ShardFile(redact(url), copy)
 
 
 class Opened(NamedTuple):
@@ -65,11 +80,14 @@ class ShardFetcher:
     read them); :meth:`open` each shard when it is needed, :meth:`close` at the end.
 
     ``sizes[s]``: the bytes shard ``s`` has according to the index (-1: unknown), which a fetch
-    checks and which the byte bound counts.
+    checks and which the byte bound counts; ``checksums[s]``: its SHA-256, which a fetch checks
+    (None: not recorded).
     """
 
-    def __init__(self, urls: Sequence[str], sizes: np.ndarray, order: Sequence[int], options: FetchOptions) -> None:
+    def __init__(self, urls: Sequence[str], sizes: np.ndarray, order: Sequence[int], options: FetchOptions,
+                 checksums: Sequence[str | None] | None = None) -> None:
         self.urls, self.sizes, self.order = urls, sizes, list(order)
+        self.checksums = checksums
         self.options = options
         self.position = {s: i for i, s in enumerate(self.order)}
         self.next = 0  # self.order[:next] were started (remote) or asked into the page cache (local)
@@ -104,10 +122,12 @@ class ShardFetcher:
     def _fetch(self, s: int) -> tuple[LocalCopy, int, int]:
         url = self.urls[s]
         expected = int(self.sizes[s]) if self.sizes[s] >= 0 else None
+        checksum = None if self.checksums is None else self.checksums[s]
         if self.cache is not None:
-            copy, retries, hit = self.cache.fetch(url, expected=expected, policy=self.policy, cancel=self.cancel)
+            copy, retries, hit = self.cache.fetch(url, expected=expected, checksum=checksum, policy=self.policy,
+                                                  cancel=self.cancel)
             return copy, retries, 0 if hit else copy.size
-        copy, retries = fetch_shard(url, expected=expected, policy=self.policy, cancel=self.cancel)
+        copy, retries = fetch_shard(url, expected=expected, checksum=checksum, policy=self.policy, cancel=self.cancel)
         return copy, retries, copy.size
 
     def _ahead(self, position: int) -> None:
@@ -130,8 +150,8 @@ class ShardFetcher:
     def open(self, s: int) -> Opened:
         """Shard ``s``, once fetched (waiting for it if need be), with the next ones started.
 
-        Raises ``FetchError`` (its ``retries`` spent) when it cannot be had; ``SizeMismatchError``
-        (a FetchError) when the server's copy is not the size its index recorded.
+        Raises ``FetchError`` (its ``retries`` spent) when it cannot be had; ``ChangedError`` (a
+        FetchError) when the server's copy is not the size or checksum its index recorded.
         """
         self._ahead(self.position.get(s, self.next - 1))
         url = self.urls[s]
@@ -146,7 +166,7 @@ class ShardFetcher:
             copy, retries, nbytes = future.result()
         finally:
             self._ahead(self.position.get(s, self.next - 1))  # its bytes no longer wait: room for more
-        return Opened(ShardFile(url, copy), retries, nbytes)
+        return Opened(ShardFile(redact(url), copy), retries, nbytes)
 
     def close(self) -> None:
         """Stop: downloads in flight give up at their next chunk, and what waited is let go."""
@@ -161,4 +181,4 @@ class ShardFetcher:
         self.pending = {}
 
 
-__all__ = ["Cancelled", "FetchError", "FetchOptions", "Opened", "ShardFetcher"]
+__all__ = ["Cancelled", "FetchError", "FetchOptions", "Opened", "ShardFetcher", "fetched_shard"]
