@@ -257,7 +257,8 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
-            opts.pop(name, None)  # run-time options: they do not change the plan
+            if name not in RETRY_OPTIONS:  # the retries fetch remote indexes; the rest do not change the plan
+                opts.pop(name, None)
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
 
         plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs,

@@ -26,6 +26,7 @@ from wdsprep.loading.quality import ShuffleQuality
 from wdsprep.loading.shardset import ShardSet, row_keys
 from wdsprep.loading.source import EpochSource, Trset, epoch_source, load_shards
 from wdsprep.loading.stats import BatchTally, LoaderStats, StepCosts
+from wdsprep.remote.fetch import MIN_RATE, RetryPolicy
 from wdsprep.tokenizer import Tokenizer, load_tokenizer
 from wdsprep.units import hours
 
@@ -35,7 +36,8 @@ MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 
 def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
                 out: TextIO | None = None, windows: int = 8, tokenizer: Tokenizer | str | os.PathLike | None = None,
-                dump_keys: str | os.PathLike | None = None, **plan_options: Any) -> list[dict[str, Any]]:
+                dump_keys: str | os.PathLike | None = None, retries: int = 5, retry_backoff: float = 1.0,
+                min_rate: float = MIN_RATE, **plan_options: Any) -> list[dict[str, Any]]:
     """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
     (``max_frames``, ``cost`` and ``max_cost`` and any of the batching options ``make_loader``
@@ -44,7 +46,8 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     ``cost`` without ``max_cost`` judges a plan cut by frames (what ``max_cost`` keeps its peak?).
     ``tokenizer`` is needed by a cost model that counts label tokens.  ``dump_keys``: every rank's
     planned batches written there, one ``epoch<TAB>step<TAB>rank<TAB>uttid`` line per utterance,
-    from the index's keys."""
+    from the index's keys.  ``retries``, ``retry_backoff``, ``min_rate``: fetching remote indexes,
+    as the loader does."""
     out = out or sys.stdout
     mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
     if plan_options.get("cost") is not None:
@@ -58,10 +61,11 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
         raise ValueError("the cost model counts label tokens: give the tokenizer (--tokenizer) to count them")
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
-    shards = load_shards(trset, derive_speakers=True, tokenizer=tokenizer if tokens else None)
+    policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
+    shards = load_shards(trset, policy=policy, derive_speakers=True, tokenizer=tokenizer if tokens else None)
     source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
                           named=isinstance(trset, Mapping), **mixing)
-    keys = row_keys(shards) if dump_keys is not None else None
+    keys = row_keys(shards, policy=policy) if dump_keys is not None else None
     dump = open(dump_keys, "w", encoding="utf-8") if dump_keys is not None else None
     reports = []
     try:
