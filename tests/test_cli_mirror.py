@@ -8,6 +8,7 @@ import inspect
 import pytest
 
 import wdsprep
+from wdsprep.calibrate import calibrate
 from wdsprep.check.dryrun import dry_run
 from wdsprep.cli import build_parser
 
@@ -25,6 +26,7 @@ MIRRORS = [
     (("dry-run",), wdsprep.make_loader, {"train": "dev", "persistent_workers": "no_persistent_workers"},
      {"trset": "--trset or --hyper", "tokenizer": "--tokenizer", "rank": "torchrun's", "world_size": "torchrun's"}),
     (("index",), wdsprep.index_shards, {}, {}),
+    (("calibrate",), calibrate, {}, {}),
 ]
 
 
