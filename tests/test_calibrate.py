@@ -15,21 +15,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from calibrate_models import MemoryLimited
 from shardsets import build, train_char_tokenizer
 
+from wdsprep import calibrate as cal_module
 from wdsprep.calibrate import (
     ModelError,
     Shape,
     Timing,
+    TrainStep,
     calibrate,
     fit_cost,
     largest_batch,
     length_grid,
+    make_batch,
     oom_guard,
     search_memory,
 )
 from wdsprep.cli import main
 from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.loading.source import load_shards
 
 MODELS = Path(__file__).parent / "calibrate_models.py"
 
@@ -74,7 +79,8 @@ def test_transformer_fit_holds_on_shapes_it_did_not_fit(corpus, one_thread):
     assert _quadratic_share(cal) > 0.2, cal.format()
     # The grid covers the corpus's lengths: the 5th to the 99.9th percentile of frames.
     frames = sorted({t.shape.frames for t in cal.timings})
-    assert frames[0] == math.floor(cal.frames["p5"]) and frames[-1] == math.ceil(cal.frames["p99.9"])
+    p5, p999 = np.quantile(load_shards(trset).frames, [0.05, 0.999])
+    assert frames[0] == math.floor(p5) and frames[-1] == math.ceil(p999)
     # The file is the model the loader reads, with the fit's notes beside it.
     doc = json.loads(out.read_text())
     assert load_cost(out) == cal.cost
@@ -196,6 +202,38 @@ def test_only_running_out_of_memory_counts_as_not_fitting():
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
         oom_guard(broken, lambda: None)(Shape(1, 10, 1))
+
+
+def test_gpu_search_wiring_on_cpu_with_a_model_that_runs_out_of_memory(monkeypatch):
+    """The CUDA path's own pieces, run on CPU: the real training step lets the model's out-of-memory
+    error through (not as a ModelError), the probe frees and empties the cache after it, the
+    search finds each length's largest batch; and a timed shape too big is halved until it fits."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    cpu = torch.device("cpu")
+    model = MemoryLimited(8, limit=50_000)
+    step = TrainStep(model, device=cpu, optimizer="adamw", step=None, model_spec="m:f", step_spec=None)
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(s: Shape):
+        return make_batch(s, feat_dim=8, vocab_size=10, device=cpu, generator=gen)
+
+    frames = np.array([100, 150, 200, 300, 400])
+    cost = CostModel(subsampling=4, per_frame=1.0, per_frame2=0.01)
+    m = cal_module._cuda_memory(step, batch, frames, lambda t: t // 10, cost, cpu, margin=0.1, progress=False)
+    # From the 5th percentile of lengths to the longest utterance.
+    assert m.buckets[0][0].frames == round(np.quantile(frames, 0.05)) and m.buckets[-1][0].frames == 400
+    for s, _ in m.buckets:
+        true = int(50_000 // MemoryLimited.activations(1, s.frames))
+        assert 0.95 * true <= s.size <= true, (s, true)
+    assert emptied and m.max_cost == pytest.approx(0.9 * min(c for _, c in m.buckets))
+
+    x = Timing(Shape(1000, 400, 40), 0.0, rounds=[0.1, 0.2])
+    cal_module._time_shape(step, batch, x, cpu)
+    # 2,000 activations an utterance of 400 frames: 1000 -> 500 -> ... -> 31 (62,000) -> 15 (30,000) fits.
+    assert x.shape == Shape(15, 400, 40) and x.rounds == []  # the rounds timed another shape
+    with pytest.raises(ModelError, match="one utterance of 3000 frames .* does not train in the memory of cpu"):
+        cal_module._time_shape(step, batch, Timing(Shape(4, 3000, 40), 0.0), cpu)
 
 
 # --- the command ---------------------------------------------------------------------------------

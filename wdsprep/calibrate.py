@@ -30,7 +30,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -372,6 +372,33 @@ def _timed(step: TrainStep, batch: tuple[torch.Tensor, ...], device: torch.devic
     return clock() - t0, time.perf_counter() - w0
 
 
+def _free(step: TrainStep) -> None:
+    """After a step ran out of GPU memory: its gradients dropped, the young reference cycles
+    collected (a traceback's frames may hold the step's tensors; a full collection takes ~0.5 s
+    with torch loaded), the allocator's cache given back."""
+    step.release()
+    gc.collect(1)
+    torch.cuda.empty_cache()
+
+
+def _time_shape(step: TrainStep, batch: Callable[[Shape], tuple], x: Timing,
+                device: torch.device) -> tuple[float, float]:
+    """:func:`_timed` on ``x``'s shape.  When the GPU runs out of memory the batch is halved (and
+    the rounds timed so far dropped: they timed another shape), down to one utterance."""
+    while True:
+        try:
+            return _timed(step, batch(x.shape), device)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        _free(step)
+        if x.shape.size == 1:
+            raise ModelError(f"one utterance of {x.shape.frames} frames (a label of {x.shape.tokens} tokens) does not "
+                             f"train in the memory of {device}: calibrate on a larger GPU, or give --step MODULE:FUNC "
+                             f"that trains as you will (e.g. under torch.autocast)")
+        x.shape = replace(x.shape, size=x.shape.size // 2)
+        x.rounds.clear()
+
+
 def fit_cost(timings: Sequence[Timing], subsampling: int) -> CostModel:
     """The coefficients >= 0 that minimise the squared relative error of ``B * c(t, u)`` against the
     measured seconds: non-negative least squares on rows ``B * [1, t, t^2, u, u^2] / seconds``
@@ -520,8 +547,7 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
 
         lengths = length_grid(frames)
         # The first step shows whether the model runs at all, on a batch too small to be slow.
-        train_step(batch(Shape(2, int(lengths[0]), tokens(int(lengths[0])))))
-        _sync(dev)
+        _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
         batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev,
                                      budget=max_seconds - (time.perf_counter() - t_start))
         timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
@@ -578,7 +604,8 @@ def _device(device: str) -> torch.device:
 
 def _frame_summary(frames: np.ndarray) -> dict[str, float]:
     q = np.quantile(frames.astype(np.float64), [FRAME_QUANTILES[0], 0.5, FRAME_QUANTILES[1]])
-    return {"p5": float(q[0]), "median": float(q[1]), "p99.9": float(q[2]), "max": float(frames.max())}
+    return {"p5": round(float(q[0]), 1), "median": round(float(q[1]), 1), "p99.9": round(float(q[2]), 1),
+            "max": float(frames.max())}
 
 
 def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.ndarray, tokens: Callable[[int], int],
@@ -590,11 +617,9 @@ def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.
     pilot = max(hi, 1000)
     per_frame = []
     for t in (lo, hi):
-        shape = Shape(max(1, round(pilot / t)), t, tokens(t))
-        b = batch(shape)
-        _timed(step, b, device)  # warm-up: first calls at a shape allocate
-        per_frame.append(_timed(step, b, device)[1] / (shape.size * t))
-        del b
+        x = Timing(Shape(max(1, round(pilot / t)), t, tokens(t)), 0.0)
+        _time_shape(step, batch, x, device)  # warm-up: first calls at a shape allocate
+        per_frame.append(_time_shape(step, batch, x, device)[1] / (x.shape.size * t))
     slope = (per_frame[1] - per_frame[0]) / max(1, hi - lo)
     per_frame_at = np.maximum(per_frame[0] + slope * (lengths - lo), min(per_frame))
     steps = 2 * (WARMUP + TARGET_ROUNDS)  # two label lengths per length
@@ -624,7 +649,7 @@ def _time_grid(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.nda
         while True:
             for k in rng.permutation(len(timings)):
                 x = timings[k]
-                seconds, _ = _timed(step, batch(x.shape), device)
+                seconds, _ = _time_shape(step, batch, x, device)
                 if rounds >= WARMUP:
                     x.rounds.append(seconds)
                 bar.update()
@@ -656,14 +681,9 @@ def _cuda_memory(step: TrainStep, batch: Callable[[Shape], tuple], frames: np.nd
         step(b)
         _sync(device)
 
-    def on_oom() -> None:
-        step.release()
-        gc.collect()
-        torch.cuda.empty_cache()
-
     ddp_buckets = torch.empty(sum(p.numel() for p in step.model.parameters()), dtype=torch.float32, device=device)
     try:
-        memory = search_memory(oom_guard(run, on_oom), buckets, cost, margin=margin, progress=progress)
+        memory = search_memory(oom_guard(run, lambda: _free(step)), buckets, cost, margin=margin, progress=progress)
     finally:
         del ddp_buckets
         step.release()
