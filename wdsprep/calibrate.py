@@ -89,6 +89,7 @@ class MemorySearch:
     margin: float
     buckets: list[tuple[Shape, float]]  # (largest batch that fit, its cost); size 0: one utterance is too much
     max_cost: float | None
+    cap: int = OOM_CAP  # no batch larger than this was tried
 
 
 @dataclass
@@ -147,7 +148,8 @@ class Calibration:
         c, ts = self.cost, self.timings
         frames = sorted({t.shape.frames for t in ts})
         tokens = sorted({t.shape.tokens for t in ts})
-        lines = [f"timed {len(ts)} shapes on {self.device} ({self.threads} threads) in {self.seconds:.1f} s: "
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+        lines = [f"timed {len(ts)} shapes on {self.device} ({threads}) in {self.seconds:.1f} s: "
                  f"{len(frames)} lengths {frames[0]}..{frames[-1]} frames, labels {tokens[0]}..{tokens[-1]} tokens, "
                  f"batches of about {self.batch_frames:,} frames",
                  f"cost of an utterance, seconds (t = frames / {c.subsampling}, u = tokens): "
@@ -165,9 +167,13 @@ class Calibration:
                      f"max {np.abs(fitted).max():.1%})")
         if self.memory is not None:
             m = self.memory
+            lines.append("memory search, the largest batch that trained at each length:")
             for s, cost in m.buckets:
-                lines.append(f"  {s.frames} frames, {s.tokens} tokens: largest batch that trained {s.size} "
-                             f"(cost {cost:.4g})")
+                if s.size == 0:
+                    lines.append(f"  {s.frames} frames, {s.tokens} tokens: not even one utterance")
+                    continue
+                capped = " (the search's cap: more may fit)" if s.size >= m.cap else ""
+                lines.append(f"  {s.frames} frames, {s.tokens} tokens: {s.size}{capped}, cost {cost:.4g}")
             if m.max_cost is not None:
                 lines.append(f"max_cost {m.max_cost:.4g}: the smallest of those, less a margin of {m.margin:.0%}")
         return "\n".join(lines)
@@ -474,7 +480,7 @@ def search_memory(fits: Callable[[Shape], bool], buckets: Sequence[tuple[int, in
     found.reverse()
     bounds = [c for s, c in found if s.size > 0]
     max_cost = (1 - margin) * min(bounds) if bounds else None
-    return MemorySearch(margin=margin, buckets=found, max_cost=max_cost)
+    return MemorySearch(margin=margin, buckets=found, max_cost=max_cost, cap=cap)
 
 
 def _disable(progress: bool | None) -> bool | None:
