@@ -506,7 +506,8 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
         device: ``cpu``, ``cuda`` or ``cuda:N``.  On CUDA the largest safe ``max_cost`` is searched too.
         step: ``MODULE:FUNC`` called as ``FUNC(model, feats, feat_lens, labels, label_lens) -> loss``
             instead of the forward call (e.g. to run it under ``torch.autocast``).
-        max_seconds: time for the timing (the CUDA memory search comes on top).
+        max_seconds: time for the timing, from the first step on (importing and building the model, and
+            the CUDA memory search, come on top).
         subsampling: the encoder's frame rate reduction: ``t = frames / subsampling``.
         seed: seeds the model's initialisation, the synthetic batches and the timing order.
         tokens_per_frame, max_tokens: the longest label the grid times at a length, ``tokens_per_frame
@@ -554,10 +555,10 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
         lengths = length_grid(frames)
         # The first step shows whether the model runs at all, on a batch too small to be slow.
         _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
-        batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev,
-                                     budget=max_seconds - (time.perf_counter() - t_start))
+        t_timing = time.perf_counter()  # max_seconds counts from here: loading and building are the user's
+        batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev, budget=max_seconds)
         timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
-                             budget=max_seconds - (time.perf_counter() - t_start), progress=progress)
+                             budget=max_seconds - (time.perf_counter() - t_timing), progress=progress)
         cost = fit_cost([t for t in timings if not t.held_out], subsampling)
         memory = None
         if dev.type == "cuda":
@@ -616,23 +617,30 @@ def _frame_summary(frames: np.ndarray) -> dict[str, float]:
 
 def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.ndarray, tokens: Callable[[int], int],
                   device: torch.device, *, budget: float) -> int:
-    """The frame budget ``B * T`` of the timed batches that lets the grid's rounds fit ``budget``
-    seconds: a pilot step at the shortest and the longest length gives seconds per frame at
-    each, taken as linear in the length in between (a quadratic cost per utterance)."""
+    """The frame budget ``B * T`` of the timed batches that lets the pilot and the grid's rounds fit
+    ``budget`` seconds (wall clock): a pilot step at the shortest and the longest length (the
+    faster of two, after a warm-up: one stall of a busy machine must not shrink every batch) gives
+    seconds per frame at each, taken as linear in the length in between (a quadratic cost per
+    utterance)."""
+    t0 = time.perf_counter()
     lo, hi = int(lengths[0]), int(lengths[-1])
     pilot = max(hi, 1000)
     per_frame = []
     for t in (lo, hi):
         x = Timing(Shape(max(1, round(pilot / t)), t, tokens(t)), 0.0)
         _time_shape(step, batch, x, device)  # warm-up: first calls at a shape allocate
-        per_frame.append(_time_shape(step, batch, x, device)[1] / (x.shape.size * t))
+        wall = min(_time_shape(step, batch, x, device)[1] for _ in range(2))
+        per_frame.append(wall / (x.shape.size * t))
     slope = (per_frame[1] - per_frame[0]) / max(1, hi - lo)
     per_frame_at = np.maximum(per_frame[0] + slope * (lengths - lo), min(per_frame))
     steps = 2 * (WARMUP + TARGET_ROUNDS)  # two label lengths per length
-    frames = 0.9 * budget / (steps * float(per_frame_at.sum()))
+    left = budget - (time.perf_counter() - t0)
+    frames = 0.9 * left / (steps * float(per_frame_at.sum()))
     if frames < hi:
-        warnings.warn(f"a step of one utterance of {hi} frames takes about {per_frame[1] * hi:.2g} s: timing the grid "
-                      f"takes longer than max_seconds allows", UserWarning, stacklevel=3)
+        need = steps * hi * float(per_frame_at.sum()) / 0.9
+        warnings.warn(f"timing the grid takes about {need:.0f} s even with one utterance a batch at the longest "
+                      f"length, more than the {left:.0f} s max_seconds leaves; it runs its rounds all the same",
+                      UserWarning, stacklevel=3)
     return int(min(MAX_BATCH_FRAMES, max(hi, frames)))
 
 
