@@ -8,6 +8,7 @@ import inspect
 import pytest
 
 import wdsprep
+from wdsprep.calibrate import calibrate
 from wdsprep.check.dryrun import dry_run
 from wdsprep.check.planreport import plan_report
 from wdsprep.cli import build_parser
@@ -30,6 +31,7 @@ MIRRORS = [
     (("tokenizer", "count-labels"), count_labels, {}, {}),
     (("dry-run",), plan_report, {}, {"out": "the report goes to stdout", "windows": "a printout detail",
                                      "plan_options": "make_loader's: above"}),
+    (("calibrate",), calibrate, {}, {}),
 ]
 
 

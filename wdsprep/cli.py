@@ -424,6 +424,53 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_dry_run)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> None:
+    from wdsprep.calibrate import calibrate
+
+    result = calibrate(args.model, args.trset, args.tokenizer, args.out, device=args.device, step=args.step,
+                       max_seconds=args.max_seconds, subsampling=args.subsampling, seed=args.seed,
+                       tokens_per_frame=args.tokens_per_frame, max_tokens=args.max_tokens, optimizer=args.optimizer,
+                       oom_margin=args.oom_margin, overwrite=args.overwrite, progress=args.progress)
+    print(result.format())
+    print(f"wrote {args.out}")
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    # Defaults written out, not imported: wdsprep.calibrate imports torch, and building the parser must not.
+    p = sub.add_parser("calibrate", help="time your model's training step over the corpus's lengths and fit the cost "
+                                         "model the loader's batches can be sized by (on CUDA also the largest "
+                                         "max_cost that fits in memory)")
+    p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
+                   help="FACTORY(feat_dim=, vocab_size=) returns the model; its forward(feats, feat_lens, labels, "
+                        "label_lens) returns the scalar loss. MODULE: a dotted module or a path to a .py file")
+    p.add_argument("--trset", required=True, help="training shards, e.g. 'data/{10_1000,1000_2000}/data-*.tar' "
+                                                  "(their index gives the feature dims and the lengths)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer file (gives vocab_size)")
+    p.add_argument("--out", required=True, help="the cost model to write (JSON)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--step", metavar="MODULE:FUNC",
+                   help="FUNC(model, feats, feat_lens, labels, label_lens) returns the loss, instead of the forward "
+                        "call (e.g. under torch.autocast)")
+    p.add_argument("--max-seconds", type=float, default=120.0,
+                   help="time for the timing; the CUDA memory search comes on top (default: %(default)s)")
+    p.add_argument("--subsampling", type=int, default=4,
+                   help="the encoder's frame rate reduction: t = frames / subsampling (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model, the synthetic batches and the timing order "
+                                                       "(default: %(default)s)")
+    p.add_argument("--tokens-per-frame", type=float, default=0.2,
+                   help="the longest label timed at a length, in tokens per input frame (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, help="and at most this many tokens")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="the optimizer whose step is timed, and whose state counts in the memory search "
+                        "(default: %(default)s)")
+    p.add_argument("--oom-margin", type=float, default=0.1,
+                   help="CUDA: the share of the largest batch that trained kept free in max_cost (default: "
+                        "%(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    _add_progress(p)
+    p.set_defaults(func=_cmd_calibrate)
+
+
 def _add_fbank(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
     _add_audio_options(p)
@@ -508,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
     for add in (_add_fbank, _add_pack, _add_pack_audio, _add_index, _add_tokenizer_parser, _add_inspect, _add_verify,
-                _add_dry_run, _add_checkout_tools):
+                _add_dry_run, _add_calibrate, _add_checkout_tools):
         add(sub)
     return parser
 

@@ -1,0 +1,709 @@
+"""``wdsprep calibrate``: the cost model of a training step, fitted to the user's own model.
+
+The plan can size batches by what a step costs (:mod:`wdsprep.loading.cost`): ``B * c(t, u)``
+with ``t`` the subsampled frames and ``u`` the label tokens.  This module measures ``c`` on the
+model that will train: it builds the model from the user's factory, times forward + backward + an
+optimizer step on synthetic batches over a grid of shapes covering the corpus's lengths (from the
+shards' index), fits the five coefficients by non-negative least squares on relative error, checks
+the fit on shapes it did not fit, and writes the JSON file the loader takes (``cost=``).  On CUDA
+it also searches, per length, the largest batch that trains without running out of memory (as
+NeMo's OOMptimizer does) and turns that into the largest safe ``max_cost``.
+
+The grid: ``LENGTHS`` lengths from the 5th to the 99.9th percentile of the corpus's frames,
+spaced geometrically, two label lengths at each (the most tokens a label of that length is
+expected to hold, and a quarter of that, so the token terms are told apart from the frame terms),
+and a batch size that keeps ``B * T`` near one frame budget, as the plan's batches are; the budget
+is chosen from a pilot step so that the whole grid fits ``max_seconds``.  Every other length is
+held out of the fit and tells its error.  Shapes are timed in rounds, each round in a new random
+order, so a machine that slows down for a while slows every shape alike; a shape's time is the
+median of its rounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+
+from wdsprep.files import write_text
+from wdsprep.loading.cost import COEFFICIENTS, CostModel
+from wdsprep.loading.source import load_shards
+from wdsprep.tokenizer import load_tokenizer
+
+# Label tokens per input frame the grid assumes at most, unless told (tokens_per_frame=): on the
+# bundled demo corpus a character tokenizer gives 0.10 tokens a frame overall and 0.19 at the 95th
+# percentile of utterances, a 200-piece sentencepiece model 0.07 and 0.13.  Subword vocabularies
+# of thousands give fewer; the lower label length of the grid (a quarter) covers them.
+TOKENS_PER_FRAME = 0.2
+LENGTHS = 9  # lengths of the timing grid; the odd ones are held out of the fit
+FRAME_QUANTILES = (0.05, 0.999)  # the corpus's length range the grid covers
+MIN_SPAN = 4  # the grid spans at least this ratio of lengths, or t and t^2 cannot be told apart
+MAX_BATCH_FRAMES = 50_000  # the frame budget of a timed batch is at most this (B * T)
+# Rounds of the grid: one warm-up, then at least MIN, as many as the budget allows up to MAX; the
+# batch size is chosen for TARGET rounds (more, smaller steps average a noisy machine out better).
+WARMUP, MIN_ROUNDS, TARGET_ROUNDS, MAX_ROUNDS = 1, 3, 7, 11
+OOM_BUCKETS = 5  # lengths the memory search runs at, up to the corpus's longest utterance
+OOM_REL_GAP = 0.05  # the search stops when the largest fitting and smallest failing batch are this close
+OOM_START, OOM_CAP = 16, 1 << 16
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class ModelError(ValueError):
+    """The user's model, factory or step cannot be used as given; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A synthetic batch: ``size`` utterances of ``frames`` frames, labels of ``tokens`` tokens."""
+
+    size: int
+    frames: int
+    tokens: int
+
+
+@dataclass
+class Timing:
+    shape: Shape
+    seconds: float  # median over the rounds
+    rounds: list[float] = field(default_factory=list)
+    held_out: bool = False
+
+
+@dataclass
+class MemorySearch:
+    """The CUDA memory search: per length bucket, the largest batch that trained."""
+
+    margin: float
+    buckets: list[tuple[Shape, float]]  # (largest batch that fit, its cost); size 0: one utterance is too much
+    max_cost: float | None
+    cap: int = OOM_CAP  # no batch larger than this was tried
+
+
+@dataclass
+class Calibration:
+    """What ``calibrate`` measured and fitted; ``to_json`` is the file it writes."""
+
+    cost: CostModel
+    device: str
+    threads: int
+    timings: list[Timing]
+    seconds: float
+    frames: dict[str, float]  # the corpus's length range
+    tokens_per_frame: float
+    max_tokens: int | None
+    batch_frames: int  # the frame budget B * T of the timed batches
+    model: str
+    step: str | None
+    optimizer: str
+    memory: MemorySearch | None = None
+
+    def errors(self, held_out: bool) -> np.ndarray:
+        """Relative error of the fitted cost against the measured time, on the held-out or the fitted shapes."""
+        ts = [t for t in self.timings if t.held_out == held_out]
+        if not ts:
+            return np.zeros(0)
+        pred = self.cost.batch([t.shape.size for t in ts], [t.shape.frames for t in ts], [t.shape.tokens for t in ts])
+        return pred / np.array([t.seconds for t in ts]) - 1
+
+    @property
+    def max_cost(self) -> float | None:
+        return None if self.memory is None else self.memory.max_cost
+
+    def to_json(self) -> dict[str, Any]:
+        held, fitted = self.errors(True), self.errors(False)
+        fit: dict[str, Any] = {
+            "device": self.device, "threads": self.threads, "torch": torch.__version__, "model": self.model,
+            "step": self.step, "optimizer": self.optimizer, "seconds": round(self.seconds, 1),
+            "frames": self.frames, "tokens_per_frame": self.tokens_per_frame,
+            "max_tokens": self.max_tokens, "batch_frames": self.batch_frames,
+            "held_out_error": _summary(held), "fitted_error": _summary(fitted),
+            "shapes": [{"batch": t.shape.size, "frames": t.shape.frames, "tokens": t.shape.tokens,
+                        "seconds": t.seconds, "held_out": t.held_out} for t in self.timings],
+        }
+        if self.memory is not None:
+            fit["memory"] = {"margin": self.memory.margin,
+                             "buckets": [{"frames": s.frames, "tokens": s.tokens, "max_batch": s.size, "cost": c}
+                                         for s, c in self.memory.buckets]}
+        doc: dict[str, Any] = self.cost.to_json()
+        if self.max_cost is not None:
+            doc["max_cost"] = self.max_cost
+        doc["fit"] = fit
+        return doc
+
+    def format(self) -> str:
+        """The report ``wdsprep calibrate`` prints."""
+        c, ts = self.cost, self.timings
+        frames = sorted({t.shape.frames for t in ts})
+        tokens = sorted({t.shape.tokens for t in ts})
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+        lines = [f"timed {len(ts)} shapes on {self.device} ({threads}) in {self.seconds:.1f} s: "
+                 f"{len(frames)} lengths {frames[0]}..{frames[-1]} frames, labels {tokens[0]}..{tokens[-1]} tokens, "
+                 f"batches of about {self.batch_frames:,} frames",
+                 f"cost of an utterance, seconds (t = frames / {c.subsampling}, u = tokens): "
+                 + " + ".join(f"{getattr(c, n):.4g}{term}" for n, term in
+                              zip(COEFFICIENTS, ("", "*t", "*t^2", "*u", "*u^2")))]
+        med = self.frames["median"]
+        u = label_tokens(int(med), tokens_per_frame=self.tokens_per_frame, max_tokens=self.max_tokens,
+                         subsampling=c.subsampling)
+        shares = _shares(c, med, u)
+        lines.append(f"at the median length ({med:.0f} frames, {u} tokens): "
+                     + ", ".join(f"{name} {share:.0%}" for name, share in shares.items()))
+        held, fitted = self.errors(True), self.errors(False)
+        lines.append(f"fit error on {len(held)} held-out shapes: median {np.median(np.abs(held)):.1%}, max "
+                     f"{np.abs(held).max():.1%} (on the {len(fitted)} fitted: median {np.median(np.abs(fitted)):.1%}, "
+                     f"max {np.abs(fitted).max():.1%})")
+        if self.memory is not None:
+            m = self.memory
+            lines.append("memory search, the largest batch that trained at each length:")
+            for s, cost in m.buckets:
+                if s.size == 0:
+                    lines.append(f"  {s.frames} frames, {s.tokens} tokens: not even one utterance")
+                    continue
+                capped = " (the search's cap: more may fit)" if s.size >= m.cap else ""
+                lines.append(f"  {s.frames} frames, {s.tokens} tokens: {s.size}{capped}, cost {cost:.4g}")
+            if m.max_cost is not None:
+                lines.append(f"max_cost {m.max_cost:.4g}: the smallest of those, less a margin of {m.margin:.0%}")
+        return "\n".join(lines)
+
+
+def _summary(errors: np.ndarray) -> dict[str, float] | None:
+    if not len(errors):
+        return None
+    a = np.abs(errors)
+    return {"median": round(float(np.median(a)), 4), "max": round(float(a.max()), 4)}
+
+
+def _shares(cost: CostModel, frames: float, tokens: float) -> dict[str, float]:
+    """Each term's share of ``c(t, u)`` at one length."""
+    t = frames / cost.subsampling
+    terms = {"per utterance": cost.per_utt, "frames": cost.per_frame * t, "frames^2": cost.per_frame2 * t * t,
+             "tokens": cost.per_token * tokens, "tokens^2": cost.per_token2 * tokens * tokens}
+    total = sum(terms.values()) or 1.0
+    return {k: v / total for k, v in terms.items()}
+
+
+# --- the user's model ---------------------------------------------------------------------------
+
+def load_callable(spec: str, option: str) -> Callable:
+    """``MODULE:NAME``: ``NAME`` of a dotted module on ``sys.path`` or of a ``.py`` file.
+
+    A file's folder goes first on ``sys.path`` (as when Python runs the file), so a model file
+    may import the modules beside it."""
+    module, colon, name = spec.rpartition(":")
+    if not colon or not module or not name.isidentifier():
+        raise ModelError(f"{option} {spec!r}: expected MODULE:NAME, e.g. mypkg.model:build or path/to/model.py:build")
+    path = Path(module)
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file ({option} takes MODULE:NAME, MODULE a dotted module on "
+                                    f"the Python path or the path of a .py file)")
+        mod_name = f"wdsprep_user_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+        spec_ = importlib.util.spec_from_file_location(mod_name, path)
+        if spec_ is None or spec_.loader is None:
+            raise ModelError(f"{option}: {path} cannot be imported as a Python module")
+        mod = importlib.util.module_from_spec(spec_)
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        sys.modules[mod_name] = mod  # classes defined in it must find their module (dataclasses, pickling)
+        try:
+            spec_.loader.exec_module(mod)
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise ModelError(f"{option}: importing {path} raised {type(e).__name__}: {_first_line(e)} (fix the module; "
+                             f"'python {path}' shows where)") from e
+        where = str(path)
+    else:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+                raise ModelError(f"{option}: no module named {module!r} on the Python path: install it, add its "
+                                 f"folder to PYTHONPATH, or give the path of its .py file") from None
+            raise ModelError(f"{option}: importing {module} failed: {_first_line(e)} (a module it imports is not "
+                             f"installed)") from e
+        except Exception as e:
+            raise ModelError(f"{option}: importing {module} raised {type(e).__name__}: {_first_line(e)} (fix the "
+                             f"module; 'python -c \"import {module}\"' shows where)") from e
+        where = module
+    try:
+        func = getattr(mod, name)
+    except AttributeError:
+        raise ModelError(f"{option}: {where} has no {name!r}: name a function defined in it") from None
+    if not callable(func):
+        raise ModelError(f"{option}: {where}:{name} is a {type(func).__name__}, not a function")
+    return func
+
+
+def build_model(factory: Callable, spec: str, *, feat_dim: int, vocab_size: int) -> torch.nn.Module:
+    """``factory(feat_dim=, vocab_size=)``, checked to be a module with parameters."""
+    try:
+        model = factory(feat_dim=feat_dim, vocab_size=vocab_size)
+    except Exception as e:
+        raise ModelError(f"--model {spec}: calling it with feat_dim={feat_dim}, vocab_size={vocab_size} raised "
+                         f"{type(e).__name__}: {_first_line(e)} (the factory must take those two keyword arguments and "
+                         f"return the model)") from e
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(f"--model {spec}: returned a {type(model).__name__}, not a torch.nn.Module: the factory must "
+                         f"return the model")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelError(f"--model {spec}: the model has no trainable parameters, so there is no training step to time")
+    return model
+
+
+class TrainStep:
+    """One training step as a loop runs it: the forward call (or the user's step), backward, the
+    optimizer's step.  Raises :class:`ModelError` when the call does not return a scalar loss."""
+
+    def __init__(self, model: torch.nn.Module, *, device: torch.device, optimizer: str, step: Callable | None,
+                 model_spec: str, step_spec: str | None) -> None:
+        self.model, self.device = model, device
+        self.call = step if step is not None else (lambda m, *batch: m(*batch))
+        self.what = f"--step {step_spec}" if step_spec else f"the forward of --model {model_spec}"
+        self.hint = ("return the loss as a scalar tensor" if step_spec else
+                     "reduce it to a scalar in forward, or give --step MODULE:FUNC that returns the loss")
+        params = [p for p in model.parameters() if p.requires_grad]
+        # The learning rate is tiny, not zero: some optimizers skip work at lr 0.
+        if optimizer == "adamw":
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=1e-8)
+        else:
+            self.optimizer = torch.optim.SGD(params, lr=1e-8)
+
+    def __call__(self, batch: tuple[torch.Tensor, ...]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            loss = self.call(self.model, *batch)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:
+            feats = batch[0]
+            raise ModelError(f"{self.what} raised {type(e).__name__}: {_first_line(e)} on a batch of "
+                             f"feats {list(feats.shape)} and labels {list(batch[2].shape)} (the loader's batch: "
+                             f"feats, feat_lens, labels, label_lens; fix the model, or give --step MODULE:FUNC "
+                             f"that calls it)") from e
+        if not isinstance(loss, torch.Tensor):
+            raise ModelError(f"{self.what} returned a {type(loss).__name__}, not a scalar loss tensor: {self.hint}")
+        if loss.numel() != 1:
+            raise ModelError(f"{self.what} returned a tensor of shape {list(loss.shape)}, not a scalar loss: "
+                             f"{self.hint}")
+        if not loss.requires_grad:
+            raise ModelError(f"{self.what} returned a loss that does not depend on the model's parameters "
+                             f"(requires_grad is False): return the loss the training loop calls backward() on")
+        try:
+            loss.reshape(()).backward()
+            self.optimizer.step()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:
+            raise ModelError(f"the backward pass of the loss {self.what} returned raised {type(e).__name__}: "
+                             f"{_first_line(e)}") from e
+
+    def release(self) -> None:
+        """Drop the gradients (after a step that ran out of memory, they may be half made)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message, on one line (the CLI prints one)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def make_batch(shape: Shape, *, feat_dim: int, vocab_size: int, device: torch.device,
+               generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A batch as the loader gives it (feats float32 [B,T,D], feat_lens int64 [B], labels int64
+    [B,U] padded with 0, label_lens int64 [B]), every utterance as long as the longest: the padded
+    batch is what the step computes on."""
+    b, t, u = shape.size, shape.frames, shape.tokens
+    feats = torch.randn(b, t, feat_dim, generator=generator)
+    # Ids from 2 on: 0 is the blank/padding and 1 <unk> (CAT's convention).
+    low = 2 if vocab_size > 2 else 1
+    labels = torch.randint(low, max(low + 1, vocab_size), (b, u), generator=generator)
+    lens = torch.full((b,), t, dtype=torch.int64), torch.full((b,), u, dtype=torch.int64)
+    return tuple(x.to(device) for x in (feats, lens[0], labels, lens[1]))
+
+
+# --- the grid and the timing -------------------------------------------------------------------
+
+def length_grid(frames: np.ndarray, count: int = LENGTHS) -> np.ndarray:
+    """``count`` lengths spaced geometrically over the corpus's 5th..99.9th percentile of frames
+    (widened downwards to span ``MIN_SPAN``: a narrow range cannot tell t from t^2)."""
+    lo, hi = np.quantile(np.asarray(frames, np.float64), FRAME_QUANTILES)
+    hi = max(2.0, math.ceil(hi))
+    lo = max(1.0, min(math.floor(lo), hi / MIN_SPAN))
+    return np.round(np.geomspace(lo, hi, count)).astype(np.int64)
+
+
+def label_tokens(frames: int, *, tokens_per_frame: float, max_tokens: int | None, subsampling: int) -> int:
+    """The most tokens a label of an utterance of ``frames`` frames is taken to hold: the rate,
+    at most ``max_tokens``, and at most the subsampled frames (what CTC can align)."""
+    u = math.ceil(tokens_per_frame * frames)
+    if max_tokens is not None:
+        u = min(u, max_tokens)
+    return max(1, min(u, frames // subsampling))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """What a step's seconds are read from: on CUDA the wall clock (the step ends when the kernels
+    it queued are done); on CPU the process's CPU time, which other processes of a shared machine
+    do not inflate (with several torch threads it counts each, as the machine pays them)."""
+    return time.perf_counter if device.type == "cuda" else time.process_time
+
+
+def _timed(step: TrainStep, batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[float, float]:
+    """Seconds of one step by :func:`_clock`, and by the wall clock (what the time budget counts)."""
+    clock = _clock(device)
+    _sync(device)
+    t0, w0 = clock(), time.perf_counter()
+    step(batch)
+    _sync(device)
+    return clock() - t0, time.perf_counter() - w0
+
+
+def _free(step: TrainStep) -> None:
+    """After a step ran out of GPU memory: its gradients dropped, the young reference cycles
+    collected (a traceback's frames may hold the step's tensors; a full collection takes ~0.5 s
+    with torch loaded), the allocator's cache given back."""
+    step.release()
+    gc.collect(1)
+    torch.cuda.empty_cache()
+
+
+def _time_shape(step: TrainStep, batch: Callable[[Shape], tuple], x: Timing,
+                device: torch.device) -> tuple[float, float]:
+    """:func:`_timed` on ``x``'s shape.  When the GPU runs out of memory the batch is halved (and
+    the rounds timed so far dropped: they timed another shape), down to one utterance."""
+    while True:
+        try:
+            return _timed(step, batch(x.shape), device)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        _free(step)
+        if x.shape.size == 1:
+            raise ModelError(f"one utterance of {x.shape.frames} frames (a label of {x.shape.tokens} tokens) does not "
+                             f"train in the memory of {device}: calibrate on a larger GPU, or give --step MODULE:FUNC "
+                             f"that trains as you will (e.g. under torch.autocast)")
+        x.shape = replace(x.shape, size=x.shape.size // 2)
+        x.rounds.clear()
+
+
+def fit_cost(timings: Sequence[Timing], subsampling: int) -> CostModel:
+    """The coefficients >= 0 that minimise the squared relative error of ``B * c(t, u)`` against the
+    measured seconds: non-negative least squares on rows ``B * [1, t, t^2, u, u^2] / seconds``
+    with target 1.  Columns are scaled to unit size for the solver and the solution scaled back."""
+    b = np.array([x.shape.size for x in timings], np.float64)
+    t = np.array([x.shape.frames for x in timings], np.float64) / subsampling
+    u = np.array([x.shape.tokens for x in timings], np.float64)
+    secs = np.array([x.seconds for x in timings], np.float64)
+    rows = (b / secs)[:, None] * np.stack([np.ones_like(t), t, t * t, u, u * u], axis=1)
+    scale = np.linalg.norm(rows, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(rows / scale, np.ones(len(timings)))
+    coef = coef / scale
+    return CostModel(subsampling=subsampling, **{n: float(c) for n, c in zip(COEFFICIENTS, coef)})
+
+
+# --- the memory search ---------------------------------------------------------------------------
+
+def largest_batch(fits: Callable[[int], bool], *, start: int = OOM_START, rel_gap: float = OOM_REL_GAP,
+                  cap: int = OOM_CAP) -> int:
+    """The largest batch size ``fits`` accepts (0 if not even 1), assuming it accepts every smaller
+    one: doubling from ``start`` (halving while nothing fits) until one fits and one fails, then
+    bisection until they are within ``rel_gap`` of the failing one, or adjacent.  ``cap`` is
+    returned when it fits."""
+    ok, bad = 0, None  # largest size known to fit, smallest known to fail
+    b = max(1, min(start, cap))
+    while True:
+        if fits(b):
+            ok = b
+        else:
+            bad = b
+        if bad is None:
+            if b >= cap:
+                return ok
+            b = min(2 * b, cap)
+        elif bad - ok <= 1 or bad - ok <= rel_gap * bad:
+            return ok
+        else:
+            b = (ok + bad) // 2  # strictly between: they differ by 2 or more
+
+
+def oom_guard(run: Callable[[Shape], None], on_oom: Callable[[], None]) -> Callable[[Shape], bool]:
+    """``run`` as a probe: True when the step ran, False when it raised ``torch.cuda.OutOfMemoryError``
+    (then ``on_oom`` frees what it can, outside the ``except`` so the traceback's frames, which hold
+    the step's tensors, are gone)."""
+    def fits(shape: Shape) -> bool:
+        try:
+            run(shape)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        on_oom()
+        return False
+    return fits
+
+
+def search_memory(fits: Callable[[Shape], bool], buckets: Sequence[tuple[int, int]], cost: CostModel, *,
+                  margin: float, rel_gap: float = OOM_REL_GAP, cap: int = OOM_CAP,
+                  progress: bool | None = None) -> MemorySearch:
+    """Per (frames, tokens) bucket, the largest batch ``fits`` accepts, longest bucket first (a
+    shorter one starts its search at twice the batch the longer one took); ``max_cost`` is the
+    smallest ``B * c(t, u)`` of those, times ``1 - margin``.  A bucket where one utterance is too
+    much bounds nothing (such utterances cannot train at all: the caller warns)."""
+    from tqdm import tqdm
+
+    found: list[tuple[Shape, float]] = []
+    start = OOM_START
+    order = sorted(buckets, reverse=True)
+    for frames, tokens in tqdm(order, desc="memory search", unit="length", disable=_disable(progress)):
+        size = largest_batch(lambda b: fits(Shape(b, frames, tokens)), start=start, rel_gap=rel_gap, cap=cap)
+        found.append((Shape(size, frames, tokens), float(cost.batch(size, frames, tokens))))
+        start = max(OOM_START, 2 * size)
+    found.reverse()
+    bounds = [c for s, c in found if s.size > 0]
+    max_cost = (1 - margin) * min(bounds) if bounds else None
+    return MemorySearch(margin=margin, buckets=found, max_cost=max_cost, cap=cap)
+
+
+def _disable(progress: bool | None) -> bool | None:
+    """tqdm's ``disable``: None shows the bar on a terminal only."""
+    return None if progress is None else not progress
+
+
+# --- the whole calibration -----------------------------------------------------------------------
+
+def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLike, out: str | os.PathLike, *,
+              device: str = "cpu", step: str | None = None, max_seconds: float = 120.0, subsampling: int = 4,
+              seed: int = 0, tokens_per_frame: float = TOKENS_PER_FRAME, max_tokens: int | None = None,
+              optimizer: str = "adamw", oom_margin: float = 0.1, overwrite: bool = False,
+              progress: bool | None = None) -> Calibration:
+    """Fit the cost model of a training step of ``model`` and write it to ``out`` (JSON).
+
+    Args:
+        model: ``MODULE:FACTORY``; ``FACTORY(feat_dim=, vocab_size=)`` returns the model, whose
+            ``forward(feats, feat_lens, labels, label_lens)`` returns the scalar loss.  ``MODULE`` is
+            a dotted module on the Python path or a ``.py`` file.
+        trset: the training shards (pattern or list); their index gives the feature dims and lengths.
+        tokenizer: the tokenizer file; gives ``vocab_size``.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.  On CUDA the largest safe ``max_cost`` is searched too.
+        step: ``MODULE:FUNC`` called as ``FUNC(model, feats, feat_lens, labels, label_lens) -> loss``
+            instead of the forward call (e.g. to run it under ``torch.autocast``).
+        max_seconds: time for the timing, from the first step on (importing and building the model, and
+            the CUDA memory search, come on top).
+        subsampling: the encoder's frame rate reduction: ``t = frames / subsampling``.
+        seed: seeds the model's initialisation, the synthetic batches and the timing order.
+        tokens_per_frame, max_tokens: the longest label the grid times at a length, ``tokens_per_frame
+            * frames`` at most ``max_tokens`` (also at most the subsampled frames).
+        optimizer: ``adamw`` (its state counts in the memory search) or ``sgd``.
+        oom_margin: the share of the largest batch that fit kept free (CUDA).
+        overwrite: replace ``out`` if it exists.
+        progress: bars on stderr; None shows them on a terminal only.
+
+    Threads: torch's (``torch.set_num_threads``, ``OMP_NUM_THREADS``), as they are.
+    """
+    t_start = time.perf_counter()
+    _check_options(max_seconds=max_seconds, subsampling=subsampling, tokens_per_frame=tokens_per_frame,
+                   max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    if not out.parent.is_dir():  # found now, not after minutes of timing
+        raise FileNotFoundError(f"{out.parent}: no such folder for {out}; make it first")
+    dev = _device(device)
+    factory = load_callable(model, "--model")
+    step_func = load_callable(step, "--step") if step is not None else None
+    shards = load_shards(trset)
+    if shards.num_utts == 0:
+        raise ValueError(f"{trset}: the shards hold no utterance to take lengths from")
+    if shards.dims is None:
+        raise ValueError(f"{trset}: the shards' feature dims are unknown (their index says none, or they differ): "
+                         f"run wdsprep index on them")
+    vocab_size = load_tokenizer(tokenizer).vocab_size
+    frames = np.asarray(shards.frames)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        net = build_model(factory, model, feat_dim=shards.dims, vocab_size=vocab_size).to(dev).train()
+        train_step = TrainStep(net, device=dev, optimizer=optimizer, step=step_func, model_spec=model,
+                               step_spec=step)
+        gen = torch.Generator().manual_seed(seed)
+        rng = np.random.default_rng(seed)
+
+        def batch(shape: Shape) -> tuple[torch.Tensor, ...]:
+            return make_batch(shape, feat_dim=shards.dims, vocab_size=vocab_size, device=dev, generator=gen)
+
+        def tokens(t: int) -> int:
+            return label_tokens(t, tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, subsampling=subsampling)
+
+        lengths = length_grid(frames)
+        # The first step shows whether the model runs at all, on a batch too small to be slow.
+        _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
+        t_timing = time.perf_counter()  # max_seconds counts from here: loading and building are the user's
+        batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev, budget=max_seconds)
+        timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
+                             budget=max_seconds - (time.perf_counter() - t_timing), progress=progress)
+        cost = fit_cost([t for t in timings if not t.held_out], subsampling)
+        memory = None
+        if dev.type == "cuda":
+            memory = _cuda_memory(train_step, batch, frames, tokens, cost, dev, margin=oom_margin,
+                                  progress=progress)
+    result = Calibration(cost=cost, device=str(dev), threads=torch.get_num_threads(), timings=timings,
+                         seconds=time.perf_counter() - t_start, frames=_frame_summary(frames),
+                         tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, batch_frames=batch_frames,
+                         model=model, step=step, optimizer=optimizer, memory=memory)
+    held = np.abs(result.errors(True))
+    if held.max() > 0.2:
+        warnings.warn(f"the cost model misses {held.max():.0%} on a held-out shape (median {np.median(held):.0%}): "
+                      f"timing noise (give more --max-seconds, run on an idle machine) or a cost that is not "
+                      f"a + b*t + c*t^2 + d*u + e*u^2", UserWarning, stacklevel=2)
+    write_text(out, json.dumps(result.to_json(), indent=1) + "\n")
+    return result
+
+
+def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float, max_tokens: int | None,
+                   optimizer: str, oom_margin: float) -> None:
+    if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+        raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
+    if isinstance(subsampling, bool) or not isinstance(subsampling, int) or subsampling < 1:
+        raise ValueError(f"subsampling must be an integer >= 1, got {subsampling!r}")
+    if not (isinstance(tokens_per_frame, (int, float)) and tokens_per_frame > 0 and math.isfinite(tokens_per_frame)):
+        raise ValueError(f"tokens_per_frame must be > 0, got {tokens_per_frame!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if not (isinstance(oom_margin, (int, float)) and 0 <= oom_margin < 1):
+        raise ValueError(f"oom_margin must be in [0, 1), got {oom_margin!r}")
+
+
+def _device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"--device {device!r}: not a device torch knows ({e}); give cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: calibrate runs on cpu or cuda")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: torch sees no GPU here (torch.cuda.is_available() is False): run on "
+                             f"a machine with one, or give --device cpu")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _frame_summary(frames: np.ndarray) -> dict[str, float]:
+    q = np.quantile(frames.astype(np.float64), [FRAME_QUANTILES[0], 0.5, FRAME_QUANTILES[1]])
+    return {"p5": round(float(q[0]), 1), "median": round(float(q[1]), 1), "p99.9": round(float(q[2]), 1),
+            "max": float(frames.max())}
+
+
+def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.ndarray, tokens: Callable[[int], int],
+                  device: torch.device, *, budget: float) -> int:
+    """The frame budget ``B * T`` of the timed batches that lets the pilot and the grid's rounds fit
+    ``budget`` seconds (wall clock): a pilot step at the shortest and the longest length (the
+    faster of two, after a warm-up: one stall of a busy machine must not shrink every batch) gives
+    seconds per frame at each, taken as linear in the length in between (a quadratic cost per
+    utterance)."""
+    t0 = time.perf_counter()
+    lo, hi = int(lengths[0]), int(lengths[-1])
+    pilot = max(hi, 1000)
+    per_frame = []
+    for t in (lo, hi):
+        x = Timing(Shape(max(1, round(pilot / t)), t, tokens(t)), 0.0)
+        _time_shape(step, batch, x, device)  # warm-up: first calls at a shape allocate
+        wall = min(_time_shape(step, batch, x, device)[1] for _ in range(2))
+        per_frame.append(wall / (x.shape.size * t))
+    slope = (per_frame[1] - per_frame[0]) / max(1, hi - lo)
+    per_frame_at = np.maximum(per_frame[0] + slope * (lengths - lo), min(per_frame))
+    steps = 2 * (WARMUP + TARGET_ROUNDS)  # two label lengths per length
+    left = budget - (time.perf_counter() - t0)
+    frames = 0.9 * left / (steps * float(per_frame_at.sum()))
+    if frames < hi:
+        need = steps * hi * float(per_frame_at.sum()) / 0.9
+        warnings.warn(f"timing the grid takes about {need:.0f} s even with one utterance a batch at the longest "
+                      f"length, more than the {left:.0f} s max_seconds leaves; it runs its rounds all the same",
+                      UserWarning, stacklevel=3)
+    return int(min(MAX_BATCH_FRAMES, max(hi, frames)))
+
+
+def _time_grid(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.ndarray, tokens: Callable[[int], int],
+               device: torch.device, *, batch_frames: int, rng: np.random.Generator, budget: float,
+               progress: bool | None) -> list[Timing]:
+    """Every shape timed in rounds (a warm-up round first), each round in a new random order,
+    until ``MIN_ROUNDS`` rounds are done and the next would pass ``budget`` (or ``MAX_ROUNDS``)."""
+    from tqdm import tqdm
+
+    timings = []
+    for i, t in enumerate(int(x) for x in lengths):
+        u = tokens(t)
+        for tok in sorted({u, max(1, u // 4)}):
+            timings.append(Timing(Shape(max(1, round(batch_frames / t)), t, tok), 0.0, held_out=i % 2 == 1))
+    t0 = time.perf_counter()
+    rounds = 0
+    with tqdm(total=(WARMUP + MIN_ROUNDS) * len(timings), desc="calibrate", unit="step",
+              disable=_disable(progress)) as bar:
+        while True:
+            for k in rng.permutation(len(timings)):
+                x = timings[k]
+                seconds, _ = _time_shape(step, batch, x, device)
+                if rounds >= WARMUP:
+                    x.rounds.append(seconds)
+                bar.update()
+            rounds += 1
+            if rounds < WARMUP + MIN_ROUNDS:
+                continue
+            if rounds >= WARMUP + MAX_ROUNDS or (time.perf_counter() - t0) * (rounds + 1) / rounds > budget:
+                break
+            bar.total += len(timings)
+            bar.refresh()
+    for x in timings:
+        x.seconds = float(np.median(x.rounds))
+    return timings
+
+
+def _cuda_memory(step: TrainStep, batch: Callable[[Shape], tuple], frames: np.ndarray, tokens: Callable[[int], int],
+                 cost: CostModel, device: torch.device, *, margin: float, progress: bool | None) -> MemorySearch:
+    """The memory search on the GPU: each probe is a whole training step; running out of memory
+    is caught, the step's gradients dropped and the allocator's cache emptied.  The buckets run
+    from the 5th percentile of lengths to the longest utterance (whose batch the plan makes too).
+    A copy of the parameters stays allocated throughout, standing for DDP's gradient buckets."""
+    lo = max(1.0, float(np.quantile(frames, FRAME_QUANTILES[0])))
+    hi = float(frames.max())
+    lengths = sorted({int(round(x)) for x in np.geomspace(lo, max(hi, lo), OOM_BUCKETS)})
+    buckets = [(t, tokens(t)) for t in lengths]
+
+    def run(shape: Shape) -> None:
+        b = batch(shape)
+        step(b)
+        _sync(device)
+
+    ddp_buckets = torch.empty(sum(p.numel() for p in step.model.parameters()), dtype=torch.float32, device=device)
+    try:
+        memory = search_memory(oom_guard(run, lambda: _free(step)), buckets, cost, margin=margin, progress=progress)
+    finally:
+        del ddp_buckets
+        step.release()
+        torch.cuda.empty_cache()
+    too_long = [s.frames for s, _ in memory.buckets if s.size == 0]
+    if too_long:
+        warnings.warn(f"one utterance of {too_long[0]} frames does not train in this GPU's memory: leave the longest "
+                      f"out (max_utt_frames) or train on a larger GPU", UserWarning, stacklevel=3)
+    return memory
