@@ -35,6 +35,7 @@ from wdsprep.calibrate import (
 from wdsprep.cli import main
 from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.source import load_shards
+from wdsprep.tokenizer import load_tokenizer
 
 MODELS = Path(__file__).parent / "calibrate_models.py"
 
@@ -88,7 +89,7 @@ def test_transformer_fit_holds_on_shapes_it_did_not_fit(corpus, one_thread):
     root, trset, tok = corpus
     out = root / "transformer.json"
     cal = _calibrated("calibrate_models:transformer", corpus, out, 22,
-                      lambda c: _held_out_max(c) <= 0.20 and _quadratic_share(c) > 0.2)
+                      lambda c: _held_out_max(c) <= 0.20 and _quadratic_share(c) > 0.2, tokens_per_frame=0.2)
     held = np.abs(cal.errors(held_out=True))
     assert len(held) == 8 and len(cal.timings) == 18
     assert held.max() <= 0.20, cal.format()
@@ -272,6 +273,10 @@ def test_cli_writes_a_cost_model_the_loader_reads(corpus, one_thread, capsys):
     doc = json.loads(out.read_text())
     assert cost.subsampling == 2 and doc["fit"]["optimizer"] == "sgd" and doc["fit"]["max_tokens"] == 12
     assert max(s["tokens"] for s in doc["fit"]["shapes"]) == 12
+    # No --tokens-per-frame: the rate of the corpus's own labels, counted with the tokenizer.
+    shards = load_shards(trset, tokenizer=load_tokenizer(tok))
+    rate = float(np.quantile(shards.tokens / shards.frames, 0.95))
+    assert doc["fit"]["tokens_per_frame"] == pytest.approx(rate) and 0.02 < rate < 1
     assert doc["fit"]["model"] == f"{MODELS}:conv"
     # Written once: a second run needs --overwrite, and with it shows its progress when asked.
     assert main(argv) == 2

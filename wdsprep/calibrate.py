@@ -43,11 +43,12 @@ from wdsprep.loading.cost import COEFFICIENTS, CostModel
 from wdsprep.loading.source import load_shards
 from wdsprep.tokenizer import load_tokenizer
 
-# Label tokens per input frame the grid assumes at most, unless told (tokens_per_frame=): on the
-# bundled demo corpus a character tokenizer gives 0.10 tokens a frame overall and 0.19 at the 95th
-# percentile of utterances, a 200-piece sentencepiece model 0.07 and 0.13.  Subword vocabularies
-# of thousands give fewer; the lower label length of the grid (a quarter) covers them.
-TOKENS_PER_FRAME = 0.2
+# Label tokens per input frame the grid times at most, unless told (tokens_per_frame=): the 95th
+# percentile of the corpus's own labels, counted with the tokenizer (and kept beside the index for
+# the loader: loading/tokens.py).  On the bundled demo corpus a character tokenizer gives 0.10
+# tokens a frame overall and 0.19 at the 95th percentile, a 200-piece sentencepiece model 0.07 and
+# 0.13; the lower label length of the grid (a quarter) covers the shorter labels.
+TOKENS_QUANTILE = 0.95
 LENGTHS = 9  # lengths of the timing grid; the odd ones are held out of the fit
 FRAME_QUANTILES = (0.05, 0.999)  # the corpus's length range the grid covers
 MIN_SPAN = 4  # the grid spans at least this ratio of lengths, or t and t^2 cannot be told apart
@@ -492,7 +493,7 @@ def _disable(progress: bool | None) -> bool | None:
 
 def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLike, out: str | os.PathLike, *,
               device: str = "cpu", step: str | None = None, max_seconds: float = 120.0, subsampling: int = 4,
-              seed: int = 0, tokens_per_frame: float = TOKENS_PER_FRAME, max_tokens: int | None = None,
+              seed: int = 0, tokens_per_frame: float | None = None, max_tokens: int | None = None,
               optimizer: str = "adamw", oom_margin: float = 0.1, overwrite: bool = False,
               progress: bool | None = None) -> Calibration:
     """Fit the cost model of a training step of ``model`` and write it to ``out`` (JSON).
@@ -511,7 +512,8 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
         subsampling: the encoder's frame rate reduction: ``t = frames / subsampling``.
         seed: seeds the model's initialisation, the synthetic batches and the timing order.
         tokens_per_frame, max_tokens: the longest label the grid times at a length, ``tokens_per_frame
-            * frames`` at most ``max_tokens`` (also at most the subsampled frames).
+            * frames`` at most ``max_tokens`` (also at most the subsampled frames); by default the
+            rate of the corpus's own labels (their 95th percentile of tokens per frame).
         optimizer: ``adamw`` (its state counts in the memory search) or ``sgd``.
         oom_margin: the share of the largest batch that fit kept free (CUDA).
         overwrite: replace ``out`` if it exists.
@@ -530,14 +532,18 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     dev = _device(device)
     factory = load_callable(model, "--model")
     step_func = load_callable(step, "--step") if step is not None else None
-    shards = load_shards(trset)
+    tok = load_tokenizer(tokenizer)
+    shards = load_shards(trset, tokenizer=tok if tokens_per_frame is None else None)
     if shards.num_utts == 0:
         raise ValueError(f"{trset}: the shards hold no utterance to take lengths from")
     if shards.dims is None:
         raise ValueError(f"{trset}: the shards' feature dims are unknown (their index says none, or they differ): "
                          f"run wdsprep index on them")
-    vocab_size = load_tokenizer(tokenizer).vocab_size
+    vocab_size = tok.vocab_size
     frames = np.asarray(shards.frames)
+    if tokens_per_frame is None:
+        assert shards.tokens is not None
+        tokens_per_frame = max(1e-3, float(np.quantile(shards.tokens / np.maximum(frames, 1), TOKENS_QUANTILE)))
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(seed)
         net = build_model(factory, model, feat_dim=shards.dims, vocab_size=vocab_size).to(dev).train()
@@ -577,13 +583,14 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     return result
 
 
-def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float, max_tokens: int | None,
+def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float | None, max_tokens: int | None,
                    optimizer: str, oom_margin: float) -> None:
     if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
         raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
     if isinstance(subsampling, bool) or not isinstance(subsampling, int) or subsampling < 1:
         raise ValueError(f"subsampling must be an integer >= 1, got {subsampling!r}")
-    if not (isinstance(tokens_per_frame, (int, float)) and tokens_per_frame > 0 and math.isfinite(tokens_per_frame)):
+    if tokens_per_frame is not None and not (isinstance(tokens_per_frame, (int, float)) and tokens_per_frame > 0
+                                             and math.isfinite(tokens_per_frame)):
         raise ValueError(f"tokens_per_frame must be > 0, got {tokens_per_frame!r}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")

@@ -457,8 +457,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="the encoder's frame rate reduction: t = frames / subsampling (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the synthetic batches and the timing order "
                                                        "(default: %(default)s)")
-    p.add_argument("--tokens-per-frame", type=float, default=0.2,
-                   help="the longest label timed at a length, in tokens per input frame (default: %(default)s)")
+    p.add_argument("--tokens-per-frame", type=float,
+                   help="the longest label timed at a length, in tokens per input frame (default: the 95th "
+                        "percentile of the corpus's labels, counted with --tokenizer)")
     p.add_argument("--max-tokens", type=int, help="and at most this many tokens")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                    help="the optimizer whose step is timed, and whose state counts in the memory search "
