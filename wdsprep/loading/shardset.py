@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -183,15 +183,16 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
 
 
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-              tokens: TokenCounts | None = None) -> ShardSet:
+              tokens: TokenCounts | None = None, indexes: Mapping[str, FolderIndex] | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
     ``policy``: retries for fetching remote indexes.  ``tokens``: every label's length in tokens
     comes with the set (a cost model that counts them needs it).  Every utterance's speaker comes with the set
     where every index stores them; with ``derive_speakers`` also by the key rule from the keys of
     an index that stores none (``Speakers.from_keys``; a remote index's keys are fetched for it).
-    A shard in no index leaves the set without speakers."""
-    indexes: dict[str, FolderIndex | None] = {}
+    A shard in no index leaves the set without speakers.  ``indexes``: folders' indexes already read
+    (a growing folder's, as it stood when an epoch was planned), used instead of reading them."""
+    indexes: dict[str, FolderIndex | None] = dict(indexes or {})
     utts: list[int] = []
     sizes: list[int] = []
     digests: list[str] = []

@@ -27,6 +27,7 @@ import numpy as np
 from wdsprep.format.shardlist import expand_shards
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
+from wdsprep.loading.growing import View, published_shards
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
@@ -96,6 +97,10 @@ class EpochSource(Protocol):
     def resume(self, at: Any) -> None:
         """Start from ``at`` (a loaded position)."""
 
+    def continue_from(self, old: Any, epoch: int) -> None:
+        """Go on where ``old`` (the same source over fewer shards: a growing loader's previous epoch's)
+        stands at the start of ``epoch``."""
+
     def run(self, at: Any) -> EpochRun: ...
 
     def rows(self, bid: BatchId) -> np.ndarray:
@@ -122,14 +127,23 @@ class EpochSource(Protocol):
 
 
 def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-                tokenizer: Tokenizer | None = None) -> ShardSet:
+                tokenizer: Tokenizer | None = None, view: View | None = None) -> ShardSet:
     """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
-    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``)."""
+    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``).
+    ``view``: folders a pack is still writing are followed, as far as the view says they were
+    published (``loading/growing.py``); without it such a folder is refused."""
     tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
     kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
+
+    def one(patterns: Any) -> ShardSet:
+        if view is None:
+            return shard_set(expand_shards(patterns), **kw)
+        urls, indexes = published_shards(expand_shards(patterns, growing=True), view)
+        return shard_set(urls, indexes=indexes, **kw)
+
     if isinstance(trset, Mapping):
-        return union({str(name): shard_set(expand_shards(patterns), **kw) for name, patterns in trset.items()})
-    return shard_set(expand_shards(trset), **kw)
+        return union({str(name): one(patterns) for name, patterns in trset.items()})
+    return one(trset)
 
 
 def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.format.index import FolderIndex, parse_tokens, tokens_name, write_tokens
+from wdsprep.format.index import INDEX_NAME, FolderIndex, parse_tokens, tokens_name, write_tokens
 from wdsprep.loading.read import iter_records
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
 from wdsprep.remote.urls import has_folder
@@ -61,6 +61,8 @@ class LabelTokens:
             return parse_tokens(path, index.num_utts, str(path))
         column = np.concatenate([self._texts_of(os.path.join(folder, shard), int(n))
                                  for shard, n in zip(index.names, index.utts)] or [np.zeros(0, np.int32)])
+        if not (Path(folder) / INDEX_NAME).is_file():  # a growing folder: its published shards change, keep none
+            return column
         try:
             write_tokens(folder, name, column)
         except OSError as e:  # a read-only corpus: counted again next time

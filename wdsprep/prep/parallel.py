@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from typing import Callable, Sequence, TypeVar
+from functools import partial
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from tqdm import tqdm
 
@@ -56,3 +57,51 @@ def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items
                         r.get()  # re-raises the worker's exception
             bar.update(counter.value - bar.n)
             return [r.get() for r in results]
+
+
+def _init_ordered(counter, init: Callable[..., None], args: tuple) -> None:
+    _init_worker(counter)
+    init(*args)
+
+
+def _call_ordered(fn: Callable[[T, Callable[[int], None]], R], task: T) -> R:
+    return fn(task, _tick)
+
+
+def imap_ordered(fn: Callable[[T, Callable[[int], None]], R], tasks: Sequence[T], nj: int, desc: str,
+                 progress: bool | None = None, *, init: Callable[..., None], init_args: tuple = (),
+                 done: Callable[[], None] | None = None, total: int | None = None) -> Iterator[R]:
+    """``fn(task, tick)`` for each task in ``nj`` worker processes, the results yielded in task order
+    as soon as each and all before it are done (a worker takes the next task when it is free).
+
+    ``init(*init_args)`` prepares each worker (``nj == 1``: this process, and ``done()`` ends it);
+    module-level functions, so they reach workers however they start.  Leaving the iterator early
+    (an error, Ctrl-C) terminates the workers.
+    """
+    if nj < 1:
+        raise ValueError("nj must be >= 1")
+    nj = min(nj, max(1, len(tasks)))
+    total = len(tasks) if total is None else total
+    with tqdm(total=total, desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
+        if nj == 1:
+            init(*init_args)
+            try:
+                for task in tasks:
+                    yield fn(task, bar.update)
+            finally:
+                if done is not None:
+                    done()
+            return
+        counter = mp.Value("q", 0)
+        with mp.Pool(nj, initializer=_init_ordered, initargs=(counter, init, init_args)) as pool:
+            results = pool.imap(partial(_call_ordered, fn), tasks, chunksize=1)
+            while True:
+                try:
+                    r = results.next(timeout=0.2)
+                except mp.TimeoutError:
+                    bar.update(counter.value - bar.n)
+                    continue
+                except StopIteration:
+                    break
+                bar.update(counter.value - bar.n)
+                yield r

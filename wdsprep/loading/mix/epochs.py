@@ -140,6 +140,22 @@ class MixedEpochs:
         self.anchor = at
         self._starts = Recent(3)
 
+    def continue_from(self, old: MixedEpochs, epoch: int) -> None:
+        """Go on where ``old`` (the same corpora, some of them grown since: ``growing=True``) stands
+        at the start of loader ``epoch``: the schedule's clock and every unchanged corpus where they
+        were; a corpus whose shards changed begins an epoch of its own over them (the next one, if
+        it had begun its current one: that one's plan was over the shards it had then)."""
+        start = old.start(epoch)
+        corpora = []
+        for pos, new, was in zip(start.corpora, self.parts, old.parts):
+            if new.shards.fingerprint() == was.shards.fingerprint():
+                corpora.append(pos)
+            else:
+                begun = pos.free is not None or bool(pos.held) or bool(pos.leftover)
+                corpora.append(CorpusPosition(pos.epoch + 1 if begun else pos.epoch))
+        self.resume(MixPosition(start.epoch, 0, start.global_step, self.epoch_batches(), start.world_size,
+                                start.num_workers, start.phase, corpora))
+
     def run(self, at: MixPosition) -> MixedRun:
         """The rest of ``at``'s loader epoch on this topology (dealt window by window as it is asked for)."""
         # len(loader), the iteration and the next epoch's start ask for the same runs.
