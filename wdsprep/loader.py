@@ -39,8 +39,9 @@ from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.fetch import FetchOptions
-from wdsprep.loading.growing import View, coverage, observe, wait_for
+from wdsprep.loading.growing import VISIBLE_WITHIN, View, coverage, observe, wait_for
 from wdsprep.loading.plan import BatchId, PlanOptions
+from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.source import EpochSource, epoch_source, load_shards
 from wdsprep.loading.state import STATE_VERSION, StateError, read_published, read_state
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
@@ -84,7 +85,7 @@ class Growth:
     is fixed for (set, iterated or resumed: the epoch is planned over it)."""
 
     trset: Any
-    build: Callable[[View], EpochSource]
+    build: Callable[[View, float], EpochSource]
     view: View
     coverage: dict[str, Any]
     epoch: int | None = None
@@ -171,15 +172,16 @@ class Loader:
             view = View.from_json(shared[0])
         assert view is not None
         if view != g.view:
-            self._replan(view, carry_to=epoch)
+            self._replan(view, carry_to=epoch, wait=VISIBLE_WITHIN if self.group is not None else 0.0)
         g.epoch = epoch
 
-    def _replan(self, view: View, *, carry_to: int | None) -> None:
+    def _replan(self, view: View, *, carry_to: int | None, wait: float = 0.0) -> None:
         """The epoch source over ``view``; ``carry_to``: it goes on where the current one stands at
-        that epoch's start (a mixture's corpora; None: a loaded state says where)."""
+        that epoch's start (a mixture's corpora; None: a loaded state says where); ``wait``: seconds
+        to wait to see the shards rank 0 saw."""
         g = self.growth
         assert g is not None
-        source = g.build(view)
+        source = g.build(view, wait)
         if carry_to is not None:
             source.continue_from(self.source, carry_to)
         self.source = self.dataset.source = source
@@ -545,23 +547,27 @@ def make_loader(
     load = {"policy": fetch.policy(), "derive_speakers": max_utts_per_speaker is not None}
     counted = tokenizer if options.fit.uses_tokens else None
 
-    def build(view: View | None) -> EpochSource:
-        shards = load_shards(trset, **load, tokenizer=counted, view=view)
+    def plan(shards: ShardSet) -> EpochSource:
         return epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
                             named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
                             schedule=schedule, steps_per_epoch=steps_per_epoch)
+
+    def build(view: View | None, wait: float = 0.0) -> EpochSource:
+        return plan(load_shards(trset, **load, tokenizer=counted, view=view, view_wait=wait))
 
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
     group = loader_group(collective_timeout) if world_size > 1 else None
     growth = None
     if growing:
+        # Until the first epoch has a batch for every rank (without counting label tokens: a cost
+        # model's tokens do not change how many batches there are by much, and cost a read).
         view = wait_for(trset, lambda v: load_shards(trset, **load, view=v), min_shards=min_shards,
-                        min_hours=min_hours, timeout=wait_timeout)
+                        min_hours=min_hours, timeout=wait_timeout, check=plan if counted is None else None)
         if group is not None:  # every rank plans over rank 0's view
             view = View.from_json(gather(group, view.to_json(), timeout=collective_timeout,
                                          where="make_loader, sharing rank 0's view of the growing shards")[0])
-        source = build(view)
+        source = build(view, VISIBLE_WITHIN if group is not None else 0.0)
         growth = Growth(trset, build, view, coverage(source.shards, view))
     else:
         source = build(None)

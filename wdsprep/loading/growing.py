@@ -13,6 +13,8 @@ and uploaded.
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import os
 import sys
 import time
@@ -20,11 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from braceexpand import braceexpand
 
 from wdsprep.errors import DataError
-from wdsprep.format.commit import growth
+from wdsprep.format.commit import growth, pending, read_plan
 from wdsprep.format.index import FolderIndex, read_index
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
+from wdsprep.loading.plan import TooFewBatches
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.units import hours
 
@@ -61,23 +65,46 @@ def published_index(folder: str) -> FolderIndex | None:
 
 
 def observe(trset: Any) -> View:
-    """Where every growing folder the trset's patterns name stands now."""
+    """Where every growing folder the trset's patterns name stands now (a folder of a growing pack's
+    plan with nothing published yet too, at 0)."""
+    folders = [index_place(url)[0] for url in expand_shards(patterns_of(trset), growing=True) if not is_url(url)]
+    folders += planned_folders(patterns_of(trset))
     published: dict[str, int] = {}
-    for url in expand_shards(patterns_of(trset), growing=True):
-        if is_url(url):
-            continue
-        folder = index_place(url)[0]
-        if folder in published or growth(folder) is None:
-            continue
-        index = published_index(folder)
-        published[folder] = 0 if index is None else len(index.names)
+    for folder in dict.fromkeys(folders):
+        if growth(folder) is not None:
+            index = published_index(folder)
+            published[folder] = 0 if index is None else len(index.names)
     return View(published)
 
 
-def published_shards(urls: Sequence[str], view: View) -> tuple[list[str], dict[str, FolderIndex]]:
+def planned_folders(patterns: Sequence[str]) -> list[str]:
+    """The folders of growing packs' plans that local ``patterns`` name, whether they exist yet or not."""
+    out = []
+    for pattern in patterns:
+        for p in braceexpand(pattern):
+            if is_url(p):
+                continue
+            where = os.path.dirname(os.path.abspath(p))
+            for d in (where, os.path.dirname(where)):
+                m = None if glob.has_magic(d) else pending(d)
+                if m is None:
+                    continue
+                plan = read_plan(m.parent)
+                for name in plan.folders if plan is not None else []:
+                    folder = os.path.join(str(m.parent), name) if name else str(m.parent)
+                    if fnmatch.fnmatchcase(os.path.normpath(folder), where):
+                        out.append(os.path.normpath(folder))
+                break
+    return out
+
+
+def published_shards(urls: Sequence[str], view: View, *,
+                     wait: float = 0.0) -> tuple[list[str], dict[str, FolderIndex]]:
     """The shards of ``urls`` the view counts as published, and the indexes of the folders it holds
     (as they stood then: their first ``n`` shards).  A folder growing now that the view does not
-    hold was not there when it was taken: none of its shards are."""
+    hold was not there when it was taken: none of its shards are.  ``wait``: seconds to wait for
+    shards the view counts to be seen here (another rank's view: a network file system may show
+    them late)."""
     kept: list[str] = []
     indexes: dict[str, FolderIndex] = {}
     complete: set[str] = set()
@@ -91,16 +118,16 @@ def published_shards(urls: Sequence[str], view: View) -> tuple[list[str], dict[s
             if n is None and growth(folder) is None:
                 complete.add(folder)
             else:
-                indexes[folder] = _first(folder, n or 0)
+                indexes[folder] = _first(folder, n or 0, wait)
         if folder in indexes and indexes[folder].position(name) is None:
             continue
         kept.append(url)
     return kept, indexes
 
 
-def _first(folder: str, n: int) -> FolderIndex:
+def _first(folder: str, n: int, wait: float) -> FolderIndex:
     """The index of ``folder``'s first ``n`` published shards, once they can be seen."""
-    deadline = time.monotonic() + VISIBLE_WITHIN
+    deadline = time.monotonic() + wait
     while True:
         index = published_index(folder)
         have = 0 if index is None else len(index.names)
@@ -111,7 +138,7 @@ def _first(folder: str, n: int) -> FolderIndex:
             raise DataError(f"{folder}: {n:,} shards were published when this epoch was planned (by rank 0, or as the "
                             f"loader state records), only {have:,} are now: was the pack started again with "
                             f"--overwrite? Resume from a state saved after that, or start the training anew")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _empty(folder: str) -> FolderIndex:
@@ -163,10 +190,10 @@ def describe(c: Mapping[str, Any]) -> str:
 
 
 def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | None, min_hours: float | None,
-             timeout: float, poll: float = 1.0) -> View:
+             timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 1.0) -> View:
     """Wait until the trset's published shards reach ``min_shards`` and ``min_hours`` (at least one
-    shard either way), checking every ``poll`` s; a TimeoutError after ``timeout`` s saying how far
-    they got and what to do."""
+    shard either way) and ``check`` (planning the epoch) does not find too few batches for the ranks,
+    checking every ``poll`` s; a TimeoutError after ``timeout`` s saying how far they got and what to do."""
     want_shards = max(1, min_shards or 0)
     start = time.monotonic()
     said = False
@@ -174,12 +201,17 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
         view = observe(trset)
         shards = load(view)
         have_hours = hours(int(shards.frames.sum(dtype=np.int64)))
-        if len(shards) >= want_shards and (min_hours is None or have_hours >= min_hours):
-            return view
         want = f"{want_shards:,} shard(s)" + ("" if min_hours is None else f" and {min_hours:g} h")
+        if len(shards) >= want_shards and (min_hours is None or have_hours >= min_hours):
+            try:
+                if check is not None:
+                    check(shards)
+                return view
+            except TooFewBatches as e:
+                want += f" and enough batches for every rank (now: {e})"
         if not any(growth(f) is not None for f in view.published) and len(shards):
             raise DataError(f"growing loader: {patterns_of(trset)} is complete with {len(shards):,} shards "
-                            f"({have_hours:.2f} h), fewer than min_shards/min_hours ask for ({want})")
+                            f"({have_hours:.2f} h), too few: it waits for {want}")
         waited = time.monotonic() - start
         if waited >= timeout:
             raise TimeoutError(

@@ -30,7 +30,7 @@ from wdsprep.loading.epochs import CorpusEpochs
 from wdsprep.loading.growing import View, published_shards
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
+from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window
 from wdsprep.loading.shardset import ShardSet, shard_set, union
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
@@ -127,18 +127,19 @@ class EpochSource(Protocol):
 
 
 def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-                tokenizer: Tokenizer | None = None, view: View | None = None) -> ShardSet:
+                tokenizer: Tokenizer | None = None, view: View | None = None, view_wait: float = 0.0) -> ShardSet:
     """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
     with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``).
     ``view``: folders a pack is still writing are followed, as far as the view says they were
-    published (``loading/growing.py``); without it such a folder is refused."""
+    published (``loading/growing.py``; ``view_wait``: seconds to wait to see them, for a view taken
+    by another rank); without it such a folder is refused."""
     tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
     kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
 
     def one(patterns: Any) -> ShardSet:
         if view is None:
             return shard_set(expand_shards(patterns), **kw)
-        urls, indexes = published_shards(expand_shards(patterns, growing=True), view)
+        urls, indexes = published_shards(expand_shards(patterns, growing=True), view, wait=view_wait)
         return shard_set(urls, indexes=indexes, **kw)
 
     if isinstance(trset, Mapping):
@@ -187,6 +188,6 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
                           world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
     batches = int(source.corpus.counts(0).sum())
     if options.train and batches < world_size:
-        raise ValueError(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
+        raise TooFewBatches(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
                          f"least one (fewer ranks, a smaller max_frames, or more data)")
     return source

@@ -111,38 +111,42 @@ def pack_audio(
     utts = read_utterances(wav_scp, segments, report)
     labels = read_text(texts)
     speakers = read_utt2spk(spk_files) if utt2spk is not None else None
-    d, prior = prepare_output(d_out, overwrite, resume)
-    options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
-               "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "shuffle": shuffle, "seed": seed,
-               "num_mel_bins": num_mel_bins, "sample_rate": sample_rate, "dither": dither, "backend": opts.backend,
-               "channel": channel}
-    inputs = {"wav.scp": file_digests([wav_scp]), "segments": file_digests([segments] if segments else []),
-              "text": file_digests(texts), "utt2spk": file_digests(spk_files),
-              "audio": stat_digest([u.rxfile for u in utts if not u.rxfile.rstrip().endswith("|")])}
-    if prior is not None:
-        check_same(d, prior, "pack-audio", inputs, options)
-        done = resume_complete(d, prior, "pack-audio", inputs, options)
-        if done is not None:
-            return done
+    out = prepare_output(d_out, overwrite, resume)
+    d, prior = out.d, out.prior
+    try:
+        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
+                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "shuffle": shuffle, "seed": seed,
+                   "num_mel_bins": num_mel_bins, "sample_rate": sample_rate, "dither": dither, "backend": opts.backend,
+                   "channel": channel}
+        inputs = {"wav.scp": file_digests([wav_scp]), "segments": file_digests([segments] if segments else []),
+                  "text": file_digests(texts), "utt2spk": file_digests(spk_files),
+                  "audio": stat_digest([u.rxfile for u in utts if not u.rxfile.rstrip().endswith("|")])}
+        if prior is not None:
+            check_same(d, prior, "pack-audio", inputs, options)
+            done = resume_complete(d, prior, "pack-audio", inputs, options)
+            if done is not None:
+                return done
 
-    known = {u.uttid for u in utts} | {x["uttid"] for x in report.dropped.get("missing_recording", [])}
-    where_audio = f"{segments} (segments)" if segments is not None else f"{wav_scp}"
-    for uttid in labels.keys() - known:
-        report.drop("missing_audio", uttid, f"in {labels[uttid].where}, not in {where_audio}")
-    items = []
-    for u in utts:
-        label = labels.get(u.uttid)
-        if label is None:
-            report.drop("missing_label", u.uttid, f"in {u.where}, in no text file")
-        else:
-            items.append((u, label.value))
+        known = {u.uttid for u in utts} | {x["uttid"] for x in report.dropped.get("missing_recording", [])}
+        where_audio = f"{segments} (segments)" if segments is not None else f"{wav_scp}"
+        for uttid in labels.keys() - known:
+            report.drop("missing_audio", uttid, f"in {labels[uttid].where}, not in {where_audio}")
+        items = []
+        for u in utts:
+            label = labels.get(u.uttid)
+            if label is None:
+                report.drop("missing_label", u.uttid, f"in {u.where}, in no text file")
+            else:
+                items.append((u, label.value))
 
-    def plan(report: Report) -> Planned:
-        return plan_audio(items, d, report, opts=opts, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                          dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+        def plan(report: Report) -> Planned:
+            return plan_audio(items, d, report, opts=opts, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
+                              dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
 
-    return pack_planned(d, plan, report, command="pack-audio", inputs=inputs, options=options, prior=prior, fmt=fmt,
-                        layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+        return pack_planned(d, plan, report, command="pack-audio", inputs=inputs, options=options, prior=prior, fmt=fmt,
+                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+    finally:
+        out.release()
 
 
 def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Report, *, opts: FbankOptions,

@@ -123,35 +123,39 @@ def pack_data(
     feats = read_feats_scp(scps)
     labels = read_text(texts)
     speakers = read_utt2spk(spk_files) if utt2spk is not None else None
-    d, prior = prepare_output(d_out, overwrite, resume)
-    options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
-               "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "dims": dims, "shuffle": shuffle,
-               "seed": seed}
-    inputs = {"feats.scp": file_digests(scps), "text": file_digests(texts), "utt2spk": file_digests(spk_files),
-              "arks": stat_digest([ark_path(e.value) for e in feats.values() if ark_path(e.value)])}
-    if prior is not None:
-        check_same(d, prior, "pack", inputs, options)
-        done = resume_complete(d, prior, "pack", inputs, options)
-        if done is not None:
-            return done
+    out = prepare_output(d_out, overwrite, resume)
+    d, prior = out.d, out.prior
+    try:
+        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
+                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "dims": dims, "shuffle": shuffle,
+                   "seed": seed}
+        inputs = {"feats.scp": file_digests(scps), "text": file_digests(texts), "utt2spk": file_digests(spk_files),
+                  "arks": stat_digest([ark_path(e.value) for e in feats.values() if ark_path(e.value)])}
+        if prior is not None:
+            check_same(d, prior, "pack", inputs, options)
+            done = resume_complete(d, prior, "pack", inputs, options)
+            if done is not None:
+                return done
 
-    report = Report()
-    for uttid in labels.keys() - feats.keys():
-        report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
-    items: list[Item] = []
-    for uttid, e in feats.items():
-        label = labels.get(uttid)
-        if label is None:
-            report.drop("missing_label", uttid, f"in {e.where}, in no text file")
-        else:
-            items.append((uttid, e.value, label.value))
+        report = Report()
+        for uttid in labels.keys() - feats.keys():
+            report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
+        items: list[Item] = []
+        for uttid, e in feats.items():
+            label = labels.get(uttid)
+            if label is None:
+                report.drop("missing_label", uttid, f"in {e.where}, in no text file")
+            else:
+                items.append((uttid, e.value, label.value))
 
-    def plan(report: Report) -> Planned:
-        return plan_arks(items, d, report, desc="pack", groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                         dtype=dtype, dims=dims, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+        def plan(report: Report) -> Planned:
+            return plan_arks(items, d, report, desc="pack", groups=groups, utts_per_shard=utts_per_shard, layout=layout,
+                             dtype=dtype, dims=dims, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
 
-    return pack_planned(d, plan, report, command="pack", inputs=inputs, options=options, prior=prior, fmt=fmt,
-                        layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+        return pack_planned(d, plan, report, command="pack", inputs=inputs, options=options, prior=prior, fmt=fmt,
+                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+    finally:
+        out.release()
 
 
 def ark_path(rxfile: str) -> str | None:

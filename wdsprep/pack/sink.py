@@ -221,8 +221,39 @@ def feature_problem(feats: np.ndarray) -> str | None:
     return None
 
 
-def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> tuple[Path, PackPlan | None]:
-    """Make ``d_out`` ready for a pack: (the folder, the plan of the stopped pack to resume, or None).
+@dataclass
+class Output:
+    """A pack's output folder, held for it (no other pack may write there meanwhile), and the plan of
+    the stopped pack it resumes (None: a new pack)."""
+
+    d: Path
+    prior: PackPlan | None
+    _lock: int | None = None
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def hold(d: Path) -> int:
+    """An exclusive lock on folder ``d`` while the returned descriptor is open (and a killed pack's
+    workers are gone): a second pack into ``d`` is refused instead of writing the same files."""
+    import fcntl
+
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) "
+                              f"first") from None
+    return fd
+
+
+def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> Output:
+    """Make ``d_out`` ready for a pack, and hold it: the folder and the plan of the stopped pack to
+    resume (None for a new pack).  The caller releases it when the pack ends.
 
     A new pack: ``d_out`` is created and marked as being packed; a non-empty one is refused unless
     ``overwrite``, which removes earlier pack output: ``*.tar``, partial and hidden worker shards,
@@ -238,9 +269,19 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
         raise FileExistsError(f"{d} exists and is not a directory")
     if resume and overwrite:
         raise ValueError("--resume keeps what a stopped pack published, --overwrite replaces it: give one")
-    plan = read_plan(d) if d.is_dir() else None
+    lock = hold(make_dir(d))
+    try:
+        return _prepare(d, overwrite, resume, lock)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+
+
+def _prepare(d: Path, overwrite: bool, resume: bool, lock: int) -> Output:
+    plan = read_plan(d)
     if resume and plan is not None:
-        return d, plan
+        return Output(d, plan, lock)
     if d.is_dir() and any(d.iterdir()):
         unfinished = os.path.lexists(marker(d))
         if resume and not unfinished:
@@ -257,7 +298,6 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
                 f"to replace the shards, indexes and report an earlier pack wrote there"
             )
         overwrite = True  # resume without a plan: nothing was published in order, so it starts anew
-    make_dir(d)
     begin(d)
     if overwrite:
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
@@ -269,7 +309,7 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
             if folder != d and not any(folder.iterdir()):
                 folder.rmdir()
         remove_partial(d)
-    return d, None
+    return Output(d, None, lock)
 
 
 REPORT_NAME = "pack_report.json"

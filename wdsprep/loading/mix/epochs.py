@@ -26,7 +26,7 @@ from wdsprep.loading.mix.deal import (
     start_position,
 )
 from wdsprep.loading.mix.weights import Mixture, draw_probabilities
-from wdsprep.loading.plan import BatchId, Planned, Window
+from wdsprep.loading.plan import BatchId, Planned, TooFewBatches, Window
 from wdsprep.loading.quality import corpus_quality
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import (
@@ -77,7 +77,7 @@ class MixedEpochs:
         first = [c.plan(0) for c in self.parts]
         for name, plan in zip(self.corpora, first):
             if not plan.num_batches:
-                raise ValueError(f"corpus {name!r} has no batches: every utterance is outside "
+                raise TooFewBatches(f"corpus {name!r} has no batches: every utterance is outside "
                                  f"min_frames/max_utt_frames")
         # Mean utterances per batch: what turns a corpus's share of utterances into its chance per draw.
         self.utts_per_batch = [sum(int(s.starts[-1]) for s in p.streams) / p.num_batches for p in first]
