@@ -531,7 +531,14 @@ def describe_os_error(e: OSError) -> str:
 
 
 def failure(e: BaseException, command: str) -> tuple[int, str]:
-    """Exit status and the one line to print for the exception that ended ``command``."""
+    """Exit status and the one line to print for the exception that ended ``command`` (with the
+    notes added to it on the way, e.g. that a stopped pack resumes)."""
+    code, line = _failure(e, command)
+    notes = [n for n in getattr(e, "__notes__", []) if isinstance(n, str)]
+    return code, "; ".join([line, *notes])
+
+
+def _failure(e: BaseException, command: str) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
         return 130, f"wdsprep {command}: interrupted"
     if isinstance(e, StrictError):

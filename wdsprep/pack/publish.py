@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,8 +372,10 @@ def pack_planned(d: Path, plan: Callable[[Report], Planned], report: Report, *, 
         for r in trailing:
             report.merge(r)
         report = _finish(d, planned, report, fmt=fmt)
-    except BaseException:
-        _stopped(d, prior is not None, shards_total, desc)
+    except BaseException as e:
+        note = _stopped(d, prior is not None, shards_total)
+        if note:
+            e.add_note(note)  # the CLI prints it on the error's line
         raise
     print(report.summary(f"{desc}: wrote {d}"))
     if strict and (report.num_dropped or report.num_flagged):
@@ -462,22 +463,22 @@ def drop_parts(folder: Path) -> None:
     shutil.rmtree(gone, ignore_errors=True)
 
 
-def _stopped(d: Path, resumed: bool, shards_total: int, desc: str) -> None:
-    """After an error or Ctrl-C: nothing partial stays; published shards stay for ``--resume``
-    (a new pack that published nothing removes what it wrote, marker and plan too)."""
+def _stopped(d: Path, resumed: bool, shards_total: int) -> str | None:
+    """After an error or Ctrl-C: nothing partial stays; published shards stay for ``--resume`` (a
+    new pack that published nothing removes what it wrote, marker and plan too).  What to tell."""
     try:
         remove_partial(d)
         for parts in d.glob(f"**/{PARTS_DIR}/.tmp-*"):
             shutil.rmtree(parts, ignore_errors=True)
         published = sum(published_count(p.parent) for p in [*d.glob(PARTS_DIR), *d.glob(f"*/{PARTS_DIR}")])
     except OSError:
-        return
+        return None
     if published == 0 and not resumed:
         abandon(d)
-        return
+        return None
     of = f" of {shards_total:,}" if shards_total else ""
-    print(f"wdsprep {desc}: stopped with {published:,}{of} shards published in {d}; they are kept (a loader with "
-          f"growing=True reads them). Run the same command with --resume to finish the pack", file=sys.stderr)
+    return (f"the pack stopped with {published:,}{of} shards published in {d}, which are kept (growing=True reads "
+            f"them): run the same command with --resume to finish it")
 
 
 def abandon(d_out: Path) -> None:
