@@ -204,6 +204,22 @@ def test_resume_with_other_inputs_or_options_is_refused_naming_what_differs(kald
         pack_data(**pack_kwargs(kd, out, resume=True))
 
 
+def test_a_second_pack_into_a_folder_being_packed_is_refused(kaldi, tmp_path):
+    from wdsprep.pack.sink import hold
+
+    root, kd, utts, tok = kaldi
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = hold(out)  # what a running pack holds
+    try:
+        for kw in ({"resume": True}, {"overwrite": True}, {}):
+            with pytest.raises(FileExistsError, match="another pack is writing there now"):
+                pack_data(**pack_kwargs(kd, out, **kw))
+    finally:
+        os.close(lock)
+    pack_data(**pack_kwargs(kd, out, utts_per_shard=100))
+
+
 def test_resume_of_a_complete_pack_only_reports_it(kaldi, tmp_path):
     root, kd, utts, tok = kaldi
     out = tmp_path / "out"

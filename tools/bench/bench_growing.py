@@ -127,7 +127,7 @@ def index_strategies(work: Path, shards: int, utts: int = 2000) -> dict:
     parts.mkdir(parents=True)
     t0 = time.perf_counter()
     for k, info in enumerate(infos):
-        write_part(parts, k, FolderIndex.from_shards("cat", 80, "float32", [info], sizes=[10**6], mtimes=[1]),
+        write_part(parts, k, FolderIndex.from_shards("cat", 80, "float32", [info], sizes=[10**9], mtimes=[1]),
                    {"plan_shard": k, "report": {"dropped": {}, "flagged": {}}})
     per_part = (time.perf_counter() - t0) / shards
     part_bytes = tree_bytes(parts)
@@ -143,7 +143,7 @@ def index_strategies(work: Path, shards: int, utts: int = 2000) -> dict:
     written = 0
     t0 = time.perf_counter()
     for k in range(1, shards + 1):
-        write_index(rewrite, FolderIndex.from_shards("cat", 80, "float32", infos[:k], sizes=[10**6] * k,
+        write_index(rewrite, FolderIndex.from_shards("cat", 80, "float32", infos[:k], sizes=[10**9] * k,
                                                      mtimes=[1] * k))
         written += tree_bytes(rewrite)
     rewrite_s = time.perf_counter() - t0

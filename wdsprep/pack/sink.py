@@ -302,6 +302,7 @@ def _prepare(d: Path, overwrite: bool, resume: bool, lock: int) -> Output:
     if overwrite:
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
+            shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
             for p in folder.iterdir():
                 if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)
                                     or (folder == d and p.name == PLAN_NAME)):
