@@ -198,8 +198,19 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
     start = time.monotonic()
     said = False
     while True:
-        view = observe(trset)
-        shards = load(view)
+        try:
+            view = observe(trset)
+            shards = load(view)
+        except FileNotFoundError as e:  # nothing there yet: the pack may not have begun
+            if time.monotonic() - start >= timeout:
+                raise TimeoutError(f"growing loader: after {timeout:g} s there are still no shards: {e}. Is the "
+                                   f"pack running, into the folder the pattern names?") from None
+            if not said:
+                print(f"wdsprep loader: waiting for a pack to begin publishing {patterns_of(trset)} ({e})",
+                      file=sys.stderr)
+                said = True
+            time.sleep(poll)
+            continue
         have_hours = hours(int(shards.frames.sum(dtype=np.int64)))
         want = f"{want_shards:,} shard(s)" + ("" if min_hours is None else f" and {min_hours:g} h")
         if len(shards) >= want_shards and (min_hours is None or have_hours >= min_hours):

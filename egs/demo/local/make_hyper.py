@@ -14,9 +14,10 @@ http(s): every shard as brace ranges, since a web server cannot list); a templat
 KEY=VALUE`` adds or overrides ``train:option`` keys and
 ``--model KEY=VALUE`` the model section (values are parsed as JSON when they can be).
 
-``--growing N`` (stage 6): the shards are still being written by ``pack-audio``; the pattern
-covers the groups of the pack's plan (``pack_plan.json``), and ``ld`` becomes ``{"shards": PATTERN,
-"growing": true, "min_shards": N}``: training follows the shards as they are published.
+``--growing N`` (stage 6): the shards are still being written by ``pack-audio`` (or are about to
+be); the pattern covers the groups of the pack's plan (``pack_plan.json``; before it is written,
+every group: ``DIR/*/data-*.tar``), and ``ld`` becomes ``{"shards": PATTERN, "growing": true,
+"min_shards": N}``: training follows the shards as they are published.
 
 Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--shards``, and
 ``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
@@ -39,14 +40,14 @@ from wdsprep.format.shardlist import expand_shards
 def group_folders(shard_dir: Path, planned: bool = False) -> list[str]:
     """Names of the ``LO_HI`` folders under ``shard_dir`` holding at least one shard, by LO; with
     ``planned``, those the pack's plan will fill (a pack still writing them)."""
-    if not shard_dir.is_dir():
+    if not shard_dir.is_dir() and not planned:
         raise SystemExit(f"make_hyper: {shard_dir} is not a directory; did the pack stage run?")
     if planned:
         from wdsprep.format.commit import read_plan
 
-        plan = read_plan(shard_dir)
-        if plan is None:
-            raise SystemExit(f"make_hyper: {shard_dir} has no pack_plan.json yet; wait until the pack has planned")
+        plan = read_plan(shard_dir) if shard_dir.is_dir() else None
+        if plan is None:  # the pack has not planned yet: every length group it will fill
+            return ["*"]
         names = [n for n in plan.folders if n]
     else:
         names = [p.name for p in shard_dir.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.growing is not None:
         pattern = shard_pattern(args.shards, planned=True)
         ld = {"shards": pattern, "growing": True, "min_shards": args.growing}
-        n_train = len(expand_shards(pattern, growing=True))
+        n_train = "still being packed:"
     else:
         if args.mix:
             raise SystemExit("make_hyper: --mix mixes named corpora: give them with --corpus")
