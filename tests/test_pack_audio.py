@@ -1,4 +1,5 @@
-"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``; with ``--no-shuffle`` without an ark."""
+"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``, with no ark, its frames planned from the
+audio headers."""
 
 from __future__ import annotations
 

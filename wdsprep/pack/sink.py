@@ -71,7 +71,6 @@ class SinkResult:
     report: Report = field(default_factory=Report)
     dims: int | None = None  # of the features written
     dims_found: DimTally = field(default_factory=DimTally)  # of every utterance seen, written or not
-    planned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # folder -> plan index per shard
 
 
 class GroupedSink:
