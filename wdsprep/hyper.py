@@ -10,7 +10,9 @@ Current CAT keys: ``ld`` (shard pattern), ``tokenizer``, ``batch_size``, ``batch
 Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  wdsprep's own: ``ld`` as
 an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN, "zh": PATTERN},
 "weights": {"en": 1, "zh": 3}}`` or ``"temperature": 5`` or ``"schedule": [[0, {...}], [1000,
-{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern).  The tokenizer may sit in
+{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern); either may add
+``"cost"``/``"max_cost"`` and, to follow shards a pack is still writing, ``"growing": true`` with
+``"min_shards"``/``"min_hours"``.  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching

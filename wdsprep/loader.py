@@ -559,6 +559,10 @@ def make_loader(
     # process group just take their share.
     group = loader_group(collective_timeout) if world_size > 1 else None
     growth = None
+    if growing and world_size > 1 and group is None:
+        warnings.warn("growing=True with world_size > 1 but no torch.distributed process group: the ranks cannot "
+                      "share rank 0's view of the growing shards, so each plans over the shards it sees; give "
+                      "every rank the same state (load_state_dict) to plan alike", UserWarning, stacklevel=2)
     if growing:
         # Until the first epoch has a batch for every rank (without counting label tokens: a cost
         # model's tokens do not change how many batches there are by much, and cost a read).

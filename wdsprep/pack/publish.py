@@ -402,14 +402,18 @@ def _publish(d: Path, planned: Planned, tasks: list[int], count: dict[str, int],
         k = count.get(w.folder, 0)
         final = where / (fmt % k)
         os.replace(where / w.info.name, final)
-        sync(where)  # the shard's name is on disk before its entry says it is there
-        st = os.stat(final)
-        info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens)
-        speakers = None if utt2spk is None else given_speakers([info], utt2spk, w.report)
-        entry = FolderIndex.from_shards(layout, w.dims, dtype, [info], sizes=[st.st_size], mtimes=[st.st_mtime_ns],
-                                        speakers=speakers)
-        write_part(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
-                                     "skipped": skipped.pop(w.folder, [])})
+        try:
+            sync(where)  # the shard's name is on disk before its entry says it is there
+            st = os.stat(final)
+            info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens)
+            speakers = None if utt2spk is None else given_speakers([info], utt2spk, w.report)
+            entry = FolderIndex.from_shards(layout, w.dims, dtype, [info], sizes=[st.st_size],
+                                            mtimes=[st.st_mtime_ns], speakers=speakers)
+            write_part(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
+                                         "skipped": skipped.pop(w.folder, [])})
+        except BaseException:
+            final.unlink(missing_ok=True)  # named but not published (its entry did not fit): written again
+            raise
         empty_reports.pop(w.folder, None)
         count[w.folder] = k + 1
     return [r for reports in empty_reports.values() for r in reports]
