@@ -39,17 +39,22 @@ def main() -> None:
     p.add_argument("--read-ahead", type=int, default=2)
     p.add_argument("--retry-backoff", type=float, default=1.0)
     p.add_argument("--cache-dir")
+    p.add_argument("--growing", action="store_true", help="follow a folder a pack is still writing")
+    p.add_argument("--min-shards", type=int)
+    p.add_argument("--until-complete", action="store_true",
+                   help="with --growing: epochs until the pack is complete, then one more (--epochs: at most)")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     trset = dict(c.split("=", 1) for c in args.corpus) if args.corpus else args.trset
     mixing = {"schedule": [tuple(p) for p in json.loads(args.schedule)]} if args.schedule else {}
+    growing = {"growing": True, "min_shards": args.min_shards, "wait_timeout": 120} if args.growing else {}
     loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames or None, cost=args.cost,
                          max_cost=args.max_cost, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
                          collective_timeout=args.collective_timeout, read_ahead=args.read_ahead,
-                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing)
+                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing, **growing)
     epochs = []
     first = 0
     if args.resume:
@@ -58,6 +63,10 @@ def main() -> None:
         first = state["epoch"]
     for epoch in range(first, first + args.epochs):
         loader.set_epoch(epoch)
+        planned = loader.state_dict()  # where the epoch starts, and (growing) the shards it is planned over
+        if rank == 0:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"epoch{epoch}.planned").write_text(json.dumps(planned))
         length = len(loader)
         batches, corpora, saved = [], [], None
         for b in loader:
@@ -69,7 +78,10 @@ def main() -> None:
                 saved = loader.state_dict()
                 break
         epochs.append({"batches": batches, "corpora": corpora, "len": length, "steps": loader.stats.steps,
-                       "stats": loader.stats.to_dict(), "state": loader.state_dict(), "saved": saved})
+                       "stats": loader.stats.to_dict(), "state": loader.state_dict(), "saved": saved,
+                       "planned": planned})
+        if args.until_complete and loader.stats.growing["complete"]:
+            break  # an epoch over the finished folder: the last one asked for
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": dist.get_world_size(),
                                                                   "pid": os.getpid(), "epochs": epochs}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,11 @@ def test_an_unexpected_error_is_one_line_that_points_at_debug(world, capsys, mon
 
 
 @pytest.mark.parametrize("nj", [1, 2])
-def test_disk_full_while_packing_names_the_shard_and_leaves_nothing(tmp_path, nj):
-    """A real full file system: the shards do not fit a 256 KiB tmpfs."""
+def test_disk_full_while_packing_names_the_shard_and_keeps_what_was_published(tmp_path, nj):
+    """A real full file system: the shards do not fit a 256 KiB tmpfs.  One line names the shard
+    that did not fit and says to resume; the shards published before it stay, nothing partial does."""
+    from wdsprep.format.index import read_index
+
     scp, text, _, _ = kaldi_data(tmp_path / "kaldi", n=60)
     with small_fs(tmp_path / "fs", "256k") as fs:
         out = fs / "out"
@@ -137,9 +141,17 @@ def test_disk_full_while_packing_names_the_shard_and_leaves_nothing(tmp_path, nj
                             "--out", str(out), "--nj", str(nj), "--utts-per-shard", "10"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-        assert f"error: {out}/" in r.stderr and ".tar.tmp: No space left on device" in r.stderr, r.stderr
+        # the file that did not fit: a shard, or a published shard's index entry
+        full = rf"error: {out}/\S*(\.tar\.tmp|\.npy|\.txt|\.json): No space left on device"
+        assert re.search(full, r.stderr), r.stderr
         assert "free space" in r.stderr
-        assert [p for p in out.rglob("*")] == [], "a failed pack leaves nothing behind"
+        assert not [p for p in out.rglob("*") if p.name.startswith((".w", "..w")) or p.name.endswith(".tmp")]
+        index = read_index(out) if out.exists() else None
+        assert sorted(p.name for p in out.glob("data-*.tar")) == (index.names if index is not None else [])
+        if index is not None and index.names:  # kept, and the line says how to finish
+            assert f"{len(index.names)} of 6 shards published" in r.stderr and "--resume" in r.stderr
+        else:
+            assert not out.exists() or [p for p in out.rglob("*")] == []
 
 
 def test_disk_full_while_writing_the_report_names_it(tmp_path, capsys):
@@ -157,7 +169,10 @@ def test_disk_full_while_writing_the_report_names_it(tmp_path, capsys):
             assert main(["pack", "--scp", str(scp), "--text", str(text), "--out", str(out)]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"wdsprep pack: error: {out}/pack_report.json: No space left on device"), err
-        assert list(out.rglob("*")) == []
+        assert err.count("\n") == 1 and "--resume" in err
+        (fs / "filler").unlink()
+        assert main(["pack", "--scp", str(scp), "--text", str(text), "--out", str(out), "--resume"]) == 0
+        assert (out / "pack_report.json").is_file() and not (out / "PACK_INCOMPLETE").exists()
 
 
 def test_disk_full_writing_a_shard_names_it_without_a_tmpfs(tmp_path, capsys, monkeypatch):

@@ -2,7 +2,8 @@
 
 The kills are real (SIGKILL of a pack process at a chosen file operation), the full disks are
 real where a tmpfs can be mounted, and what is checked is what a user would run next: the loader,
-``inspect``, ``verify``, and the pack again.
+``inspect``, ``verify``, and the pack again (``--resume`` keeps the shards published before the
+stop; ``--overwrite`` redoes it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from shardsets import make_kaldi_dir, train_char_tokenizer
 from wdsprep import inspect_shards, pack_data, verify_shards
 from wdsprep.format.commit import MARKER_NAME, UncommittedPackError
 from wdsprep.format.index import INDEX_FILES
-from wdsprep.pack import sink
 
 GROUPS = ["0:150", "150:300", "300:"]
 N = 300
@@ -71,11 +71,19 @@ def read_all(pattern: str, tok: Path) -> list[str]:
 
 
 def assert_refused(out: Path, tok: Path) -> None:
-    """Every reader refuses the folder with a message naming it and saying to re-run the pack."""
+    """The loader refuses the folder as a complete corpus, naming it and saying what to do; inspect
+    and verify show what a pack that planned (and so publishes in order) published so far, and
+    refuse a folder of one that did not."""
     pattern = f"{out}/*/data-*.tar"
     with pytest.raises(UncommittedPackError, match="did not finish") as e:
         read_all(pattern, tok)
     assert str(out) in str(e.value) and "--overwrite" in str(e.value)
+    if (out / "pack_plan.json").exists():  # shards published in order: a growing loader could follow them
+        assert "growing=True" in str(e.value) and "--resume" in str(e.value)
+        assert any("still being packed" in n for n in inspect_shards(pattern).notes)
+        r = verify_shards(pattern)
+        assert r.ok and any("still being packed" in n.what for n in r.notes), r.format()
+        return
     with pytest.raises(UncommittedPackError, match=MARKER_NAME):
         inspect_shards(pattern)
     r = verify_shards(pattern)
@@ -100,9 +108,20 @@ def test_pack_killed_in_its_finalize_is_refused_until_overwrite_completes_it(kal
     killed_pack(kd, out, op, pattern, n)
     assert list(out.glob("*/data-*.tar")), "the kill should have left final-named shards"
     assert_refused(out, tok)
-    with pytest.raises(FileExistsError, match="did not finish"):
+    with pytest.raises(FileExistsError, match="did not finish.*--resume"):
         pack_data(**pack_args(kd, out))
     pack_data(**pack_args(kd, out, overwrite=True))
+    assert_complete(out, utts, tok)
+
+
+@pytest.mark.parametrize("op,pattern,n", [("replace", "data-*.tar", 9), ("unlink", MARKER_NAME, 1),
+                                          ("replace", "pack_report.json", 1)])
+def test_pack_killed_anywhere_is_finished_by_resume(kaldi, op, pattern, n):
+    root, kd, utts, tok = kaldi
+    out = root / f"out-resume-{op}-{pattern}"
+    killed_pack(kd, out, op, pattern, n)
+    assert_refused(out, tok)
+    pack_data(**pack_args(kd, out, resume=True))
     assert_complete(out, utts, tok)
 
 
@@ -120,7 +139,7 @@ def test_overwrite_killed_while_removing_the_old_pack_is_refused(kaldi):
 def test_pack_killed_before_any_shard_is_named_leaves_nothing_to_read(kaldi):
     root, kd, utts, tok = kaldi
     out = root / "out-early"
-    killed_pack(kd, out, "replace", "index.json", 2)
+    killed_pack(kd, out, "replace", "pack_plan.json", 1)
     assert not list(out.glob("*/data-*.tar"))
     with pytest.raises(FileNotFoundError, match="matches no file"):
         read_all(f"{out}/*/data-*.tar", tok)
@@ -128,12 +147,16 @@ def test_pack_killed_before_any_shard_is_named_leaves_nothing_to_read(kaldi):
     assert_complete(out, utts, tok)
 
 
-def test_disk_full_in_finalize_removes_the_pack_and_names_the_file(kaldi, tmp_path, monkeypatch):
-    """A real full file system (tmpfs) when the second index is written."""
+def test_disk_full_in_finalize_keeps_the_shards_and_resume_completes_it(kaldi, tmp_path, monkeypatch):
+    """A real full file system (tmpfs) when the second folder's index is written at the end: the
+    error names the file, the published shards stay (refused as a complete corpus), and --resume
+    after space was freed completes the pack without rewriting them."""
+    from wdsprep.pack import publish
+
     root, kd, utts, tok = kaldi
     with small_fs(tmp_path / "fs", "4m") as fs:
         out = fs / "out"
-        real, calls = sink.write_index, []
+        real, calls = publish.write_index, []
 
         def fill_then_write(folder, index):
             calls.append(folder)
@@ -141,20 +164,24 @@ def test_disk_full_in_finalize_removes_the_pack_and_names_the_file(kaldi, tmp_pa
                 fill(fs)
             return real(folder, index)
 
-        monkeypatch.setattr(sink, "write_index", fill_then_write)
+        monkeypatch.setattr(publish, "write_index", fill_then_write)
         with pytest.raises(OSError) as e:
             pack_data(**pack_args(kd, out))
         # The error names the index file that did not fit (its columns are written first).
         assert e.value.errno == errno.ENOSPC and e.value.filename in {str(calls[1] / f) for f in INDEX_FILES}
-        assert [p for p in out.rglob("*")] == [], "a failed pack leaves nothing behind"
+        assert not [p for p in out.rglob("*") if p.name.startswith((".w", "..w")) or p.name.endswith(".tmp")]
+        assert_refused(out, tok)
         monkeypatch.undo()
+        mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*/data-*.tar")}
         (fs / "filler").unlink()
-        pack_data(**pack_args(kd, out))  # the folder is empty again: no --overwrite needed
+        pack_data(**pack_args(kd, out, resume=True))
         assert_complete(out, utts, tok)
+        assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
 
-def test_failure_after_shards_were_renamed_removes_them(kaldi, tmp_path, monkeypatch):
-    """ENOSPC (simulated: renames need no space, but a directory block may) half-way through the renames."""
+def test_failure_half_way_through_publishing_keeps_what_was_published(kaldi, tmp_path, monkeypatch):
+    """ENOSPC (simulated: renames need no space, but a directory block may) at the 7th shard's
+    publication: the 6 before it stay, nothing partial does, and --resume writes the rest."""
     root, kd, utts, tok = kaldi
     out = tmp_path / "out"
     real, calls = os.replace, []
@@ -166,7 +193,33 @@ def test_failure_after_shards_were_renamed_removes_them(kaldi, tmp_path, monkeyp
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         return real(src, dst)
 
-    monkeypatch.setattr(sink.os, "replace", replace)
+    from wdsprep.pack import publish
+
+    monkeypatch.setattr(publish.os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        pack_data(**pack_args(kd, out))
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.glob("*/data-*.tar")) == sorted(Path(p).name for p in calls[:6])
+    assert not [p for p in out.rglob("*") if p.name.startswith((".w", "..w"))]
+    assert_refused(out, tok)
+    pack_data(**pack_args(kd, out, resume=True))
+    assert_complete(out, utts, tok)
+
+
+def test_a_pack_that_fails_before_it_publishes_leaves_nothing(kaldi, tmp_path, monkeypatch):
+    """Nothing published yet (the first shard's publication fails): the folder is left empty, as before."""
+    root, kd, utts, tok = kaldi
+    out = tmp_path / "out"
+    from wdsprep.pack import publish
+
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name.startswith("data-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(publish.os, "replace", replace)
     with pytest.raises(OSError, match="No space"):
         pack_data(**pack_args(kd, out))
     assert [p for p in out.rglob("*")] == []

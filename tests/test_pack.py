@@ -244,10 +244,14 @@ def test_refuses_non_empty_output_unless_overwrite(corpus):
         pack_data(scps, txts, out)
     (out / "notes.md").write_text("mine")
     pack_data(scps, txts, out, filter_group=[":250", "250:"], overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["0_250", "250_inf", "notes.md", "pack_report.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["0_250", "250_inf", "notes.md", "pack_plan.json",
+                                                     "pack_report.json"]
 
 
-def test_interrupted_pack_leaves_no_shard_under_a_final_name(corpus, monkeypatch):
+def test_interrupted_pack_keeps_only_published_shards_and_resume_finishes_it(corpus, monkeypatch, tmp_path):
+    """Ctrl-C half-way: no partial file stays, every shard under a final name is a published one
+    (listed by an entry), and --resume gives the bytes an uninterrupted pack gives."""
+    from wdsprep.format.index import read_index
     from wdsprep.pack import sink as writer
 
     tmp, scps, txts, feats, texts = corpus
@@ -262,10 +266,19 @@ def test_interrupted_pack_leaves_no_shard_under_a_final_name(corpus, monkeypatch
 
     monkeypatch.setattr(writer.GroupedSink, "add", add_then_die)
     out = tmp / "out"
+    kw = dict(filter_group=[":200", "200:"], utts_per_shard=4)
     with pytest.raises(KeyboardInterrupt):
-        pack_data(scps, txts, out, filter_group=[":200", "200:"], utts_per_shard=4)
-    leftovers = [p for p in out.rglob("*") if p.is_file()]
-    assert leftovers == [], leftovers
+        pack_data(scps, txts, out, **kw)
+    monkeypatch.undo()
+    assert not [p for p in out.rglob("*") if p.name.startswith((".w", "..w")) or p.name.endswith(".tmp")]
+    published = {p.name for d in out.iterdir() if d.is_dir() for p in d.glob("data-*.tar")}
+    listed = {n for d in out.iterdir() if d.is_dir() for n in read_index(d).names}
+    assert published == listed and 0 < len(listed) < 12
+    pack_data(scps, txts, out, **kw, resume=True)
+    whole = tmp_path / "whole"
+    pack_data(scps, txts, whole, **kw)
+    digest = lambda d: {str(p.relative_to(d)): p.read_bytes() for p in d.glob("*/data-*.tar")}  # noqa: E731
+    assert digest(out) == digest(whole)
 
 
 def test_groups_must_not_overlap(corpus):

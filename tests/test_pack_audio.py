@@ -1,4 +1,5 @@
-"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``; with ``--no-shuffle`` without an ark."""
+"""``wdsprep pack-audio``: the same shards as ``fbank`` then ``pack``, with no ark, its frames planned from the
+audio headers."""
 
 from __future__ import annotations
 
@@ -150,3 +151,70 @@ def test_pack_audio_shuffled_is_the_same_on_any_nj_and_unshuffled_writes_no_ark(
               shuffle=False, progress=False)
     for group in ("0_200", "200_inf"):
         assert read_index(tmp_path / "plain" / group).shards == read_index(tmp_path / "two" / group).shards
+
+
+def test_frames_planned_from_audio_headers_are_fbank_frames_frame_for_frame(tmp_path: Path) -> None:
+    """pack-audio plans every utterance's frames from its recording's header alone; on real audio
+    (FLAC segments, 22 kHz WAV and 8 kHz Ogg resampled, MP3, a pipe, a stereo channel, the bundled
+    corpus) they are the frames fbank computes, and what cannot be packed is found the same way.  The
+    waveforms it reads in shuffled order (a segment of a FLAC alone, without decoding the recording)
+    are those fbank reads in order, sample for sample."""
+    import random
+
+    from wdsprep.prep.audio import (
+        AudioProblem,
+        AudioReadError,
+        WaveSource,
+        iter_waveforms,
+        planned_samples,
+        probe_recording,
+        read_utterances,
+    )
+    from wdsprep.prep.fbank import Fbank, FbankOptions, frames_of, iter_features
+    from wdsprep.report import Report
+
+    wav, seg, text = data_dir(tmp_path)
+    with open(wav, "a") as f:
+        f.write(f"mp3 {AUDIO / 'en_16k.mp3'}\n")
+    with open(seg, "a") as f:
+        f.write("mp3-1 mp3 0.2 1.0\nlong-short long 1.0 1.005\n")
+    demo = Path(__file__).resolve().parent.parent / "egs" / "demo"
+    dev = tmp_path / "dev.scp"  # the bundled corpus's dev set, paths made absolute
+    dev.write_text("".join(f"{u} {demo / p}\n" for u, p in (line.split() for line in
+                                                             (demo / "data/dev/wav.scp").read_text().splitlines())))
+    utts = read_utterances(wav, seg, Report()) + read_utterances(dev, None, Report())
+    opts = FbankOptions(backend=KNF)
+    fbank = Fbank(opts)
+    heads: dict[str, object] = {}
+    for u in utts:
+        try:
+            heads.setdefault(u.rxfile, probe_recording(u.rxfile))
+        except AudioReadError as e:
+            heads.setdefault(u.rxfile, e)
+    waves = {u.uttid: w for u, w in iter_waveforms(utts, sample_rate=16000, channel=0,
+                                                   min_samples=fbank.window_samples)}
+    feats = {u.uttid: f for u, f in iter_features(utts, fbank)}
+    checked = 0
+    for u in utts:
+        n = planned_samples(u, heads[u.rxfile], sample_rate=16000, channel=0, min_samples=fbank.window_samples)
+        got = feats[u.uttid]
+        if isinstance(got, AudioProblem):
+            assert isinstance(n, AudioProblem) and n.reason == got.reason, (u.uttid, n, got)
+            continue
+        assert not isinstance(n, AudioProblem), (u.uttid, n)
+        assert n == len(waves[u.uttid]) and frames_of(n, opts) == got.shape[0], u.uttid
+        checked += 1
+    assert checked == len(utts) - 3 >= 40  # long-far (past the end), broken-1 (a failing pipe), long-short
+    order = [u for u in utts if not isinstance(heads[u.rxfile], AudioReadError)]
+    random.Random(0).shuffle(order)
+    source = WaveSource(sample_rate=16000, channel=0, min_samples=fbank.window_samples)
+    for u in order:
+        got = source.waveform(u, heads[u.rxfile])
+        want = waves[u.uttid]
+        if isinstance(want, AudioProblem):
+            assert isinstance(got, AudioProblem) and got.reason == want.reason
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=u.uttid)
+    # decoded whole: the pipe, the resampled 22 kHz WAV and 8 kHz Ogg, the MP3; the FLAC segments and
+    # 16 kHz WAVs are read alone
+    assert source.decoded == 4

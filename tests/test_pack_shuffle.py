@@ -232,15 +232,3 @@ def test_cli_options_of_the_shuffle(kdir, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "speakers per batch" in r.stdout and "speaker recurs in" in r.stdout and "lag-1 length corr." in r.stdout
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3, 8])
-def test_workers_get_whole_shards_of_nearly_equal_frames(workers):
-    from wdsprep.pack.plan import deal
-
-    frames = np.random.default_rng(workers).integers(1, 10_000, 23).tolist()
-    dealt = deal(frames, workers)
-    assert sorted(i for d in dealt for i in d) == list(range(23))
-    assert all(d == sorted(d) for d in dealt)  # each worker's shards in plan order
-    loads = [sum(frames[i] for i in d) for d in dealt]
-    assert max(loads) - min(loads) <= max(frames)

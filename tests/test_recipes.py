@@ -196,6 +196,25 @@ def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
     assert again[1]["global_step"] == 3 + len(resumed)
 
 
+def test_stage6_trains_while_pack_audio_writes_the_shards(demo_exp: Path) -> None:
+    """Stage 6: pack-audio publishes shards in the background while two ranks train on them; each
+    epoch says how much of the corpus it was planned over; both end on their own, the pack complete."""
+    p = run(["bash", str(DEMO / "run.sh"), "--stage", "6", "--stop-stage", "6", "--epochs", "2"], timeout=400,
+            EXP=str(demo_exp), NPROC="2")
+    assert "[stage 6]" in p.stdout and "pack complete" in p.stdout, p.stdout[-3000:]
+    grow = demo_exp / "shards" / "grow"
+    assert not (grow / "PACK_INCOMPLETE").exists() and (grow / "pack_plan.json").is_file()
+    from wdsprep import verify_shards
+
+    assert verify_shards(f"{grow}/*/data-*.tar").ok
+    history = json.loads((demo_exp / "grow" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2] and all(math.isfinite(h["train_loss"]) for h in history)
+    log = (demo_exp / "grow" / "train.log").read_text()
+    assert log.count("shards published") == 2, log[-2000:]
+    hyper = json.loads((demo_exp / "grow" / "hyper-p.json").read_text())
+    assert hyper["train"]["option"]["ld"]["growing"] is True
+
+
 @pytest.mark.slow
 def test_training_loss_falls_below_the_ctc_plateau(demo_exp: Path, tmp_path: Path) -> None:
     """The full demo recipe, shortened to 34 epochs on 2 ranks (about a minute).

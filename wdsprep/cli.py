@@ -50,6 +50,9 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards, indexes and report of an earlier pack in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="finish a pack stopped in --out (killed, out of disk, Ctrl-C): keep the shards it published, "
+                        "write the rest; refused unless the inputs and options are those it started with")
     _add_progress(p)
 
 
@@ -88,7 +91,7 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
-               nj=args.nj, strict=args.strict, overwrite=args.overwrite, progress=args.progress)
+               nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, progress=args.progress)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -96,7 +99,8 @@ def _cmd_pack(args: argparse.Namespace) -> None:
 
     pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
-              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, progress=args.progress)
+              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
+              progress=args.progress)
 
 
 def option_value(text: str) -> bool | int | float | str:
@@ -256,7 +260,8 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
         if trset is None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
-                     "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
+                     "pin_memory", "persistent_workers", "collective_timeout", "min_shards", "min_hours",
+                     "wait_timeout", *FETCH_OPTIONS):
             if name not in RETRY_OPTIONS:  # the retries fetch remote indexes; the rest do not change the plan
                 opts.pop(name, None)
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
@@ -307,6 +312,16 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-bytes", type=int, metavar="BYTES",
                    help="bound on --cache-dir; least recently used go first")
     _add_retry_options(g)
+    gr = p.add_argument_group("following folders a pack is still writing")
+    gr.add_argument("--growing", action="store_true",
+                    help="plan every epoch over the shards published when it starts (pack/pack-audio publish them "
+                         "one by one); without it such a folder is refused")
+    gr.add_argument("--min-shards", type=int, metavar="N",
+                    help="with --growing: wait for N shards before the first epoch")
+    gr.add_argument("--min-hours", type=float, metavar="H",
+                    help="with --growing: wait for H hours before the first epoch")
+    gr.add_argument("--wait-timeout", type=float, metavar="SECONDS",
+                    help="with --min-shards/--min-hours: give up after this long (default: 3600)")
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
     m.add_argument("--weights", nargs="+", metavar="NAME=W",
                    help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
@@ -345,10 +360,13 @@ def _loader_options(args: argparse.Namespace) -> dict:
 
     names = ("max_frames", "cost", "max_cost", "seed", "shuffle_buffer", "max_batch_size", "min_frames",
              "max_utt_frames", "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error",
-             "tokenize_group", "prefetch_factor", "collective_timeout", *FETCH_OPTIONS)
+             "tokenize_group", "prefetch_factor", "collective_timeout", "min_shards", "min_hours", "wait_timeout",
+             *FETCH_OPTIONS)
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False
+    if args.growing:
+        opts["growing"] = True
     if args.subword_sampling is not None:
         opts["subword_sampling"] = SubwordSampling(alpha=args.subword_sampling)
     if args.pin_memory:
@@ -587,7 +605,14 @@ def describe_os_error(e: OSError) -> str:
 
 
 def failure(e: BaseException, command: str) -> tuple[int, str]:
-    """Exit status and the one line to print for the exception that ended ``command``."""
+    """Exit status and the one line to print for the exception that ended ``command`` (with the
+    notes added to it on the way, e.g. that a stopped pack resumes)."""
+    code, line = _failure(e, command)
+    notes = [n for n in getattr(e, "__notes__", []) if isinstance(n, str)]
+    return code, "; ".join([line, *notes])
+
+
+def _failure(e: BaseException, command: str) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
         return 130, f"wdsprep {command}: interrupted"
     if isinstance(e, StrictError):

@@ -10,7 +10,9 @@ Current CAT keys: ``ld`` (shard pattern), ``tokenizer``, ``batch_size``, ``batch
 Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  wdsprep's own: ``ld`` as
 an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN, "zh": PATTERN},
 "weights": {"en": 1, "zh": 3}}`` or ``"temperature": 5`` or ``"schedule": [[0, {...}], [1000,
-{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern).  The tokenizer may sit in
+{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern); either may add
+``"cost"``/``"max_cost"`` and, to follow shards a pack is still writing, ``"growing": true`` with
+``"min_shards"``/``"min_hours"``.  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
@@ -121,15 +123,18 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
-# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora and
-# what a batch may cost (make_loader's arguments of those names).
-LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost"}
+# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora, what a
+# batch may cost, and whether to follow folders a pack is still writing (make_loader's arguments
+# of those names).
+LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost",
+           "growing", "min_shards", "min_hours"}
 
 
 def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str, Any], dict[str, Any]]:
     """An ``ld`` object: ``{"shards": pattern}`` or ``{"corpora": {name: pattern}, "weights" |
     "temperature" | "schedule": ..., "steps_per_epoch": N}``, either with ``"cost": FILE_OR_OBJECT,
-    "max_cost": N`` -> (the trset, make_loader's keyword arguments for the rest)."""
+    "max_cost": N`` and ``"growing": true, "min_shards": N, "min_hours": H`` -> (the trset,
+    make_loader's keyword arguments for the rest)."""
     ld = normalize_keys(ld, f"{where}: ld")
     unknown = sorted(set(ld) - LD_KEYS)
     if unknown:
@@ -141,11 +146,19 @@ def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str
         if isinstance(ld["max_cost"], bool) or not isinstance(ld["max_cost"], (int, float)):
             raise ValueError(f"{where}: ld max_cost must be a number, got {ld['max_cost']!r}")
         kw["max_cost"] = float(ld["max_cost"])
+    if "growing" in ld:
+        kw["growing"] = parse_bool(ld["growing"], "ld.growing")
+    if "min_shards" in ld:
+        kw["min_shards"] = _int(ld, "min_shards", f"{where}: ld")
+    if "min_hours" in ld:
+        if isinstance(ld["min_hours"], bool) or not isinstance(ld["min_hours"], (int, float)):
+            raise ValueError(f"{where}: ld min_hours must be a number, got {ld['min_hours']!r}")
+        kw["min_hours"] = float(ld["min_hours"])
     if ("shards" in ld) == ("corpora" in ld):
         raise ValueError(f"{where}: train:option ld needs one of \"shards\": PATTERN or \"corpora\": "
                          f"{{name: shard pattern, ...}}")
     if "shards" in ld:
-        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost"})
+        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost", "growing", "min_shards", "min_hours"})
         if mixing:
             raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\"")
         if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:

@@ -15,7 +15,8 @@ shared-memory buffers it recycles; workers persist across epochs by default and 
 iteration starts through shared memory.
 
 Under DDP the ranks meet only when the loader is built (same shards and options?) and at each
-training epoch's end (same steps?), under ``collective_timeout``.  Dev mode (``train=False``)
+training epoch's end (same steps?), under ``collective_timeout``; a loader following growing
+folders (``growing=True``) also shares rank 0's view of them when an epoch is set.  Dev mode (``train=False``)
 reads each utterance exactly once across ranks, without shuffling; ranks may run a different
 number of steps.
 """
@@ -27,8 +28,8 @@ import os
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -37,10 +38,12 @@ from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.loading.growing import VISIBLE_WITHIN, View, coverage, observe, wait_for
 from wdsprep.loading.plan import BatchId, PlanOptions
 from wdsprep.loading.readahead import MIN_RATE, FetchOptions
-from wdsprep.loading.source import epoch_source, load_shards
-from wdsprep.loading.state import STATE_VERSION, read_state
+from wdsprep.loading.shardset import ShardSet
+from wdsprep.loading.source import EpochSource, epoch_source, load_shards
+from wdsprep.loading.state import STATE_VERSION, StateError, read_published, read_state
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ReaderStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
@@ -75,6 +78,19 @@ def _worker_init(worker: int) -> None:
     gc.freeze()
 
 
+@dataclass
+class Growth:
+    """What a loader following growing folders plans each epoch from: the trset, how an epoch source
+    is built over a view of it, the view the current source was built over, and the epoch that view
+    is fixed for (set, iterated or resumed: the epoch is planned over it)."""
+
+    trset: Any
+    build: Callable[[View, float], EpochSource]
+    view: View
+    coverage: dict[str, Any]
+    epoch: int | None = None
+
+
 def _pin(buf: torch.Tensor) -> torch.Tensor:
     """A page-locked copy (a seam for tests on machines without CUDA)."""
     return buf.pin_memory()
@@ -92,7 +108,7 @@ class Loader:
 
     def __init__(self, dataset: ReaderStream, *, rank: int, num_workers: int, group: Any = None,
                  collective_timeout: float = 300.0, prefetch_factor: int | None = None, pin_memory: bool = False,
-                 persistent_workers: bool = True) -> None:
+                 persistent_workers: bool = True, growth: Growth | None = None) -> None:
         self.dataset = dataset
         self.source = dataset.source
         self.rank = rank
@@ -116,6 +132,7 @@ class Loader:
         self._steps = 0  # batches that iteration yielded
         self._iterating = False
         self._warned_idle = False
+        self.growth = growth  # following growing folders: what each epoch is planned from
 
     @property
     def world_size(self) -> int:
@@ -131,11 +148,47 @@ class Loader:
         return self.source.corpora
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it."""
+        """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it.
+
+        Following growing folders (``growing=True``), the epoch is planned over the shards published
+        now (rank 0's view, shared with every rank: call it on every rank, as DDP trainers do),
+        unless it was already (a resumed epoch is planned over the shards its state records).
+        """
         epoch = int(epoch)
+        if self.growth is not None and self.growth.epoch != epoch and not self._iterating:
+            self._follow(epoch)
         if epoch != self.epoch:
             self._run, self._steps = None, 0
         self.epoch = epoch
+
+    def _follow(self, epoch: int) -> None:
+        """Plan ``epoch`` over the shards published now, as rank 0 sees them."""
+        g = self.growth
+        assert g is not None
+        view = observe(g.trset) if self.rank == 0 or self.group is None else None
+        if self.group is not None:
+            shared = gather(self.group, None if view is None else view.to_json(), timeout=self.collective_timeout,
+                            where=f"set_epoch({epoch}), sharing rank 0's view of the growing shards")
+            view = View.from_json(shared[0])
+        assert view is not None
+        if view != g.view:
+            self._replan(view, carry_to=epoch, wait=VISIBLE_WITHIN if self.group is not None else 0.0)
+        g.epoch = epoch
+
+    def _replan(self, view: View, *, carry_to: int | None, wait: float = 0.0) -> None:
+        """The epoch source over ``view``; ``carry_to``: it goes on where the current one stands at
+        that epoch's start (a mixture's corpora; None: a loaded state says where); ``wait``: seconds
+        to wait to see the shards rank 0 saw."""
+        g = self.growth
+        assert g is not None
+        source = g.build(view, wait)
+        if carry_to is not None:
+            source.continue_from(self.source, carry_to)
+        self.source = self.dataset.source = source
+        self.dataset.shards = source.shards
+        g.view, g.coverage = view, coverage(source.shards, view)
+        self._run, self._steps = None, 0
+        self._loader = None  # persistent workers hold the old plan: fork new ones
 
     def _next_run(self) -> Any:
         """The run the next iteration of the epoch set yields: from a loaded position in it, else its start."""
@@ -163,11 +216,14 @@ class Loader:
         """
         src = self.source
         at = self.position()
-        return {"version": STATE_VERSION, "kind": src.kind, "seed": self.dataset.cfg.seed, "epoch": at.epoch,
-                "step": at.step, "complete": src.complete(at), "global_step": src.global_step(at),
-                "position": src.position_json(at),
-                "mixture": None if src.mixture is None else src.mixture.to_json(),
-                "options": asdict(self.dataset.cfg.plan), "fingerprint": self.dataset.fingerprint()}
+        state = {"version": STATE_VERSION, "kind": src.kind, "seed": self.dataset.cfg.seed, "epoch": at.epoch,
+                 "step": at.step, "complete": src.complete(at), "global_step": src.global_step(at),
+                 "position": src.position_json(at),
+                 "mixture": None if src.mixture is None else src.mixture.to_json(),
+                 "options": asdict(self.dataset.cfg.plan), "fingerprint": self.dataset.fingerprint()}
+        if self.growth is not None:  # the shards the epoch is planned over, in short
+            state["published"] = self.growth.view.to_json()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
@@ -176,9 +232,22 @@ class Loader:
         mixture: its schedule goes on at the saved global step, every corpus where it stood).  A
         mixture other than the saved one is allowed: it warns, saying what changed.
 
+        Following growing folders, the epoch is planned over the shards its state says were
+        published when it was planned (however many are now).
+
         Raises :class:`~wdsprep.loading.state.StateError` (a ValueError) when the state was saved
         for other shards, options or seed, or any of its fields is not what such a loader saves.
         """
+        published = read_published(state)
+        if self.growth is not None:
+            view = View.from_json(published) if published is not None else self.growth.view
+            epoch = state.get("epoch") if isinstance(state, Mapping) else None
+            if view != self.growth.view:
+                try:
+                    self._replan(view, carry_to=None)
+                except FileNotFoundError as e:
+                    raise StateError(f"the loader state's published shards cannot be found ({e})") from None
+            self.growth.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
         saved = read_state(state, kind=self.source.kind, seed=self.dataset.cfg.seed,
                            options=asdict(self.dataset.cfg.plan), fingerprint=self.dataset.fingerprint())
         at = self.source.position(saved)
@@ -280,11 +349,15 @@ class Loader:
             yield from window.refs
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.growth is not None and self.growth.epoch is None:
+            self.growth.epoch = self.epoch  # iterated without set_epoch: over the shards the loader has
         src = self.source
         at = src.start(self.epoch)
         run = self._run = src.run(at)
         self._steps = 0
         self.stats = st = run.planned_stats(self.rank)
+        if self.growth is not None:
+            st.growing = dict(self.growth.coverage)
         if run.complete:
             return
         warning = run.idle_warning(self.rank)
@@ -366,6 +439,10 @@ def make_loader(
     min_rate: float = MIN_RATE,
     cost: CostModel | Mapping[str, Any] | str | os.PathLike | None = None,
     max_cost: float | None = None,
+    growing: bool = False,
+    min_shards: int | None = None,
+    min_hours: float | None = None,
+    wait_timeout: float = 3600.0,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -432,6 +509,15 @@ def make_loader(
         max_cost: per-rank bound on a batch's cost under ``cost``; an utterance over it is a batch
             of its own.  A model that counts label tokens needs every label's length: counted once
             per index folder and tokenizer and kept beside the index (docs/batching.md).
+        growing: follow shard folders a pack is still writing (``pack``/``pack-audio`` publish
+            shards one by one): every epoch is planned over the shards published when
+            :meth:`Loader.set_epoch` is called (rank 0's view, shared), ``len(loader)`` is exact for
+            it, and the state records it, so a resume plans the same epoch.  Once the pack is complete
+            an epoch is the one an ordinary loader plans.  ``loader.stats.growing`` says how much of
+            the final corpus the epoch covers.  Without it such a folder is refused.
+        min_shards, min_hours: with ``growing``, wait before the first epoch until this many shards
+            (at least one) and hours of the trset are published.
+        wait_timeout: seconds to wait for them before a TimeoutError saying how far the pack got.
     """
     if on_error not in ("warn", "raise"):
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -439,6 +525,10 @@ def make_loader(
         raise ValueError(f"ctc_subsampling must be >= 1, got {ctc_subsampling}")
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if (min_shards is not None or min_hours is not None) and not growing:
+        raise ValueError("min_shards/min_hours wait for shards a pack is still publishing: pass growing=True too")
+    if min_shards is not None and min_shards < 0 or min_hours is not None and min_hours < 0:
+        raise ValueError(f"min_shards and min_hours must be >= 0, got {min_shards} and {min_hours}")
     d_rank, d_world = dist_info()
     rank = d_rank if rank is None else rank
     world_size = d_world if world_size is None else world_size
@@ -458,15 +548,38 @@ def make_loader(
     if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
-    shards = load_shards(trset, policy=fetch.policy(), derive_speakers=max_utts_per_speaker is not None,
-                         tokenizer=tokenizer if options.fit.uses_tokens else None)
-    source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
-                          named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
-                          schedule=schedule, steps_per_epoch=steps_per_epoch)
-    dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl())
+    load = {"policy": fetch.policy(), "derive_speakers": max_utts_per_speaker is not None}
+    counted = tokenizer if options.fit.uses_tokens else None
+
+    def plan(shards: ShardSet) -> EpochSource:
+        return epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
+                            named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
+                            schedule=schedule, steps_per_epoch=steps_per_epoch)
+
+    def build(view: View | None, wait: float = 0.0) -> EpochSource:
+        return plan(load_shards(trset, **load, tokenizer=counted, view=view, view_wait=wait))
+
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
     group = loader_group(collective_timeout) if world_size > 1 else None
+    growth = None
+    if growing and world_size > 1 and group is None:
+        warnings.warn("growing=True with world_size > 1 but no torch.distributed process group: the ranks cannot "
+                      "share rank 0's view of the growing shards, so each plans over the shards it sees; give "
+                      "every rank the same state (load_state_dict) to plan alike", UserWarning, stacklevel=2)
+    if growing:
+        # Until the first epoch has a batch for every rank (without counting label tokens: a cost
+        # model's tokens do not change how many batches there are by much, and cost a read).
+        view = wait_for(trset, lambda v: load_shards(trset, **load, view=v), min_shards=min_shards,
+                        min_hours=min_hours, timeout=wait_timeout, check=plan if counted is None else None)
+        if group is not None:  # every rank plans over rank 0's view
+            view = View.from_json(gather(group, view.to_json(), timeout=collective_timeout,
+                                         where="make_loader, sharing rank 0's view of the growing shards")[0])
+        source = build(view, VISIBLE_WITHIN if group is not None else 0.0)
+        growth = Growth(trset, build, view, coverage(source.shards, view))
+    else:
+        source = build(None)
+    dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl())
     if group is not None:
         fingerprints = gather(group, dataset.fingerprint(), timeout=collective_timeout, where="make_loader")
         odd = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
@@ -475,4 +588,5 @@ def make_loader(
                              f"{fingerprints}): give every rank the same trset, index and loader options")
     _settle_heap()
     return Loader(dataset, rank=rank, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
-                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers)
+                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                  growth=growth)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wdsprep.errors import DataError
 from wdsprep.files import write_text
 
 
@@ -61,6 +62,38 @@ class Report:
             "flagged": {k: sorted(v) for k, v in sorted(self.flagged.items())},
             "counts": self.counts(),
         }
+
+    def fragment(self) -> dict:
+        """The drops and flags alone, as JSON (what a published shard's entry keeps of its report)."""
+        return {"dropped": {k: list(v) for k, v in self.dropped.items()},
+                "flagged": {k: list(v) for k, v in self.flagged.items()}}
+
+    @classmethod
+    def from_fragment(cls, doc: object, *, where: str) -> "Report":
+        """A :meth:`fragment` read back; anything else is a ValueError naming ``where``."""
+        ok = isinstance(doc, dict) and isinstance(doc.get("dropped"), dict) and isinstance(doc.get("flagged"), dict)
+        ok = ok and all(isinstance(v, list) and all(isinstance(x, dict) and isinstance(x.get("uttid"), str) for x in v)
+                        for v in doc["dropped"].values())
+        ok = ok and all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in doc["flagged"].values())
+        if not ok:
+            raise DataError(f"{where}: a published shard's report is damaged; pack again with --overwrite")
+        r = cls()
+        for k, v in doc["dropped"].items():
+            r.dropped[k].extend(v)
+        for k, v in doc["flagged"].items():
+            r.flagged[k].extend(v)
+        return r
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "Report":
+        """A report :meth:`write` wrote (its drops, flags and groups)."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            r = cls.from_fragment({"dropped": doc["not_written"], "flagged": doc["flagged"]}, where=str(path))
+            r.groups = dict(doc["groups"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a readable report ({e}); pack again with --overwrite") from None
+        return r
 
     def write(self, path: str | os.PathLike) -> Path:
         return write_text(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")

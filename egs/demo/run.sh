@@ -13,6 +13,13 @@
 #   3  train the tokenizer on the train transcripts
 #   4  write $exp/hyper-p.json (CAT style; `ld` is a brace pattern over the groups)
 #   5  train with torchrun (gloo on CPU, nccl on GPUs)
+#   6  train while the shards are being written (run it on its own: --stage 6 --stop-stage 6):
+#      the ranks start and wait; pack-audio (no fbank stage, no ark) publishes $exp/shards/grow
+#      shard by shard in the background, and training follows it (ld.growing): it starts once 3
+#      shards are published, and every epoch takes the shards published when it begins (the log
+#      says how many: on this tiny corpus the pack is usually done by the first epoch).  Killed
+#      half-way, the same command resumes the pack (--resume).  Needs stage 3's tokenizer (and
+#      uses stage 2's dev shards when they are there).
 #
 # Options (each also settable by the upper-case environment variable):
 #   --stage N --stop-stage M   run stages N..M (default 0..5)
@@ -100,6 +107,47 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   # --standalone: a single-node rendezvous on a free port, so two runs never collide.
   torchrun --standalone --nproc_per_node="$nproc" local/train.py \
     --hyper "$exp/hyper-p.json" --exp-dir "$exp" "${extra[@]}" 2>&1 | tee "$exp/train.log"
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  # Smaller shards than stage 2's, so the corpus is published in ~24 steps that training can follow.
+  pack_opts="$(grep -v '^#' conf/pack.conf | tr '\n' ' ') --utts-per-shard 8"
+  grow=$exp/shards/grow
+  log 6 "training follows $grow as pack-audio writes it: $exp/grow/hyper-p.json (ld.growing)"
+  dev_opts=()
+  [ -d "$exp/shards/dev" ] && dev_opts=(--dev-shards "$exp/shards/dev")  # from stage 2
+  python local/make_hyper.py --shards "$grow" --growing 3 "${dev_opts[@]}" \
+    --tokenizer "$exp/tokenizer.json" --out "$exp/grow/hyper-p.json" \
+    --data train="$data/train" dev="$data/dev" --model dropout=0.0 \
+    --set epochs="${epochs:-20}" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
+  extra=()
+  [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
+  : > "$exp/grow/train.log"
+  (torchrun --standalone --nproc_per_node="$nproc" local/train.py \
+     --hyper "$exp/grow/hyper-p.json" --exp-dir "$exp/grow" "${extra[@]}" 2>&1 | tee "$exp/grow/train.log") &
+  train_pid=$!
+  # Either may start first; here the ranks start first and wait for the first shards (on this tiny
+  # corpus the pack is done in seconds, before the ranks are up).  The pack runs niced: the CPU is
+  # the training's first.  --resume: a pack stopped half-way goes on where it stopped.
+  for _ in $(seq 300); do
+    grep -q "waiting for" "$exp/grow/train.log" && break
+    [ -f "$grow/pack_report.json" ] && [ ! -e "$grow/PACK_INCOMPLETE" ] && break  # packed by an earlier run
+    kill -0 "$train_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  log 6 "pack-audio into $grow in the background ($pack_opts --resume; log: $exp/pack-grow.log)"
+  # shellcheck disable=SC2086
+  nice -n 19 wdsprep pack-audio --wav-scp "$data/train/wav.scp" --text "$data/train/text" \
+    --utt2spk "$data/train/utt2spk" --out "$grow" $pack_opts --nj 1 --resume > "$exp/pack-grow.log" 2>&1 &
+  pack_pid=$!
+  if ! wait "$pack_pid"; then
+    echo "$0: pack-audio failed, see $exp/pack-grow.log; run stage 6 again to resume it" >&2
+    kill "$train_pid" 2>/dev/null || true
+    exit 1
+  fi
+  log 6 "pack complete: $grow ($grow/pack_report.json)"
+  wait "$train_pid"
+  log 6 "training done: $exp/grow/history.json"
 fi
 
 echo "$0: done (stages $stage..$stop_stage)"

@@ -21,6 +21,7 @@ import numpy as np
 
 from wdsprep.check.planreport import corpus_shuffle_lines, merged_shuffle, shuffle_lines
 from wdsprep.files import naming, write_text
+from wdsprep.loading.growing import describe
 from wdsprep.loading.stats import efficiency
 
 
@@ -137,6 +138,7 @@ def _summary(epoch: int, ranks: list[dict[str, Any]]) -> str:
         f"  dropped             {json.dumps(dropped) if dropped else 'none'}; corrupt shards "
         f"{sum(r['corrupt_shards'] for r in ranks)}",
         f"  discarded tail      {ranks[0]['discarded']:,} utterances ({ranks[0]['discarded_fraction']:.2%})",
+        *([f"  shards              {describe(ranks[0]['growing'])}"] if ranks[0].get("growing") else []),
     ]
     names = list(ranks[0].get("corpora", {}))
     if names:

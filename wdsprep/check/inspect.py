@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from wdsprep.files import naming, write_text
+from wdsprep.format.commit import growth
 from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, read_index_at, scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.loading.readahead import fetched_shard
@@ -119,6 +120,7 @@ class InspectResult:
     efficiency: dict[str, dict[int, float]]  # curve name (group or "all") -> max_frames -> real/padded frames
     problems: list[str] = field(default_factory=list)
     plot: str | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. folders still being packed
 
     @property
     def shards(self) -> list[ShardStats]:
@@ -139,7 +141,7 @@ class InspectResult:
     def to_json(self) -> dict:
         return {"utterances": self.utts, "hours": round(self.hours, 4), "groups": [g.to_json() for g in self.groups],
                 "padding_efficiency": {k: {str(mf): v for mf, v in c.items()} for k, c in self.efficiency.items()},
-                "problems": self.problems, "plot": self.plot}
+                "problems": self.problems, "plot": self.plot, "notes": self.notes}
 
     def format(self, per_shard: bool = True) -> str:
         """The table a person reads: one line per group, its shards indented below it."""
@@ -168,6 +170,7 @@ class InspectResult:
             lines.append(f"  {'':<26}" + "".join(f"{thousands(mf):>8}" for mf in mfs))
             for name, curve in self.efficiency.items():
                 lines.append(f"  {name:<26}" + "".join(f"{curve.get(mf, math.nan):>8.3f}" for mf in mfs))
+        lines.extend(f"note: {n}" for n in self.notes)
         if self.plot:
             lines.append(f"\nplot: {self.plot}")
         if self.problems:
@@ -206,7 +209,8 @@ def inspect_shards(
     in ``problems``.
     """
     policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
-    paths = expand_shards(patterns, list_glob=lister(policy))
+    # A folder a pack is writing: its published shards.
+    paths = expand_shards(patterns, list_glob=lister(policy), growing=True)
     refuse_commands(paths, "inspect")
 
     by_folder: dict[str, list[str]] = {}
@@ -217,9 +221,11 @@ def inspect_shards(
     names = {f: display[shown[f]] for f in by_folder}
 
     problems: list[str] = []
+    notes: list[str] = []
     groups = []
     for folder, shard_paths in by_folder.items():
         remote = is_url(folder)
+        g = None if remote else growth(folder)
         try:
             index = read_index_at(folder, partial(fetch_file, policy=policy)) if remote else read_index(folder)
         except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
@@ -234,6 +240,8 @@ def inspect_shards(
                                         np.asarray(index.frames[a:b], np.int64),
                                         np.asarray(index.text_lens[a:b], np.int64)))
                 continue
+            if g is not None:
+                continue  # written, not published yet
             if index is not None:
                 where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
                 problems.append(f"{redact(p)}: not listed in {where} (stale index?); read from the tar")
@@ -247,9 +255,16 @@ def inspect_shards(
             layout = "+".join(sorted(scan.layouts)) or "-"
             stats.append(_stats(redact(p), names[folder], layout, "tar", scan.info))
         groups.append(GroupStats(names[folder], redact(folder), stats))
+        if g is not None:
+            planned = g.planned
+            utts = sum(s.utts for s in stats)
+            of = "" if planned is None else f" of {planned.shards:,}"
+            share = "" if planned is None else f" ({utts:,} of {planned.utts:,} utterances)"
+            notes.append(f"{names[folder]}: still being packed, {len(stats):,}{of} shards published{share}; the "
+                         f"numbers are theirs")
     groups.sort(key=_group_order)
 
-    result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems)
+    result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems, notes=notes)
     if plot is not None:
         from wdsprep.check.plot import plot_inspect  # matplotlib only when a plot is asked for
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from wdsprep.files import naming
 from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.loading.growing import coverage, describe, observe
 from wdsprep.loading.plan import PlanOptions
 from wdsprep.loading.quality import ShuffleQuality
 from wdsprep.loading.shardset import ShardSet, row_keys
@@ -36,8 +37,8 @@ MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 
 def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
                 out: TextIO | None = None, windows: int = 8, tokenizer: Tokenizer | str | os.PathLike | None = None,
-                dump_keys: str | os.PathLike | None = None, retries: int = 5, retry_backoff: float = 1.0,
-                min_rate: float = MIN_RATE, **plan_options: Any) -> list[dict[str, Any]]:
+                dump_keys: str | os.PathLike | None = None, growing: bool = False, retries: int = 5,
+                retry_backoff: float = 1.0, min_rate: float = MIN_RATE, **plan_options: Any) -> list[dict[str, Any]]:
     """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
     (``max_frames``, ``cost`` and ``max_cost`` and any of the batching options ``make_loader``
@@ -46,8 +47,9 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     ``cost`` without ``max_cost`` judges a plan cut by frames (what ``max_cost`` keeps its peak?).
     ``tokenizer`` is needed by a cost model that counts label tokens.  ``dump_keys``: every rank's
     planned batches written there, one ``epoch<TAB>step<TAB>rank<TAB>uttid`` line per utterance,
-    from the index's keys.  ``retries``, ``retry_backoff``, ``min_rate``: fetching remote indexes,
-    as the loader does."""
+    from the index's keys.  ``growing``: folders a pack is still writing are planned over the
+    shards published now, and the report says how much of the final corpus that is.  ``retries``,
+    ``retry_backoff``, ``min_rate``: fetching remote indexes, as the loader does."""
     out = out or sys.stdout
     mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
     if plan_options.get("cost") is not None:
@@ -62,7 +64,10 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
-    shards = load_shards(trset, policy=policy, derive_speakers=True, tokenizer=tokenizer if tokens else None)
+    view = observe(trset) if growing else None
+    shards = load_shards(trset, policy=policy, derive_speakers=True, tokenizer=tokenizer if tokens else None,
+                         view=view)
+    covered = None if view is None else coverage(shards, view)
     source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
                           named=isinstance(trset, Mapping), **mixing)
     keys = row_keys(shards, policy=policy) if dump_keys is not None else None
@@ -71,6 +76,8 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     try:
         for epoch in range(epochs):
             reports.append(epoch_report(source, options, epoch, windows=windows, keys=keys, dump=dump, judge=judge))
+            if covered is not None:
+                reports[-1]["growing"] = covered
             out.write(plan_summary(reports[-1], shards.num_utts) + "\n")
     finally:
         if dump is not None:
@@ -192,6 +199,7 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
         f"{r['streams']} streams ({r['planning_seconds']:.2f} s, no feature read)",
         f"  steps per rank      {shown}",
         f"  utterances          {r['utterances']:,} of {num_utts:,} indexed, {r['hours']:.2f} hours",
+        *([f"  shards              {describe(r['growing'])}"] if "growing" in r else []),
         f"  padding efficiency  {r['padding_efficiency']:.4f}",
         f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
         f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "

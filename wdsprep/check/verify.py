@@ -86,7 +86,11 @@ class VerifyResult:
 
     def format(self) -> str:
         lines = [str(p) for p in self.problems] + [f"note: {n}" for n in self.notes]
-        if self.ok:
+        growing = sum("still being packed" in n.what for n in self.notes)
+        if self.ok and growing:
+            lines.append(f"verify: {len(self.shards)} shards, {self.samples:,} samples: OK so far ({growing} folder(s) "
+                         f"still being packed)")
+        elif self.ok:
             lines.append(f"verify: {len(self.shards)} shards, {self.samples:,} samples: OK")
         else:
             bad = len({p.shard for p in self.problems})
@@ -121,6 +125,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
+    growing: dict[str, int] = {}  # folder -> its shards named but not published yet (skipped)
     for path in paths:
         remote = is_url(path)
         folder, name = index_place(path)
@@ -128,12 +133,19 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
             if remote:
                 indexes[folder] = _read_remote_index(folder, policy, result.problems)
             else:
-                unfinished = commit.problem(folder)
-                if unfinished is not None:
-                    result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
+                g = commit.growth(folder)
+                if g is not None and g.followable:
+                    growing[folder] = 0
+                else:
+                    unfinished = commit.problem(folder)
+                    if unfinished is not None:
+                        result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
                 indexes[folder] = _read_index(folder, result.problems)
         index = indexes[folder]
         i = None if index is None else index.position(name)
+        if folder in growing and i is None:  # written, not published yet: a growing loader does not read it
+            growing[folder] += 1
+            continue
         if remote:
             listed = i is not None and index is not None
             expected = int(index.sizes[i]) if listed and index.sizes[i] >= 0 else None
@@ -163,6 +175,15 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
+    for folder, skipped in growing.items():
+        g = commit.growth(folder)
+        planned = None if g is None else g.planned
+        index = indexes[folder]
+        n = 0 if index is None else len(index.names)
+        of = "" if planned is None else f" of {planned.shards:,}"
+        result.notes.append(Problem(folder, f"still being packed: {n:,}{of} shards published and checked"
+                                            f"{f', {skipped} not published yet and skipped' if skipped else ''}; a "
+                                            f"loader reads them with growing=True"))
     for folder, index in indexes.items():
         if is_url(folder):
             continue  # a web server cannot list: shards the patterns do not name are not looked for

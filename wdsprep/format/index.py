@@ -16,10 +16,19 @@ tars, ``verify`` holds it against them.  On disk, per folder:
   without them (written before they existed) gets its speakers from the keys when asked.
 
 ``index.json`` is written last: a folder whose ``index.json`` is there has the rest.  Version 1
-indexes (one JSON holding every key) are still read.  Every reader reads an index through
-:func:`read_index`, which checks it whole (:func:`check_index`) and opens regular files only: a
-damaged index is one :class:`DamagedIndexError` naming the file and field, whoever reads it, and
-``wdsprep index --force`` rebuilds it from the shards whatever state it is in.
+indexes (one JSON holding every key) are still read.
+
+A folder a pack is still writing has no ``index.json`` yet: each shard it publishes gets an index
+of its own, in this same format, in ``FOLDER/.index.parts/NNNNNNNN/`` (:func:`write_part`: written
+whole in a hidden folder, synced, then renamed into place, so a reader sees a published shard's
+entry whole or not at all).  :func:`read_index` reads such a folder as the index of the shards
+published so far (parts 0, 1, ... without a gap), every part checked as a whole index is; the
+pack's last step writes the folder's ``index.json`` from the parts and removes them.
+
+Every reader reads an index through :func:`read_index`, which checks it whole (:func:`check_index`)
+and opens regular files only: a damaged index is one :class:`DamagedIndexError` naming the file
+and field, whoever reads it, and ``wdsprep index --force`` rebuilds it from the shards whatever
+state it is in.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol, Sequence
 import numpy as np
 
 from wdsprep.errors import DataError, OverLimit
-from wdsprep.files import atomic_path, file_sha256, naming, write_text
+from wdsprep.files import atomic_path, file_sha256, naming, sync, write_text
+from wdsprep.format.commit import PARTS_DIR, published_count
 from wdsprep.format.npy import FEATURE_DTYPES, npy_header_end, parse_npy_header
 from wdsprep.format.shardlist import file_kind
 
@@ -52,6 +62,7 @@ SPEAKERS_FILE, SPEAKER_NAMES_FILE = "index.speakers.npy", "index.speaker_names.t
 # everything an index writes
 INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE, SPEAKERS_FILE, SPEAKER_NAMES_FILE)
 FROM_UTT2SPK, FROM_KEYS = "utt2spk", "key prefix"  # where a speakers column came from
+PART_NAME = "part.json"  # in a published shard's part, beside its index: which planned shard, what it dropped
 INDEX_DTYPES = frozenset(str(d.newbyteorder("=")) for d in FEATURE_DTYPES.values())  # "float32", ...
 
 
@@ -133,7 +144,7 @@ class FolderIndex:
     def __init__(self, layout: str, dims: int | None, dtype: str, names: Sequence[str], utts: np.ndarray,
                  frames: np.ndarray, text_lens: np.ndarray, *, sizes: np.ndarray | None = None,
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
-                 keys: list[str] | None = None, folder: str | os.PathLike | None = None,
+                 keys: list[str] | Callable[[], list[str]] | None = None, folder: str | os.PathLike | None = None,
                  lost: np.ndarray | None = None, speakers: Speakers | None = None,
                  checksums: Sequence[str | None] | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
@@ -186,6 +197,12 @@ class FolderIndex:
 
     def keys(self) -> list[str]:
         """Every sample key, in shard order (read from ``index.keys.txt`` on first use)."""
+        if callable(self._keys):
+            keys = self._keys()
+            if len(keys) != self.num_utts:
+                raise DamagedIndexError(self.folder / KEYS_FILE if self.folder else KEYS_FILE,
+                                        f"{len(keys):,} keys for {self.num_utts:,} utterances")
+            self._keys = keys
         if self._keys is None:
             assert self.folder is not None
             path = self.folder / KEYS_FILE
@@ -208,6 +225,17 @@ class FolderIndex:
         if self._speakers is None:
             self._speakers = Speakers.from_keys(self.keys())
         return self._speakers
+
+    def head(self, n: int) -> FolderIndex:
+        """The index of the first ``n`` shards alone (a growing folder as it was when ``n`` were published)."""
+        if n >= len(self.names):
+            return self
+        rows = int(self.starts[n])
+        speakers = None if self._speakers is None else self._speakers.rows(0, rows)
+        return FolderIndex(self.layout, self.dims, self.dtype, self.names[:n], self.utts[:n], self.frames[:rows],
+                           self.text_lens[:rows], sizes=self.sizes[:n], mtimes=self.mtimes[:n],
+                           digests=self.digests[:n], keys=lambda: self.keys()[:rows], folder=self.folder,
+                           lost=self.lost[:n], speakers=speakers, checksums=self.checksums[:n])
 
     def shard(self, i: int) -> ShardInfo:
         """Shard ``i``'s record, keys included."""
@@ -277,6 +305,129 @@ def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
     return write_text(folder / INDEX_NAME, json.dumps(index.summary(), ensure_ascii=False, separators=(",", ":")))
 
 
+def part_dir(folder: str | os.PathLike, k: int) -> Path:
+    """Where the ``k``-th published shard of a growing ``folder`` has its index entry."""
+    return Path(folder) / PARTS_DIR / f"{k:08d}"
+
+
+def write_part(folder: str | os.PathLike, k: int, index: FolderIndex, record: dict[str, Any]) -> Path:
+    """Publish shard ``k`` of a growing folder: its index (one shard, the format of a folder's) and
+    ``record`` (JSON: which planned shard it is, what it dropped), written whole in a hidden
+    folder, synced, and renamed into place: a reader sees all of it or nothing."""
+    import shutil
+
+    parts = Path(folder) / PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    tmp = parts / f".tmp-{k:08d}"
+    if tmp.exists():  # left by a pack that was killed here
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_index(tmp, index)
+    write_text(tmp / PART_NAME, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+    for p in tmp.iterdir():
+        sync(p)
+    sync(tmp)
+    final = part_dir(folder, k)
+    os.rename(tmp, final)
+    sync(parts)
+    return final
+
+
+def read_part_record(folder: str | os.PathLike, k: int) -> dict[str, Any]:
+    """The record :func:`write_part` stored with published shard ``k`` (a JSON object)."""
+    path = part_dir(folder, k) / PART_NAME
+    data = _read_file(path)
+    try:
+        doc = json.loads(data.decode("utf-8"))  # type: ignore[union-attr]
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise DamagedIndexError(path, "not a JSON object")
+    return doc
+
+
+# A growing folder's parts, read once per process: (folder) -> (each part's stat, their index).
+_parts_read: dict[str, tuple[list[tuple[int, int]], FolderIndex]] = {}
+
+
+def read_parts(folder: str | os.PathLike) -> FolderIndex:
+    """The index of the shards a growing ``folder`` has published: its parts 0, 1, ... (up to the
+    first gap), each read and checked as a folder's index is, holding one shard, all of one layout,
+    dims and dtype.  Parts never change once published, so those read before are kept (by their
+    files' identity) and only the new ones are read."""
+    folder = Path(folder)
+    count = published_count(folder)
+    stats = []
+    for k in range(count):
+        try:
+            st = os.stat(part_dir(folder, k) / INDEX_NAME)
+        except FileNotFoundError:  # a part being removed (the pack just wrote index.json)
+            count = k
+            break
+        stats.append((st.st_ino, st.st_mtime_ns))
+    key = str(folder)
+    known, have = _parts_read.get(key, ([], None))
+    keep = 0
+    while keep < min(len(known), count) and known[keep] == stats[keep]:
+        keep += 1
+    if have is not None and keep == len(known) == count:
+        return have
+    pieces = [have.head(keep)] if have is not None and keep else []
+    for k in range(keep, count):
+        d = part_dir(folder, k)
+        part = read_index(d)
+        if part is None or len(part.names) != 1:
+            raise DamagedIndexError(d / INDEX_NAME, f"lists {0 if part is None else len(part.names)} shards; a "
+                                                    f"published shard's entry lists one")
+        pieces.append(_in_memory(part))
+    index = _concat(folder, pieces)
+    _parts_read[key] = (stats, index)
+    return index
+
+
+def _in_memory(part: FolderIndex) -> FolderIndex:
+    """A part's index with its columns copied out of their memory maps: thousands of parts must
+    not hold a file descriptor each (a map keeps one open).  Its keys are still read when asked."""
+    sp = part._speakers
+    speakers = None if sp is None else Speakers(np.array(sp.ids, np.int32), sp.names, sp.source)
+    return FolderIndex(part.layout, part.dims, part.dtype, part.names, part.utts, np.array(part.frames, np.int32),
+                       np.array(part.text_lens, np.int32), sizes=part.sizes, mtimes=part.mtimes,
+                       digests=part.digests, folder=part.folder, lost=part.lost, speakers=speakers,
+                       checksums=part.checksums)
+
+
+def _concat(folder: Path, pieces: Sequence[FolderIndex]) -> FolderIndex:
+    """Indexes of consecutive shards of ``folder`` as one, checked whole (names unique, ...)."""
+    if not pieces:
+        return FolderIndex("cat", None, "float32", [], np.zeros(0, np.int64), np.zeros(0, np.int32),
+                           np.zeros(0, np.int32), folder=folder, keys=[],
+                           speakers=Speakers(np.zeros(0, np.int32), [], FROM_KEYS))
+    first = pieces[0]
+    for p in pieces[1:]:
+        for what in ("layout", "dims", "dtype"):
+            if getattr(p, what) != getattr(first, what):
+                raise DamagedIndexError(Path(p.folder or folder) / INDEX_NAME,
+                                        f"{what} {getattr(p, what)!r}, the folder's first shard has "
+                                        f"{getattr(first, what)!r}")
+    has = [p.has_speakers for p in pieces]
+    speakers = Speakers.concat([p.speakers() for p in pieces]) if all(has) else None
+
+    def keys() -> list[str]:
+        return [k for p in pieces for k in p.keys()]
+
+    index = FolderIndex(first.layout, first.dims, first.dtype, [n for p in pieces for n in p.names],
+                        np.concatenate([p.utts for p in pieces]),
+                        np.concatenate([np.asarray(p.frames, np.int32) for p in pieces]),
+                        np.concatenate([np.asarray(p.text_lens, np.int32) for p in pieces]),
+                        sizes=np.concatenate([p.sizes for p in pieces]),
+                        mtimes=np.concatenate([p.mtimes for p in pieces]),
+                        digests=[d for p in pieces for d in p.digests], keys=keys, folder=folder,
+                        lost=np.concatenate([p.lost for p in pieces]), speakers=speakers,
+                        checksums=[c for p in pieces for c in p.checksums])
+    check_index(index)
+    return index
+
+
 REINDEX = "re-index the folder (wdsprep index --force)"
 _INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
 _TAR_BLOCK = 512  # every tar member takes at least its header block
@@ -306,13 +457,25 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
     and anything the writer would not have written is a :class:`DamagedIndexError` naming the file
     and field.  Only regular files are opened (a FIFO in a column's place would block the open).
     The keys are the one part read later, by what needs them (:meth:`FolderIndex.keys`): the
-    loader does not, and remote loaders do not even fetch them.
+    loader does not, and remote loaders do not even fetch them.  A folder a pack is still writing
+    (no ``index.json`` yet) gives the index of the shards it has published so far.
     """
     folder = Path(folder)
     path = folder / INDEX_NAME
     data = _read_file(path, required=False)
     if data is None:
-        return None
+        if not os.path.isdir(folder / PARTS_DIR):
+            return None
+        try:
+            index: FolderIndex | None = read_parts(folder)
+        except DamagedIndexError:
+            index = None
+            if not (folder / INDEX_NAME).is_file():
+                raise
+        if index is None or not os.path.isdir(folder / PARTS_DIR):  # the pack finished while they were read
+            if (folder / INDEX_NAME).is_file():
+                return read_index(folder)
+        return index
     try:
         d = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from braceexpand import braceexpand
 
-from wdsprep.format.commit import check_committed
+from wdsprep.format.commit import check_committed, pending
 from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
 from wdsprep.remote.urls import folder_of, has_folder, is_glob, is_url, redact
 
@@ -46,8 +46,16 @@ def refuse_commands(shards: Sequence[str], tool: str) -> None:
                          f"run the command into a local file and {tool} that")
 
 
+def in_growing_pack(path: str) -> bool:
+    """Whether ``path`` (a shard path or pattern) lies in a folder a pack has not finished writing."""
+    for d in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        if d and not glob.has_magic(d) and pending(d) is not None:
+            return True
+    return False
+
+
 def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, check_commit: bool = True,
-                  list_glob: Callable[[str], list[str]] | None = None) -> list[str]:
+                  list_glob: Callable[[str], list[str]] | None = None, growing: bool = False) -> list[str]:
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
@@ -58,6 +66,8 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     anything but a regular file (a directory, a FIFO), is an error naming it.  So is a folder of
     local shards written by a pack that did not finish (:mod:`wdsprep.format.commit`;
     ``check_commit=False`` leaves that to the caller, as ``verify`` reports it among its problems).
+    ``growing``: folders a pack is still writing are followed, not refused: a pattern into one that
+    matches nothing yet is no error, and nothing at all is an empty list (the loader waits).
     """
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
@@ -77,6 +87,8 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                     shards.append(p)
                 continue
             matches = sorted(glob.glob(p)) if glob.has_magic(p) else ([p] if os.path.lexists(p) else [])
+            if not matches and growing and in_growing_pack(p):
+                continue
             if not matches:
                 raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no file")
             for m in matches:
@@ -93,9 +105,9 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     if duplicates:
         raise ValueError(f"shard {redact(duplicates[0])!r} is named twice by {redact(str(list(map(str, patterns))))}; "
                          f"each shard may be read once per epoch")
-    if not shards:
+    if not shards and not growing:
         raise FileNotFoundError(f"no shards in {redact(str(list(map(str, patterns))))}")
     if check_commit:
         for folder in dict.fromkeys(index_place(s)[0] for s in shards if not is_url(s)):
-            check_committed(folder)
+            check_committed(folder, growing=growing)
     return shards

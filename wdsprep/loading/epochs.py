@@ -85,6 +85,9 @@ class CorpusEpochs:
     def resume(self, at: Runs) -> None:
         self.anchor = at
 
+    def continue_from(self, old: CorpusEpochs, epoch: int) -> None:
+        """Go on after ``old`` (its shards grown since): nothing to carry, each epoch is planned alone."""
+
     def run(self, at: Runs) -> CorpusRun:
         return self._runs.get(at, lambda: CorpusRun(self, at))
 

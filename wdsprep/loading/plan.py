@@ -43,6 +43,11 @@ BatchId = tuple[int, int, int, int]  # a planned batch: (corpus, corpus epoch, s
 Planned = tuple[BatchId, np.ndarray]  # a planned batch and its utterances' rows in the loader's shard set
 
 
+class TooFewBatches(ValueError):
+    """An epoch's plan has too few batches for its ranks (or a mixed corpus none): a loader following
+    growing folders waits for more shards instead."""
+
+
 class Window(NamedTuple):
     """A stretch of one rank's planned batches, in order: what an epoch source deals at once."""
 

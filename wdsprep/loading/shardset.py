@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
 
 
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-              tokens: TokenCounts | None = None) -> ShardSet:
+              tokens: TokenCounts | None = None, indexes: Mapping[str, FolderIndex] | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
 
     ``policy``: retries for fetching remote indexes, and the shards of pipes no index lists.
@@ -170,9 +170,10 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     ``derive_speakers`` also by the key rule from the keys of an index that stores none
     (``Speakers.from_keys``; a remote index's keys are fetched for it).  A shard in no index leaves
     the set without speakers.  ``tokens``: every label's length in tokens comes with the set (a
-    cost model that counts them needs it)."""
+    cost model that counts them needs it).  ``indexes``: folders' indexes already read (a growing
+    folder's, as it stood when an epoch was planned), used instead of reading them."""
     policy = policy or RetryPolicy()
-    indexes: dict[str, FolderIndex | None] = {}
+    indexes: dict[str, FolderIndex | None] = dict(indexes or {})
     utts: list[int] = []
     sizes: list[int] = []
     digests: list[str] = []

@@ -24,16 +24,19 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from wdsprep.format.shardlist import expand_shards
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
+from wdsprep.loading.growing import View, published_shards
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions, Window
-from wdsprep.loading.shardset import ShardSet, indexed_shards, union
+from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window
+from wdsprep.loading.shardset import ShardSet, indexed_shards, shard_set, union
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
 from wdsprep.loading.tokens import LabelTokens
 from wdsprep.remote.fetch import RetryPolicy
+from wdsprep.remote.listing import lister
 from wdsprep.tokenizer import Tokenizer, derive_seed
 from wdsprep.units import hours
 
@@ -95,6 +98,10 @@ class EpochSource(Protocol):
     def resume(self, at: Any) -> None:
         """Start from ``at`` (a loaded position)."""
 
+    def continue_from(self, old: Any, epoch: int) -> None:
+        """Go on where ``old`` (the same source over fewer shards: a growing loader's previous epoch's)
+        stands at the start of ``epoch``."""
+
     def run(self, at: Any) -> EpochRun: ...
 
     def rows(self, bid: BatchId) -> np.ndarray:
@@ -121,14 +128,25 @@ class EpochSource(Protocol):
 
 
 def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-                tokenizer: Tokenizer | None = None) -> ShardSet:
+                tokenizer: Tokenizer | None = None, view: View | None = None, view_wait: float = 0.0) -> ShardSet:
     """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
-    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``)."""
+    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``).
+    ``view``: folders a pack is still writing are followed, as far as the view says they were
+    published (``loading/growing.py``; ``view_wait``: seconds to wait to see them, for a view taken
+    by another rank); without it such a folder is refused."""
     tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
     kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
+
+    def one(patterns: Any) -> ShardSet:
+        if view is None:
+            return indexed_shards(patterns, **kw)
+        listed = expand_shards(patterns, growing=True, list_glob=lister(policy or RetryPolicy()))
+        urls, indexes = published_shards(listed, view, wait=view_wait)
+        return shard_set(urls, indexes=indexes, **kw)
+
     if isinstance(trset, Mapping):
-        return union({str(name): indexed_shards(patterns, **kw) for name, patterns in trset.items()})
-    return indexed_shards(trset, **kw)
+        return union({str(name): one(patterns) for name, patterns in trset.items()})
+    return one(trset)
 
 
 def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,
@@ -172,6 +190,6 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
                           world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
     batches = int(source.corpus.counts(0).sum())
     if options.train and batches < world_size:
-        raise ValueError(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
+        raise TooFewBatches(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
                          f"least one (fewer ranks, a smaller max_frames, or more data)")
     return source

@@ -4,7 +4,7 @@
 
     {"version": 3, "kind": "corpus" | "mixture", "seed": int, "epoch": int, "step": int,
      "complete": bool, "global_step": int | None, "position": {...}, "mixture": {...} | None,
-     "options": {...}, "fingerprint": str}
+     "options": {...}, "fingerprint": str[, "published": {folder: shards}]}
 
 ``position`` is where the epoch source stands (``epochs.Runs``: the epoch's runs so far; a
 mixture's ``mix.deal.MixPosition``: where every corpus stands), a few numbers; the other fields
@@ -13,6 +13,11 @@ agree with it.  A state is read by :func:`read_state` and the source's ``positio
 check every field's type and range against the plan before the loader uses any of it: an edited
 or damaged state is refused with the field named, never a hang, an allocation of its say-so or
 silently different batches.  Version 2 states (``runs`` or ``position`` at the top) still load.
+
+``published`` (a growing loader's only: ``make_loader(..., growing=True)``) is the shard set the
+epoch was planned over, in short: per folder a pack was still writing, how many of its shards were
+published (shards publish in order, so the number says which); :func:`read_published` checks it.
+A loader rebuilds that shard set before it holds the state's fingerprint against it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_WORKERS = 1024
 MAX_RUNS = 64  # resumes within one epoch
 MAX_EPOCH = 1 << 40
+MAX_FOLDERS = 1 << 16  # growing folders a state may name
+MAX_SHARDS = (1 << 31) - 1
 # What a state's kind says, for messages.
 KINDS = {"corpus": "a single-corpus loader (one corpus, or named corpora read once)",
          "mixture": "a mixed loader (named corpora mixed)"}
@@ -141,6 +148,29 @@ def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], 
         raise StateError(f"the loader state's position must be an object, not {_show(position)}")
     return SavedState(need_int(state, "epoch", hi=MAX_EPOCH), need_int(state, "step"), complete, global_step,
                       position, mixture)
+
+
+def read_published(state: Any) -> dict[str, int] | None:
+    """A state's ``published`` field: None (a loader that does not follow growing folders), or folder
+    paths with their published shard counts; anything else is a StateError naming it."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a loader state is a dict from Loader.state_dict(), not {_show(state)}")
+    value = state.get("published")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise StateError(f"the loader state's published must be an object of folder: shards, not {_show(value)}: "
+                         f"was it edited?")
+    if len(value) > MAX_FOLDERS:
+        raise StateError(f"the loader state's published names {len(value):,} folders, at most {MAX_FOLDERS:,} are "
+                         f"possible: the state is damaged or was edited")
+    out = {}
+    for folder, n in value.items():
+        if not isinstance(folder, str) or not folder or "\0" in folder:
+            raise StateError(f"the loader state's published has a key {_show(folder)}, not a folder path: "
+                             f"was it edited?")
+        out[folder] = need_int(value, folder, hi=MAX_SHARDS, where="published.")
+    return out
 
 
 def agree(saved: SavedState, *, epoch: int, step: int, complete: bool, global_step: int | None = None) -> None:

@@ -129,6 +129,9 @@ class LoaderStats:
     # random draw, speaker recurrence, lag-1 length correlation); None when the index has no speakers.
     shuffle: dict[str, Any] | None = None
     corpora: dict[str, CorpusStats] = field(default_factory=dict)  # named corpora: what each gave
+    # Following growing folders: how much of the final corpus the epoch is planned over (shards,
+    # utterances and hours published against the pack's plan: loading/growing.coverage); else None.
+    growing: dict[str, Any] | None = None
 
     def add_batches(self, t: BatchTally) -> None:
         """Batches this rank yielded."""

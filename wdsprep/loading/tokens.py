@@ -21,7 +21,15 @@ from typing import Sequence
 import numpy as np
 
 from wdsprep.errors import DataError
-from wdsprep.format.index import FolderIndex, parse_tokens, read_index, read_tokens_at, tokens_name, write_tokens
+from wdsprep.format.index import (
+    INDEX_NAME,
+    FolderIndex,
+    parse_tokens,
+    read_index,
+    read_tokens_at,
+    tokens_name,
+    write_tokens,
+)
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.read import iter_records
 from wdsprep.remote.fetch import RetryPolicy, fetch_file
@@ -64,6 +72,8 @@ class LabelTokens:
             return parse_tokens(path, index.num_utts, str(path))
         column = np.concatenate([self._texts_of(os.path.join(folder, shard), int(n))
                                  for shard, n in zip(index.names, index.utts)] or [np.zeros(0, np.int32)])
+        if not (Path(folder) / INDEX_NAME).is_file():  # a growing folder: its published shards change, keep none
+            return column
         try:
             write_tokens(folder, name, column)
         except OSError as e:  # a read-only corpus: counted again next time

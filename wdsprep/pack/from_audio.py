@@ -1,50 +1,59 @@
 """``pack-audio``: ``wav.scp`` [+ ``segments``] + ``text`` -> shards, computing fbank on the way.
 
 The fused form of ``fbank`` followed by ``pack``: shards and index match what the two steps give
-(the report names the audio reasons instead of ``missing_features``).
+(the report names the audio reasons instead of ``missing_features``).  No ark is written: each
+shard's features are computed when that shard is written.
 
-- ``shuffle`` (the default): audio is read in input order (each recording once, however many
-  segments it has) and the features go to a temporary ark under ``OUT/.features``; then ``pack``'s
-  two passes (:func:`wdsprep.pack.from_feats.pack_arks`) shuffle them into shards, and the ark is
-  removed.  A global shuffle needs the features of the whole corpus before the first shard is
-  complete: reading audio in random order would decode a long recording once per segment.  So
-  this needs free space for the features (float32) while it runs.
-- ``shuffle=False``: no ark at all; features stream into shards in input order.
+1. headers: each recording's header (soundfile's ``info``; a pipe is run and decoded) gives its
+   samples and rate, so every utterance's frames follow before any audio is decoded: the segment's
+   samples after resampling, cut as Kaldi's ``extract-segments`` cuts, then ``1 + (n - window) //
+   shift`` frames (snip_edges).  Utterances that cannot be packed (unreadable audio, bad segments,
+   too short, outside every group) are dropped here.
+2. shards: the plan of ``pack`` (:func:`wdsprep.pack.plan.plan_shards`), written shard by shard
+   by ``nj`` workers and published as they are done (:mod:`wdsprep.pack.publish`).  A worker reads
+   each utterance's audio when it writes its shard (:class:`~wdsprep.prep.audio.WaveSource`: a
+   segment of a PCM or FLAC file is read alone, so a long recording is not decoded once per
+   segment), computes its fbank, and checks its frames against the plan.
+
+Peak memory and disk stay flat in corpus size: a worker holds one utterance's audio and features
+(and its bounded cache of decoded recordings), and the disk holds the shards.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+from contextlib import ExitStack
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-from wdsprep.files import make_dir
-from wdsprep.pack.from_feats import Item, pack_arks
+import numpy as np
+
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.sink import (
-    SPILL_DIR,
-    GroupedSink,
-    PathOrPaths,
-    SinkResult,
-    as_list,
-    check_dtype,
-    check_fmt,
-    finish_pack,
-    prepare_output,
-    run_and_finalize,
+from wdsprep.pack.plan import PlannedShard, plan_shards
+from wdsprep.pack.publish import (
+    Planned,
+    Written,
+    check_same,
+    file_digests,
+    pack_planned,
+    resume_complete,
+    sink_for,
+    stat_digest,
+    written,
 )
-from wdsprep.prep.audio import AudioProblem, Utterance, read_utterances
-from wdsprep.prep.fbank import (
-    Fbank,
-    FbankOptions,
-    fbank_chunk,
-    iter_features,
-    one_torch_thread,
-    resolve_backend,
+from wdsprep.pack.sink import PathOrPaths, as_list, check_dtype, check_fmt, prepare_output
+from wdsprep.prep.audio import (
+    AudioProblem,
+    AudioReadError,
+    Recording,
+    Utterance,
+    WaveSource,
+    planned_samples,
+    probe_recording,
+    read_utterances,
 )
+from wdsprep.prep.fbank import Fbank, FbankOptions, frames_of, one_torch_thread, resolve_backend, window_samples
 from wdsprep.prep.kaldi import read_text, read_utt2spk
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
@@ -72,15 +81,17 @@ def pack_audio(
     nj: int = 1,
     strict: bool = False,
     overwrite: bool = False,
+    resume: bool = False,
     progress: bool | None = None,
 ) -> Report:
     """Compute fbank features and pack them with their transcripts into length-grouped shards.
 
     Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
-    ``filter_group`` and the packing options those of :func:`wdsprep.pack_data`.  With ``shuffle``
-    (the default) the features pass through a temporary ark under ``d_out/.features``, removed at
-    the end: the shards are then those of ``fbank`` + ``pack``, whatever ``nj``.  Without it no ark
-    is written and utterances go to shards in input order.
+    ``filter_group`` and the packing options (``resume`` too) those of :func:`wdsprep.pack_data`.
+    The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
+    they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
+    corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
+    byte-identical to an uninterrupted one.
 
     Returns:
         The report, also written to ``d_out/pack_report.json``: utterances not packed by reason
@@ -94,69 +105,142 @@ def pack_audio(
     opts = FbankOptions(num_mel_bins, sample_rate, dither, backend, channel)
     opts = replace(opts, backend=resolve_backend(backend))  # fail early, in this process, with the reason
     groups = Groups(filter_group) if filter_group else None
+    texts = as_list(f_labels)
+    spk_files = as_list(utt2spk) if utt2spk is not None else []
     report = Report()
     utts = read_utterances(wav_scp, segments, report)
-    labels = read_text(as_list(f_labels))
-    speakers = read_utt2spk(as_list(utt2spk)) if utt2spk is not None else None
-    d = prepare_output(d_out, overwrite)
-
-    known = {u.uttid for u in utts} | {x["uttid"] for x in report.dropped.get("missing_recording", [])}
-    where_audio = f"{segments} (segments)" if segments is not None else f"{wav_scp}"
-    for uttid in labels.keys() - known:
-        report.drop("missing_audio", uttid, f"in {labels[uttid].where}, not in {where_audio}")
-    items = []
-    for u in utts:
-        label = labels.get(u.uttid)
-        if label is None:
-            report.drop("missing_label", u.uttid, f"in {u.where}, in no text file")
-        else:
-            items.append((u, label.value))
-
-    if shuffle:
-        options = dict(groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype, dims=None,
-                       shuffle=True, seed=seed)
-        return finish_pack(lambda: _through_ark(items, d, report, opts=opts, nj=nj, progress=progress, **options),
-                           d, desc="pack-audio", fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
-                           strict=strict, utt2spk=speakers)
-    work = partial(_pack_audio_chunk, d_out=d, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                   dtype=dtype, opts=opts)
-    return run_and_finalize(work, items, d, nj=nj, desc="pack-audio", progress=progress, fmt=fmt, layout=layout,
-                            dtype=dtype, groups=groups, report=report, strict=strict, utt2spk=speakers)
-
-
-def _through_ark(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Report, *, opts: FbankOptions, nj: int,
-                 progress: bool | None, **pack_options) -> list[SinkResult]:
-    """Features into a temporary ark (audio in input order), then :func:`pack_arks`; the ark goes either way."""
-    spill = d_out / SPILL_DIR
-    make_dir(spill)
+    labels = read_text(texts)
+    speakers = read_utt2spk(spk_files) if utt2spk is not None else None
+    out = prepare_output(d_out, overwrite, resume)
+    d, prior = out.d, out.prior
     try:
-        results = run_chunks(partial(fbank_chunk, d_out=spill, opts=opts), [u for u, _ in items], nj,
-                             desc="pack-audio: fbank", progress=progress)
-        texts = {u.uttid: text for u, text in items}
-        arks: list[Item] = []
-        for r in results:
-            report.merge(r.report)
-            arks += [(uttid, f"{r.tmp_path}:{offset}", texts[uttid]) for uttid, offset, _ in r.entries]
-        return pack_arks(arks, d_out, report, desc="pack-audio", nj=nj, progress=progress, **pack_options)
+        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
+                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "shuffle": shuffle, "seed": seed,
+                   "num_mel_bins": num_mel_bins, "sample_rate": sample_rate, "dither": dither, "backend": opts.backend,
+                   "channel": channel}
+        inputs = {"wav.scp": file_digests([wav_scp]), "segments": file_digests([segments] if segments else []),
+                  "text": file_digests(texts), "utt2spk": file_digests(spk_files),
+                  "audio": stat_digest([u.rxfile for u in utts if not u.rxfile.rstrip().endswith("|")])}
+        if prior is not None:
+            check_same(d, prior, "pack-audio", inputs, options)
+            done = resume_complete(d, prior, "pack-audio", inputs, options)
+            if done is not None:
+                return done
+
+        known = {u.uttid for u in utts} | {x["uttid"] for x in report.dropped.get("missing_recording", [])}
+        where_audio = f"{segments} (segments)" if segments is not None else f"{wav_scp}"
+        for uttid in labels.keys() - known:
+            report.drop("missing_audio", uttid, f"in {labels[uttid].where}, not in {where_audio}")
+        items = []
+        for u in utts:
+            label = labels.get(u.uttid)
+            if label is None:
+                report.drop("missing_label", u.uttid, f"in {u.where}, in no text file")
+            else:
+                items.append((u, label.value))
+
+        def plan(report: Report) -> Planned:
+            return plan_audio(items, d, report, opts=opts, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
+                              dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+
+        return pack_planned(d, plan, report, command="pack-audio", inputs=inputs, options=options, prior=prior, fmt=fmt,
+                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
     finally:
-        shutil.rmtree(spill, ignore_errors=True)
+        out.release()
 
 
-def _pack_audio_chunk(chunk: Sequence[tuple[Utterance, str]], worker: int, tick: Callable[[int], None], *,
-                      d_out: Path, groups: Groups | None, utts_per_shard: int, layout: str, dtype: str,
-                      opts: FbankOptions) -> SinkResult:
-    fbank = Fbank(opts)
-    sink = GroupedSink(d_out, groups, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype)
-    try:
-        texts = [text for _, text in chunk]
-        with one_torch_thread():
-            for (u, feats), text in zip(iter_features([u for u, _ in chunk], fbank), texts):
-                if isinstance(feats, AudioProblem):
-                    sink.drop(feats.reason, u.uttid, feats.detail)
+def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Report, *, opts: FbankOptions,
+               groups: Groups | None, utts_per_shard: int, layout: str, dtype: str, shuffle: bool, seed: int,
+               nj: int, progress: bool | None) -> Planned:
+    """The headers pass and the shard plan (see the module's doc); what cannot be packed goes to ``report``."""
+    recordings = list(dict.fromkeys(u.rxfile for u, _ in items))
+    probed = run_chunks(_probe_chunk, recordings, nj, desc="pack-audio: headers", progress=progress)
+    headers = dict(zip(recordings, (r for chunk in probed for r in chunk)))
+    window = window_samples(opts)
+    frames = np.full(len(items), -1, np.int64)
+    folders: list[str | None] = []
+    for k, (u, _) in enumerate(items):
+        n = planned_samples(u, headers[u.rxfile], sample_rate=opts.sample_rate, channel=opts.channel,
+                            min_samples=window)
+        folder = None
+        if isinstance(n, AudioProblem):
+            report.drop(n.reason, u.uttid, n.detail)
+        else:
+            frames[k] = frames_of(n, opts)
+            group = None if groups is None else groups.find(int(frames[k]))
+            if groups is None:
+                folder = ""
+            elif group is None:
+                report.drop("outside_groups", u.uttid, f"{frames[k]} frames")
+            else:
+                folder = group.folder
+        folders.append(folder)
+    order = [""] if groups is None else [g.folder for g in groups]
+    uttids = [u.uttid for u, _ in items]
+    planned = plan_shards(uttids, folders, frames, order, utts_per_shard=utts_per_shard, shuffle=shuffle, seed=seed)
+    recs = {rx: h for rx, h in headers.items() if isinstance(h, Recording)}
+    job = AudioJob(d_out, items, planned, frames, recs, opts=opts, layout=layout, dtype=dtype)
+    return Planned(planned, uttids, frames, order, job)
+
+
+def _probe_chunk(chunk: Sequence[str], worker: int, tick: Callable[[int], None]) -> list[Recording | AudioReadError]:
+    out: list[Recording | AudioReadError] = []
+    for rxfile in chunk:
+        try:
+            out.append(probe_recording(rxfile))
+        except AudioReadError as e:
+            out.append(e)
+        tick(1)
+    return out
+
+
+class AudioJob:
+    """Writes planned shards from audio, in a worker: each utterance's waveform, its fbank, checked
+    against the planned frames."""
+
+    def __init__(self, d_out: Path, items: Sequence[tuple[Utterance, str]], shards: Sequence[PlannedShard],
+                 frames: np.ndarray, recordings: dict[str, Recording], *, opts: FbankOptions, layout: str,
+                 dtype: str) -> None:
+        self.d_out, self.items, self.shards, self.frames, self.recordings = d_out, items, shards, frames, recordings
+        self.opts, self.layout, self.dtype = opts, layout, dtype
+        self._stack: ExitStack | None = None
+        self.fbank: Fbank | None = None
+        self.source: WaveSource | None = None
+
+    def open(self) -> None:
+        self.fbank = Fbank(self.opts)  # imports the backend (and torch) before one_torch_thread
+        self._stack = ExitStack()
+        self._stack.enter_context(one_torch_thread())
+        self.source = WaveSource(sample_rate=self.opts.sample_rate, channel=self.opts.channel,
+                                 min_samples=self.fbank.window_samples)
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+        self.fbank = self.source = None
+
+    def write(self, shard: int, tick: Callable[[int], None]) -> Written:
+        s = self.shards[shard]
+        fbank, source = self.fbank, self.source
+        assert fbank is not None and source is not None
+        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=None)
+        try:
+            for i, planned in zip(s.items.tolist(), self.frames[s.items].tolist()):
+                u, text = self.items[i]
+                wave = source.waveform(u, self.recordings[u.rxfile])
+                if isinstance(wave, AudioProblem):
+                    sink.drop(wave.reason, u.uttid, wave.detail)
                 else:
-                    sink.add(u.uttid, feats, text)
+                    feats = fbank(wave)
+                    if feats.shape[0] != planned:
+                        sink.drop("bad_audio", u.uttid, f"recording {u.recid!r}: {feats.shape[0]} frames, its header "
+                                                        f"promised {planned} ({u.rxfile} changed during the pack, or "
+                                                        f"its header is wrong: re-encode it)")
+                    else:
+                        sink.add(u.uttid, feats, text, folder=s.folder)
                 tick(1)
-        return sink.close()
-    except BaseException:
-        sink.abort()
-        raise
+            return written(sink, shard, s.folder)
+        except BaseException:
+            sink.abort()
+            raise

@@ -1,7 +1,8 @@
 """``pack``: Kaldi ``feats.scp`` + ``text`` -> length-grouped tar shards with an index and a report.
 
 Two passes over the arks, so that every shard's utterances are chosen before any is written
-(:mod:`wdsprep.pack.plan`):
+(:mod:`wdsprep.pack.plan`), and the shards can be published one by one as they are written
+(:mod:`wdsprep.pack.publish`):
 
 1. headers: each matrix's header (a few bytes at its offset, read in ``feats.scp`` order) gives
    its frames and dims; so before a shard is written the pack knows every utterance's length
@@ -9,34 +10,40 @@ Two passes over the arks, so that every shard's utterances are chosen before any
    dims, outside every group) without reading its features.  A pipe or a text matrix, which has
    no header to read, is read whole here and again when written.
 2. shards: each length group's utterances in a seeded random order (``shuffle``, the default) or
-   in input order, cut into shards; each worker writes whole shards, and they are named in plan
-   order, so ``nj`` changes nothing in the output.  With ``shuffle``
-   each utterance is read at its own offset (a seek per utterance); the cost is measured in
-   ``docs/shuffle.md``.
+   in input order, cut into shards; workers write whole shards, and they are published in plan
+   order, so ``nj`` changes nothing in the output.  With ``shuffle`` each utterance is read at its
+   own offset (a seek per utterance); the cost is measured in ``docs/shuffle.md``.
 """
 
 from __future__ import annotations
 
 import os
-from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from wdsprep.pack.groups import Groups
-from wdsprep.pack.plan import deal, plan_shards
+from wdsprep.pack.plan import PlannedShard, plan_shards
+from wdsprep.pack.publish import (
+    Planned,
+    Written,
+    check_same,
+    file_digests,
+    pack_planned,
+    resume_complete,
+    sink_for,
+    stat_digest,
+    written,
+)
 from wdsprep.pack.sink import (
     DimTally,
-    GroupedSink,
     PathOrPaths,
-    SinkResult,
     as_list,
     check_dims,
     check_dtype,
     check_fmt,
     feature_problem,
-    finish_pack,
     prepare_output,
 )
 from wdsprep.prep.ark import ArkError, ArkReader
@@ -64,6 +71,7 @@ def pack_data(
     nj: int = 1,
     strict: bool = False,
     overwrite: bool = False,
+    resume: bool = False,
     progress: bool | None = None,
 ) -> Report:
     """Pack Kaldi features and transcripts into tar shards, one folder per length group.
@@ -91,7 +99,15 @@ def pack_data(
         strict: raise :class:`StrictError` (after writing the report) if any utterance was not
             packed, has an empty transcript or no speaker in ``utt2spk``.
         overwrite: replace an earlier pack's output in ``d_out`` instead of refusing.
+        resume: finish the pack that was stopped in ``d_out`` (killed, out of disk, Ctrl-C): the
+            shards it published are checked and kept, the rest is written; the result is the one
+            an uninterrupted pack gives.  Refused, naming what differs, unless the inputs and
+            options are those it started with.  A complete pack is only reported.
         progress: tqdm bar; ``None`` shows it on a terminal only.
+
+    Shards are published one by one while the pack runs (``make_loader(..., growing=True)`` trains
+    on them); ``d_out/PACK_INCOMPLETE`` says the pack has not finished, ``d_out/pack_plan.json``
+    what it will hold.
 
     Returns:
         The report, also written to ``d_out/pack_report.json``.
@@ -102,35 +118,58 @@ def pack_data(
     if utts_per_shard < 1:
         raise ValueError("utts_per_shard must be >= 1")
     groups = Groups(filter_group) if filter_group else None
-    feats = read_feats_scp(as_list(f_scps))
-    labels = read_text(as_list(f_labels))
-    speakers = read_utt2spk(as_list(utt2spk)) if utt2spk is not None else None
-    d = prepare_output(d_out, overwrite)
+    scps, texts = as_list(f_scps), as_list(f_labels)
+    spk_files = as_list(utt2spk) if utt2spk is not None else []
+    feats = read_feats_scp(scps)
+    labels = read_text(texts)
+    speakers = read_utt2spk(spk_files) if utt2spk is not None else None
+    out = prepare_output(d_out, overwrite, resume)
+    d, prior = out.d, out.prior
+    try:
+        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
+                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "dims": dims, "shuffle": shuffle,
+                   "seed": seed}
+        inputs = {"feats.scp": file_digests(scps), "text": file_digests(texts), "utt2spk": file_digests(spk_files),
+                  "arks": stat_digest([ark_path(e.value) for e in feats.values() if ark_path(e.value)])}
+        if prior is not None:
+            check_same(d, prior, "pack", inputs, options)
+            done = resume_complete(d, prior, "pack", inputs, options)
+            if done is not None:
+                return done
 
-    report = Report()
-    for uttid in labels.keys() - feats.keys():
-        report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
-    items: list[Item] = []
-    for uttid, e in feats.items():
-        label = labels.get(uttid)
-        if label is None:
-            report.drop("missing_label", uttid, f"in {e.where}, in no text file")
-        else:
-            items.append((uttid, e.value, label.value))
-    options = dict(groups=groups, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype, dims=dims,
-                   shuffle=shuffle, seed=seed, nj=nj, progress=progress)
-    return finish_pack(lambda: pack_arks(items, d, report, desc="pack", **options), d, desc="pack", fmt=fmt,
-                       layout=layout, dtype=dtype, groups=groups, report=report, strict=strict, dims=dims,
-                       utt2spk=speakers)
+        report = Report()
+        for uttid in labels.keys() - feats.keys():
+            report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
+        items: list[Item] = []
+        for uttid, e in feats.items():
+            label = labels.get(uttid)
+            if label is None:
+                report.drop("missing_label", uttid, f"in {e.where}, in no text file")
+            else:
+                items.append((uttid, e.value, label.value))
+
+        def plan(report: Report) -> Planned:
+            return plan_arks(items, d, report, desc="pack", groups=groups, utts_per_shard=utts_per_shard, layout=layout,
+                             dtype=dtype, dims=dims, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+
+        return pack_planned(d, plan, report, command="pack", inputs=inputs, options=options, prior=prior, fmt=fmt,
+                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+    finally:
+        out.release()
 
 
-def pack_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, groups: Groups | None,
+def ark_path(rxfile: str) -> str | None:
+    """The file of a ``feats.scp`` value (``path:offset``), None for a pipe."""
+    if rxfile.rstrip().endswith("|"):
+        return None
+    path, sep, offset = rxfile.rpartition(":")
+    return path if sep and offset.isdigit() else rxfile
+
+
+def plan_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, groups: Groups | None,
               utts_per_shard: int, layout: str, dtype: str, dims: int | None, shuffle: bool, seed: int, nj: int,
-              progress: bool | None) -> list[SinkResult]:
-    """Both passes over ``items``: headers, the shard plan, then the shards (see the module's doc).
-
-    What cannot be packed goes to ``report``; the workers' results are returned for ``finalize``.
-    """
+              progress: bool | None) -> Planned:
+    """The headers pass and the shard plan (see the module's doc); what cannot be packed goes to ``report``."""
     measured = run_chunks(_measure_chunk, [(u, rx) for u, rx, _ in items], nj, desc=f"{desc}: headers",
                           progress=progress)
     frames = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0, np.int64)
@@ -159,32 +198,51 @@ def pack_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, 
                 folder = group.folder
         folders.append(folder)
     order = [""] if groups is None else [g.folder for g in groups]
-    planned = plan_shards([u for u, _, _ in items], folders, frames, order, utts_per_shard=utts_per_shard,
-                          shuffle=shuffle, seed=seed)
-    # A bundle of whole shards per worker; references to the items, not copies (10M is a lot of tuples).
-    bundles = [[(i, planned[i].folder, [items[j] for j in planned[i].items.tolist()], frames[planned[i].items])
-                for i in shard_ids] for shard_ids in deal([p.frames for p in planned], nj) if shard_ids]
-    work = partial(_write_shards, d_out=d_out, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype, dims=dims)
-    results = run_chunks(work, bundles, max(1, len(bundles)), desc=desc, progress=progress,
-                         total=sum(len(p.items) for p in planned))
-    return [in_plan_order(results)]
+    uttids = [u for u, _, _ in items]
+    planned = plan_shards(uttids, folders, frames, order, utts_per_shard=utts_per_shard, shuffle=shuffle, seed=seed)
+    job = ArkJob(d_out, items, planned, frames, layout=layout, dtype=dtype, dims=dims)
+    return Planned(planned, uttids, frames, order, job)
 
 
-def in_plan_order(results: Sequence[SinkResult]) -> SinkResult:
-    """The workers' results as one, each folder's shards in plan order (finalize names them in order)."""
-    out = SinkResult()
-    written: dict[str, list[tuple[int, object]]] = {}
-    for r in results:
-        out.report.merge(r.report)
-        out.dims = r.dims if r.dims is not None else out.dims
-        out.dims_found.merge(r.dims_found)
-        for folder, infos in r.shards.items():
-            written.setdefault(folder, []).extend(zip(r.planned[folder], infos))
-    for folder, pairs in written.items():
-        out.shards[folder] = [info for _, info in sorted(pairs, key=lambda x: x[0])]
-    return out
+class ArkJob:
+    """Writes planned shards from arks, in a worker (each ark kept open while it is read)."""
 
+    def __init__(self, d_out: Path, items: Sequence[Item], shards: Sequence[PlannedShard], frames: np.ndarray, *,
+                 layout: str, dtype: str, dims: int | None) -> None:
+        self.d_out, self.items, self.shards, self.frames = d_out, items, shards, frames
+        self.layout, self.dtype, self.dims = layout, dtype, dims
+        self.arks: ArkReader | None = None
 
+    def open(self) -> None:
+        self.arks = ArkReader()
+
+    def close(self) -> None:
+        if self.arks is not None:
+            self.arks.close()
+            self.arks = None
+
+    def write(self, shard: int, tick: Callable[[int], None]) -> Written:
+        s = self.shards[shard]
+        arks = self.arks
+        assert arks is not None
+        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=self.dims)
+        try:
+            for i, frames in zip(s.items.tolist(), self.frames[s.items].tolist()):
+                uttid, rxfile, text = self.items[i]
+                try:
+                    feats = arks.load(rxfile)
+                    if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[0] != frames:
+                        sink.drop("bad_features", uttid, f"{feats.shape[0]} frames, {frames} when the pack measured "
+                                                         f"it: {rxfile} changed during the pack; pack again")
+                    else:
+                        sink.add(uttid, feats, text, folder=s.folder)
+                except ArkError as e:
+                    sink.drop("bad_features", uttid, str(e))
+                tick(1)
+            return written(sink, shard, s.folder)
+        except BaseException:
+            sink.abort()
+            raise
 def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
                    tick: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray, Report]:
     """(frames, dims) of each matrix, -1 for one that cannot be packed (and why, in the report)."""
@@ -211,36 +269,3 @@ def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
     finally:
         arks.close()
     return frames, cols, report
-
-
-def _write_shards(chunk: Sequence[list[tuple[int, str, list[Item], np.ndarray]]], worker: int,
-                  tick: Callable[[int], None], *, d_out: Path, utts_per_shard: int, layout: str, dtype: str,
-                  dims: int | None) -> SinkResult:
-    """Write one bundle of planned shards: (plan index, folder, its items in order, their frames as
-    measured) each; ``result.planned`` says which planned shard each written one is."""
-    sink = GroupedSink(d_out, None, worker=worker, utts_per_shard=utts_per_shard, layout=layout, dtype=dtype,
-                       dims=dims)
-    arks = ArkReader()
-    try:
-        for index, folder, utts, measured in (shard for bundle in chunk for shard in bundle):
-            before = len(sink.result.shards[folder])
-            for (uttid, rxfile, text), frames in zip(utts, measured.tolist()):
-                try:
-                    feats = arks.load(rxfile)
-                    if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[0] != frames:
-                        sink.drop("bad_features", uttid, f"{feats.shape[0]} frames, {frames} when the pack measured "
-                                                         f"it: {rxfile} changed during the pack; pack again")
-                    else:
-                        sink.add(uttid, feats, text, folder=folder)
-                except ArkError as e:
-                    sink.drop("bad_features", uttid, str(e))
-                tick(1)
-            sink.end_shard(folder)  # a planned shard ends here, however many of its utterances made it
-            if len(sink.result.shards[folder]) > before:  # none, when every utterance of it failed
-                sink.result.planned[folder].append(index)
-        return sink.close()
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        arks.close()

@@ -8,9 +8,9 @@ length group's utterances are put in one order and cut into shards of ``utts_per
   hash of the seed and its id).  Speakers and recordings spread over every shard of the group.
 - no shuffle: input order, as Kaldi keeps it (sorted by id, so by speaker).
 
-Workers are then dealt whole shards (:func:`deal`), and shards are named in plan order, so the
-shards and their names depend on the seed alone, not on ``nj``; only the last shard of a group
-is short.
+Workers then write whole shards, each taking the next one when it is free, and shards are
+published and named in plan order (:mod:`wdsprep.pack.publish`), so the shards and their names
+depend on the seed alone, not on ``nj``; only the last shard of a group is short.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.balance import least_loaded
-
 
 @dataclass(frozen=True)
 class PlannedShard:
@@ -30,7 +28,7 @@ class PlannedShard:
 
     folder: str
     items: np.ndarray  # int64 positions in the pack's item list, in the order they are written
-    frames: int  # total, to balance workers
+    frames: int  # total
 
 
 def shuffle_keys(uttids: Sequence[str], seed: int) -> np.ndarray:
@@ -80,16 +78,3 @@ def _by_key(items: np.ndarray, keys: np.ndarray, uttids: Sequence[str]) -> np.nd
             b += 1
         items[a:b + 1] = sorted(items[a:b + 1].tolist(), key=lambda i: uttids[i])
     return items
-
-
-def deal(frames: Sequence[int], workers: int) -> list[list[int]]:
-    """Shard indices for each of ``workers``, each list in plan order: the largest shard first, each
-    to the least loaded worker (ties: the lowest), so loads differ by less than one shard's frames.
-
-    Runs of consecutive shards would be simpler, but with a few shards per worker (length groups
-    make them of very different sizes) one worker got twice another's frames.
-    """
-    if workers < 1:
-        raise ValueError("nj must be >= 1")
-    largest_first = sorted(range(len(frames)), key=lambda i: (-int(frames[i]), i))
-    return [sorted(x) for x in least_loaded(largest_first, [max(1, int(f)) for f in frames], workers)]

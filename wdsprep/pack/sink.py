@@ -1,15 +1,13 @@
 """Writing utterances into length-grouped shards, shared by ``pack`` and ``pack-audio``.
 
-Each worker process owns a :class:`GroupedSink`: it checks every utterance, routes it to the
-shard of its length group and records every utterance it could not pack, with the reason.
-Workers write shards under hidden names (``.w000-00000.tar``, invisible to ``data-*.tar``
-globs); :func:`finalize` then writes each folder's ``index.json`` and ``DIR/pack_report.json``,
-gives the shards their final names in a deterministic order and commits the pack.
+A worker writes each planned shard through a :class:`GroupedSink`: it checks every utterance,
+writes it into the shard of its length group and records every utterance it could not pack, with
+the reason.  Shards are written under hidden names (``.w000-00000.tar``, invisible to
+``data-*.tar`` globs); ``publish.py`` gives them their final names and publishes them.
 
 A pack is a commit (:mod:`wdsprep.format.commit`): :func:`prepare_output` marks the directory
 before it changes anything there, and the marker goes only once everything is written and on
-disk.  A pack that fails removes what it wrote (:func:`abandon`); one that is killed leaves the
-marker, and readers refuse its folders until a ``pack --overwrite`` completes it.
+disk; until then the folder grows shard by shard, and a stopped pack resumes.
 """
 
 from __future__ import annotations
@@ -20,20 +18,18 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
-from wdsprep.format.commit import abandon_marker, begin, commit, marker
-from wdsprep.format.index import FROM_UTT2SPK, INDEX_FILES, FolderIndex, ShardInfo, Speakers, write_index
+from wdsprep.format.commit import PARTS_DIR, PLAN_NAME, PackPlan, begin, marker, read_plan
+from wdsprep.format.index import FROM_UTT2SPK, INDEX_FILES, ShardInfo, Speakers
 from wdsprep.format.keys import decode_key, layout_exts, speaker_of
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.groups import Groups
-from wdsprep.prep.parallel import run_chunks
-from wdsprep.report import Report, StrictError
-from wdsprep.units import hours
+from wdsprep.report import Report
 
 DTYPES = ("float32", "float16")
 
@@ -75,7 +71,6 @@ class SinkResult:
     report: Report = field(default_factory=Report)
     dims: int | None = None  # of the features written
     dims_found: DimTally = field(default_factory=DimTally)  # of every utterance seen, written or not
-    planned: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # folder -> plan index per shard
 
 
 class GroupedSink:
@@ -225,110 +220,99 @@ def feature_problem(feats: np.ndarray) -> str | None:
     return None
 
 
-def prepare_output(d_out: str | os.PathLike, overwrite: bool) -> Path:
-    """Create ``d_out`` and mark it as being packed; refuse a non-empty one unless ``overwrite``,
-    which removes earlier pack output.
+@dataclass
+class Output:
+    """A pack's output folder, held for it (no other pack may write there meanwhile), and the plan of
+    the stopped pack it resumes (None: a new pack)."""
 
-    Overwrite removes only what pack writes (``*.tar``, partial and hidden worker shards,
-    ``index.json``, ``pack_report.json``) in ``d_out`` and its immediate sub-folders, then any
-    sub-folder left empty; other files are kept.  The marker goes in first, so a pack killed
-    while it removes the old output leaves no folder that looks complete.
+    d: Path
+    prior: PackPlan | None
+    _lock: int | None = None
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def hold(d: Path) -> int:
+    """An exclusive lock on folder ``d`` while the returned descriptor is open (and a killed pack's
+    workers are gone): a second pack into ``d`` is refused instead of writing the same files."""
+    import fcntl
+
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) "
+                              f"first") from None
+    return fd
+
+
+def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> Output:
+    """Make ``d_out`` ready for a pack, and hold it: the folder and the plan of the stopped pack to
+    resume (None for a new pack).  The caller releases it when the pack ends.
+
+    A new pack: ``d_out`` is created and marked as being packed; a non-empty one is refused unless
+    ``overwrite``, which removes earlier pack output: ``*.tar``, partial and hidden worker shards,
+    indexes and published entries, ``pack_report.json`` and ``pack_plan.json``, in ``d_out`` and its
+    immediate sub-folders, then any sub-folder left empty; other files are kept.  The marker goes in
+    first, so a pack killed while it removes the old output leaves no folder that looks complete.
+
+    ``resume``: the pack whose plan ``d_out`` holds goes on (or, complete, is reported); without a
+    plan (a pack killed before it planned, or an empty folder) it starts anew.
     """
     d = Path(d_out)
     if d.exists() and not d.is_dir():
         raise FileExistsError(f"{d} exists and is not a directory")
+    if resume and overwrite:
+        raise ValueError("--resume keeps what a stopped pack published, --overwrite replaces it: give one")
+    lock = hold(make_dir(d))
+    try:
+        return _prepare(d, overwrite, resume, lock)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+
+
+def _prepare(d: Path, overwrite: bool, resume: bool, lock: int) -> Output:
+    plan = read_plan(d)
+    if resume and plan is not None:
+        return Output(d, plan, lock)
     if d.is_dir() and any(d.iterdir()):
-        if not overwrite:
-            unfinished = os.path.lexists(marker(d))
+        unfinished = os.path.lexists(marker(d))
+        if resume and not unfinished:
+            raise FileExistsError(f"{d} holds no pack to resume (no {PLAN_NAME}); pick a new output directory or pass "
+                                  f"--overwrite (overwrite=True) to replace the shards, indexes and report there")
+        if not overwrite and not resume:
             raise FileExistsError(
+                f"{d} holds a pack that did not finish; pass --resume to finish it (keeping the shards it published), "
+                f"or --overwrite (overwrite=True) to redo it"
+                if unfinished and plan is not None else
                 f"{d} holds a pack that did not finish; pass --overwrite (overwrite=True) to redo it"
                 if unfinished else
                 f"{d} is not empty; pick a new output directory or pass --overwrite (overwrite=True) "
                 f"to replace the shards, indexes and report an earlier pack wrote there"
             )
-    make_dir(d)
+        overwrite = True  # resume without a plan: nothing was published in order, so it starts anew
     begin(d)
     if overwrite:
-        shutil.rmtree(d / SPILL_DIR, ignore_errors=True)
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
+            shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
+            shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
             for p in folder.iterdir():
-                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)):
+                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)
+                                    or (folder == d and p.name == PLAN_NAME)):
                     p.unlink()
             if folder != d and not any(folder.iterdir()):
                 folder.rmdir()
-    return d
+        remove_partial(d)
+    return Output(d, None, lock)
 
 
 REPORT_NAME = "pack_report.json"
-# pack-audio --shuffle: features on their way to the shards, removed when the pack ends
-SPILL_DIR = ".features"
-
-
-def finalize(d_out: str | os.PathLike, results: list[SinkResult], *, fmt: str, layout: str, dtype: str,
-             groups: Groups | None, report: Report, dims: int | None = None,
-             created: list[Path] | None = None, utt2spk: dict[str, str] | None = None) -> Report:
-    """Write indexes and the report, rename worker shards to ``fmt % i`` (worker order, then shard
-    order) and commit the pack.
-
-    ``report`` already holds what was found before packing (e.g. missing labels); the workers'
-    findings are merged into it.  Features of more than one dimension are an error unless
-    ``dims`` chose one (the workers then dropped the others).  Every file given its final name
-    is appended to ``created``, so a failure can remove them (:func:`abandon`).  The files that
-    need disk space are written before any shard is renamed, and the marker goes last, after
-    everything is synced.  ``utt2spk`` (uttid -> speaker) goes into the indexes; without it
-    they hold the speakers the keys name (:func:`wdsprep.format.keys.speaker_of`).
-    """
-    created = [] if created is None else created
-    d = Path(d_out)
-    found = DimTally()
-    for r in results:  # in worker order, so "first" is the first in input order
-        found.merge(r.dims_found)
-    found.check(dims)
-    written_dims = {r.dims for r in results if r.dims is not None}
-    assert len(written_dims) <= 1, written_dims
-    folders = [""] if groups is None else [g.folder for g in groups]
-    summary = {}
-    renames: list[tuple[Path, Path]] = []
-    indexes: dict[str, tuple[list[ShardInfo], list[os.stat_result]]] = {}
-    for folder in folders:
-        infos, stats = [], []
-        for r in results:
-            for info in r.shards.get(folder, []):
-                final = fmt % len(infos)
-                renames.append((d / folder / info.name, d / folder / final))
-                infos.append(ShardInfo(final, info.keys, info.frames, info.text_lens, info.sha256))
-                # Size and mtime (kept by the rename) let a reader see a shard changed after it was indexed.
-                stats.append(os.stat(d / folder / info.name))
-        if infos:
-            indexes[folder] = (infos, stats)
-        frames = sum(i.num_frames for i in infos)
-        summary[folder or "."] = {
-            "utterances": sum(i.num_utts for i in infos),
-            "frames": frames,
-            "hours": round(hours(frames), 4),
-            "shards": len(infos),
-        }
-    for r in results:
-        report.merge(r.report)
-    report.groups = summary
-    for folder, (infos, stats) in indexes.items():
-        speakers = None if utt2spk is None else given_speakers(infos, utt2spk, report)
-        write_index(d / folder, FolderIndex.from_shards(layout, next(iter(written_dims), None), dtype, infos,
-                                                        sizes=[s.st_size for s in stats],
-                                                        mtimes=[s.st_mtime_ns for s in stats], speakers=speakers))
-        created.extend(d / folder / name for name in INDEX_FILES)
-    created.append(report.write(d / REPORT_NAME))
-    metadata = list(created)
-    for src, dst in renames:
-        os.replace(src, dst)
-        created.append(dst)
-    # The shards were synced by their workers; now the small files and the renames, then the commit.
-    for p in metadata:
-        sync(p)
-    for folder in indexes:
-        sync(d / folder)
-    commit(d)
-    return report
 
 
 def given_speakers(infos: Sequence[ShardInfo], utt2spk: dict[str, str], report: Report) -> Speakers:
@@ -345,29 +329,9 @@ def given_speakers(infos: Sequence[ShardInfo], utt2spk: dict[str, str], report: 
     return Speakers.of(names, FROM_UTT2SPK)
 
 
-def abandon(d_out: str | os.PathLike, created: list[Path]) -> None:
-    """After a failed pack: remove what it wrote, so nothing partial is mistaken for output.
-
-    The finished files (``created``), hidden worker shards and sub-folders left empty go first,
-    the marker last; should anything fail to go, the marker stays and readers refuse the folder.
-    """
-    d = Path(d_out)
-    try:
-        for p in reversed(created):
-            p.unlink(missing_ok=True)
-        remove_partial(d)
-        for p in d.iterdir():
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
-    except OSError:
-        return
-    abandon_marker(d)
-
-
 def remove_partial(d_out: str | os.PathLike) -> None:
     """After a failed pack: remove hidden worker shards so nothing partial is mistaken for output."""
     d = Path(d_out)
-    shutil.rmtree(d / SPILL_DIR, ignore_errors=True)
     # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
     for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
         if p.is_file():
@@ -408,31 +372,3 @@ def check_dtype(dtype: str, layout: str) -> None:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if dtype == "float16":
         warnings.warn(f"{layout} layout with {FLOAT16_NOTE}", UserWarning, stacklevel=3)
-
-
-def run_and_finalize(work: Callable, items: list, d_out: Path, *, nj: int, desc: str, progress: bool | None,
-                     fmt: str, layout: str, dtype: str, groups: Groups | None, report: Report,
-                     strict: bool, dims: int | None = None, utt2spk: dict[str, str] | None = None) -> Report:
-    """Run ``work`` over ``items`` in ``nj`` processes, then write index and report, name shards and commit."""
-    return finish_pack(lambda: run_chunks(work, items, nj, desc=desc, progress=progress), d_out, desc=desc, fmt=fmt,
-                       layout=layout, dtype=dtype, groups=groups, report=report, strict=strict, dims=dims,
-                       utt2spk=utt2spk)
-
-
-def finish_pack(produce: Callable[[], list[SinkResult]], d_out: Path, *, desc: str, fmt: str, layout: str, dtype: str,
-                groups: Groups | None, report: Report, strict: bool, dims: int | None = None,
-                utt2spk: dict[str, str] | None = None) -> Report:
-    """Write the shards (``produce``: the workers' results), then index and report, name shards and
-    commit; a failure anywhere removes what was written."""
-    created: list[Path] = []
-    try:
-        results = produce()
-        report = finalize(d_out, results, fmt=fmt, layout=layout, dtype=dtype, groups=groups, report=report,
-                          dims=dims, created=created, utt2spk=utt2spk)
-    except BaseException:
-        abandon(d_out, created)
-        raise
-    print(report.summary(f"{desc}: wrote {d_out}"))
-    if strict and (report.num_dropped or report.num_flagged):
-        raise StrictError(f"{desc}: {report.counts()} (strict); see {d_out / 'pack_report.json'}")
-    return report

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+from collections import OrderedDict
 from dataclasses import dataclass
 from math import gcd
 from typing import Iterator, Sequence
@@ -176,17 +177,16 @@ def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int = 16000, chann
         if isinstance(piece, AudioProblem):
             yield u, piece
         elif len(piece) < min_samples:
-            yield u, AudioProblem("too_short", f"{len(piece)} samples at {sample_rate} Hz, fewer than the "
-                                               f"{min_samples} of one analysis window; no frame to compute")
+            yield u, too_short(len(piece), sample_rate, min_samples)
         else:
             yield u, piece
 
 
-def cut_segment(u: Utterance, wave: np.ndarray, rate: int) -> np.ndarray | AudioProblem:
-    """The samples of a segment, with Kaldi ``extract-segments``' checks and truncation."""
+def segment_bounds(u: Utterance, n: int, rate: int) -> tuple[int, int] | AudioProblem:
+    """``[start, end)`` in samples of a segment of a recording of ``n`` samples at ``rate``, with Kaldi
+    ``extract-segments``' checks and truncation; the whole recording without a segment."""
     if u.start == 0.0 and u.end == -1.0:
-        return wave
-    n = len(wave)
+        return 0, n
     where = f"{u.where}: segment {u.start}..{u.end} s of recording {u.recid!r} ({n / rate:.3f} s)"
     if u.start < 0 or (u.end != -1.0 and u.end <= u.start):
         return AudioProblem("bad_segment", f"{where}: start must be >= 0 and end > start (or -1)")
@@ -202,4 +202,156 @@ def cut_segment(u: Utterance, wave: np.ndarray, rate: int) -> np.ndarray | Audio
     if end <= start + int(MIN_SEGMENT_LENGTH * rate):
         return AudioProblem("bad_segment", f"{where}: shorter than Kaldi's {MIN_SEGMENT_LENGTH} s minimum "
                                            f"segment length")
-    return wave[start:end]
+    return start, end
+
+
+def cut_segment(u: Utterance, wave: np.ndarray, rate: int) -> np.ndarray | AudioProblem:
+    """The samples of a segment, with Kaldi ``extract-segments``' checks and truncation."""
+    bounds = segment_bounds(u, len(wave), rate)
+    if isinstance(bounds, AudioProblem):
+        return bounds
+    start, end = bounds
+    return wave if (start, end) == (0, len(wave)) else wave[start:end]
+
+
+def too_short(num_samples: int, rate: int, min_samples: int) -> AudioProblem:
+    return AudioProblem("too_short", f"{num_samples} samples at {rate} Hz, fewer than the {min_samples} of one "
+                                     f"analysis window; no frame to compute")
+
+
+# Formats whose samples soundfile reads from any offset exactly as a read from the start gives them
+# (PCM and FLAC: lossless, sample-addressed).  Lossy ones (MP3, Ogg) decode from the start.
+SEEKABLE_FORMATS = frozenset({"WAV", "WAVEX", "FLAC", "AIFF", "AU", "W64", "RF64", "CAF", "NIST"})
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a recording's header says: samples per channel, rate, channels, and whether a segment
+    can be read alone (a file of a seekable format)."""
+
+    samples: int
+    rate: int
+    channels: int
+    seekable: bool
+
+
+def resampled_length(n: int, orig: int, new: int) -> int:
+    """Samples :func:`resample` gives for ``n`` at ``orig`` Hz: ``ceil(n * new / orig)`` (scipy's
+    ``resample_poly`` length)."""
+    if orig == new:
+        return n
+    g = gcd(orig, new)
+    up, down = new // g, orig // g
+    return n * up // down + bool(n * up % down)
+
+
+def probe_recording(rxfile: str) -> Recording:
+    """A recording's header (a pipe is run and its output decoded: it has no header to read);
+    :class:`AudioReadError` saying why it cannot be read."""
+    import soundfile as sf
+
+    if rxfile.rstrip().endswith("|"):
+        data, rate = load_recording(rxfile)
+        return Recording(data.shape[0], rate, data.shape[1], False)
+    if not os.path.isfile(rxfile):
+        raise AudioReadError(f"{rxfile!r}: no such file (paths in wav.scp are relative to where you run)")
+    try:
+        info = sf.info(rxfile)
+    except Exception as e:  # soundfile raises LibsndfileError, RuntimeError, TypeError... for bad data
+        raise AudioReadError(f"{rxfile!r} is not readable audio: {type(e).__name__}: {e}") from None
+    if info.frames <= 0:
+        raise AudioReadError(f"{rxfile!r} has no samples")
+    return Recording(int(info.frames), int(info.samplerate), int(info.channels), info.format in SEEKABLE_FORMATS)
+
+
+def planned_samples(u: Utterance, rec: Recording | AudioReadError, *, sample_rate: int, channel: int,
+                    min_samples: int) -> int | AudioProblem:
+    """The samples :func:`iter_waveforms` will give for ``u``, from its recording's header alone,
+    or the problem it will report."""
+    if isinstance(rec, AudioReadError):
+        return AudioProblem("bad_audio", f"recording {u.recid!r}: {rec}")
+    ch = channel if u.channel is None else u.channel
+    if not 0 <= ch < rec.channels:
+        src = f"{u.where} asks for" if u.channel is not None else "--channel"
+        return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
+                            f"recording {u.recid!r} has {rec.channels} channel(s); {src} channel {ch}")
+    bounds = segment_bounds(u, resampled_length(rec.samples, rec.rate, sample_rate), sample_rate)
+    if isinstance(bounds, AudioProblem):
+        return bounds
+    n = bounds[1] - bounds[0]
+    return too_short(n, sample_rate, min_samples) if n < min_samples else n
+
+
+class WaveSource:
+    """Utterances' waveforms in any order, as :func:`iter_waveforms` gives them in its order.
+
+    A pack in shuffled order meets a long recording's segments in many shards: decoding the whole
+    recording for each would cost its length per segment.  So a segment of a file that can be read
+    from any offset exactly (PCM, FLAC; :data:`SEEKABLE_FORMATS`) at the target rate is read alone;
+    others (lossy formats, other rates: resampling is over the whole recording, pipes) are decoded
+    whole and kept in a cache of at most ``cache_bytes``, least recently used out first (measured
+    in ``docs/bench.md``, "Growing packs").
+    """
+
+    def __init__(self, *, sample_rate: int, channel: int, min_samples: int, cache_bytes: int = 256 << 20) -> None:
+        self.sample_rate, self.channel, self.min_samples = sample_rate, channel, min_samples
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[tuple[str, int], np.ndarray | AudioReadError] = OrderedDict()
+        self._held = 0
+        self.decoded = 0  # whole recordings decoded (for the benchmark)
+
+    def waveform(self, u: Utterance, rec: Recording) -> np.ndarray | AudioProblem:
+        import soundfile as sf
+
+        ch = self.channel if u.channel is None else u.channel
+        if rec.seekable and rec.rate == self.sample_rate and 0 <= ch < rec.channels:
+            bounds = segment_bounds(u, rec.samples, rec.rate)
+            if isinstance(bounds, AudioProblem):
+                return bounds
+            try:
+                data, _ = sf.read(u.rxfile, start=bounds[0], stop=bounds[1], dtype="float32", always_2d=True)
+            except Exception as e:
+                return AudioProblem("bad_audio", f"recording {u.recid!r}: {u.rxfile!r} is not readable audio: "
+                                                 f"{type(e).__name__}: {e}")
+            data *= INT16_SCALE
+            wave = np.ascontiguousarray(data[:, ch])
+        else:
+            whole = self._whole(u, ch)
+            if isinstance(whole, AudioProblem):
+                return whole
+            piece = cut_segment(u, whole, self.sample_rate)
+            if isinstance(piece, AudioProblem):
+                return piece
+            wave = piece
+        return too_short(len(wave), self.sample_rate, self.min_samples) if len(wave) < self.min_samples else wave
+
+    def _whole(self, u: Utterance, ch: int) -> np.ndarray | AudioProblem:
+        key = (u.rxfile, ch)
+        got = self._cache.get(key)
+        if got is None:
+            self.decoded += 1
+            try:
+                data, rate = load_recording(u.rxfile)
+                if not 0 <= ch < data.shape[1]:
+                    src = f"{u.where} asks for" if u.channel is not None else "--channel"
+                    return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
+                                        f"recording {u.recid!r} has {data.shape[1]} channel(s); {src} channel {ch}")
+                got = resample(np.ascontiguousarray(data[:, ch]), rate, self.sample_rate)
+            except AudioReadError as e:
+                got = e
+            self._put(key, got)
+        else:
+            self._cache.move_to_end(key)
+        if isinstance(got, AudioReadError):
+            return AudioProblem("bad_audio", f"recording {u.recid!r}: {got}")
+        return got
+
+    def _put(self, key: tuple[str, int], value: np.ndarray | AudioReadError) -> None:
+        size = value.nbytes if isinstance(value, np.ndarray) else 0
+        if size > self.cache_bytes:
+            return
+        self._cache[key] = value
+        self._held += size
+        while self._held > self.cache_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._held -= old.nbytes if isinstance(old, np.ndarray) else 0

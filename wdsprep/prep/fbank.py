@@ -108,13 +108,26 @@ class FbankOptions:
             raise ValueError(f"channel must be >= 0, got {self.channel}")
 
 
+def window_samples(opts: FbankOptions) -> int:
+    """Samples in one analysis window (25 ms)."""
+    return int(opts.sample_rate * FRAME_LENGTH_MS / 1000)
+
+
+def frames_of(num_samples: int, opts: FbankOptions) -> int:
+    """Frames Kaldi's fbank gives for ``num_samples`` (snip_edges): ``1 + (n - window) // shift``, 0
+    for fewer samples than a window.  What ``pack-audio`` plans with, before any audio is decoded."""
+    window = window_samples(opts)
+    shift = int(opts.sample_rate * FRAME_SHIFT_MS / 1000)
+    return 0 if num_samples < window else 1 + (num_samples - window) // shift
+
+
 class Fbank:
     """Kaldi fbank of one waveform (1-D, int16-range float32) with the chosen backend."""
 
     def __init__(self, opts: FbankOptions = FbankOptions()):
         self.opts = opts
         self.backend = resolve_backend(opts.backend)
-        self.window_samples = int(opts.sample_rate * FRAME_LENGTH_MS / 1000)
+        self.window_samples = window_samples(opts)
         self._fn: Callable[[np.ndarray], np.ndarray]
         if self.backend == "torchaudio":
             import torch
@@ -158,8 +171,7 @@ class Fbank:
 
     def num_frames(self, num_samples: int) -> int:
         """Frames Kaldi gives for ``num_samples`` with snip_edges: 1 + (n - window) // shift."""
-        shift = int(self.opts.sample_rate * FRAME_SHIFT_MS / 1000)
-        return 0 if num_samples < self.window_samples else 1 + (num_samples - self.window_samples) // shift
+        return frames_of(num_samples, self.opts)
 
     def __call__(self, wave: np.ndarray) -> np.ndarray:
         return self._fn(wave)
@@ -267,7 +279,7 @@ def compute_fbank(
 def fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], None], *, d_out: Path,
                 opts: FbankOptions) -> ArkResult:
     """One worker's utterances into ``d_out/feats.{worker + 1}.ark``, under its temporary name until
-    :func:`_finalize` renames it (``pack-audio --shuffle`` reads it there and removes it)."""
+    :func:`_finalize` renames it."""
     import kaldiio
 
     fbank = Fbank(opts)  # imports the backend, and torch with torchaudio, before one_torch_thread

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
+import sys
 import time
-from typing import Callable, Sequence, TypeVar
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from tqdm import tqdm
 
@@ -56,3 +62,81 @@ def run_chunks(fn: Callable[[Sequence[T], int, Callable[[int], None]], R], items
                         r.get()  # re-raises the worker's exception
             bar.update(counter.value - bar.n)
             return [r.get() for r in results]
+
+
+def _die_with_parent() -> None:
+    """Linux: this worker gets SIGKILL when the process that started it dies, however it dies (a
+    worker left writing after its pack was killed could collide with the pack resumed)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _init_ordered(counter, init: Callable[..., None], args: tuple) -> None:
+    _die_with_parent()
+    _init_worker(counter)
+    init(*args)
+
+
+def imap_ordered(fn: Callable[[T, Callable[[int], None]], R], tasks: Sequence[T], nj: int, desc: str,
+                 progress: bool | None = None, *, init: Callable[..., None], init_args: tuple = (),
+                 done: Callable[[], None] | None = None, total: int | None = None) -> Iterator[R]:
+    """``fn(task, tick)`` for each task in ``nj`` worker processes, the results yielded in task order
+    as soon as each and all before it are done (a worker takes the next task when it is free; at
+    most a few tasks per worker run ahead of the oldest unfinished one).
+
+    ``init(*init_args)`` prepares each worker (``nj == 1``: this process, and ``done()`` ends it);
+    module-level functions, so they reach workers however they start.  Leaving the iterator early
+    (an error, Ctrl-C) stops the workers; a worker that dies (killed, out of memory) is an error
+    naming it, never a hang.
+    """
+    if nj < 1:
+        raise ValueError("nj must be >= 1")
+    nj = min(nj, max(1, len(tasks)))
+    total = len(tasks) if total is None else total
+    with tqdm(total=total, desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
+        if nj == 1:
+            init(*init_args)
+            try:
+                for task in tasks:
+                    yield fn(task, bar.update)
+            finally:
+                if done is not None:
+                    done()
+            return
+        counter = mp.Value("q", 0)
+        pool = ProcessPoolExecutor(nj, mp_context=mp.get_context(), initializer=_init_ordered,
+                                   initargs=(counter, init, init_args))
+        try:
+            ahead = 4 * nj
+            pending: deque = deque()
+            todo = iter(tasks)
+            try:
+                for task in itertools.islice(todo, ahead):
+                    pending.append(pool.submit(fn, task, _tick))
+                while pending:
+                    try:
+                        r = pending[0].result(timeout=0.2)
+                    except FuturesTimeout:
+                        bar.update(counter.value - bar.n)
+                        continue
+                    pending.popleft()
+                    for task in itertools.islice(todo, 1):
+                        pending.append(pool.submit(fn, task, _tick))
+                    bar.update(counter.value - bar.n)
+                    yield r
+            except BrokenProcessPool:
+                raise ChildProcessError(f"{desc}: a worker process died (killed by a signal, e.g. out of memory); "
+                                        f"what it was writing is not kept") from None
+        finally:
+            # Stop at once: on an error or Ctrl-C nothing a worker still does is wanted.
+            for p in list(getattr(pool, "_processes", {}).values()):
+                if p.is_alive():
+                    p.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)

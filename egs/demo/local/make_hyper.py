@@ -14,6 +14,11 @@ http(s): every shard as brace ranges, since a web server cannot list); a templat
 KEY=VALUE`` adds or overrides ``train:option`` keys and
 ``--model KEY=VALUE`` the model section (values are parsed as JSON when they can be).
 
+``--growing N`` (stage 6): the shards are still being written by ``pack-audio`` (or are about to
+be); the pattern covers the groups of the pack's plan (``pack_plan.json``; before it is written,
+every group: ``DIR/*/data-*.tar``), and ``ld`` becomes ``{"shards": PATTERN, "growing": true,
+"min_shards": N}``: training follows the shards as they are published.
+
 Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--shards``, and
 ``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
 ``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.
@@ -32,11 +37,20 @@ from typing import Any
 from wdsprep.format.shardlist import expand_shards
 
 
-def group_folders(shard_dir: Path) -> list[str]:
-    """Names of the ``LO_HI`` folders under ``shard_dir`` holding at least one shard, by LO."""
-    if not shard_dir.is_dir():
+def group_folders(shard_dir: Path, planned: bool = False) -> list[str]:
+    """Names of the ``LO_HI`` folders under ``shard_dir`` holding at least one shard, by LO; with
+    ``planned``, those the pack's plan will fill (a pack still writing them)."""
+    if not shard_dir.is_dir() and not planned:
         raise SystemExit(f"make_hyper: {shard_dir} is not a directory; did the pack stage run?")
-    names = [p.name for p in shard_dir.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
+    if planned:
+        from wdsprep.format.commit import read_plan
+
+        plan = read_plan(shard_dir) if shard_dir.is_dir() else None
+        if plan is None:  # the pack has not planned yet: every length group it will fill
+            return ["*"]
+        names = [n for n in plan.folders if n]
+    else:
+        names = [p.name for p in shard_dir.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
 
     def lo(name: str) -> float:
         try:
@@ -46,9 +60,11 @@ def group_folders(shard_dir: Path) -> list[str]:
     return sorted(names, key=lo)
 
 
-def shard_pattern(shard_dir: Path, fmt_glob: str = "data-*.tar") -> str:
+def shard_pattern(shard_dir: Path, fmt_glob: str = "data-*.tar", planned: bool = False) -> str:
     """``DIR/{a_b,b_c}/data-*.tar`` over the filled groups, or ``DIR/data-*.tar`` when ungrouped."""
-    groups = group_folders(shard_dir)
+    groups = group_folders(shard_dir, planned)
+    if not groups and planned:
+        return f"{shard_dir}/{fmt_glob}"
     if not groups:
         if not any(shard_dir.glob("*.tar")):
             raise SystemExit(f"make_hyper: no shards under {shard_dir}; did the pack stage run?")
@@ -125,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the train shard dir was uploaded here: s3://bucket/prefix/train or https://host/shards/train "
                          "(or a template holding {shard} = LO_HI/data-{0..N}.tar, e.g. 'pipe:curl -s URL/{shard}')")
     ap.add_argument("--dev-remote", metavar="URL", help="as --remote, for the dev shards")
+    ap.add_argument("--growing", type=int, metavar="MIN_SHARDS",
+                    help="the train shards are still being packed: follow them (ld.growing), starting once "
+                         "MIN_SHARDS are published")
     ap.add_argument("--tokenizer", required=True, help="tokenizer file (wdsprep tokenizer train --out)")
     ap.add_argument("--out", required=True, type=Path, help="hyper-p.json to write")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="train:option keys")
@@ -140,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         corpora = {name: shard_pattern(Path(str(d))) for name, d in parse_kv(args.corpus).items()}
         ld = {"corpora": corpora, **parse_kv(args.mix)}
         n_train = sum(len(expand_shards(p)) for p in corpora.values())
+    elif args.growing is not None:
+        pattern = shard_pattern(args.shards, planned=True)
+        ld = {"shards": pattern, "growing": True, "min_shards": args.growing}
+        n_train = "still being packed:"
     else:
         if args.mix:
             raise SystemExit("make_hyper: --mix mixes named corpora: give them with --corpus")

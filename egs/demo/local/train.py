@@ -162,6 +162,11 @@ def format_stats(stats: Any) -> str:
         parts.append(f"discarded {d['discarded']} (the tail the world size does not divide)")
     if d.get("dropped"):
         parts.append("dropped " + ",".join(f"{k}={v}" for k, v in sorted(d["dropped"].items())))
+    g = d.get("growing")
+    if g:  # following a pack still writing its shards (stage 6)
+        final = g["shards_final"] if g["shards_final"] is not None else "?"
+        parts.append(f"planned over {g['shards']} of {final} shards published"
+                     + ("" if g["fraction"] is None else f" ({g['fraction']:.0%} of the utterances)"))
     return ", ".join(parts)
 
 

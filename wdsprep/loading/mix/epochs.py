@@ -26,7 +26,7 @@ from wdsprep.loading.mix.deal import (
     start_position,
 )
 from wdsprep.loading.mix.weights import Mixture, draw_probabilities
-from wdsprep.loading.plan import BatchId, Planned, Window
+from wdsprep.loading.plan import BatchId, Planned, TooFewBatches, Window
 from wdsprep.loading.quality import corpus_quality
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import (
@@ -77,7 +77,7 @@ class MixedEpochs:
         first = [c.plan(0) for c in self.parts]
         for name, plan in zip(self.corpora, first):
             if not plan.num_batches:
-                raise ValueError(f"corpus {name!r} has no batches: every utterance is outside "
+                raise TooFewBatches(f"corpus {name!r} has no batches: every utterance is outside "
                                  f"min_frames/max_utt_frames")
         # Mean utterances per batch: what turns a corpus's share of utterances into its chance per draw.
         self.utts_per_batch = [sum(int(s.starts[-1]) for s in p.streams) / p.num_batches for p in first]
@@ -139,6 +139,22 @@ class MixedEpochs:
     def resume(self, at: MixPosition) -> None:
         self.anchor = at
         self._starts = Recent(3)
+
+    def continue_from(self, old: MixedEpochs, epoch: int) -> None:
+        """Go on where ``old`` (the same corpora, some of them grown since: ``growing=True``) stands
+        at the start of loader ``epoch``: the schedule's clock and every unchanged corpus where they
+        were; a corpus whose shards changed begins an epoch of its own over them (the next one, if
+        it had begun its current one: that one's plan was over the shards it had then)."""
+        start = old.start(epoch)
+        corpora = []
+        for pos, new, was in zip(start.corpora, self.parts, old.parts):
+            if new.shards.fingerprint() == was.shards.fingerprint():
+                corpora.append(pos)
+            else:
+                begun = pos.free is not None or bool(pos.held) or bool(pos.leftover)
+                corpora.append(CorpusPosition(pos.epoch + 1 if begun else pos.epoch))
+        self.resume(MixPosition(start.epoch, 0, start.global_step, self.epoch_batches(), start.world_size,
+                                start.num_workers, start.phase, corpora))
 
     def run(self, at: MixPosition) -> MixedRun:
         """The rest of ``at``'s loader epoch on this topology (dealt window by window as it is asked for)."""
