@@ -10,8 +10,8 @@ import pytest
 import wdsprep
 from wdsprep.check.dryrun import dry_run
 from wdsprep.check.planreport import plan_report
-from wdsprep.loading.tokens import count_labels
 from wdsprep.cli import build_parser
+from wdsprep.loading.tokens import count_labels
 
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
 MIRRORS = [

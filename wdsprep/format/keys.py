@@ -3,11 +3,16 @@
 A shard is a plain POSIX tar; one sample is the pair of members that share a key:
 
 ============  ======================  ==========================
-layout        features                transcript
+layout        features (or audio)     transcript
 ============  ======================  ==========================
 ``cat``       ``<key>.npy``           ``<key>.txt``
 ``cat-v3``    ``<key>.mat.npy``       ``<key>.label.txt``
+``flac``      ``<key>.flac``          ``<key>.txt``
+``wav``       ``<key>.wav``           ``<key>.txt``
 ============  ======================  ==========================
+
+The audio layouts hold 16-bit mono audio instead of features (``audio.py``); the loader computes
+the features while training.
 
 The one member-name rule (:func:`split_member`): a member's key is its name without the longest
 layout suffix it ends with.  So keys with dots, such as the speed-perturbed ids
@@ -25,8 +30,12 @@ from urllib.parse import unquote
 LAYOUTS: dict[str, tuple[str, str]] = {
     "cat": ("npy", "txt"),
     "cat-v3": ("mat.npy", "label.txt"),
+    "flac": ("flac", "txt"),
+    "wav": ("wav", "txt"),
 }
-ROLES = ("feats", "text")
+AUDIO_LAYOUTS = ("flac", "wav")  # each named by the audio format of its first member (format/audio.py)
+FEATURE_LAYOUTS = tuple(k for k in LAYOUTS if k not in AUDIO_LAYOUTS)
+ROLES = ("feats", "text")  # "feats": the member the features are (or, in an audio layout, come from)
 
 # (".ext", layout, role), longest first: "x.mat.npy" is cat-v3's "x" + ".mat.npy", not cat's "x.mat" + ".npy".
 SUFFIXES: list[tuple[str, str, str]] = sorted(
@@ -58,6 +67,11 @@ def uttid_for_message(key: str | None) -> str | None:
         return decode_key(key) if key else key
     except UnicodeDecodeError:
         return key
+
+
+def describe_layouts() -> str:
+    """Every layout's members, for messages: ``KEY.npy + KEY.txt (cat), ...``."""
+    return ", ".join(f"KEY.{f} + KEY.{t} ({name})" for name, (f, t) in LAYOUTS.items())
 
 
 def layout_exts(layout: str) -> tuple[str, str]:
