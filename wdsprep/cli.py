@@ -67,7 +67,7 @@ def _add_audio_options(p: argparse.ArgumentParser) -> None:
                    help="audio at another rate is resampled (default: %(default)s)")
     p.add_argument("--dither", type=float, default=0.0,
                    help="Kaldi's default is 1.0; 0 makes features reproducible (default: %(default)s)")
-    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank"], default="auto",
+    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank", "numpy"], default="auto",
                    help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
     p.add_argument("--channel", type=int, default=0,
                    help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
@@ -256,7 +256,7 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
         if trset is None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
-                     "pin_memory", "persistent_workers", "collective_timeout", *FETCH_OPTIONS):
+                     "pin_memory", "persistent_workers", "collective_timeout", "fbank", *FETCH_OPTIONS):
             opts.pop(name, None)  # run-time options: they do not change the plan
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
 
@@ -306,6 +306,13 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-bytes", type=int, metavar="BYTES",
                    help="bound on --cache-dir; least recently used go first")
     _add_retry_options(g)
+    a = p.add_argument_group("audio shards and augmentation (docs/audio.md)")
+    a.add_argument("--augment", metavar="JSON_OR_FILE",
+                   help='augmentation in training, e.g. \'{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}\' '
+                        '(also noise: {"dir": D, "snr": [10, 20]}, reverb: {"dir": D}), or a JSON file of it')
+    a.add_argument("--fbank", metavar="JSON", type=_json_object,
+                   help='audio shards: fbank options in place of the index\'s, e.g. \'{"num_mel_bins": 40}\' '
+                        '(num_mel_bins, dither, backend)')
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
     m.add_argument("--weights", nargs="+", metavar="NAME=W",
                    help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
@@ -333,7 +340,7 @@ def _loader_options(args: argparse.Namespace) -> dict:
 
     names = ("max_frames", "cost", "max_cost", "seed", "shuffle_buffer", "max_batch_size", "min_frames",
              "max_utt_frames", "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error",
-             "tokenize_group", "prefetch_factor", "collective_timeout", *FETCH_OPTIONS)
+             "tokenize_group", "prefetch_factor", "collective_timeout", "augment", "fbank", *FETCH_OPTIONS)
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False
@@ -352,6 +359,17 @@ def _loader_options(args: argparse.Namespace) -> dict:
     if args.steps_per_epoch is not None:
         opts["steps_per_epoch"] = args.steps_per_epoch
     return opts
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object given on the command line."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object ({{...}}), not {text!r}")
+    return value
 
 
 def _named_numbers(items: list[str], option: str) -> dict[str, float]:

@@ -10,7 +10,9 @@ Current CAT keys: ``ld`` (shard pattern), ``tokenizer``, ``batch_size``, ``batch
 Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  wdsprep's own: ``ld`` as
 an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN, "zh": PATTERN},
 "weights": {"en": 1, "zh": 3}}`` or ``"temperature": 5`` or ``"schedule": [[0, {...}], [1000,
-{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern).  The tokenizer may sit in
+{...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern); either with
+``"augment"``: make_loader's augmentation (``{"speed": {"factors": [0.9, 1.0, 1.1]},
+"specaugment": {...}}``, or a JSON file of it).  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
@@ -121,9 +123,9 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
-# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora and
-# what a batch may cost (make_loader's arguments of those names).
-LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost"}
+# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora, what a
+# batch may cost and how to augment (make_loader's arguments of those names).
+LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost", "augment"}
 
 
 def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str, Any], dict[str, Any]]:
@@ -141,11 +143,21 @@ def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str
         if isinstance(ld["max_cost"], bool) or not isinstance(ld["max_cost"], (int, float)):
             raise ValueError(f"{where}: ld max_cost must be a number, got {ld['max_cost']!r}")
         kw["max_cost"] = float(ld["max_cost"])
+    if "augment" in ld:
+        from wdsprep.loading.augment import parse_augment
+
+        if not isinstance(ld["augment"], (Mapping, str)):
+            raise ValueError(f"{where}: ld augment must be an object or a JSON file, got {ld['augment']!r}")
+        try:
+            parse_augment(ld["augment"])  # refused here, naming the file, rather than by make_loader
+        except ValueError as e:
+            raise ValueError(f"{where}: ld {e}") from None
+        kw["augment"] = ld["augment"]
     if ("shards" in ld) == ("corpora" in ld):
         raise ValueError(f"{where}: train:option ld needs one of \"shards\": PATTERN or \"corpora\": "
                          f"{{name: shard pattern, ...}}")
     if "shards" in ld:
-        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost"})
+        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost", "augment"})
         if mixing:
             raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\"")
         if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:

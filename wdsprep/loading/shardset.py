@@ -30,17 +30,20 @@ import numpy as np
 
 from wdsprep.errors import DataError
 from wdsprep.format.index import (
+    AUDIO_INDEX_FILES,
     INDEX_FILES,
     INDEX_NAME,
     KEYS_FILE,
+    AudioIndex,
     FolderIndex,
+    ShardScan,
     Speakers,
     frames_digest,
     read_index,
     scan_shard,
     stale_reason,
 )
-from wdsprep.format.keys import decode_key
+from wdsprep.format.keys import AUDIO_LAYOUTS, decode_key
 from wdsprep.format.shardlist import index_place, is_url
 from wdsprep.remote.fetch import RetryPolicy, fetch_bytes
 from wdsprep.remote.listing import take_listed_size
@@ -77,6 +80,9 @@ class ShardSet:
     # Every utterance's speaker, where every shard's index gives them (see shard_set), else None.
     speakers: Speakers | None = None
     tokens: np.ndarray | None = None  # int32 [N]: every label's length in tokens, where a cost model needs them
+    # Audio shards: their format, rate and fbank options (one for the whole set), every row's sample count.
+    audio: AudioIndex | None = None
+    samples: np.ndarray | None = None  # int32 [N]
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -116,7 +122,8 @@ class ShardSet:
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))
         speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
-                        0, self.lost[sl], speakers=speakers, tokens=None if self.tokens is None else self.tokens[rows])
+                        0, self.lost[sl], speakers=speakers, tokens=None if self.tokens is None else self.tokens[rows],
+                        audio=self.audio, samples=None if self.samples is None else self.samples[rows])
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -136,13 +143,34 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                                  f"one corpus (narrow one of the patterns)")
     speakers = [p.speakers for p in parts if p.speakers is not None]
     tokens = [p.tokens for p in parts if p.tokens is not None]
+    audio = one_audio({name: p.audio for name, p in named.items()}, "corpus")
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
                     sum(p.scanned for p in parts), np.concatenate([p.lost for p in parts]), tuple(named),
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
                     Speakers.concat(speakers) if len(speakers) == len(parts) else None,
-                    np.concatenate(tokens) if len(tokens) == len(parts) else None)
+                    np.concatenate(tokens) if len(tokens) == len(parts) else None,
+                    audio, None if audio is None else np.concatenate([p.samples for p in parts]))
+
+
+def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | None:
+    """The one audio description of shards described by ``found`` (``what``: a folder or corpus
+    each); None when all hold features.  A mix of audio and features, or of audio of other rates or
+    fbank options, is an error naming two of them: one loader delivers one kind of features."""
+    kinds = {}
+    for name, audio in found.items():
+        kinds.setdefault(audio, name)
+    if len(kinds) < 2:
+        return next(iter(kinds), None)
+    (a, x), (b, y) = list(kinds.items())[:2]
+
+    def say(audio: AudioIndex | None) -> str:
+        return "features" if audio is None else (f"{audio.format} audio at {audio.sample_rate} Hz, fbank "
+                                                 f"{audio.num_mel_bins} bins/dither {audio.dither}/{audio.backend}")
+
+    raise ValueError(f"{what} {x} holds {say(a)}, {what} {y} {say(b)}: one loader reads one kind, so pack them alike "
+                     f"(or index the audio folders with the same fbank options) or load them apart")
 
 
 def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool = False) -> FolderIndex:
@@ -163,7 +191,7 @@ def remote_index(folder: str, *, policy: RetryPolicy = RetryPolicy(), keys: bool
     with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
         with open(os.path.join(tmp, INDEX_NAME), "wb") as f:
             f.write(summary)
-        for name in INDEX_FILES:
+        for name in (*INDEX_FILES, *AUDIO_INDEX_FILES):
             if name == INDEX_NAME or (name == KEYS_FILE and not keys):
                 continue
             data = fetch_bytes(f"{folder}/{name}", policy=policy)
@@ -202,6 +230,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
     token_columns: dict[str, np.ndarray] = {}  # folder -> its index's token column
     token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
+    audios: dict[str, AudioIndex | None] = {}  # folder -> what its shards hold
+    sample_rows: list[np.ndarray] = []  # per shard, an audio shard's sample counts
     for k, url in enumerate(urls):
         remote = has_folder(url)
         folder, name = index_place(url)
@@ -220,6 +250,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             speakers = None
             unlisted.append(k)
             token_rows.append(np.zeros(0, np.int32))
+            sample_rows.append(np.zeros(0, np.int32))
             utts.append(0)
             sizes.append(-1)
             digests.append("")
@@ -261,6 +292,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
         columns.append(np.asarray(index.frames[a:b], np.int32))
+        audios[folder] = index.audio
+        sample_rows.append(np.zeros(0, np.int32) if index.samples is None else np.asarray(index.samples[a:b], np.int32))
     lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
@@ -272,6 +305,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             frames = np.asarray(scan.info.frames, np.int32)
             utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
             dims |= scan.dims
+            audios[urls[k]] = _scanned_audio(urls[k], scan)
+            sample_rows[k] = np.asarray(scan.info.samples, np.int32)
             if tokens is not None:
                 token_rows[k] = tokens.shard(urls[k])
         some = urls[unlisted[0]]
@@ -279,10 +314,22 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
                       f"the index beside them once", UserWarning, stacklevel=3)
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
+    audio = one_audio(audios, "folder")
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
-                    dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
+                    audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
                     speakers=None if speakers is None else Speakers.concat(speakers),
-                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]))
+                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]),
+                    audio=audio, samples=None if audio is None else np.concatenate(sample_rows))
+
+
+def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
+    """What a shard in no index holds, from its scan: audio (with the default fbank options) or features."""
+    fmt = next((layout for layout in scan.layouts if layout in AUDIO_LAYOUTS), None)
+    if fmt is None:
+        return None
+    if len(scan.rates) > 1:
+        raise ValueError(f"shard {url} holds audio at {sorted(scan.rates)} Hz; one loader reads one rate: repack it")
+    return AudioIndex(fmt, scan.rates.pop() if scan.rates else 16000)
 
 
 def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str]:
