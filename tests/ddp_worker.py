@@ -7,6 +7,7 @@ and the state, so the test can check equal steps, the canonical plan and coverag
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -33,12 +34,15 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--dev", action="store_true")
     p.add_argument("--save-at", type=int, help="record the loader's state_dict() after this many steps, and stop there")
+    p.add_argument("--record-at", type=int, help="record the loader's state_dict() after this many steps, and go on")
     p.add_argument("--resume", help="a state_dict() (JSON file) to load before the first epoch")
     p.add_argument("--hang-rank", type=int, help="this rank stops stepping (sleeps) before its last batch")
     p.add_argument("--collective-timeout", type=float, default=300.0)
     p.add_argument("--read-ahead", type=int, default=2)
     p.add_argument("--retry-backoff", type=float, default=1.0)
     p.add_argument("--cache-dir")
+    p.add_argument("--augment", help="make_loader's augment, as JSON")
+    p.add_argument("--digests", action="store_true", help="record a digest of every utterance's features")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -49,7 +53,8 @@ def main() -> None:
                          max_cost=args.max_cost, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
                          collective_timeout=args.collective_timeout, read_ahead=args.read_ahead,
-                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing)
+                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, augment=args.augment,
+                         **mixing)
     epochs = []
     first = 0
     if args.resume:
@@ -59,16 +64,23 @@ def main() -> None:
     for epoch in range(first, first + args.epochs):
         loader.set_epoch(epoch)
         length = len(loader)
-        batches, corpora, saved = [], [], None
+        batches, corpora, digests, saved = [], [], {}, None
         for b in loader:
             batches.append(list(b.keys))
             corpora.append(b.corpus.tolist())
+            if args.digests:  # each utterance's features, bit for bit
+                for i, k in enumerate(b.keys):
+                    row = b.feats[i, :int(b.feat_lens[i])].numpy()
+                    digests[k] = hashlib.blake2b(row.tobytes() + str(row.shape).encode(), digest_size=16).hexdigest()
             if args.hang_rank == rank and len(batches) == length - 1:
                 time.sleep(3600)  # alive, but no longer stepping
             if len(batches) == args.save_at:
                 saved = loader.state_dict()
                 break
-        epochs.append({"batches": batches, "corpora": corpora, "len": length, "steps": loader.stats.steps,
+            if len(batches) == args.record_at:
+                saved = loader.state_dict()
+        epochs.append({"batches": batches, "corpora": corpora, "digests": digests, "len": length,
+                       "steps": loader.stats.steps,
                        "stats": loader.stats.to_dict(), "state": loader.state_dict(), "saved": saved})
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": dist.get_world_size(),

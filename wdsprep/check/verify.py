@@ -34,7 +34,7 @@ import numpy as np
 from wdsprep.files import naming
 from wdsprep.format import commit
 from wdsprep.format.index import INDEX_NAME, DamagedIndexError, FolderIndex, ShardInfo, read_index, stale_reason
-from wdsprep.format.keys import AUDIO_LAYOUTS, LAYOUTS, decode_key, describe_layouts, member_role
+from wdsprep.format.keys import AUDIO_LAYOUTS, LAYOUTS, decode_key, describe_layouts, member_layouts, member_role
 from wdsprep.format.samples import (
     open_members,
     read_audio,
@@ -257,18 +257,22 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
         if role is None:
             problems.append(Problem(path, f"not a member of a known layout; expected {describe_layouts()}",
                                     member=name))
-    layouts = sorted({r[1] for r in roles if r is not None})
-    if len(layouts) > 1:
-        problems.append(Problem(path, f"members {names} mix layouts {layouts}; a sample is one of "
+    # The layouts every member of the sample can belong to (a KEY.txt is cat's and the audio layouts').
+    candidates = [set(member_layouts(n)) for n, r in zip(names, roles) if r is not None]
+    layouts = sorted(set.intersection(*candidates)) if candidates else []
+    if candidates and not layouts:
+        found = sorted({layout for c in candidates for layout in c})
+        problems.append(Problem(path, f"members {names} mix layouts {found}; a sample is one of "
                                       f"{describe_layouts()}; repack it", key=s.key))
     try:
         feat_m, text_m = split_sample(group)
     except ValueError:
-        if len(layouts) == 1:
+        if layouts:
             have = {r[2] for r in roles if r is not None}
-            missing = LAYOUTS[layouts[0]][0 if "text" in have else 1]
-            problems.append(Problem(path, f"has {', '.join(names)} but no {s.key}.{missing}; the loader cannot use "
-                                          f"this sample; repack it", key=s.key))
+            missing = " or ".join(sorted({f"{s.key}.{LAYOUTS[layout][0 if 'text' in have else 1]}"
+                                          for layout in layouts}))
+            problems.append(Problem(path, f"has {', '.join(names)} but no {missing}; the loader cannot use this "
+                                          f"sample; repack it", key=s.key))
         return True
     s.layout = sample_layout(group, feat_m)
     check = _check_audio if s.layout in AUDIO_LAYOUTS else _check_feats
@@ -300,10 +304,15 @@ def _check_audio(path: str, src: object, s: _Sample, m: Member, problems: list[P
     """An audio member: its header as the loader reads it, then every sample decoded; True when refused."""
     try:
         audio = read_audio(src, m, s.key)
-        pcm = audio.pcm()
     except ValueError as e:
         problems.append(Problem(path, f"{e}; repack the shard from the audio", member=m[0]))
         return True
+    try:
+        pcm = audio.pcm()
+    except ValueError as e:  # the header was fine: the loader reads on, and drops only this utterance
+        problems.append(Problem(path, f"{e}; the loader leaves it out of its batch (bad_audio); repack the shard "
+                                      f"from the audio", member=m[0]))
+        return False
     s.samples, s.rate = len(pcm), audio.header.sample_rate
     s.frames = int(fbank_frames(s.samples, s.rate))
     return False

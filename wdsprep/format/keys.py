@@ -90,6 +90,16 @@ def member_role(name: str) -> tuple[str, str, str] | None:
     return None
 
 
+def member_layouts(name: str) -> list[str]:
+    """Every layout member ``name`` can belong to by its suffix (the longest it ends with): a
+    transcript ``KEY.txt`` is one of ``cat``'s and of the audio layouts'; empty when none."""
+    known = member_role(name)
+    if known is None:
+        return []
+    suffix = name[len(known[0]):]
+    return [layout for s, layout, _ in SUFFIXES if s == suffix]
+
+
 def split_member(name: str) -> tuple[str, str]:
     """(key, extension) of a member name: by its layout suffix, else where webdataset splits it
     (the key ends at the first dot of the base name)."""

@@ -199,6 +199,18 @@ class FeatureMaker:
     def _from_audio(self, audio: FileAudio, row: int, u: np.ndarray | None, choices: np.ndarray | None,
                     draws: Draws | None) -> tuple[np.ndarray, float]:
         """An audio row's fbank and the speed factor it was played at."""
+        wave, factor = self.waveform(audio, row, u, choices)
+        fb = self.opts.fbank
+        assert fb is not None
+        if self._fbank is None:
+            self._fbank = Fbank(fb)
+        return self._fbank(wave, draws.dither(row) if fb.dither and draws is not None else None), factor
+
+    def waveform(self, audio: FileAudio, row: int, u: np.ndarray | None,
+                 choices: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """The waveform an audio row's features are computed from: decoded, at its speed factor,
+        reverberated and noised as its uniforms ``u`` say; and the factor.  ``row``: its place in
+        its corpus; ``choices``: the corpus epoch's speed factors."""
         fb = self.opts.fbank
         assert fb is not None
         if audio.header.sample_rate != fb.sample_rate:
@@ -215,9 +227,7 @@ class FeatureMaker:
         if self.noise is not None:
             assert u is not None
             wave, _ = add_noise(wave, self._bank("noise", self.noise.dir), self.noise, u)
-        if self._fbank is None:
-            self._fbank = Fbank(fb)
-        return self._fbank(wave, draws.dither(row) if fb.dither and draws is not None else None), factor
+        return wave, factor
 
     def _bad(self, rows: Records, i: int, e: Exception, counts: WorkerTally) -> None:
         """An utterance whose features cannot be made: raised, or left out of its batch with a warning, counted."""
