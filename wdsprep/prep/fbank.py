@@ -22,6 +22,7 @@ They agree to 0.015 max abs; the largest differences are float32 rounding in the
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -144,25 +145,55 @@ def _numpy_fbank(opts: FbankOptions) -> Callable[[np.ndarray, "np.random.Generat
     # CPU for 61 s of speech with OpenBLAS's default threads).
     banks = csr_matrix(mel_banks(opts.num_mel_bins, opts.sample_rate, padded))
     floor = float(np.finfo(np.float32).eps)  # Kaldi floors the mel energies at float epsilon
+    block = math.gcd(window, shift)  # frames start and end on blocks of this many samples
 
     def fn(wave: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         n = fbank_frames(len(wave), opts.sample_rate)
         if not n:
             return np.zeros((0, opts.num_mel_bins), np.float32)
-        x = sliding_window_view(np.asarray(wave), window)[::shift][:n].astype(np.float64)  # a copy: frames overlap
+        s = np.asarray(wave, np.float64)
         if opts.dither:
             if rng is None:
                 raise ValueError("dither > 0 with the numpy backend needs a generator to draw from")
-            x += opts.dither * rng.standard_normal(x.shape)
-        x -= x.mean(axis=1, keepdims=True)  # DC removal, then pre-emphasis (0.97), then the povey window
-        x[:, 1:] -= 0.97 * x[:, :-1]  # numpy computes the right side first: each sample minus its predecessor
-        x[:, 0] *= 1.0 - 0.97
-        x *= povey
+            x = _dithered_frames(s, n, window, shift, opts.dither, rng) * povey
+        else:
+            # Kaldi's per-frame DC removal and pre-emphasis, on the whole signal at once: pre-emphasis
+            # is the same within a frame (its first sample differs, but the povey window weighs it 0),
+            # and of (frame - c) it is that of the frame less 0.03 c at every sample.  Per frame, the
+            # pre-emphasis of strided columns cost 5x the FFT (measured).
+            e = np.empty_like(s)
+            e[0] = 0.0
+            np.subtract(s[1:], 0.97 * s[:-1], out=e[1:])
+            dc = (1.0 - 0.97) / window * frame_sums(s, n)
+            x = np.subtract(sliding_window_view(e, window)[::shift][:n], dc[:, None])
+            x *= povey
         spec = np.fft.rfft(x, padded)
-        power = spec.real ** 2 + spec.imag ** 2
-        return np.log(np.maximum((banks @ power.T).T, floor)).astype(np.float32)
+        power = spec.real ** 2
+        power += spec.imag ** 2
+        mel = banks @ power.T  # [bins, frames]
+        np.log(np.maximum(mel, floor, out=mel), out=mel)
+        return mel.T.astype(np.float32, order="C")
+
+    def frame_sums(s: np.ndarray, n: int) -> np.ndarray:
+        """Each frame's sum of samples, from running sums of blocks of gcd(window, shift) samples."""
+        sums = np.concatenate(([0.0], np.cumsum(s[:len(s) // block * block].reshape(-1, block).sum(axis=1))))
+        first = np.arange(n) * (shift // block)
+        return sums[first + window // block] - sums[first]
 
     return fn
+
+
+def _dithered_frames(s: np.ndarray, n: int, window: int, shift: int, dither: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Frames with Kaldi's dither (Gaussian noise per sample of each frame: overlapping frames get
+    noise of their own), DC removal and pre-emphasis, one frame at a time as Kaldi does."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    x = sliding_window_view(s, window)[::shift][:n] + dither * rng.standard_normal((n, window))
+    x -= x.mean(axis=1, keepdims=True)
+    x[:, 1:] -= 0.97 * x[:, :-1]  # numpy computes the right side first: each sample minus its predecessor
+    x[:, 0] *= 1.0 - 0.97
+    return x
 
 
 class Fbank:
