@@ -369,6 +369,18 @@ def test_noise_is_added_at_the_drawn_snr(corpus, tmp_path):
     assert clean[0].keys == batches[0].keys and not clean[0].feats.equal(batches[0].feats)
 
 
+def test_a_noise_folder_that_cannot_be_used_is_refused_naming_the_file(corpus, tmp_path):
+    root, feats, flac, wav, tok = corpus
+    d = tmp_path / "n"
+    d.mkdir()
+    sf.write(d / "silence.wav", np.zeros(16000, np.int16), 16000)
+    with pytest.raises(ValueError, match="silence.wav is silent"):
+        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, augment={"noise": {"dir": str(d)}})
+    (d / "silence.wav").write_bytes(b"RIFF not really")
+    with pytest.raises(ValueError, match="silence.wav.* is not readable audio"):
+        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, augment={"reverb": {"dir": str(d)}})
+
+
 def _rir_dir(d: Path) -> Path:
     """Two impulse responses: a direct path after 5 ms and an exponentially decaying tail."""
     d.mkdir(parents=True, exist_ok=True)

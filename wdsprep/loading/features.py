@@ -124,8 +124,9 @@ class FeatureOptions:
 
 
 class FeatureMaker:
-    """The features stage of one reader process; the fbank and the noise and impulse-response
-    recordings are loaded on first use (in the worker that uses them)."""
+    """The features stage of one reader process.  The noise and impulse-response recordings are
+    loaded by :meth:`load` in the main process (a folder that cannot be used fails there, naming
+    the file, and forked DataLoader workers share those pages); the fbank on first use."""
 
     def __init__(self, opts: FeatureOptions, unit: Callable[[int], Corpus], *, on_error: str = "warn") -> None:
         self.opts = opts
@@ -144,6 +145,13 @@ class FeatureMaker:
     def __call__(self, batches: Iterator[Rows], counts: WorkerTally) -> Iterator[Rows]:
         for bid, rows in batches:
             yield bid, self.batch(bid, rows, counts)
+
+    def load(self) -> FeatureMaker:
+        """Load the noise and impulse-response recordings now (ValueError naming a file that cannot be used)."""
+        for what, part in (("noise", self.noise), ("reverb", self.reverb)):
+            if part is not None:
+                self._bank(what, part.dir)
+        return self
 
     def _bank(self, what: str, folder: str) -> list[np.ndarray]:
         if what not in self._banks:
@@ -164,6 +172,7 @@ class FeatureMaker:
         """The batch's rows with their features in memory (audio rows computed, masks applied)."""
         if not len(rows):
             return rows
+        self.load()  # outside the per-utterance handling: a folder that cannot be read is no utterance's fault
         unit = self.unit(bid[0])
         epoch = bid[1]
         local = rows.rows - unit.row0

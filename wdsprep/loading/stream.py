@@ -80,8 +80,8 @@ class ReaderStream(IterableDataset):
         self.rank = rank
         self.control = control  # the Loader's: where each iteration starts reaches the readers through it
         self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
-        self.features = FeatureMaker(cfg.features, source.unit, on_error=cfg.on_error) if cfg.features.needed \
-            else None
+        self.features = FeatureMaker(cfg.features, source.unit, on_error=cfg.on_error).load() \
+            if cfg.features.needed else None
 
     def fingerprint(self) -> str:
         """A digest of what decides the batches besides (seed, epoch): the plan's options, the shard
