@@ -39,7 +39,7 @@ from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.loading.features import FeatureOptions, bank_files, with_fbank
+from wdsprep.loading.features import FeatureOptions, with_fbank
 from wdsprep.loading.fetch import FetchOptions
 from wdsprep.loading.plan import BatchId, PlanOptions
 from wdsprep.loading.source import epoch_source, load_shards
@@ -487,9 +487,6 @@ def make_loader(
         if on_audio and shards.audio is None:
             raise ValueError(f"augment {', '.join(on_audio)} act on audio: these shards hold features computed at "
                              f"pack time; pack the audio (layout flac or wav) or augment with specaugment only")
-        for part in (aug.noise, aug.reverb):
-            if part is not None:
-                bank_files(part.dir)  # an empty or missing folder fails here, not in a worker
     cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
                        subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch,
                        features=FeatureOptions(fbank_opts, aug))
