@@ -227,6 +227,25 @@ def test_fbank_options_for_audio_shards_are_the_indexs_or_the_loaders(corpus):
     assert runs[0].feats.equal(runs[1].feats) and not runs[0].feats.equal(runs[2].feats)
 
 
+@pytest.mark.timeout(120)
+def test_audio_shards_on_a_web_server_give_the_local_batches(corpus):
+    """Audio shards served over HTTP (their index files, the sample counts too, beside them): the
+    plan and the augmented features are those of the local shards, bit for bit."""
+    from remote_servers import http_server
+
+    root, feats, flac, wav, tok = corpus
+    names = {g.name: sorted(p.name for p in g.glob("data-*.tar")) for g in sorted(flac.glob("*_*"))}
+    aug = {**SPEED, "specaugment": {}}
+    want = epoch(make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=6, augment=aug))
+    with http_server(flac) as srv:
+        parts = [f"{g}/data-{{00000..{len(n) - 1:05d}}}.tar" for g, n in names.items()]
+        got = epoch(make_loader(f"http://127.0.0.1:{srv.server_port}/{{{','.join(parts)}}}", tok,
+                                max_frames=MAX_FRAMES, seed=6, augment=aug))
+        assert srv.gets["/0_120/index.samples.npy"] == 1
+    assert [b.keys for b in got] == [b.keys for b in want]
+    assert all(a.feats.equal(b.feats) for a, b in zip(got, want))
+
+
 def test_a_loader_reads_one_kind_of_features(corpus):
     root, feats, flac, wav, tok = corpus
     with pytest.raises(ValueError, match="holds features, folder .* flac audio|holds flac audio.* features"):
@@ -454,6 +473,42 @@ def test_time_warp_keeps_the_length_and_moves_frames(corpus):
             np.testing.assert_allclose(y[[0, n - 1]], x[[0, n - 1]], atol=1e-4)  # the ends stay
             moved += not np.allclose(x, y, atol=1e-4)
     assert moved > 100
+
+
+def test_named_corpora_augment_from_their_own_draws(corpus):
+    """Mixed corpora: each utterance's augmentation is its corpus's (seed, corpus epoch, row), so
+    adding a corpus to the mixture leaves another's augmented features as they were, and workers
+    make the same."""
+    root, feats, flac, wav, tok = corpus
+    aug = {**SPEED, "specaugment": {"time_warp": 2}}
+    a, b = f"{flac}/0_120/data-*.tar", f"{flac}/120_inf/data-*.tar"
+
+    def run(trset, weights, workers=0):
+        return [(k, bt.feats[i, :int(bt.feat_lens[i])].clone()) for bt in epoch(
+            make_loader(trset, tok, max_frames=MAX_FRAMES, seed=2, augment=aug, weights=weights, num_workers=workers))
+                for i, k in enumerate(bt.keys)]
+
+    def first(trset, weights):
+        seen = {}
+        for k, f in run(trset, weights):
+            seen.setdefault(k, f)
+        return seen
+
+    alone, mixed = first({"a": a}, {"a": 1}), first({"a": a, "b": b}, {"a": 1, "b": 1})
+
+    def bare(k: str) -> str:
+        return k.split("-", 1)[1] if k.startswith("sp") else k
+
+    by_id = {bare(k): k for k in alone}
+    from_a = [k for k in mixed if bare(k) in by_id]  # the mixed epoch holds about half of corpus a's epoch
+    assert len(from_a) > 30 and all(by_id[bare(k)] == k for k in from_a)  # the same speed factor each
+    assert any(k.startswith("sp") for k in from_a) and all(alone[k].equal(mixed[k]) for k in from_a)
+    # With workers the batches come in another order (a small corpus loops through its epochs, so
+    # an utterance recurs, augmented anew): the same utterances with the same features all the same.
+    def digests(rows):
+        return Counter((k, hash(f.numpy().tobytes())) for k, f in rows)
+
+    assert digests(run({"a": a, "b": b}, {"a": 1, "b": 1}, 2)) == digests(run({"a": a, "b": b}, {"a": 1, "b": 1}))
 
 
 def test_hyper_ld_augment_and_dry_run_plan(corpus, tmp_path, capsys):

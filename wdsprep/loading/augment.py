@@ -361,7 +361,8 @@ def _warp(feats: np.ndarray, center: int, moved: int) -> np.ndarray:
     interpolation between neighbouring frames."""
     t = len(feats)
     pos = np.arange(t, dtype=np.float64)
-    src = np.where(pos < moved, pos * center / moved, center + (pos - moved) * (t - 1 - center) / max(t - 1 - moved, 1))
+    src = np.where(pos < moved, pos * (center / max(moved, 1)),
+                   center + (pos - moved) * ((t - 1 - center) / max(t - 1 - moved, 1)))
     lo = np.clip(np.floor(src).astype(np.int64), 0, t - 1)
     hi = np.minimum(lo + 1, t - 1)
     frac = (src - lo)[:, None]
