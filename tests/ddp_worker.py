@@ -7,6 +7,7 @@ and the state, so the test can check equal steps, the canonical plan and coverag
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -33,6 +34,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--dev", action="store_true")
     p.add_argument("--save-at", type=int, help="record the loader's state_dict() after this many steps, and stop there")
+    p.add_argument("--record-at", type=int, help="record the loader's state_dict() after this many steps, and go on")
     p.add_argument("--resume", help="a state_dict() (JSON file) to load before the first epoch")
     p.add_argument("--hang-rank", type=int, help="this rank stops stepping (sleeps) before its last batch")
     p.add_argument("--collective-timeout", type=float, default=300.0)
@@ -43,6 +45,8 @@ def main() -> None:
     p.add_argument("--min-shards", type=int)
     p.add_argument("--until-complete", action="store_true",
                    help="with --growing: epochs until the pack is complete, then one more (--epochs: at most)")
+    p.add_argument("--augment", help="make_loader's augment, as JSON")
+    p.add_argument("--digests", action="store_true", help="record a digest of every utterance's features")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -54,7 +58,8 @@ def main() -> None:
                          max_cost=args.max_cost, num_workers=args.num_workers,
                          seed=7, shuffle_buffer=50, train=not args.dev, streams=args.streams,
                          collective_timeout=args.collective_timeout, read_ahead=args.read_ahead,
-                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, **mixing, **growing)
+                         retry_backoff=args.retry_backoff, cache_dir=args.cache_dir, augment=args.augment,
+                         **mixing, **growing)
     epochs = []
     first = 0
     if args.resume:
@@ -68,18 +73,24 @@ def main() -> None:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / f"epoch{epoch}.planned").write_text(json.dumps(planned))
         length = len(loader)
-        batches, corpora, saved = [], [], None
+        batches, corpora, digests, saved = [], [], {}, None
         for b in loader:
             batches.append(list(b.keys))
             corpora.append(b.corpus.tolist())
+            if args.digests:  # each utterance's features, bit for bit
+                for i, k in enumerate(b.keys):
+                    row = b.feats[i, :int(b.feat_lens[i])].numpy()
+                    digests[k] = hashlib.blake2b(row.tobytes() + str(row.shape).encode(), digest_size=16).hexdigest()
             if args.hang_rank == rank and len(batches) == length - 1:
                 time.sleep(3600)  # alive, but no longer stepping
             if len(batches) == args.save_at:
                 saved = loader.state_dict()
                 break
-        epochs.append({"batches": batches, "corpora": corpora, "len": length, "steps": loader.stats.steps,
-                       "stats": loader.stats.to_dict(), "state": loader.state_dict(), "saved": saved,
-                       "planned": planned})
+            if len(batches) == args.record_at:
+                saved = loader.state_dict()
+        epochs.append({"batches": batches, "corpora": corpora, "digests": digests, "len": length,
+                       "steps": loader.stats.steps, "stats": loader.stats.to_dict(), "state": loader.state_dict(),
+                       "saved": saved, "planned": planned})
         if args.until_complete and loader.stats.growing["complete"]:
             break  # an epoch over the finished folder: the last one asked for
     Path(args.out).mkdir(parents=True, exist_ok=True)

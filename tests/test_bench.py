@@ -101,3 +101,33 @@ def test_plan_benchmark_reports_every_figure(tmp_path) -> None:
     assert r["index"]["shard_set"]["utterances"] == 20_000 and r["index"]["make_loader"]["len"] > 0
     assert r["index"]["files_bytes"]["index.json"] < 1e6  # per-shard totals only; the columns are apart
     assert len(r["tail"]) == 6 and all(t["discarded_batches"] < t["world_size"] for t in r["tail"])
+
+
+@pytest.mark.parametrize("lhotse", ["as installed", "hidden"])
+def test_audio_bench_reports_every_row(tmp_path, monkeypatch, lhotse):
+    """tools/bench/bench_audio.py on 40 s of the demo speech: storage per hour for FLAC, WAV and
+    float32/float16 fbank; throughput rows with and without augmentation; Lhotse's rows measured
+    when it is installed and saying "skipped" when it is not (it is no dependency of wdsprep)."""
+    import sys
+
+    import bench_audio
+
+    if lhotse == "hidden":
+        monkeypatch.setitem(sys.modules, "lhotse", None)  # import lhotse fails
+    text = bench_audio.main(["--hours", "0.012", "--repeat", "1", "--per-shard", "4", "--work", str(tmp_path),
+                             "--quiet"])
+    for row in ("FLAC shards (16-bit)", "WAV shards (16-bit)", "float32 fbank shards", "float16 fbank shards",
+                "wdsprep, FLAC shards, fbank on the fly", "wdsprep, FLAC shards + speed 0.9/1.0/1.1 + SpecAugment",
+                "wdsprep, WAV shards", "wdsprep, float32 features shards", "Lhotse, FLAC files",
+                "Lhotse + PerturbSpeed"):
+        assert f"| {row}" in text, row
+    storage = text.split("| storage")[1].split("\n\n")[0].splitlines()[2:]
+    sizes = {line.split("|")[1].strip(): float(line.split("|")[3]) for line in storage}
+    assert sizes["float16 fbank shards"] < 0.6 and 0.2 < sizes["FLAC shards (16-bit)"] < 0.8
+    try:
+        import lhotse as installed  # noqa: F401
+    except ImportError:
+        installed = None
+    skipped = text.count("skipped: lhotse is not installed")
+    assert skipped == (2 if lhotse == "hidden" or installed is None else 0)
+    assert ("x |" in text.split("Lhotse, FLAC files")[0]) == (skipped == 0)  # a ratio against Lhotse when measured

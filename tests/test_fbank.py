@@ -95,7 +95,40 @@ def test_backends_on_upsampled_8k_audio() -> None:
     assert np.abs(ta - knf).max() <= 0.05
 
 
-@pytest.mark.parametrize("backend", [KNF, pytest.param("torchaudio", marks=needs_torchaudio)])
+def test_numpy_backend_agrees_with_kaldi_native_fbank_and_torchaudio() -> None:
+    """The numpy backend (every frame at once, float64) on every demo utterance and test clip, loud
+    and at -28 dBFS: within kaldi-native-fbank's float32 rounding of it, as torchaudio's float64 is;
+    and torchaudio's own float64 to 1e-3 (the same exact computation, each rounded to float32)."""
+    clips = sorted(AUDIO.glob("*16k*")) + sorted((AUDIO.parents[2] / "egs/demo/data/audio").glob("*.flac"))
+    fast, knf = Fbank(FbankOptions(backend="numpy")), Fbank(FbankOptions(backend=KNF))
+    ta = Fbank(FbankOptions(backend="torchaudio")) if TA_MISSING is None else None
+    worst, worst_ta = [], []
+    for clip in clips:
+        data, _ = load_recording(str(clip))
+        x = data[:, 0].astype(np.float64)
+        quiet = np.round(x * 10 ** ((-28 - 20 * np.log10(np.sqrt(np.mean((x / 32768) ** 2)))) / 20)).astype(np.float32)
+        for wave in (data[:, 0], quiet):
+            a, b = fast(wave), knf(wave)
+            assert a.dtype == np.float32 and a.shape == b.shape
+            worst.append(float(np.abs(a - b).max()))
+            if ta is not None and len(worst_ta) < 40:  # torchaudio is slow; 20 clips say as much
+                worst_ta.append(float(np.abs(a - ta(wave)).max()))
+    assert max(worst) <= 0.015 and np.quantile(worst, 0.99) <= 0.008, sorted(worst)[-5:]
+    assert not worst_ta or max(worst_ta) <= 1e-3, sorted(worst_ta)[-5:]
+
+
+def test_numpy_backend_dither_draws_from_the_generator_it_is_given() -> None:
+    data, _ = load_recording(str(AUDIO / "en_16k.wav"))
+    fb = Fbank(FbankOptions(backend="numpy", dither=1.0))
+    a, b = fb(data[:, 0], np.random.default_rng(3)), fb(data[:, 0], np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, fb(data[:, 0], np.random.default_rng(4)))
+    assert np.abs(a - Fbank(FbankOptions(backend="numpy"))(data[:, 0])).max() > 0
+    with pytest.raises(ValueError, match="needs a generator"):
+        fb(data[:, 0])
+
+
+@pytest.mark.parametrize("backend", [KNF, "numpy", pytest.param("torchaudio", marks=needs_torchaudio)])
 def test_frame_count_is_kaldi_snip_edges(backend: str) -> None:
     data, _ = load_recording(str(AUDIO / "en_16k.wav"))
     fb = Fbank(FbankOptions(backend=backend))

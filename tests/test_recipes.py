@@ -310,3 +310,35 @@ def test_multinode_launcher_trains_through_a_c10d_rendezvous(demo_exp: Path, tmp
     history = json.loads((exp / "history.json").read_text())
     assert history[0]["global_step"] == 2 and math.isfinite(history[0]["train_loss"])
     assert (exp / "epoch1.pt").is_file()
+
+
+# -------------------------------------------------------------------------------- audio recipe
+AUDIO_RECIPE = ROOT / "egs" / "audio"
+
+
+@pytest.mark.slow
+def test_audio_recipe_packs_audio_plans_perturbed_lengths_and_trains(tmp_path: Path) -> None:
+    """egs/audio: the corpus as FLAC shards (verified), a plan with speed perturbation, a real epoch
+    on 2 ranks with workers computing the features, and training on the augmented loader."""
+    exp = tmp_path / "exp"
+    p = run(["bash", str(AUDIO_RECIPE / "run.sh"), "--max-steps", "3", "--epochs", "1"], timeout=600, EXP=str(exp),
+            NPROC="2")
+    for stage in range(6):
+        assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
+    assert "verify: 15 shards, 206 samples: OK" in p.stdout
+    shards = sorted((exp / "shards" / "train").glob("*/data-*.tar"))
+    assert shards and all(n.endswith((".flac", ".txt")) for s in shards for n in tarfile_names(s))
+    ld = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]["ld"]
+    assert ld["augment"]["speed"] == {"factors": [0.9, 1.0, 1.1]} and "specaugment" in ld["augment"]
+    keys = [line.split("\t")[2].strip() for r in (0, 1)
+            for line in (exp / f"keys.tsv.rank{r}").read_text().splitlines()]
+    prefixes = {k.split("-", 1)[0] for k in keys if k.startswith("sp")}
+    assert prefixes == {"sp0.9", "sp1.1"} and len(keys) > 150
+    assert "epoch 1 | train loss" in p.stdout
+
+
+def tarfile_names(path: Path) -> list[str]:
+    import tarfile
+
+    with tarfile.open(path) as tf:
+        return tf.getnames()

@@ -8,6 +8,7 @@ from wdsprep.check.inspect import InspectResult, inspect_shards
 from wdsprep.check.verify import VerifyResult, verify_shards
 from wdsprep.format.index import index_shards, read_index
 from wdsprep.format.keys import decode_key, encode_key
+from wdsprep.loading.augment import Augment, Noise, Reverb, SpecAugment, Speed
 from wdsprep.pack import pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report, StrictError
@@ -24,7 +25,8 @@ __version__ = "0.1.0"
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
            "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer",
            "train_tokenizer", "import_cat_tokenizer",
-           "inspect_shards", "InspectResult", "verify_shards", "VerifyResult"]
+           "inspect_shards", "InspectResult", "verify_shards", "VerifyResult",
+           "Augment", "Speed", "Noise", "Reverb", "SpecAugment"]
 
 # The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.
 _LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "LoaderStats": "loader",

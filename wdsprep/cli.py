@@ -70,7 +70,7 @@ def _add_audio_options(p: argparse.ArgumentParser) -> None:
                    help="audio at another rate is resampled (default: %(default)s)")
     p.add_argument("--dither", type=float, default=0.0,
                    help="Kaldi's default is 1.0; 0 makes features reproducible (default: %(default)s)")
-    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank"], default="auto",
+    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank", "numpy"], default="auto",
                    help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
     p.add_argument("--channel", type=int, default=0,
                    help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
@@ -91,7 +91,8 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
-               nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, progress=args.progress)
+               nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, store=args.store,
+               progress=args.progress)
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -261,7 +262,7 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
         for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
                      "pin_memory", "persistent_workers", "collective_timeout", "min_shards", "min_hours",
-                     "wait_timeout", *FETCH_OPTIONS):
+                     "wait_timeout", "fbank", *FETCH_OPTIONS):
             if name not in RETRY_OPTIONS:  # the retries fetch remote indexes; the rest do not change the plan
                 opts.pop(name, None)
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
@@ -322,6 +323,13 @@ def _add_loader_options(p: argparse.ArgumentParser) -> None:
                     help="with --growing: wait for H hours before the first epoch")
     gr.add_argument("--wait-timeout", type=float, metavar="SECONDS",
                     help="with --min-shards/--min-hours: give up after this long (default: 3600)")
+    a = p.add_argument_group("audio shards and augmentation (docs/audio.md)")
+    a.add_argument("--augment", metavar="JSON_OR_FILE",
+                   help='augmentation in training, e.g. \'{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}\' '
+                        '(also noise: {"dir": D, "snr": [10, 20]}, reverb: {"dir": D}), or a JSON file of it')
+    a.add_argument("--fbank", metavar="JSON", type=_json_object,
+                   help='audio shards: fbank options in place of the index\'s, e.g. \'{"num_mel_bins": 40}\' '
+                        '(num_mel_bins, dither, backend)')
     m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
     m.add_argument("--weights", nargs="+", metavar="NAME=W",
                    help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
@@ -361,7 +369,7 @@ def _loader_options(args: argparse.Namespace) -> dict:
     names = ("max_frames", "cost", "max_cost", "seed", "shuffle_buffer", "max_batch_size", "min_frames",
              "max_utt_frames", "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error",
              "tokenize_group", "prefetch_factor", "collective_timeout", "min_shards", "min_hours", "wait_timeout",
-             *FETCH_OPTIONS)
+             "augment", "fbank", *FETCH_OPTIONS)
     opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.dev:
         opts["train"] = False
@@ -382,6 +390,17 @@ def _loader_options(args: argparse.Namespace) -> dict:
     if args.steps_per_epoch is not None:
         opts["steps_per_epoch"] = args.steps_per_epoch
     return opts
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object given on the command line."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object ({{...}}), not {text!r}")
+    return value
 
 
 def _named_numbers(items: list[str], option: str) -> dict[str, float]:
@@ -514,6 +533,10 @@ def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text -> shards (fbank on the fly, no ark)")
     _add_audio_options(p)
     _add_pack_options(p)
+    p.add_argument("--store", choices=["features", "flac", "wav"], default="features",
+                   help="features: fbank computed now; flac or wav: the audio itself (16-bit, at --sample-rate), the "
+                        "loader computes the features with these fbank options while training (docs/audio.md) "
+                        "(default: %(default)s)")
     p.set_defaults(func=_cmd_pack_audio)
 
 

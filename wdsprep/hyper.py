@@ -11,8 +11,9 @@ Older recipes: ``large_dataset: true`` with ``trset`` as the pattern.  wdsprep's
 an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN, "zh": PATTERN},
 "weights": {"en": 1, "zh": 3}}`` or ``"temperature": 5`` or ``"schedule": [[0, {...}], [1000,
 {...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern); either may add
-``"cost"``/``"max_cost"`` and, to follow shards a pack is still writing, ``"growing": true`` with
-``"min_shards"``/``"min_hours"``.  The tokenizer may sit in
+``"cost"``/``"max_cost"``, ``"augment"`` (make_loader's augmentation: ``{"speed": {"factors":
+[0.9, 1.0, 1.1]}, "specaugment": {...}}``, or a JSON file of it) and, to follow shards a pack is
+still writing, ``"growing": true`` with ``"min_shards"``/``"min_hours"``.  The tokenizer may sit in
 ``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
@@ -124,10 +125,10 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
 
 
 # Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora, what a
-# batch may cost, and whether to follow folders a pack is still writing (make_loader's arguments
-# of those names).
+# batch may cost, how to augment, and whether to follow folders a pack is still writing
+# (make_loader's arguments of those names).
 LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost",
-           "growing", "min_shards", "min_hours"}
+           "augment", "growing", "min_shards", "min_hours"}
 
 
 def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str, Any], dict[str, Any]]:
@@ -154,11 +155,22 @@ def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str
         if isinstance(ld["min_hours"], bool) or not isinstance(ld["min_hours"], (int, float)):
             raise ValueError(f"{where}: ld min_hours must be a number, got {ld['min_hours']!r}")
         kw["min_hours"] = float(ld["min_hours"])
+    if "augment" in ld:
+        from wdsprep.loading.augment import parse_augment
+
+        if not isinstance(ld["augment"], (Mapping, str)):
+            raise ValueError(f"{where}: ld augment must be an object or a JSON file, got {ld['augment']!r}")
+        try:
+            parse_augment(ld["augment"])  # refused here, naming the file, rather than by make_loader
+        except ValueError as e:
+            raise ValueError(f"{where}: ld {e}") from None
+        kw["augment"] = ld["augment"]
     if ("shards" in ld) == ("corpora" in ld):
         raise ValueError(f"{where}: train:option ld needs one of \"shards\": PATTERN or \"corpora\": "
                          f"{{name: shard pattern, ...}}")
     if "shards" in ld:
-        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost", "growing", "min_shards", "min_hours"})
+        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost", "augment", "growing", "min_shards",
+                                             "min_hours"})
         if mixing:
             raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\"")
         if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:

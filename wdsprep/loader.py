@@ -24,20 +24,23 @@ number of steps.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader
 
+from wdsprep.loading.augment import Augment, parse_augment
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.loading.features import FeatureOptions, with_fbank
 from wdsprep.loading.growing import VISIBLE_WITHIN, View, coverage, observe, wait_for
 from wdsprep.loading.plan import BatchId, PlanOptions
 from wdsprep.loading.readahead import MIN_RATE, FetchOptions
@@ -220,10 +223,15 @@ class Loader:
                  "step": at.step, "complete": src.complete(at), "global_step": src.global_step(at),
                  "position": src.position_json(at),
                  "mixture": None if src.mixture is None else src.mixture.to_json(),
-                 "options": asdict(self.dataset.cfg.plan), "fingerprint": self.dataset.fingerprint()}
+                 "options": self._options(), "fingerprint": self.dataset.fingerprint()}
         if self.growth is not None:  # the shards the epoch is planned over, in short
             state["published"] = self.growth.view.to_json()
         return state
+
+    def _options(self) -> dict[str, Any]:
+        """The plan's options as JSON gives them back (a speed's factors are lists then, not tuples),
+        so a state saved through JSON or pickle compares alike."""
+        return json.loads(json.dumps(asdict(self.dataset.cfg.plan), default=repr))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
@@ -249,7 +257,7 @@ class Loader:
                     raise StateError(f"the loader state's published shards cannot be found ({e})") from None
             self.growth.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
         saved = read_state(state, kind=self.source.kind, seed=self.dataset.cfg.seed,
-                           options=asdict(self.dataset.cfg.plan), fingerprint=self.dataset.fingerprint())
+                           options=self._options(), fingerprint=self.dataset.fingerprint())
         at = self.source.position(saved)
         self.source.resume(at)
         self.set_epoch(at.epoch)
@@ -443,6 +451,8 @@ def make_loader(
     min_shards: int | None = None,
     min_hours: float | None = None,
     wait_timeout: float = 3600.0,
+    augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
+    fbank: Mapping[str, Any] | None = None,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -518,6 +528,17 @@ def make_loader(
         min_shards, min_hours: with ``growing``, wait before the first epoch until this many shards
             (at least one) and hours of the trset are published.
         wait_timeout: seconds to wait for them before a TimeoutError saying how far the pack got.
+        augment: augmentation in training, every draw a function of (seed, corpus epoch, utterance)
+            (docs/audio.md): ``{"speed": {"factors": [0.9, 1.0, 1.1], "probs": [...]}, "noise":
+            {"dir": D, "snr": [10, 20], "prob": 1}, "reverb": {"dir": D, "prob": 1},
+            "specaugment": {"freq_masks": 2, "freq_width": 27, "time_masks": 2, "time_width": 40,
+            "max_time_ratio": 0.2, "time_warp": 0, "fill": "mean"}}`` (any part, or its dataclass
+            from ``wdsprep.loading.augment``), its JSON text or a JSON file.  Speed, noise and
+            reverb need audio shards; speed is drawn by the plan, which cuts batches with the
+            perturbed lengths (``batch.keys`` then name a perturbed utterance ``sp0.9-ID``).
+        fbank: for audio shards, fbank options in place of their index's: ``num_mel_bins``,
+            ``dither`` (seeded per utterance; backend ``numpy`` only), ``backend``
+            (``numpy``, ``kaldi-native-fbank``, ``torchaudio``).
     """
     if on_error not in ("warn", "raise"):
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -536,15 +557,17 @@ def make_loader(
         raise ValueError(f"rank {rank} outside world size {world_size}")
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
+    aug = parse_augment(augment)
+    if aug is not None and not train:
+        raise ValueError("augment is for training: a dev loader (train=False) reads the data as it is")
     options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
                           pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
                           train=train, max_utts_per_speaker=max_utts_per_speaker,
-                          cost=None if cost is None else load_cost(cost), max_cost=max_cost)
+                          cost=None if cost is None else load_cost(cost), max_cost=max_cost,
+                          speed=None if aug is None else aug.speed)
     fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
                          cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
                          retries=retries, retry_backoff=retry_backoff, min_rate=min_rate)
-    cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
-                       subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch)
     if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
@@ -557,7 +580,9 @@ def make_loader(
                             schedule=schedule, steps_per_epoch=steps_per_epoch)
 
     def build(view: View | None, wait: float = 0.0) -> EpochSource:
-        return plan(load_shards(trset, **load, tokenizer=counted, view=view, view_wait=wait))
+        shards = load_shards(trset, **load, tokenizer=counted, view=view, view_wait=wait)
+        made = with_fbank(shards.audio, fbank)
+        return plan(shards if made is None else replace(shards, dims=made.num_mel_bins))  # what the batches hold
 
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
@@ -579,6 +604,15 @@ def make_loader(
         growth = Growth(trset, build, view, coverage(source.shards, view))
     else:
         source = build(None)
+    fbank_opts = with_fbank(source.shards.audio, fbank)
+    if aug is not None:
+        on_audio = [name for name in ("speed", "noise", "reverb") if getattr(aug, name) is not None]
+        if on_audio and source.shards.audio is None:
+            raise ValueError(f"augment {', '.join(on_audio)} act on audio: these shards hold features computed at "
+                             f"pack time; pack the audio (layout flac or wav) or augment with specaugment only")
+    cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
+                       subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch,
+                       features=FeatureOptions(fbank_opts, aug))
     dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl())
     if group is not None:
         fingerprints = gather(group, dataset.fingerprint(), timeout=collective_timeout, where="make_loader")

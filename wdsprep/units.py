@@ -1,8 +1,28 @@
 """Frames and hours: every count of audio in wdsprep is in feature frames of 10 ms (Kaldi's shift)."""
 
+from __future__ import annotations
+
+import numpy as np
+
 FRAME_SHIFT_MS = 10.0
+FRAME_LENGTH_MS = 25.0  # Kaldi's analysis window
 FRAMES_PER_SECOND = 100
 FRAMES_PER_HOUR = FRAMES_PER_SECOND * 3600
+
+
+def frame_samples(sample_rate: int) -> tuple[int, int]:
+    """(window, shift) in samples at ``sample_rate``: Kaldi's 25 ms and 10 ms, truncated as Kaldi does."""
+    return int(sample_rate * FRAME_LENGTH_MS / 1000), int(sample_rate * FRAME_SHIFT_MS / 1000)
+
+
+def fbank_frames(num_samples: int | np.ndarray, sample_rate: int) -> int | np.ndarray:
+    """Frames Kaldi's fbank gives for ``num_samples`` samples (snip_edges): ``1 + (n - window) // shift``,
+    0 below one window.  Element-wise for an array: what an audio shard's index plans with."""
+    window, shift = frame_samples(sample_rate)
+    if isinstance(num_samples, np.ndarray):
+        n = num_samples.astype(np.int64, copy=False)
+        return np.where(n < window, 0, 1 + (n - window) // shift)
+    return 0 if num_samples < window else 1 + (int(num_samples) - window) // shift
 
 
 def hours(frames: int | float) -> float:

@@ -20,6 +20,7 @@ from typing import Any, Mapping, TextIO
 import numpy as np
 
 from wdsprep.files import naming
+from wdsprep.loading.augment import Augment, parse_augment
 from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.growing import coverage, describe, observe
 from wdsprep.loading.plan import PlanOptions
@@ -38,7 +39,9 @@ MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
                 out: TextIO | None = None, windows: int = 8, tokenizer: Tokenizer | str | os.PathLike | None = None,
                 dump_keys: str | os.PathLike | None = None, growing: bool = False, retries: int = 5,
-                retry_backoff: float = 1.0, min_rate: float = MIN_RATE, **plan_options: Any) -> list[dict[str, Any]]:
+                retry_backoff: float = 1.0, min_rate: float = MIN_RATE,
+                augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
+                **plan_options: Any) -> list[dict[str, Any]]:
     """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
     returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
     (``max_frames``, ``cost`` and ``max_cost`` and any of the batching options ``make_loader``
@@ -49,7 +52,9 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     planned batches written there, one ``epoch<TAB>step<TAB>rank<TAB>uttid`` line per utterance,
     from the index's keys.  ``growing``: folders a pack is still writing are planned over the
     shards published now, and the report says how much of the final corpus that is.  ``retries``,
-    ``retry_backoff``, ``min_rate``: fetching remote indexes, as the loader does."""
+    ``retry_backoff``, ``min_rate``: fetching remote indexes, as the loader does.  ``augment``:
+    make_loader's; its speed perturbation changes the plan (the lengths are the perturbed ones), the
+    rest does not."""
     out = out or sys.stdout
     mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
     if plan_options.get("cost") is not None:
@@ -57,7 +62,8 @@ def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epoc
     judge = plan_options.get("cost")
     if plan_options.get("max_cost") is None:  # a cost model alone judges a plan cut by frames: what max_cost to give?
         plan_options["cost"] = None
-    options = PlanOptions(**plan_options)
+    aug = parse_augment(augment)
+    options = PlanOptions(**plan_options, speed=None if aug is None else aug.speed)
     tokens = judge is not None and judge.uses_tokens
     if tokens and tokenizer is None:
         raise ValueError("the cost model counts label tokens: give the tokenizer (--tokenizer) to count them")
@@ -110,7 +116,7 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
             dropped += window.dropped
             for bid in window.refs:
                 rows = source.rows(bid)
-                f = shards.frames[rows]
+                f = source.planned_frames(bid)
                 total.add(f, options.max_frames)
                 utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
                 frames[k, bid[0]] += f.sum()
@@ -122,7 +128,7 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
         planned.append(run.planned_stats(r))
     left = BatchTally()
     for bid in run.discarded():
-        left.add(shards.frames[source.rows(bid)])
+        left.add(source.planned_frames(bid))
     report: dict[str, Any] = {
         "epoch": epoch, "world_size": world_size, "num_workers": source.num_workers, "steps_per_rank": steps,
         "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),

@@ -4,14 +4,17 @@ Built on the format's own reader (``wdsprep.format``), so what it calls a proble
 loader refuses, for the same reason and in the same words: a damaged tar, a sample without one
 features and one transcript member of a layout, an ``.npy`` member the readers refuse (pickled
 object arrays from their header, never loaded; big-endian or integer data; not 2-D; empty;
-truncated), a transcript that is not UTF-8, a key that does not percent-decode.  The loader stops
+truncated), an audio member (``flac``/``wav`` layouts) whose header is not 16-bit mono PCM of at
+least one frame or that does not decode to the samples it says, a transcript that is not UTF-8,
+a key that does not percent-decode.  The loader stops
 reading a shard at its first refused sample; verify goes on, names every problem, and says where
 the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
-dims, dtype), shards it lists that are missing and shards it does not list.  A folder of a pack
-that did not finish (its marker is still there, :mod:`wdsprep.format.commit`) is a problem too:
-the loader refuses it; so are shards whose features differ in dimension from the others given.
+dims, dtype; an audio folder's sample counts and rate), shards it lists that are missing and
+shards it does not list.  A folder of a pack that did not finish (its marker is still there,
+:mod:`wdsprep.format.commit`) is a problem too: the loader refuses it; so are shards whose
+features differ in dimension from the others given.
 
 Shards on S3 or a web server are downloaded one at a time, with the loader's retries, and checked
 the same way against the index uploaded beside them (keys included): a folder without one, a
@@ -41,8 +44,15 @@ from wdsprep.format.index import (
     read_index_at,
     stale_reason,
 )
-from wdsprep.format.keys import LAYOUTS, decode_key, member_role
-from wdsprep.format.samples import open_members, read_features, samples_before_damage, split_sample
+from wdsprep.format.keys import AUDIO_LAYOUTS, LAYOUTS, decode_key, describe_layouts, member_layouts, member_role
+from wdsprep.format.samples import (
+    open_members,
+    read_audio,
+    read_features,
+    sample_layout,
+    samples_before_damage,
+    split_sample,
+)
 from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.format.tar import Member, member_bytes
@@ -50,6 +60,7 @@ from wdsprep.loading.readahead import fetched_shard
 from wdsprep.remote.fetch import MIN_RATE, ChangedError, FetchError, RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister
 from wdsprep.remote.urls import redact
+from wdsprep.units import fbank_frames
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,8 @@ class _Sample:
     dims: int | None = None
     dtype: str | None = None
     text_len: int | None = None
+    samples: int | None = None  # an audio member's
+    rate: int | None = None
     refused: bool = False  # the loader refuses its members (and stops reading the shard here)
 
 
@@ -284,40 +297,67 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
     roles = [member_role(n) for n in names]
     for name, role in zip(names, roles):
         if role is None:
-            problems.append(Problem(path, "not a member of a known layout; expected KEY.npy + KEY.txt (cat) or "
-                                          "KEY.mat.npy + KEY.label.txt (cat-v3)", member=name))
-    layouts = sorted({r[1] for r in roles if r is not None})
-    if len(layouts) > 1:
-        problems.append(Problem(path, f"members {names} mix layouts {layouts}; a sample is KEY.npy + KEY.txt (cat) or "
-                                      f"KEY.mat.npy + KEY.label.txt (cat-v3); repack it", key=s.key))
+            problems.append(Problem(path, f"not a member of a known layout; expected {describe_layouts()}",
+                                    member=name))
+    # The layouts every member of the sample can belong to (a KEY.txt is cat's and the audio layouts').
+    candidates = [set(member_layouts(n)) for n, r in zip(names, roles) if r is not None]
+    layouts = sorted(set.intersection(*candidates)) if candidates else []
+    if candidates and not layouts:
+        found = sorted({layout for c in candidates for layout in c})
+        problems.append(Problem(path, f"members {names} mix layouts {found}; a sample is one of "
+                                      f"{describe_layouts()}; repack it", key=s.key))
     try:
         feat_m, text_m = split_sample(group)
     except ValueError:
-        if len(layouts) == 1:
+        if layouts:
             have = {r[2] for r in roles if r is not None}
-            missing = LAYOUTS[layouts[0]][0 if "text" in have else 1]
-            problems.append(Problem(path, f"has {', '.join(names)} but no {s.key}.{missing}; the loader cannot use "
-                                          f"this sample; repack it", key=s.key))
+            missing = " or ".join(sorted({f"{s.key}.{LAYOUTS[layout][0 if 'text' in have else 1]}"
+                                          for layout in layouts}))
+            problems.append(Problem(path, f"has {', '.join(names)} but no {missing}; the loader cannot use this "
+                                          f"sample; repack it", key=s.key))
         return True
-    s.layout = next(layout for layout, exts in LAYOUTS.items() if group.get(exts[0]) is feat_m)
-    refused = False
-    try:
-        feats = read_features(src, feat_m, s.key, float32=False, lazy=False)
-    except ValueError as e:
-        problems.append(Problem(path, f"{e}; repack the shard from the Kaldi features", member=feat_m[0]))
-        refused = True
-    else:
-        finite = np.isfinite(feats)
-        if not finite.all():
-            problems.append(Problem(path, f"{int(feats.size - finite.sum())} NaN/Inf value(s) in the features; fix "
-                                          f"the source features and repack", member=feat_m[0]))
-        s.frames, s.dims, s.dtype = int(feats.shape[0]), int(feats.shape[1]), str(feats.dtype)
+    s.layout = sample_layout(group, feat_m)
+    check = _check_audio if s.layout in AUDIO_LAYOUTS else _check_feats
+    refused = check(path, src, s, feat_m, problems)
     try:
         s.text_len = len(member_bytes(src, text_m).decode("utf-8"))
     except UnicodeDecodeError as e:
         problems.append(Problem(path, f"transcript is not UTF-8 ({e}); fix the text file and repack", member=text_m[0]))
         refused = True
     return refused
+
+
+def _check_feats(path: str, src: object, s: _Sample, m: Member, problems: list[Problem]) -> bool:
+    """A features member: read whole, NaN/Inf counted; True when refused."""
+    try:
+        feats = read_features(src, m, s.key, float32=False, lazy=False)
+    except ValueError as e:
+        problems.append(Problem(path, f"{e}; repack the shard from the Kaldi features", member=m[0]))
+        return True
+    finite = np.isfinite(feats)
+    if not finite.all():
+        problems.append(Problem(path, f"{int(feats.size - finite.sum())} NaN/Inf value(s) in the features; fix "
+                                      f"the source features and repack", member=m[0]))
+    s.frames, s.dims, s.dtype = int(feats.shape[0]), int(feats.shape[1]), str(feats.dtype)
+    return False
+
+
+def _check_audio(path: str, src: object, s: _Sample, m: Member, problems: list[Problem]) -> bool:
+    """An audio member: its header as the loader reads it, then every sample decoded; True when refused."""
+    try:
+        audio = read_audio(src, m, s.key)
+    except ValueError as e:
+        problems.append(Problem(path, f"{e}; repack the shard from the audio", member=m[0]))
+        return True
+    try:
+        pcm = audio.pcm()
+    except ValueError as e:  # the header was fine: the loader reads on, and drops only this utterance
+        problems.append(Problem(path, f"{e}; the loader leaves it out of its batch (bad_audio); repack the shard "
+                                      f"from the audio", member=m[0]))
+        return False
+    s.samples, s.rate = len(pcm), audio.header.sample_rate
+    s.frames = int(fbank_frames(s.samples, s.rate))
+    return False
 
 
 def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: VerifyResult) -> bool:
@@ -376,10 +416,14 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
             problems.append(Problem(path, f"samples are in a different order than in {where} (first at sample {i}: "
                                           f"tar {tar_keys[i]!r}, index {info.keys[i]!r}); repack the folder"))
     by_key = {s.key: s for s in samples}
-    for k, frames, text_len in zip(info.keys, info.frames, info.text_lens):
+    for j, (k, frames, text_len) in enumerate(zip(info.keys, info.frames, info.text_lens)):
         s = by_key.get(k)
         if s is None:
             continue
+        if s.samples is not None and info.samples and s.samples != info.samples[j]:
+            problems.append(Problem(path, f"{where} says {info.samples[j]} samples, the tar has {s.samples}", key=k))
+        if s.rate is not None and index.audio is not None and s.rate != index.audio.sample_rate:
+            problems.append(Problem(path, f"audio at {s.rate} Hz, {where} says {index.audio.sample_rate}", key=k))
         if s.frames is not None and s.frames != frames:
             problems.append(Problem(path, f"{where} says {frames} frames, the tar has {s.frames}", key=k))
         if s.text_len is not None and s.text_len != text_len:

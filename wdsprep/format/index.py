@@ -14,6 +14,12 @@ tars, ``verify`` holds it against them.  On disk, per folder:
   numbers, one per line): each utterance's speaker, from the ``utt2spk`` given to ``pack``, else
   by the key rule (:func:`~wdsprep.format.keys.speaker_of`); ``index.json`` says which.  An index
   without them (written before they existed) gets its speakers from the keys when asked.
+- audio folders only (layout ``flac`` or ``wav``): ``index.samples.npy``, int32 per utterance, its
+  sample count, and in ``index.json`` an ``audio`` object (:class:`AudioIndex`: the format, sample
+  rate and bits, and the fbank options the loader computes the features with).  Their ``frames``
+  are the fbank frames of those samples (``units.fbank_frames``), so the plan works unchanged,
+  ``dims`` is the mel bins and ``dtype`` float32, what the loader delivers.  Speed perturbation
+  plans with the sample counts.
 
 ``index.json`` is written last: a folder whose ``index.json`` is there has the rest.  Version 1
 indexes (one JSON holding every key) are still read.
@@ -48,9 +54,11 @@ import numpy as np
 
 from wdsprep.errors import DataError, OverLimit
 from wdsprep.files import atomic_path, file_sha256, naming, sync, write_text
+from wdsprep.format.audio import AUDIO_BITS, AUDIO_FORMATS, FBANK_BACKENDS
 from wdsprep.format.commit import PARTS_DIR, published_count
 from wdsprep.format.npy import FEATURE_DTYPES, npy_header_end, parse_npy_header
 from wdsprep.format.shardlist import file_kind
+from wdsprep.units import fbank_frames
 
 if TYPE_CHECKING:
     from wdsprep.format.shardfile import ShardFile
@@ -59,8 +67,10 @@ INDEX_NAME = "index.json"
 INDEX_VERSION = 2
 FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE = "index.frames.npy", "index.text_lens.npy", "index.keys.txt"
 SPEAKERS_FILE, SPEAKER_NAMES_FILE = "index.speakers.npy", "index.speaker_names.txt"
-# everything an index writes
+SAMPLES_FILE = "index.samples.npy"
+# everything an index writes; an audio folder's also AUDIO_INDEX_FILES
 INDEX_FILES = (INDEX_NAME, FRAMES_FILE, TEXT_LENS_FILE, KEYS_FILE, SPEAKERS_FILE, SPEAKER_NAMES_FILE)
+AUDIO_INDEX_FILES = (SAMPLES_FILE,)
 FROM_UTT2SPK, FROM_KEYS = "utt2spk", "key prefix"  # where a speakers column came from
 PART_NAME = "part.json"  # in a published shard's part, beside its index: which planned shard, what it dropped
 INDEX_DTYPES = frozenset(str(d.newbyteorder("=")) for d in FEATURE_DTYPES.values())  # "float32", ...
@@ -75,6 +85,7 @@ class ShardInfo:
     frames: list[int] = field(default_factory=list)
     text_lens: list[int] = field(default_factory=list)
     sha256: str | None = field(default=None, compare=False)  # of the shard's bytes (hex), where known
+    samples: list[int] = field(default_factory=list)  # an audio shard's sample counts (empty for features)
 
     @property
     def num_utts(self) -> int:
@@ -129,6 +140,43 @@ class Speakers:
                    sources[0] if len(sources) == 1 else " + ".join(sources) or FROM_KEYS)
 
 
+@dataclass(frozen=True)
+class AudioIndex:
+    """What ``index.json`` says of an audio folder: the audio's format (its layout), sample rate
+    and bits, and the fbank options the loader computes the features with (those of
+    :class:`~wdsprep.prep.fbank.FbankOptions`, at the audio's rate)."""
+
+    format: str
+    sample_rate: int
+    num_mel_bins: int = 80
+    dither: float = 0.0
+    backend: str = "numpy"
+
+    def __post_init__(self) -> None:
+        problem = _audio_problem(self)
+        if problem is not None:
+            raise ValueError(f"audio index: {problem}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "sample_rate": self.sample_rate, "bits": AUDIO_BITS,
+                "fbank": {"num_mel_bins": self.num_mel_bins, "dither": self.dither, "backend": self.backend}}
+
+
+def _audio_problem(a: AudioIndex) -> str | None:
+    """What is wrong with an AudioIndex's fields (None: nothing): the one check for the writer and the reader."""
+    if a.format not in AUDIO_FORMATS:
+        return f"format {a.format!r} is not one of {sorted(AUDIO_FORMATS)}"
+    if type(a.sample_rate) is not int or not 1000 <= a.sample_rate <= 1_000_000:
+        return f"sample_rate {a.sample_rate!r} is not a whole number of Hz in [1,000, 1,000,000]"
+    if type(a.num_mel_bins) is not int or not 1 <= a.num_mel_bins <= 1024:
+        return f"num_mel_bins {a.num_mel_bins!r} is not a whole number in [1, 1,024]"
+    if isinstance(a.dither, bool) or not isinstance(a.dither, (int, float)) or not 0 <= a.dither < 1e6:
+        return f"dither {a.dither!r} is not a number >= 0"
+    if a.backend not in FBANK_BACKENDS:
+        return f"backend {a.backend!r} is not one of {list(FBANK_BACKENDS)}"
+    return None
+
+
 def frames_digest(frames: np.ndarray) -> str:
     """A short digest of a shard's frame column: the plan depends on every value of it."""
     return hashlib.blake2b(np.ascontiguousarray(frames, np.int32), digest_size=8).hexdigest()
@@ -146,8 +194,11 @@ class FolderIndex:
                  mtimes: np.ndarray | None = None, digests: Sequence[str] | None = None,
                  keys: list[str] | Callable[[], list[str]] | None = None, folder: str | os.PathLike | None = None,
                  lost: np.ndarray | None = None, speakers: Speakers | None = None,
-                 checksums: Sequence[str | None] | None = None) -> None:
+                 checksums: Sequence[str | None] | None = None, audio: AudioIndex | None = None,
+                 samples: np.ndarray | None = None) -> None:
         self.layout, self.dims, self.dtype = layout, dims, dtype
+        self.audio = audio  # an audio folder's format, rate and fbank options (None: features)
+        self.samples = samples  # int32 per utterance: an audio folder's sample counts
         self.names = list(names)
         self.utts = np.asarray(utts, np.int64)
         self.frames, self.text_lens = frames, text_lens
@@ -168,18 +219,24 @@ class FolderIndex:
         if len(frames) != self.starts[-1] or len(text_lens) != len(frames):
             raise ValueError(f"index columns hold {len(frames)} frame counts and {len(text_lens)} transcript "
                              f"lengths for {self.starts[-1]} utterances")
+        if (audio is None) != (samples is None) or (samples is not None and len(samples) != len(frames)):
+            raise ValueError("an audio folder's index needs its audio fields and one sample count per utterance; "
+                             "a features folder's has neither")
 
     @classmethod
     def from_shards(cls, layout: str, dims: int | None, dtype: str, infos: Sequence[ShardInfo], *,
                     sizes: Sequence[int] | None = None, mtimes: Sequence[int] | None = None,
-                    lost: Sequence[int] | None = None, speakers: Speakers | None = None) -> FolderIndex:
+                    lost: Sequence[int] | None = None, speakers: Speakers | None = None,
+                    audio: AudioIndex | None = None) -> FolderIndex:
+        """The index of shards ``infos``; an audio folder's (``audio`` given) takes their sample counts too."""
         frames = np.fromiter((f for i in infos for f in i.frames), np.int32)
         text_lens = np.fromiter((x for i in infos for x in i.text_lens), np.int32)
+        samples = None if audio is None else np.fromiter((x for i in infos for x in i.samples), np.int32)
         return cls(layout, dims, dtype, [i.name for i in infos], np.array([i.num_utts for i in infos], np.int64),
                    frames, text_lens, sizes=None if sizes is None else np.asarray(sizes),
                    mtimes=None if mtimes is None else np.asarray(mtimes), keys=[k for i in infos for k in i.keys],
                    lost=None if lost is None else np.asarray(lost), speakers=speakers,
-                   checksums=[i.sha256 for i in infos])
+                   checksums=[i.sha256 for i in infos], audio=audio, samples=samples)
 
     @property
     def num_utts(self) -> int:
@@ -235,13 +292,14 @@ class FolderIndex:
         return FolderIndex(self.layout, self.dims, self.dtype, self.names[:n], self.utts[:n], self.frames[:rows],
                            self.text_lens[:rows], sizes=self.sizes[:n], mtimes=self.mtimes[:n],
                            digests=self.digests[:n], keys=lambda: self.keys()[:rows], folder=self.folder,
-                           lost=self.lost[:n], speakers=speakers, checksums=self.checksums[:n])
+                           lost=self.lost[:n], speakers=speakers, checksums=self.checksums[:n], audio=self.audio,
+                           samples=None if self.samples is None else self.samples[:rows])
 
     def shard(self, i: int) -> ShardInfo:
         """Shard ``i``'s record, keys included."""
         a, b = int(self.starts[i]), int(self.starts[i + 1])
         return ShardInfo(self.names[i], self.keys()[a:b], self.frames[a:b].tolist(), self.text_lens[a:b].tolist(),
-                         self.checksums[i])
+                         self.checksums[i], [] if self.samples is None else self.samples[a:b].tolist())
 
     @property
     def shards(self) -> list[ShardInfo]:
@@ -261,6 +319,7 @@ class FolderIndex:
                        for n, s, m, u, a, d, x, c in zip(self.names, self.sizes, self.mtimes, self.utts, self.starts,
                                                          self.digests, self.lost, self.checksums)],
             **speakers,
+            **({"audio": self.audio.to_json()} if self.audio is not None else {}),
         }
 
 
@@ -278,7 +337,7 @@ def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
     """Write a folder's index, every file atomically and ``index.json`` last.  Whatever stands in a
     file's place is replaced (a FIFO, an empty folder); a folder with files in it is an error naming it."""
     folder = Path(folder)
-    for name in INDEX_FILES:
+    for name in (*INDEX_FILES, *AUDIO_INDEX_FILES):
         if (folder / name).is_dir() and not (folder / name).is_symlink():
             try:
                 (folder / name).rmdir()
@@ -289,7 +348,10 @@ def write_index(folder: str | os.PathLike, index: FolderIndex) -> Path:
     bad = next((k for k in keys if "\n" in k), None)
     if bad is not None:
         raise ValueError(f"{folder}: sample key {bad!r} holds a newline; such a shard cannot be indexed")
-    for name, column in ((FRAMES_FILE, index.frames), (TEXT_LENS_FILE, index.text_lens)):
+    columns = [(FRAMES_FILE, index.frames), (TEXT_LENS_FILE, index.text_lens)]
+    if index.samples is not None:
+        columns.append((SAMPLES_FILE, index.samples))
+    for name, column in columns:
         with atomic_path(folder / name) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, np.ascontiguousarray(column, np.int32), allow_pickle=False)
@@ -393,7 +455,8 @@ def _in_memory(part: FolderIndex) -> FolderIndex:
     return FolderIndex(part.layout, part.dims, part.dtype, part.names, part.utts, np.array(part.frames, np.int32),
                        np.array(part.text_lens, np.int32), sizes=part.sizes, mtimes=part.mtimes,
                        digests=part.digests, folder=part.folder, lost=part.lost, speakers=speakers,
-                       checksums=part.checksums)
+                       checksums=part.checksums, audio=part.audio,
+                       samples=None if part.samples is None else np.array(part.samples, np.int32))
 
 
 def _concat(folder: Path, pieces: Sequence[FolderIndex]) -> FolderIndex:
@@ -404,7 +467,7 @@ def _concat(folder: Path, pieces: Sequence[FolderIndex]) -> FolderIndex:
                            speakers=Speakers(np.zeros(0, np.int32), [], FROM_KEYS))
     first = pieces[0]
     for p in pieces[1:]:
-        for what in ("layout", "dims", "dtype"):
+        for what in ("layout", "dims", "dtype", "audio"):
             if getattr(p, what) != getattr(first, what):
                 raise DamagedIndexError(Path(p.folder or folder) / INDEX_NAME,
                                         f"{what} {getattr(p, what)!r}, the folder's first shard has "
@@ -423,7 +486,9 @@ def _concat(folder: Path, pieces: Sequence[FolderIndex]) -> FolderIndex:
                         mtimes=np.concatenate([p.mtimes for p in pieces]),
                         digests=[d for p in pieces for d in p.digests], keys=keys, folder=folder,
                         lost=np.concatenate([p.lost for p in pieces]), speakers=speakers,
-                        checksums=[c for p in pieces for c in p.checksums])
+                        checksums=[c for p in pieces for c in p.checksums], audio=first.audio,
+                        samples=None if first.audio is None else np.concatenate([np.asarray(p.samples, np.int32)
+                                                                                for p in pieces]))
     check_index(index)
     return index
 
@@ -532,11 +597,39 @@ def _index_v2(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, _Stated]:
             raise DamagedIndexError(names_path, f"{len(speaker_names):,} names; index.json's field 'speakers.count' "
                                                 f"says {count:,}")
         speakers = Speakers(_column(folder / SPEAKERS_FILE, n), speaker_names, source)
+    audio = _audio_field(path, d, layout)
+    samples = None if audio is None else _column(folder / SAMPLES_FILE, n)
     index = FolderIndex(layout, dims, dtype, names, np.array(utts, np.int64), frames, text_lens,
                         sizes=np.array(sizes, np.int64),
                         mtimes=np.array(mtimes, np.int64), digests=digests, folder=folder,
-                        lost=np.array(lost, np.int64), speakers=speakers, checksums=checksums)
+                        lost=np.array(lost, np.int64), speakers=speakers, checksums=checksums, audio=audio,
+                        samples=samples)
     return index, stated
+
+
+def _audio_field(path: Path, d: dict, layout: str) -> AudioIndex | None:
+    """``index.json``'s ``audio`` object, which an audio layout needs and a features layout must not have."""
+    from wdsprep.format.keys import AUDIO_LAYOUTS
+
+    raw = _field(path, d, "audio", "a JSON object with 'format', 'sample_rate', 'bits' and 'fbank'",
+                 lambda v: isinstance(v, dict), default=None)
+    if raw is None:
+        if layout in AUDIO_LAYOUTS:
+            raise DamagedIndexError(path, f"field 'audio' is missing: layout {layout!r} holds audio, and the index "
+                                          f"says its rate and the fbank options the loader computes features with")
+        return None
+    if layout not in AUDIO_LAYOUTS:
+        raise DamagedIndexError(path, f"field 'audio' is there, but layout {layout!r} holds features")
+    fmt = _field(path, raw, "format", f"the layout, {layout!r}", lambda v: v == layout, "audio.")
+    rate = _field(path, raw, "sample_rate", *_whole(1000, 1_000_000), "audio.")
+    _field(path, raw, "bits", str(AUDIO_BITS), lambda v: type(v) is int and v == AUDIO_BITS, "audio.")
+    fb = _field(path, raw, "fbank", "a JSON object", lambda v: isinstance(v, dict), "audio.")
+    audio = AudioIndex(fmt, rate, num_mel_bins=_field(path, fb, "num_mel_bins", *_whole(1, 1024), "audio.fbank."),
+                       dither=_field(path, fb, "dither", "a number >= 0", lambda v: not isinstance(v, bool) and
+                                     isinstance(v, (int, float)) and 0 <= v < 1e6, "audio.fbank."),
+                       backend=_field(path, fb, "backend", f"one of {list(FBANK_BACKENDS)}",
+                                      lambda v: v in FBANK_BACKENDS, "audio.fbank."))
+    return audio
 
 
 def _index_v1(folder: Path, path: Path, d: dict) -> tuple[FolderIndex, None]:
@@ -611,6 +704,8 @@ def check_index(index: FolderIndex, stated: _Stated | None = None) -> None:
     if stated is not None and stated.num_frames != total:
         raise DamagedIndexError(path, f"field 'num_frames' is {stated.num_frames:,}, {FRAMES_FILE} adds up to "
                                       f"{total:,}")
+    if index.audio is not None and index.samples is not None:
+        _check_audio(index, folder)
     sp = index._speakers
     if sp is not None and len(sp.ids):
         lo, hi = int(sp.ids.min()), int(sp.ids.max())
@@ -619,6 +714,28 @@ def check_index(index: FolderIndex, stated: _Stated | None = None) -> None:
             raise DamagedIndexError(folder / SPEAKERS_FILE, f"speaker id {bad} at row "
                                                             f"{int(np.flatnonzero(sp.ids == bad)[0])}; "
                                                             f"{SPEAKER_NAMES_FILE} names {len(sp.names):,} speakers")
+
+
+def _check_audio(index: FolderIndex, folder: Path) -> None:
+    """An audio folder: a sample count >= 1 per utterance, frames the fbank framing of it, dims its mel bins."""
+    audio, samples = index.audio, index.samples
+    assert audio is not None and samples is not None
+    problem = _audio_problem(audio)
+    if problem is not None:
+        raise DamagedIndexError(folder / INDEX_NAME, f"field 'audio': {problem}")
+    if index.dims != audio.num_mel_bins:
+        raise DamagedIndexError(folder / INDEX_NAME, f"field 'dims' is {index.dims}, its audio's fbank gives "
+                                                     f"{audio.num_mel_bins} mel bins")
+    if len(samples) and int(samples.min()) < 1:
+        raise DamagedIndexError(folder / SAMPLES_FILE, f"sample count {int(samples.min())} at row "
+                                                       f"{int(np.argmin(samples))}; every utterance has at least 1")
+    odd = np.flatnonzero(fbank_frames(np.asarray(samples), audio.sample_rate) != np.asarray(index.frames))
+    if len(odd):
+        r = int(odd[0])
+        raise DamagedIndexError(folder / FRAMES_FILE, f"row {r:,} says {int(index.frames[r]):,} frames, but its "
+                                                      f"{int(samples[r]):,} samples at {audio.sample_rate} Hz give "
+                                                      f"{int(fbank_frames(int(samples[r]), audio.sample_rate)):,} "
+                                                      f"({SAMPLES_FILE})")
 
 
 def _field(path: Path, obj: dict, key: str, want: str, ok: Callable[[object], bool], where: str = "", *,
@@ -773,21 +890,31 @@ class ShardScan:
     layouts: set[str] = field(default_factory=set)
     dims: set[int] = field(default_factory=set)
     dtypes: set[str] = field(default_factory=set)
+    rates: set[int] = field(default_factory=set)  # an audio shard's sample rates
     problems: list[str] = field(default_factory=list)
     lost: int = 0  # samples from the first refused one on: the loader stops reading there
 
 
 def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None) -> ShardScan:
     """Keys, frames and transcript lengths of a shard from its tar and ``.npy`` headers and its
-    transcripts (feature data is not read), as an index entry.  ``source``: the shard fetched by
-    the caller (a pipe's or URL's: the format does not fetch), ``path`` then only names it.
+    transcripts (feature data is not read), as an index entry; an audio shard's from its audio
+    headers (samples and rate: the frames are their fbank frames; no audio is decoded).
+    ``source``: the shard fetched by the caller (a pipe's or URL's: the format does not fetch),
+    ``path`` then only names it.
 
     Like the loader, the scan stops at the first sample the loader refuses: what is before it is
     the entry, and that sample and every one after it are counted in ``lost`` and named in
     ``problems``, as is damage to the tar (``verify`` gives the full diagnosis).
     """
-    from wdsprep.format.keys import member_role
-    from wdsprep.format.samples import feature_layout, group_samples, open_members, samples_before_damage, split_sample
+    from wdsprep.format.keys import AUDIO_LAYOUTS, member_role
+    from wdsprep.format.samples import (
+        feature_layout,
+        group_samples,
+        open_members,
+        read_audio_header,
+        samples_before_damage,
+        split_sample,
+    )
     from wdsprep.format.tar import member_bytes
 
     path = str(path)
@@ -798,18 +925,27 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None) -> S
         try:
             feat_m, text_m = split_sample(group)
             where = f"member {feat_m[0]!r}"
-            dtype, _, shape, _ = feature_layout(src, feat_m)
+            role = member_role(feat_m[0])
+            if role is not None and role[1] in AUDIO_LAYOUTS:
+                header = read_audio_header(src, feat_m)
+                frames = int(fbank_frames(header.samples, header.sample_rate))
+            else:
+                dtype, _, shape, _ = feature_layout(src, feat_m)
+                header, frames = None, int(shape[0])
             where = f"member {text_m[0]!r}"
             text_len = len(member_bytes(src, text_m).decode("utf-8"))
         except ValueError as e:
             problem = f"{where}: {e}"
             break
-        role = member_role(feat_m[0])
         scan.layouts.add(role[1] if role else "?")
-        scan.dims.add(int(shape[1]))
-        scan.dtypes.add(str(dtype.newbyteorder("=")))
+        if header is None:
+            scan.dims.add(int(shape[1]))
+            scan.dtypes.add(str(dtype.newbyteorder("=")))
+        else:
+            scan.rates.add(header.sample_rate)
+            scan.info.samples.append(header.samples)
         scan.info.keys.append(key)
-        scan.info.frames.append(int(shape[0]))
+        scan.info.frames.append(frames)
         scan.info.text_lens.append(text_len)
     if problem is not None:
         scan.lost = sum(1 for _ in group_samples(members)) - scan.info.num_utts
@@ -916,7 +1052,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             named = {p.name for p in shards}
             bar.total += sum(1 for p in todo if p.name not in named)  # listed shards the patterns leave out
             bar.refresh()
-            layouts, dims, dtypes = set(), set(), set()
+            layouts, dims, dtypes, rates = set(), set(), set(), set()
             for path in todo:
                 st = path.stat()
                 scan = scan_shard(path)
@@ -926,15 +1062,19 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                 layouts |= scan.layouts
                 dims |= scan.dims
                 dtypes |= scan.dtypes
+                rates |= scan.rates
                 entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
                 bar.update(1)
             bar.update(sum(1 for p in shards if p.name in entries and p not in todo))
             if old is not None and entries.keys() - {p.name for p in todo}:
                 layouts.add(old.layout)
                 dtypes.add(old.dtype)
-                if old.dims is not None:
+                if old.dims is not None and old.audio is None:
                     dims.add(old.dims)
-            for what, found in (("layouts", layouts), ("feature dims", dims), ("dtypes", dtypes)):
+                if old.audio is not None:
+                    rates.add(old.audio.sample_rate)
+            for what, found in (("layouts", layouts), ("feature dims", dims), ("dtypes", dtypes),
+                                ("sample rates", rates)):
                 if len(found) > 1:
                     raise ValueError(f"{folder}: shards of different {what} {sorted(map(str, found))}; a folder is "
                                      f"one shard set: move them apart")
@@ -947,16 +1087,35 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             except DataError as e:  # damaged keys: the key rule it is
                 notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
                              f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
-            index = FolderIndex.from_shards(layouts.pop() if layouts else "cat", dims.pop() if dims else None,
+            what = "indexed" if old is None and not notes else "upgraded from version 1" if upgrade else "re-indexed"
+            layout = layouts.pop() if layouts else "cat"
+            audio = _folder_audio(old, layout, rates.pop() if rates else None, notes)
+            index = FolderIndex.from_shards(layout, audio.num_mel_bins if audio else dims.pop() if dims else None,
                                             dtypes.pop() if dtypes else "float32", infos,
                                             sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
-                                            lost=[entries[n][3] for n in names], speakers=carried)
+                                            lost=[entries[n][3] for n in names], speakers=carried, audio=audio)
             write_index(folder, index)
-            what = "indexed" if old is None and not notes else "upgraded from version 1" if upgrade else "re-indexed"
             result.folders[str(folder)] = "; ".join([f"{what}: {len(names)} shards, {len(todo)} read", *notes])
             result.shards += len(names)
             result.utterances += index.num_utts
     return result
+
+
+def _folder_audio(old: FolderIndex | None, layout: str, rate: int | None, notes: list[str]) -> AudioIndex | None:
+    """The audio fields of a folder (re)indexed from its shards: the old index's fbank options when
+    it had them for this format and rate, else the defaults (said in ``notes``); None for features."""
+    from wdsprep.format.keys import AUDIO_LAYOUTS
+
+    if layout not in AUDIO_LAYOUTS:
+        return None
+    rate = rate or 16000  # a folder of no readable sample: any rate will do
+    if old is not None and old.audio is not None and (old.audio.format, old.audio.sample_rate) == (layout, rate):
+        return old.audio
+    audio = AudioIndex(layout, rate)
+    notes.append(f"audio at {rate} Hz: the loader computes fbank with the default options (num_mel_bins "
+                 f"{audio.num_mel_bins}, dither {audio.dither}, backend {audio.backend}); make_loader(fbank=...) "
+                 f"changes them")
+    return audio
 
 
 # Each label's length in one tokenizer's tokens, beside the index it counts (the cost model's u):
@@ -1011,7 +1170,8 @@ class FetchFile(Protocol):
 # average.  A server sending more (a Content-Length of 10^12, an endless body) is cut off there.
 MAX_SUMMARY_BYTES = 32 << 20
 _SLACK = 64 << 10  # an .npy header, a text file's last line
-_PER_ROW = {FRAMES_FILE: 4, TEXT_LENS_FILE: 4, SPEAKERS_FILE: 4, KEYS_FILE: 1024, SPEAKER_NAMES_FILE: 1024}
+_PER_ROW = {FRAMES_FILE: 4, TEXT_LENS_FILE: 4, SPEAKERS_FILE: 4, SAMPLES_FILE: 4, KEYS_FILE: 1024,
+            SPEAKER_NAMES_FILE: 1024}
 
 
 def index_file_limit(name: str, summary: dict) -> int:
@@ -1037,7 +1197,7 @@ def read_index_at(folder: str, fetch: FetchFile, *, keys: bool = False) -> Folde
     shown = redact(folder)
     with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
         summary: dict = {}
-        for name in INDEX_FILES:
+        for name in (*INDEX_FILES, *AUDIO_INDEX_FILES):  # an audio folder's sample counts too
             if name == KEYS_FILE and not keys:
                 continue
             path = os.path.join(tmp, name)

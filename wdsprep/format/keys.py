@@ -3,11 +3,16 @@
 A shard is a plain POSIX tar; one sample is the pair of members that share a key:
 
 ============  ======================  ==========================
-layout        features                transcript
+layout        features (or audio)     transcript
 ============  ======================  ==========================
 ``cat``       ``<key>.npy``           ``<key>.txt``
 ``cat-v3``    ``<key>.mat.npy``       ``<key>.label.txt``
+``flac``      ``<key>.flac``          ``<key>.txt``
+``wav``       ``<key>.wav``           ``<key>.txt``
 ============  ======================  ==========================
+
+The audio layouts hold 16-bit mono audio instead of features (``audio.py``); the loader computes
+the features while training.
 
 The one member-name rule (:func:`split_member`): a member's key is its name without the longest
 layout suffix it ends with.  So keys with dots, such as the speed-perturbed ids
@@ -25,8 +30,12 @@ from urllib.parse import unquote
 LAYOUTS: dict[str, tuple[str, str]] = {
     "cat": ("npy", "txt"),
     "cat-v3": ("mat.npy", "label.txt"),
+    "flac": ("flac", "txt"),
+    "wav": ("wav", "txt"),
 }
-ROLES = ("feats", "text")
+AUDIO_LAYOUTS = ("flac", "wav")  # each named by the audio format of its first member (format/audio.py)
+FEATURE_LAYOUTS = tuple(k for k in LAYOUTS if k not in AUDIO_LAYOUTS)
+ROLES = ("feats", "text")  # "feats": the member the features are (or, in an audio layout, come from)
 
 # (".ext", layout, role), longest first: "x.mat.npy" is cat-v3's "x" + ".mat.npy", not cat's "x.mat" + ".npy".
 SUFFIXES: list[tuple[str, str, str]] = sorted(
@@ -60,6 +69,11 @@ def uttid_for_message(key: str | None) -> str | None:
         return key
 
 
+def describe_layouts() -> str:
+    """Every layout's members, for messages: ``KEY.npy + KEY.txt (cat), ...``."""
+    return ", ".join(f"KEY.{f} + KEY.{t} ({name})" for name, (f, t) in LAYOUTS.items())
+
+
 def layout_exts(layout: str) -> tuple[str, str]:
     """(features extension, transcript extension) of a layout, or a clear error."""
     try:
@@ -74,6 +88,16 @@ def member_role(name: str) -> tuple[str, str, str] | None:
         if name.endswith(suffix) and len(name) > len(suffix) and name[-len(suffix) - 1] != "/":
             return name[: -len(suffix)], layout, role
     return None
+
+
+def member_layouts(name: str) -> list[str]:
+    """Every layout member ``name`` can belong to by its suffix (the longest it ends with): a
+    transcript ``KEY.txt`` is one of ``cat``'s and of the audio layouts'; empty when none."""
+    known = member_role(name)
+    if known is None:
+        return []
+    suffix = name[len(known[0]):]
+    return [layout for s, layout, _ in SUFFIXES if s == suffix]
 
 
 def split_member(name: str) -> tuple[str, str]:

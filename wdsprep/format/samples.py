@@ -2,9 +2,10 @@
 
 What counts as a usable sample is decided here once, for the loader and for ``verify``
 (:func:`decode_sample`): one features member and one transcript member of a layout, an
-``.npy`` header of little-endian float16/32/64, 2-D, at least one frame, a UTF-8 transcript and
-a key that percent-decodes.  A sample that fails any of these ends the shard: one bad sample
-most likely means the shard was damaged in writing or copying.
+``.npy`` header of little-endian float16/32/64, 2-D, at least one frame (in an audio layout: an
+audio header of 16-bit mono PCM with at least one frame's samples, ``audio.py``), a UTF-8
+transcript and a key that percent-decodes.  A sample that fails any of these ends the shard: one
+bad sample most likely means the shard was damaged in writing or copying.
 """
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ from typing import Callable, Iterator
 import numpy as np
 
 from wdsprep.format import native
-from wdsprep.format.keys import LAYOUTS, decode_key, split_member, uttid_for_message
+from wdsprep.format.audio import AudioHeader, FileAudio, audio_header
+from wdsprep.format.keys import (
+    AUDIO_LAYOUTS,
+    FEATURE_LAYOUTS,
+    LAYOUTS,
+    decode_key,
+    describe_layouts,
+    split_member,
+    uttid_for_message,
+)
 from wdsprep.format.npy import FEATURE_DTYPES, as_features, npy_header_end, npy_layout
 from wdsprep.format.shardfile import FileFeats, ShardError, ShardFile, Source, open_shard
 from wdsprep.format.shardlist import is_url
 from wdsprep.format.tar import PEEK, Member, _Exotic, member_bytes, scan_tarfile, scan_ustar
+from wdsprep.units import fbank_frames
 
 OnCorrupt = Callable[[str, "str | None", str], None]  # (shard, key or None, why): lets a caller count the damage
 
@@ -131,8 +142,27 @@ def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
             raise ValueError(f"features .{feat_ext} but no transcript member .{text_ext}")
         if text_ext in members:
             raise ValueError(f"transcript .{text_ext} but no features member .{feat_ext}")
-    raise ValueError(f"no member of a known layout (.{', .'.join(sorted(members))}); expected KEY.npy + KEY.txt "
-                     f"(cat) or KEY.mat.npy + KEY.label.txt (cat-v3)")
+    raise ValueError(f"no member of a known layout (.{', .'.join(sorted(members))}); expected {describe_layouts()}")
+
+
+def sample_layout(members: dict[str, Member], feats: Member) -> str:
+    """The layout whose features (or audio) member ``feats`` is, of a sample :func:`split_sample` split."""
+    return next(layout for layout, exts in LAYOUTS.items() if members.get(exts[0]) is feats)
+
+
+def read_audio_header(src: Source, m: Member) -> AudioHeader:
+    """The header of audio member ``m`` (its format from its name); ValueError when the readers refuse it."""
+    name, offset, size, head = m
+    fmt = next(f for f in AUDIO_LAYOUTS if name.endswith("." + f))
+    header = audio_header(fmt, head, size, lambda a, b: bytes(src[offset + a:offset + b]))
+    if not fbank_frames(header.samples, header.sample_rate):
+        raise ValueError(f"{header.samples} samples at {header.sample_rate} Hz, less than one 25 ms frame")
+    return header
+
+
+def read_audio(src: Source, m: Member, key: str) -> FileAudio:
+    """An audio member left in its shard, its header checked (see :func:`read_audio_header`)."""
+    return FileAudio(src, m[1], m[2], read_audio_header(src, m), key)
 
 
 def feature_layout(src: Source, m: Member) -> tuple[np.dtype, bool, tuple[int, int], int]:
@@ -160,16 +190,22 @@ def read_features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool
 
 
 def decode_sample(src: Source, key: str, members: dict[str, Member], *, float32: bool = True,
-                  lazy: bool = False) -> tuple[str, np.ndarray | FileFeats, str]:
+                  lazy: bool = False) -> tuple[str, np.ndarray | FileFeats | FileAudio, str]:
     """(utterance id, features, transcript) of one sample; ValueError (UnicodeDecodeError is one)
-    saying why the readers refuse it."""
+    saying why the readers refuse it.  The features of an audio sample are its :class:`FileAudio`
+    (header checked, not decoded)."""
     feat_m, text_m = split_sample(members)
-    feats = read_features(src, feat_m, key, float32=float32, lazy=lazy)
+    if sample_layout(members, feat_m) in AUDIO_LAYOUTS:
+        feats: np.ndarray | FileFeats | FileAudio = read_audio(src, feat_m, key)
+    else:
+        feats = read_features(src, feat_m, key, float32=float32, lazy=lazy)
     text = str(member_bytes(src, text_m), "utf-8")
     return decode_key(key), feats, text
 
 
-_LAYOUT_EXTS = [(feats.encode(), text.encode()) for feats, text in LAYOUTS.values()]  # split_sample's order
+# The C walk reads feature layouts only (split_sample's order); an audio shard goes the Python way,
+# where the audio's decoding costs far more than the walk.
+_LAYOUT_EXTS = [(LAYOUTS[name][0].encode(), LAYOUTS[name][1].encode()) for name in FEATURE_LAYOUTS]
 _ITEMSIZE_DTYPES = {4: FEATURE_DTYPES["<f4"], 2: FEATURE_DTYPES["<f2"]}
 
 
@@ -226,7 +262,7 @@ def iter_decoded(
     lazy: bool = False,
     whole: bool = False,
     source: ShardFile | None = None,
-) -> Iterator[tuple[str, np.ndarray | FileFeats, str]]:
+) -> Iterator[tuple[str, np.ndarray | FileFeats | FileAudio, str]]:
     """(utterance id, features, transcript) for every sample of a shard, either layout.
 
     Features are arrays in their own memory (``whole=True``: read-only views on the shard's

@@ -1,4 +1,12 @@
-"""Writing one tar shard in a layout, under a temporary name until it is complete."""
+"""Writing one tar shard in a layout, under a temporary name until it is complete.
+
+A features layout (``cat``, ``cat-v3``) takes each utterance's feature matrix (:meth:`ShardWriter.write`);
+an audio layout (``flac``, ``wav``) its 16-bit mono samples at the corpus's rate
+(:meth:`ShardWriter.write_audio`).  The :class:`~wdsprep.format.index.ShardInfo` the writer
+returns is the shard's index entry either way (an audio shard's with its sample counts); a folder
+of audio shards is indexed with ``FolderIndex.from_shards(..., audio=AudioIndex(...))``
+(:func:`write_audio_shard` shows the whole path for one shard).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +16,16 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
 import numpy as np
 
 from wdsprep.files import temp_path
+from wdsprep.format.audio import encode_audio
 from wdsprep.format.index import ShardInfo
-from wdsprep.format.keys import encode_key, layout_exts
+from wdsprep.format.keys import AUDIO_LAYOUTS, encode_key, layout_exts
 from wdsprep.format.npy import npy_bytes
+from wdsprep.units import fbank_frames, frame_samples
 
 
 class _Hashing:
@@ -39,12 +49,19 @@ class ShardWriter:
     An interrupted job therefore never leaves a half-written file under a final name.  The tar
     is what webdataset's ``TarWriter`` writes (POSIX tar via the standard library), without
     importing webdataset, which imports torch: seconds per worker process for no gain.
+
+    ``sample_rate``: an audio layout's, the rate every utterance written is at.
     """
 
-    def __init__(self, path: str | os.PathLike, layout: str = "cat", mtime: float | None = None):
+    def __init__(self, path: str | os.PathLike, layout: str = "cat", mtime: float | None = None, *,
+                 sample_rate: int | None = None):
         self.path = Path(path)
-        self.tmp_path = temp_path(self.path)
         self.feat_ext, self.text_ext = layout_exts(layout)
+        self.audio = layout in AUDIO_LAYOUTS
+        if self.audio and sample_rate is None:
+            raise ValueError(f"layout {layout!r} stores audio: give the sample rate it is at")
+        self.layout, self.sample_rate = layout, sample_rate
+        self.tmp_path = temp_path(self.path)
         self.info = ShardInfo(self.path.name)
         # A fixed mtime makes shards byte-for-byte reproducible from the same inputs.
         self.mtime = time.time() if mtime is None else mtime
@@ -59,6 +76,9 @@ class ShardWriter:
         self._tar.addfile(member, io.BytesIO(data))
 
     def write(self, uttid: str, feats: np.ndarray, text: str) -> None:
+        """One utterance's features (a features layout)."""
+        if self.audio:
+            raise ValueError(f"layout {self.layout!r} stores audio, not features: use write_audio")
         key = encode_key(uttid)
         text_bytes = text.encode("utf-8")
         self._add(f"{key}.{self.feat_ext}", npy_bytes(feats))
@@ -66,6 +86,24 @@ class ShardWriter:
         self.info.keys.append(key)
         self.info.frames.append(int(feats.shape[0]))
         self.info.text_lens.append(len(text))
+
+    def write_audio(self, uttid: str, pcm: np.ndarray, text: str) -> None:
+        """One utterance's audio (an audio layout): 1-D int16 samples at the writer's sample rate,
+        at least one 25 ms frame of them (ValueError otherwise: the loader could make no feature)."""
+        if not self.audio:
+            raise ValueError(f"layout {self.layout!r} stores features, not audio: use write")
+        assert self.sample_rate is not None
+        frames = int(fbank_frames(len(pcm), self.sample_rate))
+        if not frames:
+            raise ValueError(f"utterance {uttid!r}: {len(pcm)} samples at {self.sample_rate} Hz, fewer than one "
+                             f"frame's {frame_samples(self.sample_rate)[0]}")
+        key = encode_key(uttid)
+        self._add(f"{key}.{self.feat_ext}", encode_audio(pcm, self.sample_rate, self.layout))
+        self._add(f"{key}.{self.text_ext}", text.encode("utf-8"))
+        self.info.keys.append(key)
+        self.info.frames.append(frames)
+        self.info.text_lens.append(len(text))
+        self.info.samples.append(len(pcm))
 
     def __len__(self) -> int:
         return self.info.num_utts
@@ -85,3 +123,29 @@ class ShardWriter:
             self._file.close()
         finally:
             self.tmp_path.unlink(missing_ok=True)
+
+
+def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, np.ndarray, str]], *,
+                      fmt: str = "flac", sample_rate: int = 16000, mtime: float | None = None) -> ShardInfo:
+    """One audio shard at ``path`` from ``(uttid, int16 samples, transcript)`` in order; its index entry.
+
+    What ``pack-audio --store flac|wav`` calls per shard: the audio of each utterance as 16-bit
+    mono samples at the corpus's ``sample_rate`` (resampled and its channel picked already), its
+    transcript and id.  The folder's index then comes from the shards' entries::
+
+        infos = [write_audio_shard(d / name, utts, fmt="flac", sample_rate=16000) for name, utts in shards]
+        audio = AudioIndex("flac", 16000, num_mel_bins=80, dither=0.0, backend="numpy")  # what the loader computes
+        write_index(d, FolderIndex.from_shards("flac", audio.num_mel_bins, "float32", infos, sizes=..., mtimes=...,
+                                               speakers=..., audio=audio))
+
+    (sizes and mtimes as ``os.stat`` gives them for each final shard, as ``pack`` records them.)
+    A failure leaves no file at ``path``.
+    """
+    writer = ShardWriter(path, fmt, mtime, sample_rate=sample_rate)
+    try:
+        for uttid, pcm, text in utterances:
+            writer.write_audio(uttid, pcm, text)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise

@@ -8,6 +8,11 @@ the loader's shard set.  One corpus read alone is ``epochs.CorpusEpochs``; sever
 Plans are kept in three small most-recently-used tables, one idiom: whole plans (the main
 process's stats and shuffle report), single streams (a reader plans only the streams it reads)
 and each epoch's batch counts and sizes (what dealing batches to readers needs).
+
+With speed perturbation (``options.speed``) every utterance's factor is drawn per corpus epoch
+(``augment.speed_choices``: from the corpus's seed, the epoch and its row) and the epoch is
+planned with the perturbed frame counts (:meth:`Corpus.frames`): batches are cut by the lengths
+the reader will deliver, which applies the same factors (:meth:`Corpus.speeds`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
+from wdsprep.loading.augment import perturbed_frames, speed_choices
 from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, plan_epoch
 from wdsprep.loading.shardset import ShardSet
 
@@ -75,6 +81,10 @@ class Corpus:
         if options.max_utts_per_speaker is not None and speakers is None:
             raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index")
         self.tokens = shards.tokens if options.fit.uses_tokens else None  # each label's length, for the cost
+        if options.speed is not None and (shards.samples is None or shards.audio is None):
+            raise ValueError("speed perturbation resamples audio: these shards hold features; pack the audio "
+                             "(layout flac or wav) or leave speed out of augment")
+        self._speeds: Recent[int, tuple[np.ndarray, np.ndarray]] = Recent(2)  # epoch -> (choices, frames)
         self._plans: Recent[int, EpochPlan] = Recent(1)
         self._streams: Recent[tuple[int, int], StreamPlan] = Recent(256)
         self._tallies: Recent[int, Tally] = Recent(4)
@@ -87,8 +97,28 @@ class Corpus:
         return epoch if self.options.train else 0  # dev mode: the same batches every epoch
 
     def _plan(self, epoch: int, streams: list[int] | None = None) -> EpochPlan:
-        return plan_epoch(self.shards.utts, self.shards.frames, self.options, seed=self.seed, epoch=epoch,
+        return plan_epoch(self.shards.utts, self.frames(epoch), self.options, seed=self.seed, epoch=epoch,
                           streams=streams, speakers=self.speakers, tokens=self.tokens)
+
+    def _speed(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        speed, shards = self.options.speed, self.shards
+        assert speed is not None and shards.samples is not None and shards.audio is not None
+
+        epoch = self._epoch(epoch)
+
+        def draw() -> tuple[np.ndarray, np.ndarray]:
+            choices = speed_choices(speed, self.seed, epoch, shards.num_utts)
+            return choices, perturbed_frames(shards.samples, choices, speed, shards.audio.sample_rate)
+
+        return self._speeds.get(epoch, draw)
+
+    def frames(self, epoch: int) -> np.ndarray:
+        """Every row's frames as ``epoch`` is planned: the index's, or after its speed factor."""
+        return self.shards.frames if self.options.speed is None else self._speed(epoch)[1]
+
+    def speeds(self, epoch: int) -> np.ndarray | None:
+        """Every row's speed factor in ``epoch`` (an index into ``options.speed.factors``); None without speed."""
+        return None if self.options.speed is None else self._speed(epoch)[0]
 
     def plan(self, epoch: int) -> EpochPlan:
         """Every stream's plan of ``epoch`` (the last one asked for is kept)."""

@@ -102,6 +102,15 @@ class CorpusEpochs:
         _, epoch, stream, batch = bid
         return self.corpus.rows(epoch, stream, batch)
 
+    def unit(self, c: int) -> Corpus:
+        """The corpus planned (its seed, rows and speed draws); ``c`` is always 0 here."""
+        return self.corpus
+
+    def planned_frames(self, bid: BatchId) -> np.ndarray:
+        """The frames a planned batch's rows were planned with (after speed perturbation)."""
+        _, epoch, stream, batch = bid
+        return self.corpus.frames(epoch)[self.corpus.stream(epoch, stream).batch(batch)]
+
     def assignment(self, at: Runs, world_size: int | None = None, num_workers: int | None = None) -> Assignment:
         """Who yields what is left of the epoch after ``at`` (on this topology, or the one given)."""
         w = self.world_size if world_size is None else world_size
@@ -216,7 +225,7 @@ class CorpusRun:
                            for t in a.discarded)
         st.discarded_fraction = st.discarded / total if total else 0.0
         if s.speakers is not None:  # from the plan and the index: no feature read
-            st.shuffle = plan_quality(plan, a, s.speakers.ids, s.corpus.shards.frames, ranks=[rank],
+            st.shuffle = plan_quality(plan, a, s.speakers.ids, s.corpus.frames(e), ranks=[rank],
                                       source=s.speakers.source).to_dict()
         return st
 

@@ -25,6 +25,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from wdsprep.balance import least_loaded
+from wdsprep.loading.augment import Speed
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching
 from wdsprep.loading.cost import CostModel
 
@@ -71,6 +72,7 @@ class PlanOptions:
     max_utts_per_speaker: int | None = None  # per batch; the plan then needs every utterance's speaker
     cost: CostModel | None = None  # what a batch costs (loading/cost.py), bounded by max_cost
     max_cost: float | None = None
+    speed: Speed | None = None  # speed perturbation (loading/augment.py): the corpus plans with the perturbed lengths
 
     def __post_init__(self) -> None:
         self.fit  # building it checks the bounds
@@ -137,7 +139,7 @@ class EpochPlan:
 def fingerprint(options: PlanOptions, shards_fingerprint: str, extra: object = None) -> str:
     """A digest of a plan's inputs besides seed and epoch: options, the shard set, and ``extra``."""
     opts = asdict(options)
-    for added in ("cost", "max_cost"):  # options added later: left out while unused, so older states still resume
+    for added in ("cost", "max_cost", "speed"):  # options added later: left out while unused, so older states resume
         if opts[added] is None:
             del opts[added]
     doc = {"options": opts, "shards": shards_fingerprint, "extra": extra}

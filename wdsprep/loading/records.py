@@ -8,7 +8,11 @@ SentencePiece together.  Selecting 256 rows of a block costs ~5 us.
 
 A row's features are either still in their shard (``sources[i]`` is the
 :class:`~wdsprep.format.shardfile.ShardFile`, ``offsets[i]`` where the data starts, read by the collate
-straight into the batch) or an array in memory (shards from pipes and URLs; ``offsets[i] == -1``).
+straight into the batch) or an array in memory (shards from pipes and URLs; ``offsets[i] == -1``),
+or yet to be made from audio (an audio shard's row: ``sources[i]`` is its
+:class:`~wdsprep.format.audio.FileAudio`, ``offsets[i] == AUDIO``, ``dims`` 0 until the features
+stage, ``loading/features.py``, puts them in memory).  ``rows`` is each row's place in the
+loader's shard set, which the augmentation draws are keyed by.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from wdsprep.format.audio import FileAudio
 from wdsprep.format.shardfile import FileFeats
+from wdsprep.units import fbank_frames
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
-_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS = range(6)
+_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS, _ROW = range(7)
 _UTTID, _TEXT, _SOURCE, _LABELS = range(4)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
+AUDIO = -2  # the offset of a row whose features are still to be made from its FileAudio in ``sources``
 
 
 def _column(array: str, index: int, doc: str) -> property:
@@ -31,7 +38,7 @@ def _column(array: str, index: int, doc: str) -> property:
 
 
 class Records:
-    """A block of utterances: ``num`` int64 [n, 6] and ``obj`` object [n, 4] (see the columns below).
+    """A block of utterances: ``num`` int64 [n, 7] and ``obj`` object [n, 4] (see the columns below).
 
     Indexing with a slice, an index array or a boolean mask gives the selected rows as a new
     block (numpy semantics: a slice is a view).  Blocks passed between stages are not changed in
@@ -48,7 +55,7 @@ class Records:
     @classmethod
     def empty(cls, n: int = 0) -> Records:
         """``n`` rows of zeros, no labels (``()``) and None for the rest."""
-        r = cls(np.zeros((n, 6), np.int64), np.full((n, 4), None, object))
+        r = cls(np.zeros((n, 7), np.int64), np.full((n, 4), None, object))
         r.obj[:, _LABELS].fill(())
         return r
 
@@ -65,12 +72,18 @@ class Records:
 
     @classmethod
     def of(cls, samples: Iterable[tuple[str, Any, str]]) -> Records:
-        """A block from ``(uttid, features, text)`` triples; features an array, or a
-        :class:`~wdsprep.format.shardfile.FileFeats` (stays in its shard).  One Python step per row: for the
+        """A block from ``(uttid, features, text)`` triples; features an array, a
+        :class:`~wdsprep.format.shardfile.FileFeats` (stays in its shard) or a
+        :class:`~wdsprep.format.audio.FileAudio` (an audio shard's).  One Python step per row: for the
         Python reader's path and for tests, not for the hot path."""
         rows = list(samples)
         r = cls.empty(len(rows))
         for i, (uttid, feats, text) in enumerate(rows):
+            if type(feats) is FileAudio:
+                h = feats.header
+                r.num[i, :_LABEL_LEN] = (AUDIO, fbank_frames(h.samples, h.sample_rate), 0, 0)
+                r.obj[i, _UTTID], r.obj[i, _TEXT], r.obj[i, _SOURCE] = uttid, text, feats
+                continue
             if len(feats.shape) != 2:
                 raise ValueError(f"utterance {uttid!r}: features must be 2-D (frames, dims), got shape {feats.shape}")
             on_disk = type(feats) is FileFeats
@@ -103,6 +116,11 @@ class Records:
         self.num[:, _CORPUS] = corpus
         return self
 
+    def at_rows(self, first: int) -> Records:
+        """These rows, numbered in place from ``first`` (a shard's first row in the loader's shard set)."""
+        self.num[:, _ROW] = np.arange(first, first + len(self), dtype=np.int64)
+        return self
+
     def with_labels(self, labels: Sequence[Sequence[int]]) -> Records:
         """A copy with these token ids (kept as tuples: the cyclic GC stops tracking a tuple of ints)."""
         out = Records(self.num.copy(), self.obj.copy())
@@ -117,6 +135,7 @@ class Records:
     itemsizes = _column("num", _ITEMSIZE, "Bytes per feature value: 4 float32, 2 float16 (8 for float64 in memory).")
     label_lens = _column("num", _LABEL_LEN, "Tokens in each row's labels.")
     corpora = _column("num", _CORPUS, "Each row's corpus: its index in the loader's corpora (0 with one).")
+    rows = _column("num", _ROW, "Each row's place in the loader's shard set.")
     uttids = _column("obj", _UTTID, "Utterance ids.")
     texts = _column("obj", _TEXT, "Transcripts.")
     sources = _column("obj", _SOURCE, "Each row's ShardFile (features on disk) or features array (in memory).")

@@ -33,7 +33,9 @@ import numpy as np
 from wdsprep.errors import DataError
 from wdsprep.format.index import (
     INDEX_NAME,
+    AudioIndex,
     FolderIndex,
+    ShardScan,
     Speakers,
     frames_digest,
     read_index,
@@ -41,7 +43,7 @@ from wdsprep.format.index import (
     scan_shard,
     stale_reason,
 )
-from wdsprep.format.keys import decode_key
+from wdsprep.format.keys import AUDIO_LAYOUTS, decode_key
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.readahead import fetched_shard
 from wdsprep.remote.fetch import RetryPolicy, fetch_file
@@ -80,6 +82,9 @@ class ShardSet:
     speakers: Speakers | None = None
     checksums: list[str | None] | None = None  # per shard: the SHA-256 its index records (None: not recorded)
     tokens: np.ndarray | None = None  # int32 [N]: every label's length in tokens, where a cost model needs them
+    # Audio shards: their format, rate and fbank options (one for the whole set), every row's sample count.
+    audio: AudioIndex | None = None
+    samples: np.ndarray | None = None  # int32 [N]
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -122,7 +127,8 @@ class ShardSet:
         speakers = None if self.speakers is None else self.speakers.rows(rows.start, rows.stop)
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
                         0, self.lost[sl], speakers=speakers, checksums=self.checksums[sl],
-                        tokens=None if self.tokens is None else self.tokens[rows])
+                        tokens=None if self.tokens is None else self.tokens[rows], audio=self.audio,
+                        samples=None if self.samples is None else self.samples[rows])
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -142,6 +148,7 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                                  f"belongs to one corpus (narrow one of the patterns)")
     speakers = [p.speakers for p in parts if p.speakers is not None]
     tokens = [p.tokens for p in parts if p.tokens is not None]
+    audio = one_audio({name: p.audio for name, p in named.items()}, "corpus")
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
@@ -149,7 +156,8 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     np.concatenate([np.full(len(p), c, np.int64) for c, p in enumerate(parts)]),
                     Speakers.concat(speakers) if len(speakers) == len(parts) else None,
                     [c for p in parts for c in p.checksums],
-                    np.concatenate(tokens) if len(tokens) == len(parts) else None)
+                    np.concatenate(tokens) if len(tokens) == len(parts) else None,
+                    audio, None if audio is None else np.concatenate([p.samples for p in parts]))
 
 
 def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, policy: RetryPolicy | None = None,
@@ -159,6 +167,25 @@ def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     policy = policy or RetryPolicy()
     return shard_set(expand_shards(patterns, list_glob=lister(policy)), policy=policy, derive_speakers=derive_speakers,
                      tokens=tokens)
+
+
+def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | None:
+    """The one audio description of shards described by ``found`` (``what``: a folder or corpus
+    each); None when all hold features.  A mix of audio and features, or of audio of other rates or
+    fbank options, is an error naming two of them: one loader delivers one kind of features."""
+    kinds = {}
+    for name, audio in found.items():
+        kinds.setdefault(audio, name)
+    if len(kinds) < 2:
+        return next(iter(kinds), None)
+    (a, x), (b, y) = list(kinds.items())[:2]
+
+    def say(audio: AudioIndex | None) -> str:
+        return "features" if audio is None else (f"{audio.format} audio at {audio.sample_rate} Hz, fbank "
+                                                 f"{audio.num_mel_bins} bins/dither {audio.dither}/{audio.backend}")
+
+    raise ValueError(f"{what} {x} holds {say(a)}, {what} {y} {say(b)}: one loader reads one kind, so pack them alike "
+                     f"(or index the audio folders with the same fbank options) or load them apart")
 
 
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
@@ -185,6 +212,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
     token_columns: dict[str, np.ndarray] = {}  # folder -> its index's token column
     token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
+    audios: dict[str, AudioIndex | None] = {}  # folder -> what its shards hold
+    sample_rows: list[np.ndarray] = []  # per shard, an audio shard's sample counts
     for k, url in enumerate(urls):
         remote = has_folder(url)
         folder, name = index_place(url)
@@ -204,6 +233,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             speakers = None
             unlisted.append(k)
             token_rows.append(np.zeros(0, np.int32))
+            sample_rows.append(np.zeros(0, np.int32))
             utts.append(0)
             sizes.append(-1)
             digests.append("")
@@ -247,6 +277,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         digests.append(index.digests[i])
         checksums.append(index.checksums[i])
         columns.append(np.asarray(index.frames[a:b], np.int32))
+        audios[folder] = index.audio
+        sample_rows.append(np.zeros(0, np.int32) if index.samples is None else np.asarray(index.samples[a:b], np.int32))
     lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
@@ -260,6 +292,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             frames = np.asarray(scan.info.frames, np.int32)
             utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
             dims |= scan.dims
+            audios[urls[k]] = _scanned_audio(urls[k], scan)
+            sample_rows[k] = np.asarray(scan.info.samples, np.int32)
             if tokens is not None:
                 token_rows[k] = tokens.shard(urls[k])
         some = urls[unlisted[0]]
@@ -267,11 +301,23 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
                       f"the index beside them once", UserWarning, stacklevel=3)
     frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
+    audio = one_audio(audios, "folder")
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
-                    dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
+                    audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
                     speakers=None if speakers is None else Speakers.concat(speakers),
                     checksums=checksums,
-                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]))
+                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]),
+                    audio=audio, samples=None if audio is None else np.concatenate(sample_rows))
+
+
+def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
+    """What a shard in no index holds, from its scan: audio (with the default fbank options) or features."""
+    fmt = next((layout for layout in scan.layouts if layout in AUDIO_LAYOUTS), None)
+    if fmt is None:
+        return None
+    if len(scan.rates) > 1:
+        raise ValueError(f"shard {url} holds audio at {sorted(scan.rates)} Hz; one loader reads one rate: repack it")
+    return AudioIndex(fmt, scan.rates.pop() if scan.rates else 16000)
 
 
 def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str]:

@@ -107,6 +107,13 @@ class EpochSource(Protocol):
     def rows(self, bid: BatchId) -> np.ndarray:
         """A planned batch's rows in the shard set."""
 
+    def unit(self, c: int) -> Corpus:
+        """The corpus ``c`` of a batch id is planned by: its seed, first row and speed draws (what
+        the augmentation of its utterances is drawn from)."""
+
+    def planned_frames(self, bid: BatchId) -> np.ndarray:
+        """The frames of a planned batch's rows as planned (after speed perturbation)."""
+
     def complete(self, at: Any) -> bool:
         """Whether the epoch was run to its end (on the topology that ran it)."""
 

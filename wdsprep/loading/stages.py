@@ -125,6 +125,7 @@ def _read_shard(shards: ShardSet, s: int, *, on_error: str, counts: WorkerTally,
     blocks = list(iter_records(url, on_error=on_error, block=block, on_corrupt=lambda u, k, why: corrupt.append(why),
                                source=opened.source))
     rows = (Records.concat(blocks) if blocks else Records.empty()).in_corpus(int(shards.corpus[s]))
+    rows.at_rows(int(shards.starts[s]))
     counts.read += len(rows)
     if corrupt:
         counts.corrupt_shards += 1

@@ -4,7 +4,8 @@
 
     the epoch source (from the index) -> this reader's planned batches, in order
       -> read each shard once, in that order -> gather each planned batch's rows
-      -> tokenize -> CTC filter -> collate (in a C thread, overlapped) -> Batch
+      -> tokenize -> features (audio shards: decode, augment, fbank; SpecAugment)
+      -> CTC filter -> collate (in a C thread, overlapped) -> Batch
 
 The source is pure: the plan and this reader's share are computed alike in the main process and
 in every worker from the note the Loader writes (``source.note``: where the iteration starts),
@@ -27,6 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.collate import Packed, start_collate
+from wdsprep.loading.features import FeatureMaker, FeatureOptions
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, fingerprint
 from wdsprep.loading.readahead import FetchOptions
 from wdsprep.loading.records import Records
@@ -54,6 +56,8 @@ class LoaderConfig:
     subword_sampling: SubwordSampling | None = None
     tokenize_group: int = 256  # utterances per block when a shard's rows are read
     fetch: FetchOptions = field(default_factory=FetchOptions)  # read-ahead, cache, retries (run time only)
+    # audio shards' fbank and the augmentation of features (the plan's own part, speed, is in ``plan``)
+    features: FeatureOptions = field(default_factory=FeatureOptions)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -76,6 +80,8 @@ class ReaderStream(IterableDataset):
         self.rank = rank
         self.control = control  # the Loader's: where each iteration starts reaches the readers through it
         self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
+        self.features = FeatureMaker(cfg.features, source.unit, on_error=cfg.on_error).load() \
+            if cfg.features.needed else None
 
     def fingerprint(self) -> str:
         """A digest of what decides the batches besides (seed, epoch): the plan's options, the shard
@@ -85,6 +91,8 @@ class ReaderStream(IterableDataset):
             hashlib.blake2b(np.ascontiguousarray(speakers.ids).tobytes(), digest_size=8).hexdigest()
         run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.ctc_subsampling,
                "sampling": repr(self.cfg.subword_sampling), "speakers": planned}
+        if self.cfg.features.needed:  # only then: feature shards keep the fingerprints they had
+            run["features"] = self.cfg.features.to_json()
         text = json.dumps(run, sort_keys=True, default=repr, ensure_ascii=False)
         return fingerprint(self.cfg.plan, self.shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
 
@@ -98,6 +106,8 @@ class ReaderStream(IterableDataset):
             rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
         rows = read_batches(windows, self.shards, label=label, on_error=cfg.on_error, counts=counts,
                             block=cfg.tokenize_group, fetch=cfg.fetch)
+        if self.features is not None:
+            rows = self.features(rows, counts)
         return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
 
     def __iter__(self) -> Iterator[Item]:

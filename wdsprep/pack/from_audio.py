@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from wdsprep.format.index import AudioIndex
 from wdsprep.pack.groups import Groups
 from wdsprep.pack.plan import PlannedShard, plan_shards
 from wdsprep.pack.publish import (
@@ -53,10 +54,14 @@ from wdsprep.prep.audio import (
     probe_recording,
     read_utterances,
 )
-from wdsprep.prep.fbank import Fbank, FbankOptions, frames_of, one_torch_thread, resolve_backend, window_samples
+from wdsprep.prep.fbank import Fbank, FbankOptions, one_torch_thread, resolve_backend
 from wdsprep.prep.kaldi import read_text, read_utt2spk
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
+from wdsprep.units import fbank_frames, frame_samples
+
+# What pack-audio stores: fbank features, or the audio itself (its features made while training).
+STORES = ("features", "flac", "wav")
 
 
 def pack_audio(
@@ -82,16 +87,22 @@ def pack_audio(
     strict: bool = False,
     overwrite: bool = False,
     resume: bool = False,
+    store: str = "features",
     progress: bool | None = None,
 ) -> Report:
-    """Compute fbank features and pack them with their transcripts into length-grouped shards.
+    """Compute fbank features and pack them with their transcripts into length-grouped shards; or,
+    with ``store`` ``"flac"`` or ``"wav"``, pack the audio itself (16-bit, at ``sample_rate``) for
+    the loader to compute the features while training (docs/audio.md).
 
     Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
     ``filter_group`` and the packing options (``resume`` too) those of :func:`wdsprep.pack_data`.
     The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
     they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
     corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
-    byte-identical to an uninterrupted one.
+    byte-identical to an uninterrupted one.  Audio shards (``store``) hold the audio in place of the
+    features and the shards are grouped and planned by the same frames; their index records the
+    fbank options given here (``backend`` ``"auto"``: the loader's ``numpy`` backend), which the
+    loader computes the features with.
 
     Returns:
         The report, also written to ``d_out/pack_report.json``: utterances not packed by reason
@@ -99,7 +110,15 @@ def pack_audio(
         ``missing_label``, ``outside_groups``, ...).
     """
     check_fmt(fmt)
-    check_dtype(dtype, layout)
+    if store not in STORES:
+        raise ValueError(f"store must be one of {', '.join(STORES)}, got {store!r}")
+    audio = None
+    if store == "features":
+        check_dtype(dtype, layout)
+    else:
+        # What the loader computes features with: the options given, the backend a concrete one.
+        audio = AudioIndex(store, sample_rate, num_mel_bins, dither, "numpy" if backend == "auto" else backend)
+        layout, dtype = store, "float32"
     if utts_per_shard < 1:
         raise ValueError("utts_per_shard must be >= 1")
     opts = FbankOptions(num_mel_bins, sample_rate, dither, backend, channel)
@@ -117,7 +136,7 @@ def pack_audio(
         options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
                    "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "shuffle": shuffle, "seed": seed,
                    "num_mel_bins": num_mel_bins, "sample_rate": sample_rate, "dither": dither, "backend": opts.backend,
-                   "channel": channel}
+                   "channel": channel, **({"store": store} if audio is not None else {})}
         inputs = {"wav.scp": file_digests([wav_scp]), "segments": file_digests([segments] if segments else []),
                   "text": file_digests(texts), "utt2spk": file_digests(spk_files),
                   "audio": stat_digest([u.rxfile for u in utts if not u.rxfile.rstrip().endswith("|")])}
@@ -141,22 +160,24 @@ def pack_audio(
 
         def plan(report: Report) -> Planned:
             return plan_audio(items, d, report, opts=opts, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                              dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+                              dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress,
+                              store_audio=audio is not None)
 
         return pack_planned(d, plan, report, command="pack-audio", inputs=inputs, options=options, prior=prior, fmt=fmt,
-                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
+                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers,
+                            audio=audio)
     finally:
         out.release()
 
 
 def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Report, *, opts: FbankOptions,
                groups: Groups | None, utts_per_shard: int, layout: str, dtype: str, shuffle: bool, seed: int,
-               nj: int, progress: bool | None) -> Planned:
+               nj: int, progress: bool | None, store_audio: bool = False) -> Planned:
     """The headers pass and the shard plan (see the module's doc); what cannot be packed goes to ``report``."""
     recordings = list(dict.fromkeys(u.rxfile for u, _ in items))
     probed = run_chunks(_probe_chunk, recordings, nj, desc="pack-audio: headers", progress=progress)
     headers = dict(zip(recordings, (r for chunk in probed for r in chunk)))
-    window = window_samples(opts)
+    window, _ = frame_samples(opts.sample_rate)
     frames = np.full(len(items), -1, np.int64)
     folders: list[str | None] = []
     for k, (u, _) in enumerate(items):
@@ -166,7 +187,7 @@ def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Repo
         if isinstance(n, AudioProblem):
             report.drop(n.reason, u.uttid, n.detail)
         else:
-            frames[k] = frames_of(n, opts)
+            frames[k] = fbank_frames(n, opts.sample_rate)
             group = None if groups is None else groups.find(int(frames[k]))
             if groups is None:
                 folder = ""
@@ -179,7 +200,7 @@ def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Repo
     uttids = [u.uttid for u, _ in items]
     planned = plan_shards(uttids, folders, frames, order, utts_per_shard=utts_per_shard, shuffle=shuffle, seed=seed)
     recs = {rx: h for rx, h in headers.items() if isinstance(h, Recording)}
-    job = AudioJob(d_out, items, planned, frames, recs, opts=opts, layout=layout, dtype=dtype)
+    job = AudioJob(d_out, items, planned, frames, recs, opts=opts, layout=layout, dtype=dtype, store_audio=store_audio)
     return Planned(planned, uttids, frames, order, job)
 
 
@@ -200,9 +221,9 @@ class AudioJob:
 
     def __init__(self, d_out: Path, items: Sequence[tuple[Utterance, str]], shards: Sequence[PlannedShard],
                  frames: np.ndarray, recordings: dict[str, Recording], *, opts: FbankOptions, layout: str,
-                 dtype: str) -> None:
+                 dtype: str, store_audio: bool = False) -> None:
         self.d_out, self.items, self.shards, self.frames, self.recordings = d_out, items, shards, frames, recordings
-        self.opts, self.layout, self.dtype = opts, layout, dtype
+        self.opts, self.layout, self.dtype, self.store_audio = opts, layout, dtype, store_audio
         self._stack: ExitStack | None = None
         self.fbank: Fbank | None = None
         self.source: WaveSource | None = None
@@ -224,13 +245,22 @@ class AudioJob:
         s = self.shards[shard]
         fbank, source = self.fbank, self.source
         assert fbank is not None and source is not None
-        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=None)
+        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=None,
+                        sample_rate=self.opts.sample_rate if self.store_audio else None)
         try:
             for i, planned in zip(s.items.tolist(), self.frames[s.items].tolist()):
                 u, text = self.items[i]
                 wave = source.waveform(u, self.recordings[u.rxfile])
                 if isinstance(wave, AudioProblem):
                     sink.drop(wave.reason, u.uttid, wave.detail)
+                elif self.store_audio:  # the audio itself, 16-bit: the loader makes the features
+                    pcm = np.clip(np.rint(wave), -32768, 32767).astype(np.int16)
+                    if fbank_frames(len(pcm), self.opts.sample_rate) != planned:
+                        sink.drop("bad_audio", u.uttid, f"recording {u.recid!r}: {len(pcm)} samples, its header "
+                                                        f"promised {planned} frames' worth ({u.rxfile} changed "
+                                                        f"during the pack: pack again)")
+                    else:
+                        sink.add_audio(u.uttid, pcm, text, folder=s.folder)
                 else:
                     feats = fbank(wave)
                     if feats.shape[0] != planned:

@@ -53,7 +53,9 @@ from wdsprep.format.commit import (
     write_plan,
 )
 from wdsprep.format.index import (
+    AUDIO_INDEX_FILES,
     INDEX_FILES,
+    AudioIndex,
     FolderIndex,
     ShardInfo,
     read_part_record,
@@ -106,9 +108,12 @@ class Planned:
     job: ShardJob
 
 
-def sink_for(d_out: Path, shard: int, *, layout: str, dtype: str, dims: int | None) -> GroupedSink:
-    """The sink a job writes planned shard ``shard`` into (hidden name ``.wSHARD-00000.tar``)."""
-    return GroupedSink(d_out, None, worker=shard, utts_per_shard=1 << 62, layout=layout, dtype=dtype, dims=dims)
+def sink_for(d_out: Path, shard: int, *, layout: str, dtype: str, dims: int | None,
+             sample_rate: int | None = None) -> GroupedSink:
+    """The sink a job writes planned shard ``shard`` into (hidden name ``.wSHARD-00000.tar``;
+    ``sample_rate``: an audio layout's)."""
+    return GroupedSink(d_out, None, worker=shard, utts_per_shard=1 << 62, layout=layout, dtype=dtype, dims=dims,
+                       sample_rate=sample_rate)
 
 
 def written(sink: GroupedSink, shard: int, folder: str) -> Written:
@@ -343,12 +348,14 @@ def write_order(shards: Sequence[PlannedShard], folders: Sequence[str]) -> list[
 
 def pack_planned(d: Path, plan: Callable[[Report], Planned], report: Report, *, command: str, inputs: dict[str, Any],
                  options: dict[str, Any], prior: PackPlan | None, fmt: str, layout: str, dtype: str, nj: int,
-                 progress: bool | None, strict: bool, utt2spk: dict[str, str] | None = None) -> Report:
+                 progress: bool | None, strict: bool, utt2spk: dict[str, str] | None = None,
+                 audio: AudioIndex | None = None) -> Report:
     """Plan (``plan``: reads the headers, drops what cannot be packed into ``report``), write and
     publish every planned shard not yet published, then write the indexes and the report and commit.
 
     ``prior``: the plan of the stopped pack being resumed (its inputs and options are checked by the
-    caller before the headers are read); None for a new pack.
+    caller before the headers are read); None for a new pack.  ``audio``: the shards hold audio, the
+    index says so (and what the loader computes the features with).
     """
     desc = f"{command}"
     shards_total = 0
@@ -368,7 +375,7 @@ def pack_planned(d: Path, plan: Callable[[Report], Planned], report: Report, *, 
             _remove_unpublished(d, planned, done.count, fmt)
         tasks = [j for j in write_order(planned.shards, planned.folders) if j not in done.done]
         trailing = _publish(d, planned, tasks, done.count, fmt=fmt, layout=layout, dtype=dtype, nj=nj,
-                            progress=progress, desc=desc, utt2spk=utt2spk)
+                            progress=progress, desc=desc, utt2spk=utt2spk, audio=audio)
         for r in trailing:
             report.merge(r)
         report = _finish(d, planned, report, fmt=fmt)
@@ -384,8 +391,8 @@ def pack_planned(d: Path, plan: Callable[[Report], Planned], report: Report, *, 
 
 
 def _publish(d: Path, planned: Planned, tasks: list[int], count: dict[str, int], *, fmt: str, layout: str,
-             dtype: str, nj: int, progress: bool | None, desc: str,
-             utt2spk: dict[str, str] | None) -> list[Report]:
+             dtype: str, nj: int, progress: bool | None, desc: str, utt2spk: dict[str, str] | None,
+             audio: AudioIndex | None = None) -> list[Report]:
     """Write ``tasks`` (planned shard ids, in writing order) and publish each in turn; the reports
     of shards written empty after a folder's last published one (kept nowhere else) are returned."""
     count = dict(count)
@@ -405,10 +412,11 @@ def _publish(d: Path, planned: Planned, tasks: list[int], count: dict[str, int],
         try:
             sync(where)  # the shard's name is on disk before its entry says it is there
             st = os.stat(final)
-            info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256)
+            info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples)
             speakers = None if utt2spk is None else given_speakers([info], utt2spk, w.report)
-            entry = FolderIndex.from_shards(layout, w.dims, dtype, [info], sizes=[st.st_size],
-                                            mtimes=[st.st_mtime_ns], speakers=speakers)
+            dims = w.dims if audio is None else audio.num_mel_bins
+            entry = FolderIndex.from_shards(layout, dims, dtype, [info], sizes=[st.st_size],
+                                            mtimes=[st.st_mtime_ns], speakers=speakers, audio=audio)
             write_part(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
                                          "skipped": skipped.pop(w.folder, [])})
         except BaseException:
@@ -435,7 +443,7 @@ def _finish(d: Path, planned: Planned, report: Report, *, fmt: str) -> Report:
                 report.merge(r)
         if index is not None and infos:
             write_index(where, index)
-            written.extend(where / name for name in INDEX_FILES)
+            written.extend(where / name for name in (*INDEX_FILES, *AUDIO_INDEX_FILES) if (where / name).exists())
             folders_with_shards.append(where)
         frames = index.num_frames if index is not None else 0
         summary[folder or "."] = {"utterances": index.num_utts if index is not None else 0, "frames": frames,

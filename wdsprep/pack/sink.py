@@ -25,7 +25,7 @@ import numpy as np
 from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, sync
 from wdsprep.format.commit import PARTS_DIR, PLAN_NAME, PackPlan, begin, marker, read_plan
-from wdsprep.format.index import FROM_UTT2SPK, INDEX_FILES, ShardInfo, Speakers
+from wdsprep.format.index import AUDIO_INDEX_FILES, FROM_UTT2SPK, INDEX_FILES, ShardInfo, Speakers
 from wdsprep.format.keys import decode_key, layout_exts, speaker_of
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.groups import Groups
@@ -85,7 +85,8 @@ class GroupedSink:
     """
 
     def __init__(self, d_out: str | os.PathLike, groups: Groups | None, *, worker: int = 0,
-                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32", dims: int | None = None):
+                 utts_per_shard: int = 2000, layout: str = "cat", dtype: str = "float32", dims: int | None = None,
+                 sample_rate: int | None = None):
         if utts_per_shard < 1:
             raise ValueError("utts_per_shard must be >= 1")
         if dtype not in DTYPES:
@@ -99,6 +100,7 @@ class GroupedSink:
         self.layout = layout
         self.dtype = np.dtype(dtype)
         self.keep_dims = dims
+        self.sample_rate = sample_rate  # an audio layout's: the rate of the samples add_audio takes
         self.counting_only = False
         self.result = SinkResult()
         self._open: dict[str, ShardWriter] = {}
@@ -152,6 +154,17 @@ class GroupedSink:
             del self._open[folder]
             self.result.shards[folder].append(_close(writer))
 
+    def add_audio(self, uttid: str, pcm: np.ndarray, text: str, folder: str) -> None:
+        """Pack one utterance's audio (an audio layout: 1-D int16 samples at the sink's rate) into its
+        planned length group ``folder``."""
+        if not text:
+            self.result.report.note("empty_text", uttid)
+        writer = self._open.get(folder)
+        if writer is None:
+            writer = self._open[folder] = self._new_shard(folder)
+        with naming(writer.tmp_path):  # a full disk fails a write() that names no file
+            writer.write_audio(uttid, pcm, text)
+
     def drop(self, reason: str, uttid: str, detail: str | None = None) -> None:
         self.result.report.drop(reason, uttid, detail)
 
@@ -166,7 +179,7 @@ class GroupedSink:
         d.mkdir(parents=True, exist_ok=True)
         n = len(self.result.shards[folder])
         # mtime 0: the same input gives byte-identical shards.
-        return ShardWriter(d / f".w{self.worker:03d}-{n:05d}.tar", self.layout, mtime=0)
+        return ShardWriter(d / f".w{self.worker:03d}-{n:05d}.tar", self.layout, mtime=0, sample_rate=self.sample_rate)
 
     def close(self) -> SinkResult:
         while self._open:
@@ -303,7 +316,8 @@ def _prepare(d: Path, overwrite: bool, resume: bool, lock: int) -> Output:
             shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
             shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
             for p in folder.iterdir():
-                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX)) or p.name in (*INDEX_FILES, REPORT_NAME)
+                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX))
+                                    or p.name in (*INDEX_FILES, *AUDIO_INDEX_FILES, REPORT_NAME)
                                     or (folder == d and p.name == PLAN_NAME)):
                     p.unlink()
             if folder != d and not any(folder.iterdir()):

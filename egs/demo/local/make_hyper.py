@@ -21,7 +21,9 @@ every group: ``DIR/*/data-*.tar``), and ``ld`` becomes ``{"shards": PATTERN, "gr
 
 Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--shards``, and
 ``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
-``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.
+``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.  So does
+``--augment '{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}'`` (``egs/audio``): the
+training loader's augmentation, ``ld.augment``.
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--corpus", nargs="+", metavar="NAME=DIR", help="named train shard dirs, to mix")
     ap.add_argument("--mix", nargs="*", default=[], metavar="KEY=VALUE",
                     help="with --corpus: schedule=, weights=, temperature= or steps_per_epoch= (JSON values)")
+    ap.add_argument("--augment", type=json.loads, metavar="JSON",
+                    help="the training loader's augmentation (ld.augment), e.g. '{\"specaugment\": {}}'")
     ap.add_argument("--dev-shards", type=Path, help="dev shard dir (pack --out)")
     ap.add_argument("--remote", metavar="URL",
                     help="the train shard dir was uploaded here: s3://bucket/prefix/train or https://host/shards/train "
@@ -170,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         # Expanded once here so a broken pattern fails now; an s3:// glob is not listed (the upload may
         # still be running): the local copy is counted instead.
         n_train = len(expand_shards(shard_pattern(args.shards) if ld.startswith("s3://") else ld))
+        if args.augment:
+            ld = {"shards": ld}
+    if args.augment:
+        ld["augment"] = args.augment
     option: dict[str, Any] = {
         "ld": ld,
         "tokenizer": {"file": args.tokenizer},

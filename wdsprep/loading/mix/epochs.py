@@ -116,6 +116,16 @@ class MixedEpochs:
         c, e, s, j = bid
         return self.parts[c].rows(e, s, j)
 
+    def unit(self, c: int) -> Corpus:
+        """Corpus ``c`` (its seed, rows and speed draws)."""
+        return self.parts[c]
+
+    def planned_frames(self, bid: BatchId) -> np.ndarray:
+        """The frames a planned batch's rows were planned with (after speed perturbation)."""
+        c, e, s, j = bid
+        part = self.parts[c]
+        return part.frames(e)[part.stream(e, s).batch(j)]
+
     def batch_size(self, bid: BatchId) -> int:
         c, e, s, j = bid
         return int(self.parts[c].sizes(e)[s][j])
