@@ -59,20 +59,16 @@ def patterns_of(trset: Any) -> list[str]:
     return out
 
 
-def published_index(folder: str) -> FolderIndex | None:
-    """A folder's index as it stands (a growing folder's: its published shards)."""
-    return read_index(folder)
-
-
 def observe(trset: Any) -> View:
     """Where every growing folder the trset's patterns name stands now (a folder of a growing pack's
     plan with nothing published yet too, at 0)."""
-    folders = [index_place(url)[0] for url in expand_shards(patterns_of(trset), growing=True) if not is_url(url)]
-    folders += planned_folders(patterns_of(trset))
+    patterns = patterns_of(trset)
+    folders = [index_place(url)[0] for url in expand_shards(patterns, growing=True) if not is_url(url)]
+    folders += planned_folders(patterns)
     published: dict[str, int] = {}
     for folder in dict.fromkeys(folders):
         if growth(folder) is not None:
-            index = published_index(folder)
+            index = read_index(folder)  # a growing folder's: its published shards
             published[folder] = 0 if index is None else len(index.names)
     return View(published)
 
@@ -129,7 +125,7 @@ def _first(folder: str, n: int, wait: float) -> FolderIndex:
     """The index of ``folder``'s first ``n`` published shards, once they can be seen."""
     deadline = time.monotonic() + wait
     while True:
-        index = published_index(folder)
+        index = read_index(folder)
         have = 0 if index is None else len(index.names)
         if have >= n:
             assert index is not None or n == 0
@@ -195,6 +191,7 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
     shard either way) and ``check`` (planning the epoch) does not find too few batches for the ranks,
     checking every ``poll`` s; a TimeoutError after ``timeout`` s saying how far they got and what to do."""
     want_shards = max(1, min_shards or 0)
+    patterns = patterns_of(trset)  # for the messages
     start = time.monotonic()
     said = False
     while True:
@@ -206,7 +203,7 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
                 raise TimeoutError(f"growing loader: after {timeout:g} s there are still no shards: {e}. Is the "
                                    f"pack running, into the folder the pattern names?") from None
             if not said:
-                print(f"wdsprep loader: waiting for a pack to begin publishing {patterns_of(trset)} ({e})",
+                print(f"wdsprep loader: waiting for a pack to begin publishing {patterns} ({e})",
                       file=sys.stderr)
                 said = True
             time.sleep(poll)
@@ -221,17 +218,17 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
             except TooFewBatches as e:
                 want += f" and enough batches for every rank (now: {e})"
         if not any(growth(f) is not None for f in view.published) and len(shards):
-            raise DataError(f"growing loader: {patterns_of(trset)} is complete with {len(shards):,} shards "
+            raise DataError(f"growing loader: {patterns} is complete with {len(shards):,} shards "
                             f"({have_hours:.2f} h), too few: it waits for {want}")
         waited = time.monotonic() - start
         if waited >= timeout:
             raise TimeoutError(
                 f"growing loader: after {waited:.0f} s {len(shards):,} shards ({have_hours:.2f} h) of "
-                f"{patterns_of(trset)} are published, and it waits for {want} (min_shards/min_hours). Is the pack "
+                f"{patterns} are published, and it waits for {want} (min_shards/min_hours). Is the pack "
                 f"running? A stopped one finishes with the same pack command and --resume; to wait longer, raise "
                 f"wait_timeout (--wait-timeout)")
         if not said:
-            print(f"wdsprep loader: waiting for {want} of {patterns_of(trset)} to be published "
+            print(f"wdsprep loader: waiting for {want} of {patterns} to be published "
                   f"({len(shards):,} shards, {have_hours:.2f} h so far; at most {timeout:g} s)", file=sys.stderr)
             said = True
         time.sleep(min(poll, max(0.0, timeout - waited)))
