@@ -143,11 +143,7 @@ class GroupedSink:
                 return
             folder = group.folder
         self.result.dims = feats.shape[1]
-        if not text:
-            self.result.report.note("empty_text", uttid)
-        writer = self._open.get(folder)
-        if writer is None:
-            writer = self._open[folder] = self._new_shard(folder)
+        writer = self._writer(folder, uttid, text)
         with naming(writer.tmp_path):  # a full disk fails a write() that names no file
             writer.write(uttid, feats, text)
         if len(writer) >= self.utts_per_shard:
@@ -157,13 +153,18 @@ class GroupedSink:
     def add_audio(self, uttid: str, pcm: np.ndarray, text: str, folder: str) -> None:
         """Pack one utterance's audio (an audio layout: 1-D int16 samples at the sink's rate) into its
         planned length group ``folder``."""
+        writer = self._writer(folder, uttid, text)
+        with naming(writer.tmp_path):  # a full disk fails a write() that names no file
+            writer.write_audio(uttid, pcm, text)
+
+    def _writer(self, folder: str, uttid: str, text: str) -> ShardWriter:
+        """The open shard of ``folder`` that takes ``uttid`` next (a new one if none is open)."""
         if not text:
             self.result.report.note("empty_text", uttid)
         writer = self._open.get(folder)
         if writer is None:
             writer = self._open[folder] = self._new_shard(folder)
-        with naming(writer.tmp_path):  # a full disk fails a write() that names no file
-            writer.write_audio(uttid, pcm, text)
+        return writer
 
     def drop(self, reason: str, uttid: str, detail: str | None = None) -> None:
         self.result.report.drop(reason, uttid, detail)
