@@ -30,8 +30,12 @@ $(TA_STAMP): $(STAMP)
 demo: $(STAMP) $(TA_STAMP)
 	$(PY) tools/demo.py --work exp/demo
 
+# Two pytest processes share the cores (pytest-xdist; a test file's tests stay in one, with its
+# fixtures); the tests that time things or watch the page cache run alone afterwards.
+TEST_JOBS ?= 2
 test: $(STAMP) $(TA_STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m serial $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache wdsprep/*.so

@@ -37,6 +37,8 @@ from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.loading.source import load_shards
 from wdsprep.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.serial  # the fits are judged on timings: alone on the machine
+
 MODELS = Path(__file__).parent / "calibrate_models.py"
 
 

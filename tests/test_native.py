@@ -501,6 +501,7 @@ def test_collate_float16_and_mixed_dtypes_from_shards(tmp_path, dtypes):
 
 
 @needs_native
+@pytest.mark.serial  # another process's reads may evict the cold file or fill the cache
 def test_readahead_asks_only_for_a_file_not_cached(tmp_path):
     path = cold_file(tmp_path / "f.tar", 1 << 20)
     fd = os.open(path, os.O_RDONLY)

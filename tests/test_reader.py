@@ -246,6 +246,7 @@ def test_truncated_and_empty_shards_are_reported_on_both_paths(tmp_path):
             assert got == list(utts)[: len(got)]
 
 
+@pytest.mark.serial  # another process's reads may evict the cold file before it is counted
 def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeypatch):
     # Chunks no larger than the kernel's smallest readahead window, so every byte is asked for
     # (see shardfile._READAHEAD_CHUNK) on either path.
@@ -257,6 +258,7 @@ def test_prefetch_shard_reads_a_cold_shard_into_the_page_cache(tmp_path, monkeyp
     assert wait_for(lambda: not any(t.name == "wdsprep-readahead" for t in threading.enumerate()))
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_prefetch_in_a_forked_child_while_the_parent_thread_held_the_lock(tmp_path):
     path = cold_file(tmp_path / "cold.tar")
