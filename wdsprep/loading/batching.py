@@ -16,6 +16,7 @@ The batchers it is measured against (CAT's stream, WeNet's sort window) are in
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
@@ -120,9 +121,10 @@ class BatchFit:
         cuts: list[tuple[int, int]] = []
         start = 0
         if tokens is None or not self.uses_tokens:
-            closes = np.arange(1, n + 1, dtype=np.int64) - self.room(lengths)
+            # A list and bisect: one call per batch, where numpy's dispatch would cost more than the search.
+            closes = (np.arange(1, n + 1, dtype=np.int64) - self.room(lengths)).tolist()
             while start < n:
-                end = max(start + 1, int(np.searchsorted(closes, start, side="right")))
+                end = max(start + 1, bisect_right(closes, start))
                 cuts.append((start, end))
                 start = end
             return cuts
