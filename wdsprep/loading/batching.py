@@ -189,6 +189,14 @@ def _cut_capped(lengths: list[int], tokens: list[int], speakers: list[int], fit:
     return batches
 
 
+def stable_order(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` of non-negative ints, as 16-bit keys where they fit:
+    numpy sorts those by radix, about 4x faster (planning sorts every pool and buffer block)."""
+    if len(values) and int(values.max()) < 1 << 16:
+        values = values.astype(np.uint16)
+    return np.argsort(values, kind="stable")
+
+
 def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bool:
     """Whether a cut holds more than ``cap`` utterances of one speaker (``speakers`` in cut order)."""
     sizes = np.array([b - a for a, b in cuts], np.int64)
@@ -206,7 +214,7 @@ def _plan_pool(lens: np.ndarray, tokens: np.ndarray | None, fit: BatchFit, rng: 
     lengths) only where the fit depends on them.
     """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
-    order = np.argsort(lens, kind="stable")
+    order = stable_order(lens)
     sorted_lens = lens[order]
     sorted_tokens = None if tokens is None else tokens[order]
     cuts = fit.cut(sorted_lens, sorted_tokens)

@@ -26,7 +26,7 @@ import numpy as np
 
 from wdsprep.balance import least_loaded
 from wdsprep.loading.augment import Speed
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching
+from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching, stable_order
 from wdsprep.loading.cost import CostModel
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
@@ -173,7 +173,7 @@ def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
         arrivals = np.arange(first, min(n, first + _BUFFER_BLOCK), dtype=np.int64)
         m = len(arrivals)
         slots = rng.integers(size, size=m)
-        order = np.argsort(slots, kind="stable")  # arrivals grouped by slot, in arrival order within one
+        order = stable_order(slots)  # arrivals grouped by slot, in arrival order within one
         grouped = slots[order]
         edge = np.ones(m + 1, bool)
         edge[1:-1] = grouped[1:] != grouped[:-1]
