@@ -30,8 +30,9 @@ $(TA_STAMP): $(STAMP)
 demo: $(STAMP) $(TA_STAMP)
 	$(PY) tools/demo.py --work exp/demo
 
-# Two pytest processes share the cores (pytest-xdist; a test file's tests stay in one, with its
-# fixtures); the tests that time things or watch the page cache run alone afterwards.
+# Two pytest processes share the cores (pytest-xdist; an idle one takes tests from the other, so
+# a module's fixtures may be built in both); the tests that time things or watch the page cache
+# run alone afterwards.
 TEST_JOBS ?= 2
 # pytest's status 5 ("no tests collected") is a failure only when neither part ran a test: a
 # PYTEST_ARGS selection may fall wholly in one part.
