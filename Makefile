@@ -39,7 +39,7 @@ TEST_JOBS ?= 2
 test: $(STAMP) $(TA_STAMP)
 	@par=0; ser=0; \
 	echo "== the suite, in $(TEST_JOBS) processes"; \
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial" $(PYTEST_ARGS) || par=$$?; \
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial" --durations=15 $(PYTEST_ARGS) || par=$$?; \
 	echo "== the serial tests, alone"; \
 	$(PY) -m pytest -q -m serial $(PYTEST_ARGS) || ser=$$?; \
 	for s in $$par $$ser; do [ $$s -eq 0 ] || [ $$s -eq 5 ] || exit $$s; done; \

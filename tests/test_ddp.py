@@ -21,6 +21,8 @@ from shardsets import build, train_char_tokenizer
 
 from wdsprep import make_loader
 
+pytestmark = pytest.mark.slow  # every test here runs torchrun
+
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 150
 

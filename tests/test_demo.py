@@ -15,6 +15,7 @@ from wdsprep.prep.kaldi import read_text
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_demo_runs_the_pipeline_and_its_summary_adds_up(tmp_path):
     work = tmp_path / "demo"
     r = subprocess.run([sys.executable, "-m", "wdsprep", "demo", "--work", str(work), "--nproc", "2"],

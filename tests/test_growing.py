@@ -423,6 +423,7 @@ def _batches_of(loader, epoch: int) -> list[list[str]]:
     return [list(b.keys) for b in loader]
 
 
+@pytest.mark.slow
 def test_growing_loader_under_torchrun_with_two_ranks(tmp_path):
     """The same under torchrun (2 ranks, gloo), the pack held still until epoch 0 is planned: every
     rank plans every epoch over rank 0's view; together they yield the planned batches of that view,

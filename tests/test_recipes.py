@@ -196,6 +196,7 @@ def test_stage5_trains_two_ranks_and_checkpoints(demo_exp: Path) -> None:
     assert again[1]["global_step"] == 3 + len(resumed)
 
 
+@pytest.mark.slow
 def test_stage6_trains_while_pack_audio_writes_the_shards(demo_exp: Path) -> None:
     """Stage 6: pack-audio publishes shards in the background while two ranks train on them; each
     epoch says how much of the corpus it was planned over; both end on their own, the pack complete."""
