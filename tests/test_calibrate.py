@@ -2,7 +2,7 @@
 driven by an injected memory limit, the command end to end on real shards, and bad input.
 
 Timing on a shared 2-core machine is noisy: torch runs one thread here, a step is timed by the
-process's CPU time, every shape is the median of its rounds and the batches are thousands of
+process's CPU time, every shape is the fastest of its rounds and the batches are thousands of
 frames, so noise stays small next to the differences the assertions look at.
 """
 
@@ -70,8 +70,9 @@ def _quadratic_share(cal) -> float:
 
 def _calibrated(model: str, corpus, out: Path, max_seconds: float, good, **options):
     """``calibrate`` once, and once more (another seed) if ``good`` fails: the held-out errors are
-    measured against noisy times too, and on a busy shared machine one shape's median can be
-    spoiled by a burst of other work (the largest held-out error seen here: 8-25%, median 3-6%).
+    measured against noisy times too, and on a busy shared machine every round of one shape can be
+    slowed by a burst of other work (the largest held-out error seen here: 8-25% with the median
+    round, 3-12% with the fastest; median 1-9%).
     A fit that is wrong fails both."""
     _, trset, tok = corpus
     for seed in (0, 1):
