@@ -1,5 +1,9 @@
-# Every target does its own set-up on a fresh machine: a .venv with torch pinned (CPU wheel).
+# Every target does its own set-up on a fresh machine: a .venv with torch pinned (constraints.txt).
 PYTHON ?= python3
+# Where torch comes from.  Empty: pip's own index, which serves the pinned version's CPU wheel where
+# one is on offer, and from pypi.org alone the CUDA build (~2.5 GB with its nvidia packages).
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes PyTorch's CPU-only wheel (~200 MB) first.
+TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -13,7 +17,8 @@ install: $(STAMP) $(TA_STAMP)
 $(STAMP): pyproject.toml constraints.txt setup.py wdsprep/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q -c constraints.txt torch --index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,lhotse,hf,lightning]'
 	touch $@
 
 # torchaudio's Linux wheels are CUDA-linked, so on CPU torch `import torchaudio` fails; without

@@ -2,6 +2,8 @@
 
 Writes ``OUT/rank{R}.json`` with, per epoch, the keys of every batch, ``len(loader)``, the stats
 and the state, so the test can check equal steps, the canonical plan and coverage from outside.
+``--also`` runs a second loader in the same launch (each torchrun launch costs seconds): one epoch of
+it, its batches with their languages and fields, stopped at its own step and resumed from its own state.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main() -> None:
                    help="with --growing: epochs until the pack is complete, then one more (--epochs: at most)")
     p.add_argument("--augment", help="make_loader's augment, as JSON")
     p.add_argument("--digests", action="store_true", help="record a digest of every utterance's features")
+    p.add_argument("--also", help="a second loader, as JSON: {trset, tokenizer, kwargs, save_at, resume}")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -72,7 +75,8 @@ def main() -> None:
         if rank == 0:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / f"epoch{epoch}.planned").write_text(json.dumps(planned))
-        length = len(loader)
+        epoch_len = len(loader)  # counted from the epoch's start
+        length = epoch_len - loader.position().step  # what this run yields: a resumed epoch's rest
         batches, corpora, digests, saved = [], [], {}, None
         for b in loader:
             batches.append(list(b.keys))
@@ -89,15 +93,41 @@ def main() -> None:
             if len(batches) == args.record_at:
                 saved = loader.state_dict()
         epochs.append({"batches": batches, "corpora": corpora, "digests": digests, "len": length,
-                       "steps": loader.stats.steps, "stats": loader.stats.to_dict(), "state": loader.state_dict(),
-                       "saved": saved, "planned": planned})
+                       "epoch_len": epoch_len, "steps": loader.stats.steps, "stats": loader.stats.to_dict(),
+                       "state": loader.state_dict(), "saved": saved, "planned": planned})
         if args.until_complete and loader.stats.growing["complete"]:
             break  # an epoch over the finished folder: the last one asked for
+    also = run_also(json.loads(args.also), args.num_workers) if args.also else None
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": dist.get_world_size(),
-                                                                  "pid": os.getpid(), "epochs": epochs}))
+                                                                  "pid": os.getpid(), "epochs": epochs,
+                                                                  "also": also}))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def run_also(spec: dict, num_workers: int) -> dict:
+    """One epoch of a second loader: its batches' keys, languages, fields and corpora, and its state
+    at ``save_at`` (where it stops); resumed first from ``resume`` (a state's JSON file)."""
+    loader = make_loader(spec["trset"], spec["tokenizer"], num_workers=num_workers, **spec["kwargs"])
+    epoch = 0
+    if spec.get("resume"):
+        state = json.loads(Path(spec["resume"]).read_text())
+        loader.load_state_dict(state)
+        epoch = state["epoch"]
+    loader.set_epoch(epoch)
+    out: dict = {"len": len(loader), "batches": [], "langs": [], "fields": [], "labels": [], "corpora": [],
+                 "saved": None}
+    for b in loader:
+        out["batches"].append(list(b.keys))
+        out["langs"].append(b.lang)
+        out["fields"].append(b.fields)
+        out["labels"].append([b.labels[i, :int(n)].tolist() for i, n in enumerate(b.label_lens)])
+        out["corpora"].append(b.corpus.tolist())
+        if len(out["batches"]) == spec.get("save_at"):
+            out["saved"] = loader.state_dict()
+            break
+    return out
 
 
 if __name__ == "__main__":

@@ -8,22 +8,26 @@ import json
 import shutil
 import tarfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from audio_shards import audio_like, demo_waves, feature_shards
 from scipy.signal import resample_poly
 from shardsets import train_char_tokenizer
 
 from wdsprep import inspect_shards, make_loader, verify_shards
 from wdsprep.format.audio import FileAudio
-from wdsprep.format.index import AudioIndex, DamagedIndexError, FolderIndex, index_shards, read_index, write_index
+from wdsprep.format.index import AudioIndex, DamagedIndexError, FolderIndex, read_index, write_index
 from wdsprep.format.keys import decode_key
+from wdsprep.format.reindex import index_shards
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.writer import ShardWriter, write_audio_shard
-from wdsprep.loading.augment import add_noise, parse_augment
+from wdsprep.loading import augment as augment_module
+from wdsprep.loading.augment import Draw, Draws, Noise, Part, SpecAugment, add_noise, parse_augment, spec_augment
 from wdsprep.loading.state import StateError
 from wdsprep.prep.fbank import Fbank, FbankOptions
 from wdsprep.units import fbank_frames
@@ -296,6 +300,58 @@ def test_speed_perturbed_batches_have_the_planned_lengths_and_resampled_audio(co
     assert Counter(k for b in epoch(loader, 1) for k in b.keys) != Counter(keys)
 
 
+def test_the_ctc_rule_is_planned_with_the_perturbed_lengths_so_no_batch_comes_empty(corpus):
+    """Issue 35: speed perturbation shortens utterances and the CTC rule then drops some; applied by
+    the readers alone it emptied a planned batch, and egs/audio's trainer deadlocked under DDP on
+    it.  The plan decides the rule with the perturbed frames and the counted labels: the utterances
+    it drops are counted, no batch of any rank comes empty, len is what each rank yields, and the
+    readers' own check (the safety net) finds nothing left to drop."""
+    root, feats, flac, wav, tok = corpus
+    kw = dict(max_frames=500, augment=SPEED, world_size=2, seed=0)  # egs/audio: 1,000 frames over 2 ranks
+    loaders = [make_loader(pattern(flac), tok, ctc_subsampling=4, rank=r, **kw) for r in (0, 1)]
+    tokens = loaders[0].source.shards.tokens
+    # What the readers alone would have done: batches of the plan without the rule whose every
+    # utterance fails it.  The first epoch that has one (planning alone, nothing read).
+    bare = make_loader(pattern(flac), tok, rank=0, **kw).source.corpus
+
+    def emptied(e: int) -> list[np.ndarray]:
+        frames = bare.frames(e)
+        return [rows for s in bare.plan(e).streams for rows in (s.batch(j) for j in range(s.num_batches))
+                if (frames[rows] // 4 <= tokens[rows]).all()]
+
+    e = next(e for e in range(20) if emptied(e))
+    planned = loaders[0].source.corpus.plan(e).dropped["ctc_too_short"]
+    assert planned >= sum(len(rows) for rows in emptied(e))
+    delivered = []
+    for loader in loaders:
+        batches = epoch(loader, e)
+        assert len(batches) == len(loader) == loader.stats.planned_steps
+        assert all(len(b.keys) for b in batches), "a planned batch came empty"
+        for b in batches:
+            assert (b.feat_lens // 4 > b.label_lens).all()
+        delivered += [k for b in batches for k in b.keys]
+    assert sum(loader.stats.dropped.get("ctc_too_short", 0) for loader in loaders) == planned  # none by the readers
+    assert not {f"sp{f:g}-" for f in (0.9, 1.1)}.isdisjoint(k[:6] for k in delivered)
+
+
+def test_a_rehearsal_reads_the_augmented_batches_training_gets_and_moves_no_draw(corpus):
+    """Loader.rehearse on audio shards with speed perturbation and SpecAugment: the batches it runs
+    are the epoch's own, bit for bit (features made and masked as in training), and the epoch
+    afterwards is that of a loader that never rehearsed."""
+    root, feats, flac, wav, tok = corpus
+    kw = dict(max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "specaugment": {"time_masks": 2, "freq_masks": 2}})
+    rehearsed, plain = make_loader(pattern(flac), tok, **kw), make_loader(pattern(flac), tok, **kw)
+    rehearsed.set_epoch(2)
+    seen = []
+    rehearsed.rehearse(lambda b: seen.append((list(b.keys), b.feats.clone())), k=3)
+    got, want = epoch(rehearsed, 2), epoch(plain, 2)
+    assert [b.keys for b in got] == [b.keys for b in want]
+    assert all(torch.equal(a.feats, b.feats) and torch.equal(a.labels, b.labels) for a, b in zip(got, want))
+    by_keys = {tuple(b.keys): b.feats for b in want}
+    assert len(seen) == 3 and all(torch.equal(f, by_keys[tuple(k)]) for k, f in seen)
+    assert any(key.startswith("sp") for keys, _ in seen for key in keys)
+
+
 def test_speed_perturbation_changes_the_plan_and_resume_knows_it(corpus):
     root, feats, flac, wav, tok = corpus
     plain = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5)
@@ -364,9 +420,10 @@ def test_noise_is_added_at_the_drawn_snr(corpus, tmp_path):
     noise = {"dir": str(_noise_dir(tmp_path / "noise")), "snr": [5, 15]}
     loader = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=9, augment={"noise": noise})
     batches = epoch(loader)
-    maker, unit = loader.dataset.features, loader.source.unit(0)
+    maker, unit = loader.dataset.features, loader.source.corpus_of(0)
     draws = maker.draws(unit.seed, 0)
-    bank = maker._bank("noise", noise["dir"])
+    part = parse_augment({"noise": noise}).get(Noise)
+    bank = maker._bank(part)
     assert len(bank) == 3
     fb = Fbank(FbankOptions(backend="numpy"))
     snrs = []
@@ -374,12 +431,12 @@ def test_noise_is_added_at_the_drawn_snr(corpus, tmp_path):
     for b in batches[:4]:
         for i, k in enumerate(b.keys):
             row, audio = rows[k]
-            u = draws.uniforms(row, maker.ndraws)
+            u = draws.read(row, maker.layout)
             noisy, _ = maker.waveform(audio, row, u, None)
             clean = audio.pcm().astype(np.float64)
             added = noisy.astype(np.float64) - clean
             measured = 10 * np.log10(np.mean(clean ** 2) / np.mean(added ** 2))
-            _, drawn = add_noise(clean.astype(np.float32), bank, parse_augment({"noise": noise}).noise, u)
+            _, drawn = add_noise(clean.astype(np.float32), bank, part, u["noise"])
             assert 5 <= drawn <= 15 and abs(measured - drawn) < 0.5
             snrs.append(drawn)
             n = int(b.feat_lens[i])
@@ -419,10 +476,10 @@ def test_reverb_keeps_the_utterance_in_place_and_at_its_power(corpus, tmp_path):
                          augment={"reverb": {"dir": str(_rir_dir(tmp_path / "rir"))}})
     batches = epoch(loader)
     maker, rows = loader.dataset.features, _rows(loader)
-    draws = maker.draws(loader.source.unit(0).seed, 0)
+    draws = maker.draws(loader.source.corpus_of(0).seed, 0)
     k = batches[0].keys[0]
     row, audio = rows[k]
-    wet, _ = maker.waveform(audio, row, draws.uniforms(row, maker.ndraws), None)
+    wet, _ = maker.waveform(audio, row, draws.read(row, maker.layout), None)
     dry = audio.pcm().astype(np.float64)
     assert len(wet) == len(dry)
     assert abs(np.mean(wet.astype(np.float64) ** 2) / np.mean(dry ** 2) - 1) < 1e-3
@@ -474,6 +531,98 @@ def test_time_warp_keeps_the_length_and_moves_frames(corpus):
             np.testing.assert_allclose(y[[0, n - 1]], x[[0, n - 1]], atol=1e-4)  # the ends stay
             moved += not np.allclose(x, y, atol=1e-4)
     assert moved > 100
+
+
+# ---------------------------------------------------------------- the parts' draws
+
+
+def _philox(seed: int, epoch: int, row: int, n: int, purpose: int = 0) -> np.ndarray:
+    """An utterance's uniforms computed here, from numpy alone: the Philox generator keyed by
+    (seed, epoch, 12) at counter (0, row, purpose, 0)."""
+    key = np.random.SeedSequence([seed, epoch, 12]).generate_state(2, np.uint64)
+    return np.random.Generator(np.random.Philox(key=key, counter=[0, row, purpose, 0])).random(n)
+
+
+NOISE, REVERB = {"dir": "n"}, {"dir": "r"}
+
+
+def test_todays_parts_read_fixed_slots_whatever_else_is_on():
+    """The draws of speed, noise, reverb and SpecAugment are pinned: noise reads uniforms 0-3 of
+    the utterance's stream, reverb 4-5, SpecAugment 6 on (two per mask and two for the warp), each
+    whether or not the others are on.  A part placed before SpecAugment would fail here."""
+    assert [k.name for k in augment_module.PARTS[:4]] == ["speed", "noise", "reverb", "specaugment"]
+    assert len({k.name for k in augment_module.PARTS}) == len({k.order for k in augment_module.PARTS}) == \
+        len(augment_module.PARTS)
+    spec = {"freq_masks": 3, "time_masks": 1, "time_warp": 4}
+    raw = _philox(7, 2, 41, 6 + 2 * (3 + 1 + 1))
+    for on in ({"noise": NOISE}, {"reverb": REVERB}, {"specaugment": spec}, {"noise": NOISE, "specaugment": spec},
+               {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": spec}):
+        aug = parse_augment(on)
+        u = Draws(7, 2).read(41, aug.layout())
+        assert set(u) == set(on)
+        want = {"speed": raw[:0], "noise": raw[0:4], "reverb": raw[4:6], "specaugment": raw[6:]}
+        for name in on:
+            np.testing.assert_array_equal(u[name], want[name])
+    # the transforms read their own uniforms: SpecAugment's masks are those its slice says
+    feats = np.random.default_rng(0).standard_normal((300, 40)).astype(np.float32)
+    part = parse_augment({"specaugment": spec}).get(SpecAugment)
+    direct = spec_augment(feats, part, raw[6:])
+    np.testing.assert_array_equal(part.apply(feats, Draw(raw[6:])), direct)
+    assert (direct != feats).any()
+
+
+@dataclass(frozen=True)
+class Clip(Part):
+    """A part as a coming issue would add one: clips the waveform at ``level`` of its peak, with
+    probability ``prob`` (its two uniforms: whether, and a level jitter)."""
+
+    name = "clip"
+    on_audio = True
+    order = 40
+    uniforms = 2
+
+    level: float = 0.5
+    prob: float = 1.0
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        if draw.u[0] >= self.prob:
+            return x
+        top = float(np.abs(x).max()) * self.level * (0.9 + 0.2 * draw.u[1])
+        return np.clip(x, -top, top).astype(np.float32)
+
+
+@pytest.fixture
+def with_clip(monkeypatch):
+    monkeypatch.setattr(augment_module, "PARTS", (*augment_module.PARTS, Clip))
+
+
+def test_a_part_appended_moves_no_draw_and_needs_nothing_else(corpus, with_clip):
+    """A part appended to PARTS (here a test's own clipping) leaves every draw of today's parts where
+    it was, reads a stream of its own (the same uniforms whatever SpecAugment's options), and the
+    loader applies it, checks it and fingerprints it with no other change."""
+    root, feats, flac, wav, tok = corpus
+    spec = {"freq_masks": 3, "time_masks": 1, "time_warp": 4}
+    today = {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": spec}
+    before = parse_augment(today).layout()
+    for other in ({"freq_masks": 1}, {"time_masks": 5}):
+        after = parse_augment({**today, "specaugment": other, "clip": {}}).layout()
+        fixed = ("speed", "noise", "reverb")
+        assert {k: after[k] for k in fixed} == {k: before[k] for k in fixed}
+        assert after["specaugment"].start == before["specaugment"].start
+        u = Draws(7, 2).read(41, after)
+        np.testing.assert_array_equal(u["clip"], _philox(7, 2, 41, 2, 101))
+    assert parse_augment({"clip": {}}).layout()["clip"] == parse_augment(today | {"clip": {}}).layout()["clip"]
+    # the loader: same plan (speed's draws), the clipped audio's features, refused on feature shards
+    plain = epoch(make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment=SPEED))
+    clipped = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "clip": {"level": 0.1}})
+    got = epoch(clipped)
+    assert [b.keys for b in got] == [b.keys for b in plain]
+    assert all(not a.feats.equal(b.feats) for a, b in zip(plain, got))
+    loose = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "clip": {"level": 2.0}})
+    assert all(a.feats.equal(b.feats) for a, b in zip(plain, epoch(loose)))  # above the peak: nothing clipped
+    assert loose.dataset.fingerprint() != clipped.dataset.fingerprint()  # a resume knows its options
+    with pytest.raises(ValueError, match="augment clip act on audio"):
+        make_loader(pattern(feats), tok, max_frames=MAX_FRAMES, augment={"clip": {}})
 
 
 def test_named_corpora_augment_from_their_own_draws(corpus):

@@ -19,7 +19,11 @@ import pytest
 from shard_helpers import fill, kaldi_data, packed, small_fs
 
 from wdsprep.cli import main
+from wdsprep.errors import DataError
+from wdsprep.format.shardfile import ShardError
 from wdsprep.pack import sink
+from wdsprep.prep.kaldi import KaldiDataError
+from wdsprep.tokenizer import TokenizerFileError
 
 AUDIO = Path(__file__).parent / "data" / "audio"
 
@@ -126,6 +130,21 @@ def test_an_unexpected_error_is_one_line_that_points_at_debug(world, capsys, mon
     assert main(["verify", f"{shards}/*/data-*.tar"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "KeyError" in err and "wdsprep --debug verify" in err
+
+
+@pytest.mark.parametrize("error", [ShardError, TokenizerFileError, KaldiDataError])
+def test_every_bad_data_error_is_a_data_error_the_cli_exits_1_on(world, capsys, monkeypatch, error):
+    """One class for bad data: the readers' own errors are DataErrors (and ValueErrors, as callers
+    catch), so the CLI says "error:" and exits 1 for each, not 2 (usage) or "unexpected"."""
+    root, _, _, shards = world
+    assert issubclass(error, DataError) and issubclass(error, ValueError)
+
+    def damaged(*args, **kwargs):
+        raise error(f"{shards}/x/data-00000.tar: damaged")
+
+    monkeypatch.setattr("wdsprep.check.verify.verify_shards", damaged)
+    assert main(["verify", f"{shards}/*/data-*.tar"]) == 1
+    assert capsys.readouterr().err == f"wdsprep verify: error: {shards}/x/data-00000.tar: damaged\n"
 
 
 @pytest.mark.parametrize("nj", [1, 2])

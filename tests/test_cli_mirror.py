@@ -1,4 +1,6 @@
-"""The CLI mirrors the Python API: every argument a function takes has an option of its subcommand."""
+"""The CLI mirrors the Python API: every argument a function takes has an option of its subcommand;
+make_loader's options have one home each (``loading/options.py``), and its signature, the CLI's
+flags, hyper-p.json's ``ld`` keys, the defaults and the resume fingerprint's rule agree with it."""
 
 from __future__ import annotations
 
@@ -8,35 +10,47 @@ import inspect
 import pytest
 
 import wdsprep
-from wdsprep.calibrate import calibrate
+from wdsprep.check.calibrate import calibrate
 from wdsprep.check.dryrun import dry_run
 from wdsprep.check.planreport import plan_report
+from wdsprep.check.rehearse import rehearse
 from wdsprep.cli import build_parser
+from wdsprep.export import export_shards
 from wdsprep.loading.tokens import count_labels
+from wdsprep.tokenizer import aggregate_tokenizers
 
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
 MIRRORS = [
     (("fbank",), wdsprep.compute_fbank, {}, {}),
-    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "f_labels": "text", "d_out": "out"}, {}),
-    (("pack-audio",), wdsprep.pack_audio, {"f_labels": "text", "d_out": "out"}, {}),
+    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "f_labels": "text", "d_out": "out", "fields": "field",
+                                    "index_fields": "index_field"}, {}),
+    (("pack-audio",), wdsprep.pack_audio, {"f_labels": "text", "d_out": "out", "fields": "field",
+                                           "index_fields": "index_field"}, {}),
     (("tokenizer", "train"), wdsprep.train_tokenizer,
      {"text_files": "text", "keep_spaces": "drop_spaces", "spm_options": "spm_option"}, {}),
     (("tokenizer", "import-cat"), wdsprep.import_cat_tokenizer, {"path": "file"}, {}),
+    (("tokenizer", "aggregate"), aggregate_tokenizers, {}, {}),
     (("inspect",), wdsprep.inspect_shards, {"max_frames_list": "max_frames"}, {}),
     (("verify",), wdsprep.verify_shards, {}, {}),
     (("dry-run",), dry_run, {}, {"out": "the report goes to stdout", "loader_options": "make_loader's: below"}),
-    (("dry-run",), wdsprep.make_loader, {"train": "dev", "persistent_workers": "no_persistent_workers"},
+    (("dry-run",), wdsprep.make_loader, {},
      {"trset": "--trset or --hyper", "tokenizer": "--tokenizer", "rank": "torchrun's", "world_size": "torchrun's"}),
-    (("index",), wdsprep.index_shards, {}, {}),
+    (("index",), wdsprep.index_shards, {"index_fields": "index_field"}, {}),
+    (("pattern",), wdsprep.shard_pattern, {}, {}),
     (("tokenizer", "count-labels"), count_labels, {}, {}),
     (("dry-run",), plan_report, {}, {"out": "the report goes to stdout", "windows": "a printout detail",
-                                     "plan_options": "make_loader's: above"}),
+                                     "loader_options": "make_loader's: above", "count_tokens": "--tokenizer given"}),
     (("calibrate",), calibrate, {}, {}),
+    (("rehearse",), rehearse, {}, {"loader_options": "make_loader's: below"}),
+    (("rehearse",), wdsprep.make_loader, {},
+     {"trset": "--trset or --corpus", "tokenizer": "--tokenizer", "rank": "rank 0 of --world-size",
+      "world_size": "--world-size, above"}),
+    (("export",), export_shards, {}, {}),
 ]
 
 
-def _subparser(path: tuple[str, ...]) -> argparse.ArgumentParser:
-    parser = build_parser()
+def _subparser(path: tuple[str, ...], every_help: bool = False) -> argparse.ArgumentParser:
+    parser = build_parser(every_help)
     for name in path:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[name]
@@ -49,3 +63,61 @@ def test_every_api_argument_has_an_option(path, func, renamed, exempt):
     missing = [name for name in inspect.signature(func).parameters
                if name not in exempt and renamed.get(name, name) not in dests]
     assert not missing, f"wdsprep {' '.join(path)} has no option for {func.__name__}({', '.join(missing)})"
+
+
+def test_make_loader_options_have_one_home_that_the_signature_flags_and_keys_follow():
+    """Signature = the groups' fields, defaults included; every flag is the field's, unset by default;
+    hyper-p.json's ld keys are the fields that say so."""
+    from dataclasses import fields
+
+    from wdsprep.hyper import LD_KEYS
+    from wdsprep.loading.options import GROUPS, OWNER, LoaderOptions
+    from wdsprep.options import default, flag_of, options_of
+
+    params = {n: p for n, p in inspect.signature(wdsprep.make_loader).parameters.items()
+              if n not in ("trset", "tokenizer")}
+    homes = [LoaderOptions, *(cls for cls, _ in GROUPS.values())]
+    option_fields = {f.name: (f, s) for cls in homes for f, s in options_of(cls)}
+    assert set(params) == set(option_fields) == set(OWNER)
+    for name, p in params.items():
+        assert p.default == default(option_fields[name][0]), f"make_loader's default of {name} differs from its home's"
+    dests = {a.dest: a for a in _subparser(("dry-run",), every_help=True)._actions}
+    flagged = {n for n, (f, s) in option_fields.items() if flag_of(f, s) is not None}
+    assert flagged == set(params) - {"rank", "world_size"}
+    for name in flagged:
+        action = dests[name]
+        assert flag_of(*option_fields[name]) in action.option_strings and action.default is None
+        d = default(option_fields[name][0])
+        if d is not None and not isinstance(d, bool):
+            assert f"(default: {d})" in action.help, f"--help of {name} does not say its default"
+    assert LD_KEYS == {"shards", "corpora"} | {n for n, (f, s) in option_fields.items() if s.ld}
+    assert not [f.name for cls in homes for f in fields(cls) if f.name in option_fields and f.name not in params]
+
+
+# The plan options every resume state has held since version 2; any other is held only once set
+# (``when_set``), or older states would stop resuming.
+ALWAYS_FINGERPRINTED = {"max_frames", "max_batch_size", "shuffle_buffer", "pool_size", "min_frames", "max_utt_frames",
+                        "streams", "train", "max_utts_per_speaker"}
+
+
+def test_plan_options_added_since_the_first_states_are_fingerprinted_only_when_set():
+    from dataclasses import fields, replace
+
+    from wdsprep.loading.plan import PlanOptions, fingerprint
+    from wdsprep.options import fingerprinted
+
+    added = [f for f in fields(PlanOptions) if f.name not in ALWAYS_FINGERPRINTED]
+    assert added and all(f.metadata.get("when_set") and f.default is None for f in added), \
+        [f.name for f in added if not f.metadata.get("when_set") or f.default is not None]
+    base = PlanOptions(max_frames=100)
+    # unset, an added option is not in the digest (the options an older state's digest was made of);
+    # set, it is
+    assert set(fingerprinted(base)) == ALWAYS_FINGERPRINTED
+    assert fingerprint(replace(base, max_cost=5.0, cost={"per_frame": 1.0}), "shards") != fingerprint(base, "shards")
+
+
+def test_the_options_table_of_the_docs_is_written_from_the_homes():
+    from docs_options import DOC, with_table
+
+    text = DOC.read_text(encoding="utf-8")
+    assert with_table(text) == text, "docs/loader.md's options table is stale: run python tools/docs_options.py"

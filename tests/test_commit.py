@@ -151,12 +151,12 @@ def test_disk_full_in_finalize_keeps_the_shards_and_resume_completes_it(kaldi, t
     """A real full file system (tmpfs) when the second folder's index is written at the end: the
     error names the file, the published shards stay (refused as a complete corpus), and --resume
     after space was freed completes the pack without rewriting them."""
-    from wdsprep.pack import publish
+    from wdsprep.pack import output
 
     root, kd, utts, tok = kaldi
     with small_fs(tmp_path / "fs", "4m") as fs:
         out = fs / "out"
-        real, calls = publish.write_index, []
+        real, calls = output.write_index, []
 
         def fill_then_write(folder, index):
             calls.append(folder)
@@ -164,7 +164,7 @@ def test_disk_full_in_finalize_keeps_the_shards_and_resume_completes_it(kaldi, t
                 fill(fs)
             return real(folder, index)
 
-        monkeypatch.setattr(publish, "write_index", fill_then_write)
+        monkeypatch.setattr(output, "write_index", fill_then_write)
         with pytest.raises(OSError) as e:
             pack_data(**pack_args(kd, out))
         # The error names the index file that did not fit (its columns are written first).
@@ -193,9 +193,9 @@ def test_failure_half_way_through_publishing_keeps_what_was_published(kaldi, tmp
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         return real(src, dst)
 
-    from wdsprep.pack import publish
+    from wdsprep.pack import output
 
-    monkeypatch.setattr(publish.os, "replace", replace)
+    monkeypatch.setattr(output.os, "replace", replace)
     with pytest.raises(OSError, match="No space"):
         pack_data(**pack_args(kd, out))
     monkeypatch.undo()
@@ -210,7 +210,7 @@ def test_a_pack_that_fails_before_it_publishes_leaves_nothing(kaldi, tmp_path, m
     """Nothing published yet (the first shard's publication fails): the folder is left empty, as before."""
     root, kd, utts, tok = kaldi
     out = tmp_path / "out"
-    from wdsprep.pack import publish
+    from wdsprep.pack import output
 
     real = os.replace
 
@@ -219,7 +219,7 @@ def test_a_pack_that_fails_before_it_publishes_leaves_nothing(kaldi, tmp_path, m
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         return real(src, dst)
 
-    monkeypatch.setattr(publish.os, "replace", replace)
+    monkeypatch.setattr(output.os, "replace", replace)
     with pytest.raises(OSError, match="No space"):
         pack_data(**pack_args(kd, out))
     assert [p for p in out.rglob("*")] == []

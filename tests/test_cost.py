@@ -66,7 +66,7 @@ def test_a_cost_model_file_and_its_mistakes(tmp_path):
     assert load_cost(f) == ATTENTION == load_cost(ATTENTION.to_json())
     for doc, match in [({"per_frame": -1}, "per_frame must be a finite number >= 0"),
                        ({"subsampling": 0, "per_frame": 1}, "subsampling must be an integer >= 1"),
-                       ({"subsampling": 4}, "every coefficient 0"), ({"nope": 1}, "has none of"),
+                       ({"subsampling": 4}, "every coefficient 0"), ({"fit": {}}, "has none of"),
                        ([1, 2], "must be an object")]:
         f.write_text(json.dumps(doc))
         with pytest.raises(ValueError, match=match):
@@ -80,6 +80,63 @@ def test_a_cost_model_file_and_its_mistakes(tmp_path):
         BatchFit(cost=ATTENTION)
     with pytest.raises(ValueError, match="batches need a bound"):
         BatchFit()
+
+
+def test_the_t_u_term_counts_a_transducers_joint_tensor():
+    joint = CostModel(subsampling=4, per_frame=512, per_frame2=1, per_frame_token=2, per_token2=1)
+    t, u = 800 / 4, 30
+    assert joint.per_utterance(800, 30) == pytest.approx(t * (512 + t) + 2 * t * u + u * u)
+    assert joint.batch(7, 800, 30) == pytest.approx(7 * joint.per_utterance(800, 30))
+    assert CostModel(per_frame_token=1.0).uses_tokens and not ATTENTION.uses_tokens
+    # Only the t·u term counts tokens: a batch's room falls with its labels as t·u says.
+    fit = BatchFit(cost=CostModel(subsampling=1, per_frame_token=1.0), max_cost=1e6)
+    assert fit.room(1000, 10) == 100 and fit.room(1000, 20) == 50 and fit.room(2000, 10) == 50
+
+
+def test_an_older_cost_file_loads_and_keeps_its_states(tmp_path):
+    """Files and loader states written before the t·u term: no per_frame_token key, the same JSON back."""
+    from wdsprep.loading.plan import PlanOptions, options_json
+
+    older = {"subsampling": 4, "per_utt": 1.0, "per_frame": 512.0, "per_frame2": 1.0, "per_token": 0.0,
+             "per_token2": 3.0}
+    f = tmp_path / "cost.json"
+    f.write_text(json.dumps({**older, "fit": {"shapes": []}, "max_cost": 5e6}))
+    model = load_cost(f)
+    assert model.per_frame_token == 0 and model.to_json() == older
+    assert options_json(PlanOptions(cost=model, max_cost=5e6))["cost"] == older
+    assert "max_tokens_per_second" not in options_json(PlanOptions(max_frames=100))
+    assert load_cost({**older, "per_frame_token": 2}).to_json() == {**older, "per_frame_token": 2}
+
+
+@pytest.mark.parametrize("doc,match", [
+    ({"per_frame_2": 1.0}, r"unknown key 'per_frame_2' \(did you mean 'per_frame2'\?\)"),
+    ({"per_frame": 1.0, "per_frame_tokens": 2}, r"unknown key 'per_frame_tokens' \(did you mean 'per_frame_token'"),
+    ({"per_frame": 1.0, "comment": "x"}, r"unknown key 'comment'; a cost model has subsampling, per_utt"),
+    ({"per_frame_token": "2"}, "per_frame_token must be a finite number >= 0, got '2'"),
+    ({"per_frame": 1.0, "max_cost": "big"}, "max_cost must be a number, got 'big'"),
+    ({"per_frame": 1.0, "fit": [1]}, "fit must be an object"),
+    ({"subsampling": 4.0, "per_frame": 1.0}, "subsampling must be an integer"),
+])
+def test_a_cost_file_with_a_key_it_does_not_know_or_of_the_wrong_type_is_refused_by_name(tmp_path, doc, match):
+    f = tmp_path / "my-cost.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"my-cost.json: .*{match}"):
+        load_cost(f)
+
+
+def test_label_padding_efficiency_beside_the_frames():
+    from wdsprep.loading.stats import BatchTally, LoaderStats
+
+    t = BatchTally()
+    t.add([100, 200], 1000, tokens=[10, 30])
+    t.add([300], 1000)  # a batch without its tokens counts for the frames only
+    assert t.padding_efficiency == pytest.approx(600 / 700)
+    assert t.label_padding_efficiency == pytest.approx(40 / 60)
+    st = LoaderStats()
+    st.add_batches(t)
+    assert st.label_padding_efficiency == pytest.approx(40 / 60)
+    assert st.to_dict()["label_padding_efficiency"] == pytest.approx(40 / 60)
+    assert np.isnan(LoaderStats().label_padding_efficiency)
 
 
 def test_step_costs_say_how_long_steps_wait_for_their_slowest_rank():

@@ -15,11 +15,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from audio_shards import audio_like, demo_waves, feature_shards
-from shardsets import build, train_char_tokenizer
+from shardsets import build, build_multilingual, train_char_tokenizer
 
-from wdsprep import make_loader
+from wdsprep import load_tokenizer, make_loader
 
 pytestmark = pytest.mark.slow  # every test here runs torchrun
 
@@ -36,19 +37,24 @@ def uneven(tmp_path_factory):
     return root, out, utts, tok
 
 
-def run_torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    """torchrun in its own session, so a hang kills the whole process group (ranks and workers)."""
+def run_torchrun(nproc: int, *args: str, script: str = "ddp_worker.py", timeout: float = TIMEOUT
+                 ) -> subprocess.CompletedProcess:
+    """torchrun of ``script`` (here) in its own session, so a hang kills the whole process group
+    (ranks and workers) and fails the test."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / "ddp_worker.py"), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+           str(HERE / script), *args]
+    # The checkout under test first (a worktree's ranks must not import another checkout's wdsprep),
+    # then the tests' helpers, then the caller's path.
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=TIMEOUT)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"torchrun --nproc_per_node={nproc} {' '.join(args)} hung for {TIMEOUT}s:\n{err[-3000:]}")
+        pytest.fail(f"torchrun --nproc_per_node={nproc} {script} {' '.join(args)} hung for {timeout}s:\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -135,6 +141,7 @@ def test_elastic_resume_continues_the_plan_on_another_topology(uneven, tmp_path,
     assert len(set(plan) - set(done) - set(later)) < after[0]  # nothing skipped beyond one batch per rank
     assert len({ep["len"] for ep in rest}) == 1 and all(len(ep["batches"]) == ep["len"] for ep in rest)
     runs = [[before[0], before[1], 3], [after[0], after[1], rest[0]["len"]]]
+    assert all(ep["epoch_len"] == 3 + ep["len"] for ep in rest)  # len(loader) counts from the epoch's start
     assert all(ep["state"]["position"] == {"runs": runs} for ep in rest)
 
 
@@ -196,21 +203,57 @@ def in_process(trset: dict[str, str], tok: Path, world: int, workers: int, epoch
     return out
 
 
-def test_mixed_corpora_under_torchrun_resume_on_another_world_size(uneven, tmp_path):
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """English, Mandarin and Russian (60/30/10% of the hours) with a language and a previous text each."""
+    root = tmp_path_factory.mktemp("ddp-multilingual")
+    out, utts, toks = build_multilingual(root)
+    return f"{out}/data-*.tar", utts, {lang: str(p) for lang, p in toks.items()}
+
+
+# Mixed by language, a tokenizer per language and the previous text delivered: the launches of the
+# mixed-corpora test run it too (--also), on their topologies.
+BY_LANG = {"max_frames": 1500, "seed": 7, "mix_by": "lang", "temperature": 2, "fields": ["prev_text"]}
+
+
+def by_lang_in_process(trset: str, toks: dict, world: int, state: dict | None = None) -> list[list]:
+    """Each rank's batches of the mixed-by-language epoch, every rank simulated in this process, without workers."""
+    out = []
+    for r in range(world):
+        loader = make_loader(trset, toks, rank=r, world_size=world, **BY_LANG)
+        if state is not None:
+            loader.load_state_dict(state)
+            loader.set_epoch(state["epoch"])
+        out.append([b.keys for b in loader])
+    return out
+
+
+def test_mixed_corpora_under_torchrun_resume_on_another_world_size(uneven, multilingual, tmp_path):
     """Two corpora on a schedule: 2 ranks with workers stop at step 5; 3 ranks resume.  Every rank
     yields len(loader) batches, exactly those it yields when all ranks are simulated in one
-    process, each batch from one corpus and each utterance named with its corpus."""
+    process, each batch from one corpus and each utterance named with its corpus.  In the same
+    launches, one corpus mixed by language (temperature 2, a tokenizer per language, prev_text):
+    (2 ranks, 2 workers) give the batches of (rank r of 2, 0 workers) in one process, each
+    utterance with its own language, previous text and its language's ids; stopped at step 3 and
+    resumed on 3 ranks, the batches the plan gives the saved position, none yielded twice."""
     root, out, utts, tok = uneven
+    ml_trset, ml_utts, toks = multilingual
     zh, zh_utts = build(root, n=80, utts_per_shard=20, seed=5, prefix="zh-")
     trset = {"en": f"{out}/*/data-*.tar", "zh": f"{zh}/data-*.tar"}
     common = ["--epochs", "1", "--schedule", json.dumps(SCHEDULE)]
-    a = torchrun(2, tmp_path / "a", trset, tok, "--num-workers", "2", "--save-at", "5", *common)
+    also = {"trset": ml_trset, "tokenizer": toks, "kwargs": BY_LANG}
+    a = torchrun(2, tmp_path / "a", trset, tok, "--num-workers", "2", "--save-at", "5", *common,
+                 "--also", json.dumps({**also, "save_at": 3}))
     saved = a[0]["epochs"][0]["saved"]
     assert saved == a[1]["epochs"][0]["saved"] and saved["step"] == 5
     assert [r["epochs"][0]["batches"] for r in a] == [b[:5] for b in in_process(trset, tok, 2, 2, 0)]
     state = tmp_path / "state.json"
     state.write_text(json.dumps(saved))
-    b = torchrun(3, tmp_path / "b", trset, tok, "--resume", str(state), *common)
+    ml_state = a[0]["also"]["saved"]
+    assert ml_state == a[1]["also"]["saved"] and ml_state["step"] == 3
+    (tmp_path / "ml_state.json").write_text(json.dumps(ml_state))
+    b = torchrun(3, tmp_path / "b", trset, tok, "--resume", str(state), *common,
+                 "--also", json.dumps({**also, "resume": str(tmp_path / "ml_state.json")}))
     rest = [r["epochs"][0] for r in b]
     assert len({ep["len"] for ep in rest}) == 1 and all(len(ep["batches"]) == ep["len"] > 0 for ep in rest)
     assert [ep["batches"] for ep in rest] == in_process(trset, tok, 3, 0, 0, saved)
@@ -219,6 +262,20 @@ def test_mixed_corpora_under_torchrun_resume_on_another_world_size(uneven, tmp_p
             assert len(set(corpus)) == 1 and [("en", "zh")[c] for c in corpus] == \
                 ["zh" if k.startswith("zh-") else "en" for k in keys]
     assert rest[0]["state"]["global_step"] == 5 + rest[0]["len"]
+    # Mixed by language, on both launches' topologies.
+    ml_a, ml_b = [r["also"] for r in a], [r["also"] for r in b]
+    assert [r["batches"] for r in ml_a] == [keys[:3] for keys in by_lang_in_process(ml_trset, toks, 2)]
+    resumed = by_lang_in_process(ml_trset, toks, 3, ml_state)
+    assert [r["batches"] for r in ml_b] == resumed and {r["len"] for r in ml_b} == {len(resumed[0])} != {0}
+    agg = {lang: load_tokenizer(p) for lang, p in toks.items()}
+    offsets = dict(zip(agg, np.cumsum([2] + [t.vocab_size - 2 for t in agg.values()]).tolist()))
+    for r in ml_a + ml_b:
+        for keys, langs, fields, labels, corpora in zip(r["batches"], r["langs"], r["fields"], r["labels"],
+                                                        r["corpora"]):
+            assert len(set(langs)) == 1 and [("en", "zh", "ru")[c] for c in corpora] == langs
+            for k, lang, prev, ids in zip(keys, langs, fields["prev_text"], labels):
+                assert (lang, prev) == (ml_utts[k][0], ml_utts[k][2])
+                assert ids == [i if i < 2 else i - 2 + offsets[lang] for i in agg[lang].encode(ml_utts[k][1])]
 
 
 @pytest.fixture(scope="module")

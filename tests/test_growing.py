@@ -12,6 +12,7 @@ published before a kill are never rewritten.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -205,12 +206,12 @@ def test_resume_with_other_inputs_or_options_is_refused_naming_what_differs(kald
 
 
 def test_a_second_pack_into_a_folder_being_packed_is_refused(kaldi, tmp_path):
-    from wdsprep.pack.sink import hold
+    from wdsprep.pack.output import lock_folder
 
     root, kd, utts, tok = kaldi
     out = tmp_path / "out"
     out.mkdir()
-    lock = hold(out)  # what a running pack holds
+    lock = lock_folder(out)  # what a running pack holds
     try:
         for kw in ({"resume": True}, {"overwrite": True}, {}):
             with pytest.raises(FileExistsError, match="another pack is writing there now"):
@@ -288,7 +289,7 @@ def test_the_first_epoch_waits_for_min_shards(kaldi, stopped, tmp_path):
         loader = make_loader(pattern, tok, max_frames=3000, growing=True, min_shards=40, wait_timeout=60)
     finally:
         worker.join(timeout=TIMEOUT)
-    assert done and loader.growth.coverage["shards"] >= 40
+    assert done and loader.source.coverage["shards"] >= 40
 
 
 def test_resume_plans_the_saved_epoch_over_the_shards_published_then(kaldi, stopped, tmp_path):
@@ -312,13 +313,13 @@ def test_resume_plans_the_saved_epoch_over_the_shards_published_then(kaldi, stop
     again = make_loader(pattern, tok, growing=True, **kw)
     again.load_state_dict(state)
     again.set_epoch(2)
-    assert len(again) == len(rest) and [b.keys for b in again] == rest
+    assert len(again) == len(head) + len(rest) and [b.keys for b in again] == rest
     halves = [make_loader(pattern, tok, growing=True, rank=r, world_size=2, **kw) for r in range(2)]
     for h in halves:
         h.load_state_dict(state)
     got = [list(b.keys) for h in halves for b in h]
     assert len({len(h) for h in halves}) == 1
-    assert sorted(k for b in got for k in b) <= sorted(k for b in rest for k in b)
+    assert not Counter(k for b in got for k in b) - Counter(k for b in rest for k in b)  # none but the rest's
     assert len([b for b in rest if list(b) not in got]) < 2  # at most one batch per rank left over
     # the next epoch: the finished folder, planned as an ordinary loader plans it
     again.set_epoch(3)
@@ -387,7 +388,9 @@ def test_a_loader_trains_epochs_while_pack_audio_writes_the_shards(tmp_path):
         assert not list(out.rglob("*.ark")) and not (out / ".features").exists()
         loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=2000, seed=4, growing=True)
         epochs = []
-        for epoch in range(200):
+        deadline = time.monotonic() + TIMEOUT
+        for epoch in itertools.count():  # until the pack is complete: as many epochs as it takes
+            assert time.monotonic() < deadline, "the pack did not finish"
             loader.set_epoch(epoch)
             steps = len(loader)
             keys = [k for b in loader for k in b.keys]
@@ -501,3 +504,18 @@ def test_plan_file_is_written_before_the_first_shard(kaldi, tmp_path):
     assert {f: p.shards for f, p in plan.folders.items()} == {"0_150": 17, "150_inf": 30}
     assert sum(p.utts for p in plan.folders.values()) == 460
     assert json.loads((out / PLAN_NAME).read_text())["options"]["utts_per_shard"] == 10
+
+
+def test_stats_describe_the_epoch_set_before_it_is_iterated(kaldi, stopped, tmp_path):
+    """stats.growing read right after set_epoch is the new epoch's view, not the last one's."""
+    root, kd, utts, tok = kaldi
+    out = copy_of(stopped, tmp_path / "out")
+    loader = make_loader(f"{out}/*/data-*.tar", tok, max_frames=2000, growing=True)
+    loader.set_epoch(0)
+    assert loader.stats.growing["shards"] == 14 and not loader.stats.growing["complete"]
+    assert loader.stats.planned_steps == len(loader) and loader.stats.epoch == 0
+    list(loader)
+    pack_data(**pack_kwargs(kd, out, resume=True))
+    loader.set_epoch(1)
+    assert loader.stats.growing["complete"] and loader.stats.growing["shards"] == read_plan(out).shards
+    assert loader.stats.epoch == 1 and loader.stats.planned_steps == len(loader)

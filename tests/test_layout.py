@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,30 @@ sys.exit(status)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "share of utterances per step range" in r.stdout and "en 0.9@0 -> 0.5@30" in r.stdout
+
+
+def test_url_schemes_are_compared_in_the_stores_alone():
+    """What a URL's scheme can do is its store's (``remote/stores.py``): no other module compares a
+    string with a scheme (``url.startswith("s3://")``, ``kind == "http"``, ``url[len("pipe:"):]``),
+    so a new scheme is one store class and one entry in ``STORES``."""
+    from wdsprep.remote.stores import STORES
+
+    schemes = {p.rstrip(":/") for s in STORES for p in s.prefixes} | {s.name for s in STORES}
+    schemes |= {"local", "other"}  # and the kinds a scheme-naming function would answer for the rest
+    found = []
+    for path in sorted((REPO / "wdsprep").rglob("*.py")):
+        if path.relative_to(REPO).as_posix() == "wdsprep/remote/stores.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "removeprefix"))
+                    or (isinstance(node.func, ast.Name) and node.func.id == "len")):
+                operands = node.args
+            else:
+                continue
+            for c in (n for op in operands for n in ast.walk(op) if isinstance(n, ast.Constant)):
+                if isinstance(c.value, str) and c.value.rstrip(":/") in schemes:
+                    found.append(f"{path.relative_to(REPO)}:{c.lineno}: {c.value!r}")
+    assert not found, found

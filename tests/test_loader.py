@@ -126,9 +126,10 @@ def test_filters_count_every_drop(data):
     assert loader.stats.dropped == dict(expect) and len(keys_of(batches)) == kept
     assert all(len(b.keys) <= 4 for b in batches)
     assert loader.stats.discarded == 0  # dropped samples are accounted, not discarded
-    # Length filters act on the plan; the CTC rule needs tokens, so it acts at run time: the
-    # utterance leaves its planned batch, which still comes (perhaps empty): the steps never change.
-    assert len(batches) == len(loader) == loader.stats.planned_steps
+    # Every filter, the CTC rule too (from the labels counted beside the index), acts on the plan:
+    # no planned batch loses an utterance later, none comes empty.
+    assert loader.source.corpus.plan(0).dropped == dict(expect)
+    assert len(batches) == len(loader) == loader.stats.planned_steps and all(len(b.keys) for b in batches)
 
 
 def test_dev_mode_no_shuffle_once(data):

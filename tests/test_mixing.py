@@ -145,7 +145,7 @@ def test_resumed_mid_schedule_on_another_world_size_it_continues_the_plan(corpor
     three = ranks(trset, tok, 3, schedule=schedule)
     for loader in three:
         loader.load_state_dict(state)
-        assert len(loader) == math.ceil(state["position"]["batches_left"] / 3)
+        assert len(loader) == state["step"] + math.ceil(state["position"]["batches_left"] / 3)
     for r, loader in enumerate(three):
         batches = epoch_batches(loader, 1)
         refs = planned_refs(loader, 1, r)
@@ -230,9 +230,10 @@ def test_dry_run_shows_the_planned_mixture(corpora, tmp_path):
     trset, _, tok = corpora
     corpus_args = [a for name, p in trset.items() for a in ("--corpus", f"{name}={p}")]
     plan = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", *corpus_args, "--max-frames", "1500",
-                           "--schedule", "0:en=9,zh=1", "100:en=1,zh=1", "--world-size", "2"],
-                          capture_output=True, text=True, timeout=120)
+                           "--schedule", "0:en=9,zh=1", "100:en=1,zh=1", "--world-size", "2",
+                           "--plot", str(tmp_path / "planned.png")], capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stderr
+    assert (tmp_path / "planned.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "en 0.9@0 -> 0.5@100, zh 0.1@0 -> 0.5@100 (schedule)" in plan.stdout
     assert "share of utterances per step range, scheduled -> planned (share of hours)" in plan.stdout
     rows = re.findall(r"^ +(\d+)-(\d+) +([01]\.\d{3})->([01]\.\d{3}) \([01]\.\d{3}\)", plan.stdout, re.M)

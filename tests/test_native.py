@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from shard_helpers import cold_file, npy, wait_for
+from shard_readers import iter_shard_samples
 from shardsets import build, train_char_tokenizer
 
 from wdsprep.format import native, shardfile, tar
@@ -169,7 +170,7 @@ def test_walk_declines_what_it_does_not_parse(tmp_path, monkeypatch, kind):
     # ... and the reader still reads it, through the Python walk or tarfile.
     with tarfile.open(path) as tf:
         expected = {m.name.split(".", 1)[0] for m in tf if m.isfile()}
-    assert [k for k, _ in fsamples.iter_shard_samples(str(path))] == sorted(expected)
+    assert [k for k, _ in iter_shard_samples(str(path))] == sorted(expected)
 
 
 @needs_native

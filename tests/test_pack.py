@@ -204,6 +204,50 @@ def test_bad_features_are_reported_not_packed(tmp_path):
     assert set(all_samples(tmp_path / "out")) == {"good"}
 
 
+def test_features_that_change_after_the_headers_pass_are_reported_not_packed(corpus, monkeypatch, tmp_path):
+    """An ark rewritten between the headers pass and the writing of a shard: a matrix whose frames or
+    dims are no longer what its header gave is dropped as bad_features, naming the ark; the rest of
+    its shard is packed."""
+    from wdsprep.prep.ark import ArkReader
+
+    tmp, scps, txts, feats, texts = corpus
+    real, calls = ArkReader.load, []
+
+    def load(self, rxfile):  # the headers pass reads headers alone; this is the writing
+        m = real(self, rxfile)
+        calls.append(rxfile)
+        return {1: m[:-1], 2: m[:, :-1]}.get(len(calls), m)
+
+    monkeypatch.setattr(ArkReader, "load", load)
+    report = pack_data(scps, txts, tmp_path / "out", shuffle=False, utts_per_shard=100, progress=False)
+    bad = report.dropped["bad_features"]
+    assert [d["uttid"] for d in bad] == IDS[:2]  # the first two read (input order)
+    assert f"{len(feats[IDS[0]]) - 1} frames, {len(feats[IDS[0]])} when the pack measured it: {calls[0]} " \
+           f"changed during the pack" in bad[0]["why"]
+    assert f"12 feature dims, 13 when the pack measured it: {calls[1]} changed" in bad[1]["why"]
+    assert set(all_samples(tmp_path / "out")) == set(IDS[2:])
+
+
+def test_the_resume_record_is_the_plan_files_options(corpus):
+    """``PackOptions.record()`` is what pack_plan.json keeps as ``options``: the keys and order a plan
+    written by an earlier pack holds (a stopped pack resumes only if they match), the groups in
+    one spelling, and pack-audio's fbank options flat after its own, with the backend resolved."""
+    from wdsprep.pack.options import AudioOptions, PackOptions
+    from wdsprep.prep.fbank_options import FbankOptions
+
+    tmp, scps, txts, feats, texts = corpus
+    options = PackOptions(filter_group=["150:", ":150"], utts_per_shard=20, seed=3)
+    assert list(options.record()) == ["fmt", "filter_group", "utts_per_shard", "layout", "dtype", "dims", "shuffle",
+                                      "seed"]
+    assert options.record()["filter_group"] == ["0:150", "150:"]
+    pack_data(scps, txts, tmp / "out", filter_group=["150:", ":150"], utts_per_shard=20, seed=3, progress=False)
+    assert json.loads((tmp / "out" / "pack_plan.json").read_text())["options"] == options.record()
+    audio = PackOptions(layout="flac", audio=AudioOptions(FbankOptions(backend="numpy", dither=0.5), "flac"))
+    assert audio.record() == {"fmt": "data-%05d.tar", "filter_group": None, "utts_per_shard": 2000, "layout": "flac",
+                              "dtype": "float32", "shuffle": True, "seed": 0, "num_mel_bins": 80, "sample_rate": 16000,
+                              "dither": 0.5, "backend": "numpy", "channel": 0, "store": "flac"}
+
+
 def test_strict_fails_after_writing_the_report(corpus):
     tmp, scps, txts, feats, texts = corpus
     with pytest.raises(StrictError, match="outside_groups"):
@@ -256,7 +300,7 @@ def test_interrupted_pack_keeps_only_published_shards_and_resume_finishes_it(cor
 
     tmp, scps, txts, feats, texts = corpus
     calls = {"n": 0}
-    real_add = writer.GroupedSink.add
+    real_add = writer.ShardSink.add
 
     def add_then_die(self, *args, **kwargs):
         calls["n"] += 1
@@ -264,7 +308,7 @@ def test_interrupted_pack_keeps_only_published_shards_and_resume_finishes_it(cor
             raise KeyboardInterrupt
         real_add(self, *args, **kwargs)
 
-    monkeypatch.setattr(writer.GroupedSink, "add", add_then_die)
+    monkeypatch.setattr(writer.ShardSink, "add", add_then_die)
     out = tmp / "out"
     kw = dict(filter_group=[":200", "200:"], utts_per_shard=4)
     with pytest.raises(KeyboardInterrupt):
@@ -440,6 +484,9 @@ def test_float16_says_only_wdsprep_converts(corpus):
         assert "UserWarning" not in r.stderr  # a line for the user, not Python's warning format
     ds = wds.WebDataset(sorted(str(p) for p in (tmp / "cat").glob("*.tar")), shardshuffle=False).decode()
     assert {s["npy"].dtype for s in ds} == {np.dtype(np.float16)}  # what CAT's model would get
+    with pytest.warns(UserWarning, match="float16 features") as warned:
+        pack_data(scps, txts, tmp / "api", dtype="float16", progress=False)
+    assert warned[0].filename == __file__  # the line that called pack_data
     with pytest.raises(ValueError, match="dtype 'bfloat16'"):
         pack_data(scps, txts, tmp / "x", dtype="bfloat16")
     assert not (tmp / "x").exists()  # refused before anything was written

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from shard_readers import iter_tar_samples
 
 from wdsprep import compute_fbank, pack_audio, pack_data, read_index
 from wdsprep.format.keys import decode_key
-from wdsprep.format.tar import iter_tar_samples
 
 AUDIO = Path(__file__).parent / "data" / "audio"
 KNF = "kaldi-native-fbank"
@@ -135,13 +135,13 @@ def test_pack_audio_shuffled_is_the_same_on_any_nj_and_unshuffled_writes_no_ark(
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*tars))
 
     arks = []
-    real = sink.GroupedSink.add
+    real = sink.ShardSink.add
 
-    def watch(self, uttid, feats, text, folder=None):  # no ark anywhere while the features stream
+    def watch(self, uttid, feats, text):  # no ark anywhere while the features stream
         arks.extend(tmp_path.joinpath("plain").rglob("*.ark*"))
-        real(self, uttid, feats, text, folder)
+        real(self, uttid, feats, text)
 
-    monkeypatch.setattr(sink.GroupedSink, "add", watch)
+    monkeypatch.setattr(sink.ShardSink, "add", watch)
     pack_audio(wav, [text], tmp_path / "plain", filter_group=GROUPS, segments=seg, backend=KNF, utts_per_shard=2,
                shuffle=False, progress=False)
     monkeypatch.undo()

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from pagecache import resident_fraction
 from shard_helpers import cold_file, wait_for
+from shard_readers import decode_npy, iter_shard_samples, iter_tar_samples
 
 from wdsprep.format import native, shardfile
-from wdsprep.format.npy import decode_npy
-from wdsprep.format.samples import iter_decoded, iter_shard_samples
+from wdsprep.format.samples import iter_decoded
 from wdsprep.format.shardfile import FileFeats, ShardError, prefetch_shard
-from wdsprep.format.tar import iter_tar_samples
 from wdsprep.format.writer import ShardWriter
 
 

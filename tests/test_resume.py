@@ -47,7 +47,8 @@ def test_resume_on_the_same_workers_yields_the_rest_of_the_epoch(data, workers):
     for step in [1, len(full) // 2, len(full) - 2, len(full) - 1]:
         loader.load_state_dict({**saved, "step": step, "position": {"runs": [[1, workers, step]]}, "complete": False})
         assert loader.state_dict()["step"] == step  # a checkpoint taken before iterating again says the same
-        assert len(loader) == len(full) - step
+        # counted from the epoch's start, as a trainer that resumes counts (the iteration yields the rest)
+        assert len(loader) == len(full) and len(loader) - loader.position().step == len(full) - step
         rest = epoch(loader)  # no set_epoch: the loaded state chose epoch 2
         assert same(rest, full[step:]), f"resumed at step {step} of {len(full)}"
         assert loader.stats.steps == len(full) and loader.stats.planned_steps == len(full) - step
@@ -95,7 +96,7 @@ def test_a_complete_epoch_resumes_as_empty(data):
     n = len(epoch(a, 0))
     b = make_loader(trset, tok, max_frames=1200, seed=4)
     b.load_state_dict(a.state_dict())
-    assert len(b) == 0 and epoch(b) == [] and b.stats.steps == n
+    assert len(b) == n and b.position().step == n and epoch(b) == [] and b.stats.steps == n
     assert same(epoch(b, 1), epoch(a, 1))
 
 
@@ -122,6 +123,29 @@ def test_a_state_that_would_give_other_batches_is_refused(data, change, match):
         make_loader(trset, tok, **{**kw, **change}).load_state_dict(state)
     with pytest.raises(ValueError, match="missing"):
         make_loader(trset, tok, **kw).load_state_dict({"epoch": 1, "step": 3})
+
+
+def test_a_state_whose_plan_did_not_apply_the_ctc_rule_is_refused_naming_it(data):
+    """The CTC rule is decided by the plan: its batches differ from those of a plan without it, where
+    the readers alone applied it (states saved before, with ctc_subsampling set, hold no such plan
+    option).  Such a state is refused, naming the option; one saved without the rule still resumes a
+    loader without it (its fingerprint unchanged)."""
+    trset, tok, _ = data
+    kw = dict(max_frames=1200, seed=4)
+    plain = make_loader(trset, tok, **kw)
+    plain.set_epoch(1)
+    it = iter(plain)
+    next(it)
+    old = json.loads(json.dumps(plain.state_dict()))  # what an older loader saved: no ctc_subsampling in its options
+    del it
+    ruled = make_loader(trset, tok, ctc_subsampling=4, **kw)
+    assert "ctc_subsampling" not in old["options"] and ruled.state_dict()["options"]["ctc_subsampling"] == 4
+    with pytest.raises(ValueError, match=r"fingerprint differs.*this loader's plan has ctc_subsampling=4 and the saved "
+                                         r"plan had not"):
+        ruled.load_state_dict(old)
+    again = make_loader(trset, tok, **kw)
+    again.load_state_dict(old)
+    assert len(again) == len(plain) - 1
 
 
 def test_a_step_past_the_end_of_the_epoch_is_refused(data):

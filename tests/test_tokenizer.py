@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import itertools
 import json
 import os
@@ -10,10 +11,12 @@ import pickle
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import wdsprep.tokenizer as tk
 from wdsprep.prep.kaldi import KaldiDataError
 from wdsprep.tokenizer import (
     SubwordSampling,
@@ -23,6 +26,9 @@ from wdsprep.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
+from wdsprep.tokenizer import base as tk_base
+from wdsprep.tokenizer.base import BOS, UNK
+from wdsprep.tokenizer.simple import SimpleTokenizer
 
 ENGLISH = ["the quick brown fox jumps over the lazy dog", "speech recognition with subword units",
            "recognition of speech in noisy rooms", "the dog recognised the speaker",
@@ -269,6 +275,60 @@ def test_training_text_errors_name_file_and_line(tmp_path: Path) -> None:
             train_tokenizer(kind, [bad], tmp_path / f"{kind}.json", vocab_size=50)
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
         train_tokenizer("bytes", [bad], tmp_path / "x.json")
+
+
+def test_options_of_another_kind_are_refused_unless_at_their_default(text_file: Path, tmp_path: Path) -> None:
+    for kind, option, why in (("char", {"user_dict": text_file}, "user_dict is for --kind jieba, not 'char'"),
+                              ("jieba", {"spm_options": {"split_digits": True}},
+                               "spm_options is for --kind sentencepiece, not 'jieba'"),
+                              ("char", {"model_type": "bpe"}, "model_type is for --kind sentencepiece"),
+                              ("sentencepiece", {"keep_spaces": False}, "keep_spaces is for --kind char")):
+        with pytest.raises(ValueError, match=why):
+            train_tokenizer(kind, [text_file], tmp_path / "t.json", **option)
+    assert not (tmp_path / "t.json").exists()
+    # at their defaults (what the CLI passes for every kind) they are no one's business
+    train_tokenizer("char", [text_file], tmp_path / "t.json", model_type="unigram", spm_options={}, keep_spaces=True)
+
+
+class LowerWords(SimpleTokenizer):
+    """A kind as a new module would add one: words looked up in lower case, trained on lower-cased text."""
+
+    kind = "lower-words"
+
+    def encode(self, text: str) -> list[int]:
+        return super().encode(text.lower())
+
+    @classmethod
+    def train(cls, text_files, vocab_size, *, keep_spaces: bool = True) -> LowerWords:
+        words = Counter(w.lower() for t in tk_base.transcripts(text_files) for w in t.split())
+        return cls(tk_base.vocabulary(words, vocab_size, [BOS, UNK]))
+
+
+def test_a_registered_kind_is_trained_read_and_offered_with_no_other_change(text_file, tmp_path, monkeypatch,
+                                                                             capsys) -> None:
+    """The registry is the one list of kinds: the file reader, train_tokenizer (with the kind's own
+    options) and the CLI's --kind choices all take a kind that registers itself."""
+    from wdsprep.cli import main
+
+    assert tk.KINDS == tk_base.trainable_kinds() == tuple(KINDS)
+    assert set(tk.FILE_KINDS) == set(KINDS) | {"lexicon", "aggregate"}
+    assert not tk_base.REGISTRY["lexicon"].trainable() and not tk_base.REGISTRY["aggregate"].trainable()
+    signature = inspect.signature(train_tokenizer).parameters
+    assert all(o in signature for k in tk.FILE_KINDS for o in tk_base.REGISTRY[k].train_options())
+    monkeypatch.setitem(tk_base.REGISTRY, LowerWords.kind, LowerWords)
+    tok = train_tokenizer("lower-words", [text_file], tmp_path / "lw.json", keep_spaces=True)
+    assert isinstance(tok, LowerWords) and tok.encode("The DOG") == tok.encode("the dog") != [1, 1]
+    again = load_tokenizer(tmp_path / "lw.json")
+    assert type(again) is LowerWords and again.encode("THE dog") == tok.encode("the dog")
+    with pytest.raises(ValueError, match="model_type is for --kind sentencepiece, not 'lower-words'"):
+        train_tokenizer("lower-words", [text_file], tmp_path / "x.json", model_type="bpe")
+    assert main(["tokenizer", "train", "--kind", "lower-words", "--text", str(text_file), "--out",
+                 str(tmp_path / "cli.json")]) == 0
+    assert type(load_tokenizer(tmp_path / "cli.json")) is LowerWords
+    with pytest.raises(SystemExit):
+        main(["tokenizer", "train", "--kind", "lexicon", "--text", str(text_file), "--out", str(tmp_path / "l.json")])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "invalid choice: 'lexicon'" in err and [k for k in (*KINDS, "lower-words") if k not in err] == []
 
 
 def _segmentations(tok: Tokenizer, texts: list[str], sampling: SubwordSampling, calls: int) -> list[tuple[int, ...]]:

@@ -156,7 +156,9 @@ def format_summary(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python tools/demo.py", description=__doc__.split("\n\n")[0])
+    # `wdsprep demo` runs this script under its own name (wdsprep.cli.PROG_VARIABLE).
+    p = argparse.ArgumentParser(prog=os.environ.get("WDSPREP_PROG", "python tools/demo.py"),
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default="exp/demo", help="output directory, replaced on re-runs (default: %(default)s)")
     p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-rank dry-run (default: %(default)s)")
     p.add_argument("--nj", type=int, default=2, help="worker processes for fbank and pack (default: %(default)s)")

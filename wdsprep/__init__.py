@@ -6,15 +6,20 @@ are imported only by the functions that need them.
 
 from wdsprep.check.inspect import InspectResult, inspect_shards
 from wdsprep.check.verify import VerifyResult, verify_shards
-from wdsprep.format.index import index_shards, read_index
+from wdsprep.errors import StrictError
+from wdsprep.format.index import read_index
 from wdsprep.format.keys import decode_key, encode_key
+from wdsprep.format.reindex import index_shards
+from wdsprep.format.shardlist import shard_pattern
 from wdsprep.loading.augment import Augment, Noise, Reverb, SpecAugment, Speed
-from wdsprep.pack import pack_audio, pack_data
+from wdsprep.pack import Manifest, pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
-from wdsprep.report import Report, StrictError
+from wdsprep.report import Report
 from wdsprep.tokenizer import (
+    AggregateTokenizer,
     SubwordSampling,
     Tokenizer,
+    aggregate_tokenizers,
     import_cat_tokenizer,
     load_tokenizer,
     train_tokenizer,
@@ -22,15 +27,16 @@ from wdsprep.tokenizer import (
 
 __version__ = "0.1.0"
 
-__all__ = ["compute_fbank", "pack_data", "pack_audio", "Report", "StrictError",
-           "encode_key", "decode_key", "read_index", "index_shards", "SubwordSampling", "Tokenizer", "load_tokenizer",
-           "train_tokenizer", "import_cat_tokenizer",
+__all__ = ["compute_fbank", "pack_data", "pack_audio", "Manifest", "Report", "StrictError",
+           "encode_key", "decode_key", "read_index", "shard_pattern", "index_shards", "SubwordSampling", "Tokenizer",
+           "load_tokenizer", "train_tokenizer", "import_cat_tokenizer", "AggregateTokenizer", "aggregate_tokenizers",
            "inspect_shards", "InspectResult", "verify_shards", "VerifyResult",
            "Augment", "Speed", "Noise", "Reverb", "SpecAugment"]
 
-# The loader imports torch; resolve these names on first use so ``import wdsprep`` stays cheap.
+# The loader and the device modules import torch; resolve these names on first use so ``import
+# wdsprep`` stays cheap.
 _LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "LoaderStats": "loader",
-         "make_loader_from_hyper": "hyper"}
+         "make_loader_from_hyper": "hyper", "Fbank": "device", "SpecAugmentModule": "device"}
 __all__ += list(_LAZY)
 
 

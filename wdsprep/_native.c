@@ -317,6 +317,7 @@ static PyObject *walk(PyObject *self, PyObject *args)
 
 #define MAX_LAYOUTS 4
 #define MAX_EXT 32
+#define MAX_FIELDS 16
 
 /* What a sample's members gave for one layout (features extension, transcript extension). */
 typedef struct {
@@ -429,25 +430,42 @@ typedef struct {
     PyObject *keys, *texts;
     long long *layout; /* offset, frames, dims, itemsize per sample */
     Py_ssize_t n, cap;
+    int nfields;
+    PyObject *values[MAX_FIELDS]; /* per field asked for: a list of each sample's value (str, or None) */
 } Columns;
 
 static void columns_clear(Columns *c)
 {
     Py_CLEAR(c->keys);
     Py_CLEAR(c->texts);
+    for (int j = 0; j < c->nfields; j++)
+        Py_CLEAR(c->values[j]);
     PyMem_Free(c->layout);
     c->layout = NULL;
 }
 
+/* A sample's field members as found: the value of each field asked for (NULL: no such member). */
+typedef struct {
+    PyObject *value[MAX_FIELDS];
+    int bad; /* a field member that is not UTF-8: the Python reader says so */
+} FieldsFound;
+
+static void fields_clear(FieldsFound *f, int n)
+{
+    for (int j = 0; j < n; j++)
+        Py_CLEAR(f->value[j]);
+    f->bad = 0;
+}
+
 /* The first layout a sample has both members of, appended to the columns: MEMBER; NOT_PLAIN
  * when it has no pair or that pair did not decode; FAILED with an exception. */
-static int emit(Columns *out, const char *key, Py_ssize_t key_len, Found *found, int n)
+static int emit(Columns *out, const char *key, Py_ssize_t key_len, Found *found, int n, FieldsFound *ff)
 {
     for (int l = 0; l < n; l++) {
         Found *f = &found[l];
         if (!f->has_feats || !f->has_text)
             continue;
-        if (!f->feats_ok || f->text == NULL)
+        if (!f->feats_ok || f->text == NULL || ff->bad)
             return NOT_PLAIN;
         if (out->n == out->cap) {
             Py_ssize_t cap = out->cap ? 2 * out->cap : 1024;
@@ -465,6 +483,9 @@ static int emit(Columns *out, const char *key, Py_ssize_t key_len, Found *found,
             return FAILED;
         }
         Py_DECREF(k);
+        for (int j = 0; j < out->nfields; j++)
+            if (PyList_Append(out->values[j], ff->value[j] != NULL ? ff->value[j] : Py_None) < 0)
+                return FAILED;
         long long *row = out->layout + 4 * out->n++;
         row[0] = f->offset;
         row[1] = f->frames;
@@ -475,14 +496,20 @@ static int emit(Columns *out, const char *key, Py_ssize_t key_len, Found *found,
     return NOT_PLAIN;
 }
 
-static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX_EXT], int nlayouts)
+static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX_EXT], int nlayouts,
+                                char fexts[][MAX_EXT], int nfields)
 {
-    Columns cols = {PyList_New(0), PyList_New(0), NULL, 0, 0};
+    Columns cols = {PyList_New(0), PyList_New(0), NULL, 0, 0, nfields, {NULL}};
     Columns *out = &cols;
-    if (cols.keys == NULL || cols.texts == NULL) {
+    int made = cols.keys != NULL && cols.texts != NULL;
+    for (int j = 0; j < nfields && made; j++)
+        made = (cols.values[j] = PyList_New(0)) != NULL;
+    if (!made) {
         columns_clear(&cols);
         return NULL;
     }
+    FieldsFound ff;
+    memset(&ff, 0, sizeof(ff));
     Found found[MAX_LAYOUTS];
     memset(found, 0, sizeof(found));
     char key[sizeof(((Member *)0)->name)];
@@ -517,12 +544,29 @@ static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX
         const char *ext = klen < m.name_len ? m.name + klen + 1 : m.name + m.name_len;
         Py_ssize_t elen = m.name + m.name_len - ext;
         if (klen != key_len || memcmp(key, m.name, (size_t)klen) != 0) {
-            if (key_len >= 0 && (r = emit(out, key, key_len, found, nlayouts)) != MEMBER)
+            if (key_len >= 0 && (r = emit(out, key, key_len, found, nlayouts, &ff)) != MEMBER)
                 break;
             found_clear(found, nlayouts);
+            fields_clear(&ff, nfields);
             memcpy(key, m.name, (size_t)klen);
             key_len = klen;
         }
+        for (int j = 0; j < nfields; j++) {
+            if ((Py_ssize_t)strlen(fexts[j]) != elen || memcmp(fexts[j], ext, (size_t)elen) != 0)
+                continue;
+            Py_CLEAR(ff.value[j]); /* a later member of the same name wins, as in a dict */
+            ff.value[j] = member_text(src, &m);
+            if (ff.value[j] == NULL && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    r = FAILED;
+                    break;
+                }
+                PyErr_Clear();
+                ff.bad = 1;
+            }
+        }
+        if (r == FAILED)
+            break;
         for (int l = 0; l < nlayouts; l++) {
             Found *f = &found[l];
             if ((Py_ssize_t)strlen(exts[l][0]) == elen && memcmp(exts[l][0], ext, (size_t)elen) == 0) {
@@ -547,16 +591,24 @@ static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX
     }
     if (r == END && key_len >= 0)
     {
-        int last = emit(out, key, key_len, found, nlayouts);
+        int last = emit(out, key, key_len, found, nlayouts, &ff);
         r = last == MEMBER ? END : last;
     }
     found_clear(found, nlayouts);
+    fields_clear(&ff, nfields);
     PyObject *result = NULL;
     if (r == END) {
         PyObject *layout = PyBytes_FromStringAndSize((const char *)cols.layout,
                                                      (Py_ssize_t)(cols.n * 4 * (Py_ssize_t)sizeof(long long)));
-        if (layout != NULL)
+        PyObject *values = layout == NULL || nfields == 0 ? NULL : PyList_New(nfields);
+        for (int j = 0; values != NULL && j < nfields; j++)
+            PyList_SET_ITEM(values, j, Py_NewRef(cols.values[j]));
+        if (layout != NULL && nfields == 0)
             result = Py_BuildValue("(OON)", cols.keys, cols.texts, layout);
+        else if (layout != NULL && values != NULL)
+            result = Py_BuildValue("(OONN)", cols.keys, cols.texts, layout, values);
+        else
+            Py_XDECREF(layout);
     } else if (!(r == FAILED && PyErr_Occurred())) {
         result = Py_NewRef(Py_None);
     }
@@ -565,22 +617,44 @@ static PyObject *samples_source(Source *src, Py_ssize_t peek, char exts[][2][MAX
 }
 
 PyDoc_STRVAR(samples_doc,
-"samples(src, peek, size, layouts) -> (keys, texts, layout) | None\n\n"
+"samples(src, peek, size, layouts, fields=None) -> (keys, texts, layout[, values]) | None\n\n"
 "The samples of a plain tar (src and size as for walk) as columns: their keys and transcripts\n"
 "(lists of str) and, as bytes holding native int64 [n, 4], the offset of each one's\n"
 "float32/float16 feature data (C order), its frames, dims and item size.  layouts is a list of\n"
-"(features extension, transcript extension) pairs, tried in order.\n"
+"(features extension, transcript extension) pairs, tried in order.  fields, a list of member\n"
+"extensions (bytes): values is then one list per field of each sample's member text, or None\n"
+"where the sample has no such member (a field member that is not UTF-8 gives None overall).\n"
 "None when anything needs the Python reader: whatever walk() declines, names that are not\n"
 "ASCII, a sample without a pair, an .npy header other than numpy's own for such an array,\n"
 "truncated feature data, a transcript that is not UTF-8.");
 
 static PyObject *samples(PyObject *self, PyObject *args)
 {
-    PyObject *obj, *layouts;
+    PyObject *obj, *layouts, *fields = Py_None;
     Py_ssize_t peek;
     long long size;
-    if (!PyArg_ParseTuple(args, "OnLO!:samples", &obj, &peek, &size, &PyList_Type, &layouts))
+    if (!PyArg_ParseTuple(args, "OnLO!|O:samples", &obj, &peek, &size, &PyList_Type, &layouts, &fields))
         return NULL;
+    char fexts[MAX_FIELDS][MAX_EXT];
+    Py_ssize_t nf = 0;
+    if (fields != Py_None) {
+        if (!PyList_Check(fields) || PyList_GET_SIZE(fields) > MAX_FIELDS) {
+            PyErr_Format(PyExc_ValueError, "fields must be a list of at most %d extensions", MAX_FIELDS);
+            return NULL;
+        }
+        nf = PyList_GET_SIZE(fields);
+        for (Py_ssize_t j = 0; j < nf; j++) {
+            const char *fe;
+            Py_ssize_t fl;
+            if (!PyArg_Parse(PyList_GET_ITEM(fields, j), "y#:samples", &fe, &fl))
+                return NULL;
+            if (fl < 1 || fl >= MAX_EXT || fl != (Py_ssize_t)strlen(fe)) {
+                PyErr_SetString(PyExc_ValueError, "field extensions must be short and without NUL bytes");
+                return NULL;
+            }
+            memcpy(fexts[j], fe, (size_t)fl + 1);
+        }
+    }
     Py_ssize_t n = PyList_GET_SIZE(layouts);
     if (n < 1 || n > MAX_LAYOUTS) {
         PyErr_Format(PyExc_ValueError, "between 1 and %d layouts", MAX_LAYOUTS);
@@ -603,7 +677,7 @@ static PyObject *samples(PyObject *self, PyObject *args)
     Py_buffer view;
     if (source_open(&src, obj, peek, size, &view) < 0)
         return NULL;
-    PyObject *result = samples_source(&src, peek, exts, (int)n);
+    PyObject *result = samples_source(&src, peek, exts, (int)n, fexts, (int)nf);
     source_close(&src, &view);
     return result;
 }

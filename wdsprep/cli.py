@@ -19,17 +19,17 @@ import sys
 import warnings
 from pathlib import Path
 
-from wdsprep.check.inspect import DEFAULT_MAX_FRAMES
-from wdsprep.errors import DataError
-from wdsprep.format.shardfile import ShardError
+from wdsprep.errors import DataError, MissingExtra, StrictError
+from wdsprep.options import add_flags, given
 from wdsprep.prep.fbank import BackendUnavailable
-from wdsprep.report import StrictError
-from wdsprep.tokenizer.base import TokenizerFileError
+from wdsprep.tokenizer.base import trainable_kinds
+from wdsprep.tokenizer.spm import SPM_MODEL_TYPES
 
 
 def _add_pack_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``pack`` and ``pack-audio`` (they write the same shards)."""
-    p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s)")
+    p.add_argument("--text", nargs="+", metavar="TEXT", help="Kaldi text file(s) (not with --from: the manifest has "
+                                                             "the transcripts)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--filter-group", nargs="+", metavar="LO:HI",
                    help="length groups in frames, LO <= frames < HI; an open end is allowed (:10, 1000:)")
@@ -46,6 +46,17 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--utt2spk", nargs="+", metavar="UTT2SPK",
                    help="Kaldi utt2spk file(s): speakers kept in the index for the loader's shuffle report and "
                         "--max-utts-per-speaker (default: the id up to its first '-', after an spN.N- prefix)")
+    p.add_argument("--utt2lang", nargs="+", metavar="UTT2LANG",
+                   help="'uttid language' file(s): each utterance's language, a member KEY.lang of the shards and a "
+                        "column of the index (batch.lang, a tokenizer per language, mix_by lang); an utterance "
+                        "without one is not packed (missing_lang)")
+    p.add_argument("--field", action="append", metavar="NAME=FILE",
+                   help="a field of the utterances from an 'uttid value' file, a member KEY.NAME of the shards "
+                        "(repeatable), e.g. prev_text=data/train/text.prev; an utterance without a value is not "
+                        "packed (missing_field)")
+    p.add_argument("--index-field", action="append", metavar="NAME",
+                   help="a --field that is also a column of the index, for plans (mix_by) and inspect (repeatable; "
+                        "the language always is)")
     p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
     p.add_argument("--overwrite", action="store_true",
@@ -61,9 +72,10 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
                    help="progress bar (default: only on a terminal)")
 
 
-def _add_audio_options(p: argparse.ArgumentParser) -> None:
+def _add_audio_options(p: argparse.ArgumentParser, *, wav_scp: bool = True) -> None:
     """Options shared by ``fbank`` and ``pack-audio`` (they compute the same features)."""
-    p.add_argument("--wav-scp", required=True, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
+    if wav_scp:
+        _add_wav_scp(p, required=True)
     p.add_argument("--segments", help="Kaldi segments: 'uttid recid start end [channel]', end -1 = to the end")
     p.add_argument("--num-mel-bins", type=int, default=80, help="(default: %(default)s)")
     p.add_argument("--sample-rate", type=int, default=16000,
@@ -74,6 +86,39 @@ def _add_audio_options(p: argparse.ArgumentParser) -> None:
                    help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
     p.add_argument("--channel", type=int, default=0,
                    help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
+
+
+def _add_wav_scp(p: argparse._ActionsContainer, *, required: bool) -> None:
+    p.add_argument("--wav-scp", required=required, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
+
+
+def _add_from(p: argparse.ArgumentParser, source: argparse._ActionsContainer, kinds: dict) -> None:
+    """``--from KIND PATH``: the input in another project's format; its kinds from their registry."""
+    from wdsprep.pack.sources import Manifest
+
+    listed = "; ".join(f"{name}: {kind.help}" for name, kind in kinds.items())
+    source.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"),
+                        help=f"the utterances, transcripts, speakers and languages in another project's format "
+                             f"(docs/import.md), in place of the Kaldi files. KIND: {listed}")
+    if any(kind.columns for kind in kinds.values()):
+        add_flags(p.add_argument_group("--from hf: which columns hold what"), Manifest)
+
+
+def _input(args: argparse.Namespace, kaldi: str) -> object:
+    """The pack's input: a Manifest (--from) or the Kaldi file given (with --text)."""
+    from wdsprep.pack.sources import Manifest
+
+    if args.source is None:
+        if args.text is None:
+            raise ValueError("--text is required with --" + kaldi.replace("_", "-"))
+        return getattr(args, kaldi)
+    kind, path = args.source
+    for flag, value in (("--text", args.text), ("--utt2spk", args.utt2spk), ("--segments", getattr(args, "segments",
+                                                                                                     None))):
+        if value is not None:
+            raise ValueError(f"{flag}: the manifest of --from {kind} names the utterances' transcripts, segments and "
+                             f"speakers; give --from alone")
+    return Manifest(kind, path, **given(args, Manifest))
 
 
 def _cmd_fbank(args: argparse.Namespace) -> None:
@@ -87,21 +132,29 @@ def _cmd_fbank(args: argparse.Namespace) -> None:
 def _cmd_pack_audio(args: argparse.Namespace) -> None:
     from wdsprep.pack.from_audio import pack_audio
 
-    pack_audio(args.wav_scp, args.text, args.out, args.fmt, args.filter_group, segments=args.segments,
+    pack_audio(_input(args, "wav_scp"), args.text, args.out, args.fmt, args.filter_group,
+               segments=args.segments,
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
                nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, store=args.store,
-               progress=args.progress)
+               progress=args.progress, **_field_args(args))
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
     from wdsprep.pack import pack_data
 
-    pack_data(args.scp, args.text, args.out, args.fmt, args.filter_group, utts_per_shard=args.utts_per_shard,
+    pack_data(_input(args, "scp"), args.text, args.out, args.fmt, args.filter_group,
+              utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
               utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
-              progress=args.progress)
+              progress=args.progress, **_field_args(args))
+
+
+def _field_args(args: argparse.Namespace) -> dict:
+    """``--utt2lang``, ``--field`` and ``--index-field`` as the pack functions' arguments."""
+    return {"utt2lang": args.utt2lang, "fields": _named(args.field, "--field", "NAME=FILE", "prev_text=text.prev"),
+            "index_fields": args.index_field or ()}
 
 
 def option_value(text: str) -> bool | int | float | str:
@@ -131,8 +184,32 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                           user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
                           character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
-                          overwrite=args.overwrite)
+                          normalize=args.normalize, overwrite=args.overwrite)
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
+
+
+def _cmd_tokenizer_aggregate(args: argparse.Namespace) -> None:
+    from wdsprep.tokenizer import aggregate_tokenizers
+
+    tok = aggregate_tokenizers(_named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json"), args.out,
+                               overwrite=args.overwrite)
+    ranges = ", ".join(f"{lang} {tok.offsets[lang]}..{tok.offsets[lang] + t.vocab_size - 3}"
+                       for lang, t in tok.tokenizers.items())
+    print(f"{args.out}: aggregate tokenizer, vocab_size {tok.vocab_size} (ids 0 and 1 shared; {ranges})",
+          file=sys.stderr)
+
+
+def _named(items: list[str] | None, flag: str, form: str, example: str) -> dict[str, str]:
+    """A flag's NAME=VALUE items (``form`` says which, ``example`` shows one) as a dict, in order."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value:
+            raise ValueError(f"{flag}: {item!r} is not {form} (e.g. {example})")
+        if name in out:
+            raise ValueError(f"{flag}: {name!r} is given twice")
+        out[name] = value
+    return out
 
 
 def _cmd_tokenizer_import_cat(args: argparse.Namespace) -> None:
@@ -149,7 +226,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
     tok = load_tokenizer(args.tokenizer)
     lines = args.texts if args.texts else (line.rstrip("\n") for line in sys.stdin)
     for text in lines:
-        ids = tok.encode(text)
+        ids = tok.encode(text, args.lang) if args.lang else tok.encode(text)  # type: ignore[call-arg]
         if args.ids_only:
             print(" ".join(map(str, ids)))
         else:
@@ -159,7 +236,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
 def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
     from wdsprep.loading.tokens import count_labels
 
-    for folder, what in count_labels(args.patterns, args.tokenizer).items():
+    for folder, what in count_labels(args.patterns, args.tokenizer, normalize=args.normalize).items():
         print(f"{folder}: {what}")
 
 
@@ -167,14 +244,14 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
     p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
-    p.add_argument("--kind", choices=["sentencepiece", "jieba", "char", "simple"], required=True,
+    p.add_argument("--kind", choices=trainable_kinds(), required=True,
                    help="simple: the units transcripts write with spaces between them (words, phones), "
                         "as CAT's SimpleTokenizer")
     p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
     p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
                    "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
-    p.add_argument("--model-type", choices=["unigram", "bpe", "char"], default="unigram",
+    p.add_argument("--model-type", choices=SPM_MODEL_TYPES, default="unigram",
                    help="sentencepiece model type (default: %(default)s)")
     p.add_argument("--character-coverage", type=float, default=0.9995,
                    help="sentencepiece: share of characters covered, rarer ones become <unk> (default: %(default)s)")
@@ -184,8 +261,18 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spm-option", action="append", type=key_value, metavar="KEY=VALUE",
                    help="sentencepiece: a trainer option, repeatable (values true/false, numbers or text), e.g. "
                         "--spm-option add_dummy_prefix=false --spm-option use_all_vocab=true (CAT's char recipes)")
+    p.add_argument("--normalize", nargs="+", metavar="STEP",
+                   help="treat every transcript before training, as the loader's --normalize does: named steps "
+                        "(nfkc, lower, upper, strip_punct, collapse_spaces, remove_spaces, ...) or MODULE:FUNC")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_tokenizer_train)
+    p = tsub.add_parser("aggregate", help="one tokenizer per language -> one JSON tokenizer file: each language's "
+                                          "ids in a range of their own, <s> and <unk> shared (ids 0 and 1)")
+    p.add_argument("languages", nargs="+", metavar="LANG=FILE",
+                   help="each language's tokenizer file, in the order their ids are laid out, e.g. en=exp/en.json")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_tokenizer_aggregate)
     p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "
                         "-> one JSON tokenizer file with CAT's ids")
     p.add_argument("file", help="CAT's tokenizer file, e.g. exp/NAME/tokenizer.tknz, or a sentencepiece .model")
@@ -196,6 +283,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", required=True,
                    help="tokenizer file from 'wdsprep tokenizer train' or 'import-cat', or a sentencepiece .model")
     p.add_argument("--ids-only", action="store_true", help="print only the ids")
+    p.add_argument("--lang", help="an aggregate tokenizer's language to encode in")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to encode; stdin lines if none")
     p.set_defaults(func=_cmd_tokenizer_encode)
     p = tsub.add_parser("count-labels", help="every label's length in TOKENIZER's tokens, written beside each index "
@@ -203,6 +291,8 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
                                              "index for remote shards)")
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shards, e.g. 'DIR/*/data-*.tar'")
     p.add_argument("--tokenizer", required=True, help="tokenizer file (or a sentencepiece .model)")
+    p.add_argument("--normalize", nargs="+", metavar="STEP", help="the text treatment the loader applies (its "
+                                                                  "--normalize)")
     p.set_defaults(func=_cmd_tokenizer_count_labels)
 
 
@@ -226,11 +316,29 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from wdsprep.format.index import index_shards
+    from wdsprep.format.reindex import index_shards
 
-    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, progress=args.progress)
+    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, index_fields=args.index_field or (),
+                          progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
+
+
+def _cmd_pattern(args: argparse.Namespace) -> None:
+    from wdsprep.format.shardlist import shard_pattern
+
+    print(shard_pattern(args.folder, remote=args.remote, planned=args.planned))
+
+
+def _add_pattern(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pattern", help="print the shard pattern of a pack's folder, for the loader, inspect or verify; "
+                                       "with --remote, of the folder uploaded there (http(s): every shard as brace "
+                                       "ranges, as a web server cannot list)")
+    p.add_argument("folder", help="the folder a pack wrote (pack --out)")
+    p.add_argument("--remote", metavar="URL", help="where the folder was uploaded: s3://BUCKET/PREFIX, "
+                                                  "https://HOST/PATH, or a template holding {shard}")
+    p.add_argument("--planned", action="store_true", help="the groups a pack still writing will fill (growing)")
+    p.set_defaults(func=_cmd_pattern)
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
@@ -240,14 +348,34 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true",
                    help="read again the shards that changed since they were indexed (size or mtime), keep the rest")
     p.add_argument("--force", action="store_true", help="read every shard again")
+    p.add_argument("--index-field", action="append", metavar="NAME",
+                   help="a field the samples carry (members KEY.NAME) to make a column of the index, for plans "
+                        "(mix_by) and inspect (repeatable; the language, lang, always is)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: only on a terminal)")
     p.set_defaults(func=_cmd_index)
 
 
+def _tokenizer_arg(items: list[str] | None) -> str | dict[str, str] | None:
+    """--tokenizer: one file, or LANG=FILE items (a tokenizer per language)."""
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return items[0]
+    return _named(items, "--tokenizer", "one FILE, or LANG=FILE for each language", "en=exp/en.json zh=exp/zh.json")
+
+
+def _trset(args: argparse.Namespace) -> str | dict[str, str] | None:
+    """--trset, or the named corpora of --corpus NAME=PATTERN items."""
+    if args.corpus:
+        return _named(args.corpus, "--corpus", "NAME=PATTERN", "en='data/en/*/data-*.tar'")
+    return args.trset
+
+
 def _cmd_dry_run(args: argparse.Namespace) -> None:
     opts = _loader_options(args)
-    trset = _corpora(args.corpus) if args.corpus else args.trset
+    trset = _trset(args)
+    args.tokenizer = _tokenizer_arg(args.tokenizer)
     if args.plan:
         if args.hyper is not None:  # the shards and batching hyper-p.json names, resolved for --world-size
             from wdsprep.hyper import loader_options
@@ -260,184 +388,54 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
             tokenizer = args.tokenizer
         if trset is None:
             raise ValueError("dry-run --plan needs --hyper, or --trset (or --corpus) (it reads only the index)")
-        for name in ("ctc_subsampling", "subword_sampling", "on_error", "tokenize_group", "prefetch_factor",
-                     "pin_memory", "persistent_workers", "collective_timeout", "min_shards", "min_hours",
-                     "wait_timeout", "fbank", *FETCH_OPTIONS):
-            if name not in RETRY_OPTIONS:  # the retries fetch remote indexes; the rest do not change the plan
-                opts.pop(name, None)
         from wdsprep.check.planreport import plan_report  # reads only the index: no torch
 
-        plan_report(trset, world_size=args.world_size, num_workers=args.num_workers, epochs=args.epochs,
-                    tokenizer=tokenizer, dump_keys=args.dump_keys, **opts)
+        plan_report(trset, tokenizer, world_size=args.world_size, epochs=args.epochs, dump_keys=args.dump_keys,
+                    stats_json=args.stats_json, plot=args.plot, count_tokens=args.tokenizer is not None, **opts)
         return
     from wdsprep.check.dryrun import dry_run
 
     dry_run(hyper=args.hyper, trset=trset, tokenizer=args.tokenizer, epochs=args.epochs, dump_keys=args.dump_keys,
-            stats_json=args.stats_json, plot=args.plot, num_workers=args.num_workers, **opts)
+            stats_json=args.stats_json, plot=args.plot, **opts)
 
 
-def _add_loader_options(p: argparse.ArgumentParser) -> None:
-    """The options of make_loader, one flag each (the CLI mirrors the API)."""
-    g = p.add_argument_group("loader options (make_loader's; with --hyper they override hyper-p.json)")
-    g.add_argument("--max-frames", type=int, help="padded frames per rank batch (B x longest)")
-    g.add_argument("--cost", metavar="FILE", help="the cost model of a training step (JSON, e.g. from wdsprep "
-                                                 "calibrate): batches are cut by what they cost, within --max-cost")
-    g.add_argument("--max-cost", type=float, help="per-rank bound on a batch's cost under --cost")
-    g.add_argument("--seed", type=int, help="with the epoch, decides every shuffle (default: 0)")
-    g.add_argument("--shuffle-buffer", type=int, help="utterances each stream's shuffle buffer holds (default: 2000)")
-    g.add_argument("--max-batch-size", type=int, help="utterances per batch at most")
-    g.add_argument("--min-frames", type=int, help="drop shorter utterances (counted)")
-    g.add_argument("--max-utt-frames", type=int, help="drop longer utterances (counted)")
-    g.add_argument("--ctc-subsampling", type=int,
-                   help="drop utterances with frames // N <= label length (CAT's CTC rule)")
-    g.add_argument("--pool-size", type=int, help="utterances sorted together into batches (default: 4000)")
-    g.add_argument("--max-utts-per-speaker", type=int, metavar="N",
-                   help="at most N utterances of one speaker per batch (speakers from the index)")
-    g.add_argument("--streams", type=int, help="canonical streams the epoch is planned in (default: min(shards, 64, "
-                                               "utterances // 2000))")
-    g.add_argument("--dev", action="store_true", help="dev/validation: no shuffle, every batch once, ranks may differ")
-    g.add_argument("--on-error", choices=["warn", "raise"], help="a damaged shard: warn and count, or stop")
-    g.add_argument("--subword-sampling", type=float, metavar="ALPHA",
-                   help="SentencePiece subword sampling with this alpha")
-    g.add_argument("--tokenize-group", type=int, help="utterances per block when a shard is read (default: 256)")
-    g.add_argument("--prefetch-factor", type=int, help="batches each worker prepares ahead")
-    g.add_argument("--pin-memory", action="store_true", help="page-locked batches (CUDA)")
-    g.add_argument("--no-persistent-workers", action="store_true", help="start the workers anew every epoch")
-    g.add_argument("--collective-timeout", type=float, help="seconds a rank waits for the others (default: 300)")
-    g.add_argument("--read-ahead", type=int, metavar="SHARDS",
-                   help="shards each reader fetches ahead of the one in use (remote: downloaded; default: 2)")
-    g.add_argument("--read-ahead-bytes", type=int, metavar="BYTES",
-                   help="at most this many bytes of remote shards fetched ahead, per reader")
-    g.add_argument("--cache-dir", metavar="DIR", help="keep fetched remote shards in this local directory "
-                                                     "(shareable by the ranks of a node)")
-    g.add_argument("--cache-bytes", type=int, metavar="BYTES",
-                   help="bound on --cache-dir; least recently used go first")
-    _add_retry_options(g)
-    gr = p.add_argument_group("following folders a pack is still writing")
-    gr.add_argument("--growing", action="store_true",
-                    help="plan every epoch over the shards published when it starts (pack/pack-audio publish them "
-                         "one by one); without it such a folder is refused")
-    gr.add_argument("--min-shards", type=int, metavar="N",
-                    help="with --growing: wait for N shards before the first epoch")
-    gr.add_argument("--min-hours", type=float, metavar="H",
-                    help="with --growing: wait for H hours before the first epoch")
-    gr.add_argument("--wait-timeout", type=float, metavar="SECONDS",
-                    help="with --min-shards/--min-hours: give up after this long (default: 3600)")
-    a = p.add_argument_group("audio shards and augmentation (docs/audio.md)")
-    a.add_argument("--augment", metavar="JSON_OR_FILE",
-                   help='augmentation in training, e.g. \'{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}\' '
-                        '(also noise: {"dir": D, "snr": [10, 20]}, reverb: {"dir": D}), or a JSON file of it')
-    a.add_argument("--fbank", metavar="JSON", type=_json_object,
-                   help='audio shards: fbank options in place of the index\'s, e.g. \'{"num_mel_bins": 40}\' '
-                        '(num_mel_bins, dither, backend)')
-    m = p.add_argument_group("mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)")
-    m.add_argument("--weights", nargs="+", metavar="NAME=W",
-                   help="each corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes)")
-    m.add_argument("--temperature", type=float, help="weights from hours: hours^(1/T), e.g. 5")
-    m.add_argument("--schedule", nargs="+", metavar="STEP:NAME=W,...",
-                   help="weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1")
-    m.add_argument("--steps-per-epoch", type=int, help="steps of a mixed epoch (default: one pass's worth of batches)")
+def _add_loader_options(p: argparse.ArgumentParser, every_help: bool = False) -> None:
+    """The options of make_loader, one flag each, from their homes (``loading/options.py``);
+    ``--help`` shows those most runs set, ``--help-all`` every one."""
+    from wdsprep.loading.options import GROUPS, LoaderOptions
 
-
-RETRY_OPTIONS = ("retries", "retry_backoff", "min_rate")
-
-
-def _add_retry_options(g: argparse._ActionsContainer) -> None:
-    """--retries, --retry-backoff and --min-rate, for whatever fetches remote shards (the loader,
-    verify, inspect)."""
-    g.add_argument("--retries", type=int, help="retries of a remote fetch whose connection drops, that gets HTTP "
-                                               "5xx or a cut-off body (default: 5)")
-    g.add_argument("--retry-backoff", type=float, metavar="SECONDS",
-                   help="wait before the first retry, doubling each time (default: 1.0)")
-    g.add_argument("--min-rate", type=float, metavar="BYTES_PER_S",
-                   help="a remote download slower than this on average (after a grace of the time 1 MiB takes at "
-                        "it) is cut off and retried: a server that trickles (default: 65536; 0: no minimum)")
-
-
-def _retry_options(args: argparse.Namespace) -> dict:
-    return {n: getattr(args, n) for n in RETRY_OPTIONS if getattr(args, n) is not None}
-
-
-# How remote shards are fetched: run-time options, no part of the plan.
-FETCH_OPTIONS = ("read_ahead", "read_ahead_bytes", "cache_dir", "cache_bytes", *RETRY_OPTIONS)
+    add_flags(p.add_argument_group("loader options (make_loader's; with --hyper they override hyper-p.json)"
+                                   + ("" if every_help else "; --help-all shows every one, docs/loader.md has the "
+                                                            "table")),
+              LoaderOptions, every_help=every_help)
+    for cls, title in GROUPS.values():
+        add_flags(p.add_argument_group(title), cls, every_help=every_help)
 
 
 def _loader_options(args: argparse.Namespace) -> dict:
     """The loader options given on the command line, as make_loader's keyword arguments."""
-    from wdsprep.tokenizer import SubwordSampling
+    from wdsprep.loading.options import GROUPS, LoaderOptions
 
-    names = ("max_frames", "cost", "max_cost", "seed", "shuffle_buffer", "max_batch_size", "min_frames",
-             "max_utt_frames", "ctc_subsampling", "pool_size", "max_utts_per_speaker", "streams", "on_error",
-             "tokenize_group", "prefetch_factor", "collective_timeout", "min_shards", "min_hours", "wait_timeout",
-             "augment", "fbank", *FETCH_OPTIONS)
-    opts = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-    if args.dev:
-        opts["train"] = False
-    if args.growing:
-        opts["growing"] = True
-    if args.subword_sampling is not None:
-        opts["subword_sampling"] = SubwordSampling(alpha=args.subword_sampling)
-    if args.pin_memory:
-        opts["pin_memory"] = True
-    if args.no_persistent_workers:
-        opts["persistent_workers"] = False
-    if args.weights:
-        opts["weights"] = _named_numbers(args.weights, "--weights")
-    if args.temperature is not None:
-        opts["temperature"] = args.temperature
-    if args.schedule:
-        opts["schedule"] = [_schedule_point(p) for p in args.schedule]
-    if args.steps_per_epoch is not None:
-        opts["steps_per_epoch"] = args.steps_per_epoch
-    return opts
-
-
-def _json_object(text: str) -> dict:
-    """A JSON object given on the command line."""
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object ({{...}}), not {text!r}")
-    return value
-
-
-def _named_numbers(items: list[str], option: str) -> dict[str, float]:
-    """NAME=NUMBER items (comma- or space-separated) as a dict."""
-    out: dict[str, float] = {}
-    for item in (x for part in items for x in part.split(",") if x):
-        name, eq, value = item.partition("=")
-        try:
-            if not eq or not name:
-                raise ValueError
-            out[name] = float(value)
-        except ValueError:
-            raise ValueError(f"{option}: {item!r} is not NAME=NUMBER") from None
+    out = given(args, LoaderOptions)
+    for cls, _ in GROUPS.values():
+        out.update(given(args, cls))
     return out
 
 
-def _schedule_point(text: str) -> tuple[int, dict[str, float]]:
-    step, colon, weights = text.partition(":")
-    if not colon or not step.strip().isdigit():
-        raise ValueError(f"--schedule: {text!r} is not STEP:NAME=W,NAME=W (e.g. 1000:en=1,zh=1)")
-    return int(step), _named_numbers([weights], f"--schedule {text}")
+def _add_retry_options(g: argparse._ActionsContainer) -> None:
+    """The retries of a remote fetch, for whatever reads remote shards or indexes (verify, inspect)."""
+    from wdsprep.loading.readahead import RETRY_OPTIONS, FetchOptions
+
+    add_flags(g, FetchOptions, only=RETRY_OPTIONS)
 
 
-def _corpora(items: list[str]) -> dict[str, str]:
-    """--corpus NAME=PATTERN items as a dict, in order."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, eq, pattern = item.partition("=")
-        if not eq or not name or not pattern:
-            raise ValueError(f"--corpus: {item!r} is not NAME=PATTERN (e.g. en='data/en/*/data-*.tar')")
-        if name in out:
-            raise ValueError(f"--corpus: {name!r} is given twice")
-        out[name] = pattern
-    return out
+def _retry_options(args: argparse.Namespace) -> dict:
+    from wdsprep.loading.readahead import RETRY_OPTIONS, FetchOptions
+
+    return given(args, FetchOptions, only=RETRY_OPTIONS)
 
 
-def _add_dry_run(sub: argparse._SubParsersAction) -> None:
+def _add_dry_run(sub: argparse._SubParsersAction, every_help: bool = False) -> None:
     p = sub.add_parser("dry-run", help="the training loader without a model: its plan (--plan), or a real pass "
                                        "(torchrun-safe)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -445,35 +443,40 @@ def _add_dry_run(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
     src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                      help="a named corpus (repeat for each); in training they are mixed (see --weights)")
-    p.add_argument("--tokenizer", help="tokenizer file (with --trset or --corpus)")
+    p.add_argument("--tokenizer", nargs="+", metavar="FILE",
+                   help="tokenizer file, or LANG=FILE for each language (a tokenizer per language) (with --trset or "
+                        "--corpus; with --plan: the labels' tokens are counted for the report, label padding and "
+                        "tokens per second)")
     p.add_argument("--plan", action="store_true", help="print the epoch's plan from the index; read no feature")
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
                    help="ranks to plan for, with --plan (default: $WORLD_SIZE or 1)")
     p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default: %(default)s)")
     p.add_argument("--dump-keys", metavar="FILE",
                    help="write 'epoch<TAB>step<TAB>uttid' lines (FILE.rankR under torchrun); with --plan, every "
                         "rank's planned batches from the index, 'epoch<TAB>step<TAB>rank<TAB>uttid'")
-    p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="mixed corpora: each corpus's realized share per step against "
-                                                      "the schedule")
-    _add_loader_options(p)
+    p.add_argument("--stats-json", metavar="FILE", help="rank 0 writes every rank's stats per epoch as JSON (with "
+                                                        "--plan: the plan's report per epoch)")
+    p.add_argument("--plot", metavar="FILE.png", help="mixed corpora: each corpus's realized (with --plan: planned) "
+                                                      "share per step against the schedule")
+    p.add_argument("--help-all", action="help", help="show every option and exit")
+    _add_loader_options(p, every_help)
     p.set_defaults(func=_cmd_dry_run)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
-    from wdsprep.calibrate import calibrate
+    from wdsprep.check.calibrate import calibrate
 
     result = calibrate(args.model, args.trset, args.tokenizer, args.out, device=args.device, step=args.step,
                        max_seconds=args.max_seconds, subsampling=args.subsampling, seed=args.seed,
                        tokens_per_frame=args.tokens_per_frame, max_tokens=args.max_tokens, optimizer=args.optimizer,
-                       oom_margin=args.oom_margin, overwrite=args.overwrite, progress=args.progress)
+                       oom_margin=args.oom_margin, max_frames=args.max_frames, overwrite=args.overwrite,
+                       progress=args.progress)
     print(result.format())
     print(f"wrote {args.out}")
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    # Defaults written out, not imported: wdsprep.calibrate imports torch, and building the parser must not.
+    # Defaults written out, not imported: wdsprep.check.calibrate imports torch, and building the parser must not.
     p = sub.add_parser("calibrate", help="time your model's training step over the corpus's lengths and fit the cost "
                                          "model the loader's batches can be sized by (on CUDA also the largest "
                                          "max_cost that fits in memory)")
@@ -504,15 +507,58 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oom-margin", type=float, default=0.1,
                    help="CUDA: the share of the largest batch that trained kept free in max_cost (default: "
                         "%(default)s)")
+    p.add_argument("--max-frames", type=int, metavar="N",
+                   help="the max_frames you would train with otherwise: the costliest batch of its plan, under the "
+                        "fitted cost, is the max_cost suggested (and, on CPU, written to --out)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     _add_progress(p)
     p.set_defaults(func=_cmd_calibrate)
 
 
+def _cmd_rehearse(args: argparse.Namespace) -> int:
+    from wdsprep.check.rehearse import rehearse
+
+    result = rehearse(args.model, _trset(args), _tokenizer_arg(args.tokenizer), k=args.k, epoch=args.epoch,
+                      device=args.device, step=args.step, optimizer=args.optimizer, world_size=args.world_size,
+                      **_loader_options(args))
+    print(result.format())
+    return 1 if result.failed else 0
+
+
+def _add_rehearse(sub: argparse._SubParsersAction, every_help: bool = False) -> None:
+    # Defaults written out, not imported: wdsprep.check.rehearse imports torch, and building the parser must not.
+    p = sub.add_parser("rehearse", help="run your model's training step on the epoch's costliest planned batches, "
+                                        "with their real data, before training; exit 1 if one runs out of memory")
+    p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
+                   help="as calibrate takes it: FACTORY(feat_dim=, vocab_size=) returns the model, whose "
+                        "forward(feats, feat_lens, labels, label_lens) returns the scalar loss")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
+                     help="a named corpus (repeat for each); in training they are mixed (see --weights)")
+    p.add_argument("--tokenizer", nargs="+", required=True, metavar="FILE",
+                   help="tokenizer file, or LANG=FILE for each language (a tokenizer per language)")
+    p.add_argument("--k", type=int, default=8, help="the costliest batches rehearsed (default: %(default)s)")
+    p.add_argument("--epoch", type=int, default=0, help="the epoch whose plan they come from (default: %(default)s)")
+    p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
+                   help="ranks the epoch is planned for; every rank's batches are ranked (default: $WORLD_SIZE or 1)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N; on CUDA each step's peak memory is "
+                                                   "measured (default: %(default)s)")
+    p.add_argument("--step", metavar="MODULE:FUNC",
+                   help="FUNC(model, feats, feat_lens, labels, label_lens) returns the loss, instead of the forward "
+                        "call (e.g. under torch.autocast)")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="the optimizer whose step runs, and whose state counts in the memory (default: %(default)s)")
+    _add_loader_options(p, every_help)
+    p.set_defaults(func=_cmd_rehearse)
+
+
 def _add_fbank(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
     _add_audio_options(p)
-    p.add_argument("--out-dir", required=True, help="gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json")
+    p.add_argument("--out", "--out-dir", dest="out_dir", required=True,
+                   help="the folder that gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json (--out, as "
+                        "pack's; --out-dir is the same)")
     p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
     _add_progress(p)
@@ -520,8 +566,13 @@ def _add_fbank(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_pack(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pack", help="feats.scp + text -> length-grouped tar shards")
-    p.add_argument("--scp", nargs="+", required=True, metavar="SCP", help="Kaldi feats.scp file(s)")
+    from wdsprep.pack.sources import FEATURE_KINDS
+
+    p = sub.add_parser("pack", help="feats.scp + text (or another project's features: --from) -> length-grouped tar "
+                                    "shards")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scp", nargs="+", metavar="SCP", help="Kaldi feats.scp file(s)")
+    _add_from(p, source, FEATURE_KINDS)
     _add_pack_options(p)
     p.add_argument("--dims", type=int, metavar="N",
                    help="pack only N-dim features and report the others as other_dims (without it, features "
@@ -530,8 +581,14 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text -> shards (fbank on the fly, no ark)")
-    _add_audio_options(p)
+    from wdsprep.pack.sources import AUDIO_KINDS
+
+    p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text, or another project's manifest (--from) -> "
+                                          "shards (fbank on the fly, no ark)")
+    source = p.add_mutually_exclusive_group(required=True)
+    _add_wav_scp(source, required=False)
+    _add_from(p, source, AUDIO_KINDS)
+    _add_audio_options(p, wav_scp=False)
     _add_pack_options(p)
     p.add_argument("--store", choices=["features", "flac", "wav"], default="features",
                    help="features: fbank computed now; flac or wav: the audio itself (16-bit, at --sample-rate), the "
@@ -540,13 +597,35 @@ def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_pack_audio)
 
 
+def _cmd_export(args: argparse.Namespace) -> None:
+    from wdsprep.export import export_shards
+
+    n = export_shards(args.kind, args.trset, args.out, overwrite=args.overwrite)
+    print(f"wrote {args.out}: {n:,} utterances", file=sys.stderr)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from wdsprep.export import EXPORTS
+
+    p = sub.add_parser("export", help="a shard set's utterances (ids, durations, texts, speakers, languages) as "
+                                      "another project's manifest")
+    p.add_argument("kind", choices=list(EXPORTS), metavar="KIND",
+                   help="; ".join(f"{name}: {e.help}" for name, e in EXPORTS.items()))
+    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN",
+                   help="local shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--out", required=True, help="the manifest to write, e.g. cuts.jsonl.gz")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_export)
+
+
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
     p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
-    p.add_argument("--max-frames", nargs="*", type=int, default=list(DEFAULT_MAX_FRAMES),
-                   metavar="N", help="max_frames for the padding-efficiency curve; none to skip (default: %(default)s)")
+    p.add_argument("--max-frames", nargs="*", type=int, metavar="N",
+                   help="max_frames for the padding-efficiency curve; none to skip (default: 2, 4, 8, 16 and 32 "
+                        "times the corpus's 95th-percentile utterance)")
     p.add_argument("--groups-only", action="store_true", help="one line per group, no per-shard lines")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the shuffle the padding-efficiency curve is computed on (default: %(default)s)")
@@ -571,6 +650,10 @@ CHECKOUT_TOOLS = {
 }
 
 
+# Where a checkout tool finds the name it was run by (its argparse prog).
+PROG_VARIABLE = "WDSPREP_PROG"
+
+
 def run_checkout_tool(command: str, argv: list[str]) -> int:
     """Run ``command``'s script from the checkout this package was installed from; its exit status."""
     script, _ = CHECKOUT_TOOLS[command]
@@ -581,7 +664,9 @@ def run_checkout_tool(command: str, argv: list[str]) -> int:
               f"repository, and this wdsprep was installed without one; clone the repository and run it there "
               f"(make demo)", file=sys.stderr)
         return 2
-    return subprocess.run([sys.executable, str(path), *argv]).returncode
+    # The script's usage line then names the command the user typed, not the script.
+    return subprocess.run([sys.executable, str(path), *argv], env={**os.environ, PROG_VARIABLE: f"wdsprep {command}"}
+                          ).returncode
 
 
 def _add_checkout_tools(sub: argparse._SubParsersAction) -> None:
@@ -590,15 +675,20 @@ def _add_checkout_tools(sub: argparse._SubParsersAction) -> None:
         sub.add_parser(command, help=f"{what} (runs {script} of a clone)", add_help=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(every_help: bool = False) -> argparse.ArgumentParser:
+    """The command line; ``every_help``: ``--help`` lists every option (what ``--help-all`` asks)."""
     parser = argparse.ArgumentParser(
         prog="wdsprep", description="Kaldi data dirs -> length-grouped tar shards -> a streaming ASR training loader.")
     parser.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
     sub = parser.add_subparsers(dest="command", required=True)
     # In data-flow order, so --help reads like the pipeline.
-    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_index, _add_tokenizer_parser, _add_inspect, _add_verify,
-                _add_dry_run, _add_calibrate, _add_checkout_tools):
+    for add in (_add_fbank, _add_pack, _add_pack_audio, _add_pattern, _add_index, _add_tokenizer_parser, _add_inspect,
+                _add_verify, _add_export):
         add(sub)
+    _add_dry_run(sub, every_help)
+    _add_calibrate(sub)
+    _add_rehearse(sub, every_help)
+    _add_checkout_tools(sub)
     return parser
 
 
@@ -642,12 +732,32 @@ def _failure(e: BaseException, command: str) -> tuple[int, str]:
         return 1, f"wdsprep {command}: {e}"
     if isinstance(e, OSError):
         return (2 if isinstance(e, USAGE_OS_ERRORS) else 1), f"wdsprep {command}: error: {describe_os_error(e)}"
-    if isinstance(e, (DataError, ShardError, TokenizerFileError)):
+    if isinstance(e, MissingExtra):  # the command needs a package this install lacks
+        return 2, f"wdsprep {command}: error: {e}"
+    if isinstance(e, DataError):
         return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, (ValueError, BackendUnavailable)):  # an option or argument the library cannot work with
         return 2, f"wdsprep {command}: error: {e}"
     return 1, (f"wdsprep {command}: error: {type(e).__name__}: {e} (unexpected; 'wdsprep --debug {command} ...' "
                f"shows where it happened, please report it)")
+
+
+def unexpected(extra: list[str]) -> str:
+    """What to say of words left on the command line: shard files mean that the shell expanded an
+    unquoted pattern given to an option that takes one."""
+    if all(x.endswith(".tar") or os.path.isfile(x) for x in extra):
+        from wdsprep.format.shardlist import folder_pattern
+
+        example = "'DIR/*/data-*.tar'"
+        for folder in (os.path.dirname(os.path.dirname(extra[0])), os.path.dirname(extra[0])):
+            try:
+                example = repr(folder_pattern(folder or "."))
+                break
+            except (FileNotFoundError, ValueError):
+                continue
+        return (f"{len(extra)} more shard files after an option's value ({extra[0]} ...): the shell expanded a "
+                f"pattern; quote it, e.g. {example}")
+    return f"unrecognized arguments: {' '.join(extra)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -656,8 +766,11 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:] if debug else argv
     if rest and rest[0] in CHECKOUT_TOOLS:
         return run_checkout_tool(rest[0], rest[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser(every_help="--help-all" in argv)
+    args, extra = parser.parse_known_args(argv)
     command = args.command if args.command != "tokenizer" else f"tokenizer {args.tokenizer_command}"
+    if extra:
+        parser.exit(2, f"wdsprep {command}: error: {unexpected(extra)}\n")
     # A warning is a line for the user, not a Python traceback-like "file:line: UserWarning".
     plain = warnings.formatwarning
     warnings.formatwarning = lambda message, *_, **__: f"wdsprep {command}: warning: {message}\n"

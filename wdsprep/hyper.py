@@ -13,8 +13,11 @@ an object naming corpora to mix (:data:`LD_KEYS`), ``{"corpora": {"en": PATTERN,
 {...}]]``, with ``"steps_per_epoch"`` optional (CAT itself reads only a pattern); either may add
 ``"cost"``/``"max_cost"``, ``"augment"`` (make_loader's augmentation: ``{"speed": {"factors":
 [0.9, 1.0, 1.1]}, "specaugment": {...}}``, or a JSON file of it) and, to follow shards a pack is
-still writing, ``"growing": true`` with ``"min_shards"``/``"min_hours"``.  The tokenizer may sit in
-``train:option`` or at the top level as CAT writes it (``{"tokenizer": {"file": PATH}}``).
+still writing, ``"growing": true`` with ``"min_shards"``/``"min_hours"``; any other loader option
+by its name (``"fields"``, ``"text_fields"``, ``"normalize"``, ``"mix_by"``...).  A corpus may be an
+object with its own transforms, ``{"shards": PATTERN, "tokenizer": PATH, "normalize": [...],
+"augment": {...}}``.  The tokenizer may sit in ``train:option`` or at the top level as CAT writes
+it (``{"tokenizer": {"file": PATH}}``), or be one per language (``{"en": PATH, "zh": PATH}``).
 
 Unknown keys pass through untouched (:attr:`HyperOptions.passthrough`), as CAT does.  A batching
 key the loader does not act on is never dropped silently: it warns and says why.  Booleans are
@@ -23,6 +26,7 @@ parsed strictly: ``"false"`` is False here (CAT's ``bool("false")`` is True).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import warnings
@@ -30,15 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from wdsprep.loading.options import GROUPS, OWNER, LoaderOptions, MixOptions
+from wdsprep.options import from_ld, ld_keys
+from wdsprep.options import parse_bool as _parse_bool
 from wdsprep.tokenizer import Tokenizer
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off", ""}
 # Keys this module consumes (after normalize_keys); everything else in train:option is passed through.
 _KNOWN = {"ld", "trset", "large_dataset", "tokenizer", "batch_size", "batching_mode", "bucket_size",
           "ld_shuffle_buffer", "ld_bucket_count_padding", "seed", "batching_uneven", "dynamic_batch_mode"}
 # batching_mode=batch without bucket_size: no frame bound, only the utterance count.
 NO_FRAME_BOUND = 2**62
+# make_loader's options that CAT's own keys set (theirs global, divided over the ranks where a bound).
+CAT_KEYS = {"max_frames": "bucket_size", "max_batch_size": "batch_size", "shuffle_buffer": "ld_shuffle_buffer",
+            "seed": "seed"}
 
 
 def normalize_keys(option: Mapping[str, Any], where: str = "hyper-p.json") -> dict[str, Any]:
@@ -61,13 +69,10 @@ def normalize_keys(option: Mapping[str, Any], where: str = "hyper-p.json") -> di
 
 def parse_bool(value: Any, key: str) -> bool:
     """A JSON boolean, 0/1 or one of true/false/yes/no/on/off (any case); anything else is an error."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"train:option {key!r} must be a boolean (true/false), got {value!r}")
+    try:
+        return _parse_bool(value)
+    except ValueError as e:
+        raise ValueError(f"train:option {key!r} {e}") from None
 
 
 def _int(opt: Mapping[str, Any], key: str, where: str) -> int:
@@ -80,10 +85,14 @@ def _int(opt: Mapping[str, Any], key: str, where: str) -> int:
         raise ValueError(f"{where}: train:option {key!r} must be an integer, got {value!r}") from None
 
 
-def _tokenizer_path(value: Any, where: str) -> str:
+def _tokenizer_path(value: Any, where: str) -> str | dict[str, str]:
+    """A tokenizer's path: a path or CAT's ``{"file": PATH}``; or one per language, ``{lang: PATH}``."""
+    if isinstance(value, Mapping) and "file" not in value:
+        if not value or not all(isinstance(v, (str, os.PathLike)) for v in value.values()):
+            raise ValueError(f"{where}: tokenizer {value!r}: give {{\"file\": PATH}}, a path, or one per language "
+                             f"{{\"en\": PATH, \"zh\": PATH}}")
+        return {str(k): str(v) for k, v in value.items()}
     if isinstance(value, Mapping):
-        if "file" not in value:
-            raise ValueError(f"{where}: tokenizer {value!r} has no 'file' key; give {{\"file\": PATH}} or a path")
         value = value["file"]
     if not isinstance(value, (str, os.PathLike)):
         raise ValueError(f"{where}: tokenizer must be a path or {{\"file\": PATH}}, got {value!r}")
@@ -99,17 +108,25 @@ class HyperOptions:
     """
 
     trset: str | dict[str, Any]  # a shard pattern, or named corpora (an ld object)
-    tokenizer: str
+    tokenizer: str | dict[str, str]  # a path, or one per language
     loader_kwargs: dict[str, Any]
     passthrough: dict[str, Any] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
 
-    def tokenizer_file(self, hyper: str | os.PathLike) -> Path:
-        """The tokenizer's path; recipes often give it relative to the experiment dir (the file's)."""
-        tok = Path(self.tokenizer)
-        if not tok.is_absolute() and not tok.exists() and (Path(hyper).parent / tok).exists():
-            return Path(hyper).parent / tok
-        return tok
+    def tokenizer_file(self, hyper: str | os.PathLike) -> Path | dict[str, Path]:
+        """The tokenizer's path (or each language's); recipes often give it relative to the
+        experiment dir (the file's)."""
+        if isinstance(self.tokenizer, dict):
+            return {lang: beside(path, hyper) for lang, path in self.tokenizer.items()}
+        return beside(self.tokenizer, hyper)
+
+
+def beside(path: str | os.PathLike, hyper: str | os.PathLike) -> Path:
+    """``path`` as given, or relative to the hyper-p.json's folder where only there it exists."""
+    tok = Path(path)
+    if not tok.is_absolute() and not tok.exists() and (Path(hyper).parent / tok).exists():
+        return Path(hyper).parent / tok
+    return tok
 
 
 def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mapping[str, Any]:
@@ -124,55 +141,34 @@ def train_option(hyper: Mapping[str, Any], where: str = "hyper-p.json") -> Mappi
     return opt
 
 
-# Keys of an ``ld`` object: the shards (one pattern, or named corpora), how to mix corpora, what a
-# batch may cost, how to augment, and whether to follow folders a pack is still writing
-# (make_loader's arguments of those names).
-LD_KEYS = {"shards", "corpora", "weights", "temperature", "schedule", "steps_per_epoch", "cost", "max_cost",
-           "augment", "growing", "min_shards", "min_hours"}
+# The option groups whose ``ld`` keys an ``ld`` object takes (make_loader's options of those names),
+# beside the shards: one pattern (``shards``) or named corpora (``corpora``).
+_LD_GROUPS = (LoaderOptions, *(cls for cls, _ in GROUPS.values()))
+LD_KEYS = {"shards", "corpora", *(key for cls in _LD_GROUPS for key in ld_keys(cls))}
+# The ld keys that mix named corpora (refused beside "shards").
+MIXING_KEYS = set(ld_keys(MixOptions))
 
 
 def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str, Any], dict[str, Any]]:
     """An ``ld`` object: ``{"shards": pattern}`` or ``{"corpora": {name: pattern}, "weights" |
-    "temperature" | "schedule": ..., "steps_per_epoch": N}``, either with ``"cost": FILE_OR_OBJECT,
-    "max_cost": N`` and ``"growing": true, "min_shards": N, "min_hours": H`` -> (the trset,
-    make_loader's keyword arguments for the rest)."""
+    "temperature" | "schedule": ..., "steps_per_epoch": N}``, either with any other option of
+    :data:`LD_KEYS` (``"cost": FILE_OR_OBJECT, "max_cost": N``, ``"augment": ...``, ``"growing":
+    true, "min_shards": N, ...``) -> (the trset, make_loader's keyword arguments for the rest)."""
     ld = normalize_keys(ld, f"{where}: ld")
     unknown = sorted(set(ld) - LD_KEYS)
     if unknown:
         raise ValueError(f"{where}: train:option ld has {unknown}; an ld object takes {sorted(LD_KEYS)}")
     kw: dict[str, Any] = {}
-    if "cost" in ld:
-        kw["cost"] = ld["cost"] if isinstance(ld["cost"], Mapping) else str(ld["cost"])
-    if "max_cost" in ld:
-        if isinstance(ld["max_cost"], bool) or not isinstance(ld["max_cost"], (int, float)):
-            raise ValueError(f"{where}: ld max_cost must be a number, got {ld['max_cost']!r}")
-        kw["max_cost"] = float(ld["max_cost"])
-    if "growing" in ld:
-        kw["growing"] = parse_bool(ld["growing"], "ld.growing")
-    if "min_shards" in ld:
-        kw["min_shards"] = _int(ld, "min_shards", f"{where}: ld")
-    if "min_hours" in ld:
-        if isinstance(ld["min_hours"], bool) or not isinstance(ld["min_hours"], (int, float)):
-            raise ValueError(f"{where}: ld min_hours must be a number, got {ld['min_hours']!r}")
-        kw["min_hours"] = float(ld["min_hours"])
-    if "augment" in ld:
-        from wdsprep.loading.augment import parse_augment
-
-        if not isinstance(ld["augment"], (Mapping, str)):
-            raise ValueError(f"{where}: ld augment must be an object or a JSON file, got {ld['augment']!r}")
-        try:
-            parse_augment(ld["augment"])  # refused here, naming the file, rather than by make_loader
-        except ValueError as e:
-            raise ValueError(f"{where}: ld {e}") from None
-        kw["augment"] = ld["augment"]
+    for cls in _LD_GROUPS:
+        kw.update(from_ld(cls, ld, where))
     if ("shards" in ld) == ("corpora" in ld):
         raise ValueError(f"{where}: train:option ld needs one of \"shards\": PATTERN or \"corpora\": "
                          f"{{name: shard pattern, ...}}")
     if "shards" in ld:
-        mixing = sorted(LD_KEYS & set(ld) - {"shards", "cost", "max_cost", "augment", "growing", "min_shards",
-                                             "min_hours"})
-        if mixing:
-            raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\"")
+        mixing = sorted(MIXING_KEYS & set(ld))
+        if mixing and "mix_by" not in ld:  # mix_by makes the parts to mix of one corpus too
+            raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\" (or "
+                             f"\"mix_by\": FIELD to mix the parts of one)")
         if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:
             raise ValueError(f"{where}: ld shards must be a shard pattern or a list of them, got {ld['shards']!r}")
         return ld["shards"], kw
@@ -180,22 +176,12 @@ def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str
     if not isinstance(corpora, Mapping) or not corpora:
         raise ValueError(f"{where}: train:option ld needs \"corpora\": {{name: shard pattern, ...}}")
     for name, pattern in corpora.items():
-        if not isinstance(pattern, (str, list)) or not pattern:
-            raise ValueError(f"{where}: ld corpus {name!r} must be a shard pattern or a list of them, got {pattern!r}")
-    if "weights" in ld:
-        if not isinstance(ld["weights"], Mapping):
-            raise ValueError(f"{where}: ld weights must be {{name: weight}}, got {ld['weights']!r}")
-        kw["weights"] = dict(ld["weights"])
-    if "temperature" in ld:
-        kw["temperature"] = ld["temperature"]
-    if "schedule" in ld:
-        points = ld["schedule"]
-        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
-            raise ValueError(f"{where}: ld schedule must be [[step, {{name: weight}}], ...], got {points!r}")
-        kw["schedule"] = [(p[0], p[1]) for p in points]
-    if "steps_per_epoch" in ld:
-        kw["steps_per_epoch"] = _int(ld, "steps_per_epoch", f"{where}: ld")
-    return {str(k): v for k, v in corpora.items()}, kw
+        shards = pattern.get("shards") if isinstance(pattern, Mapping) else pattern
+        if not isinstance(shards, (str, list)) or not shards:
+            raise ValueError(f"{where}: ld corpus {name!r} must be a shard pattern, a list of them, or an object "
+                             f"{{\"shards\": PATTERN, \"tokenizer\": ..., \"normalize\": [...], \"augment\": ...}}, "
+                             f"got {pattern!r}")
+    return {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in corpora.items()}, kw
 
 
 def _shard_pattern(opt: Mapping[str, Any], where: str) -> str | dict[str, Any]:
@@ -228,9 +214,9 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
     """
     opt = normalize_keys(train_option(hyper, where), where)
     trset = _shard_pattern(opt, where)
-    mixing: dict[str, Any] = {}
+    ld_kwargs: dict[str, Any] = {}
     if isinstance(trset, Mapping):
-        trset, mixing = _ld_object(trset, where)
+        trset, ld_kwargs = _ld_object(trset, where)
     tok = opt.get("tokenizer", hyper.get("tokenizer"))
     if tok is None:
         raise ValueError(f"{where}: no tokenizer; set train:option 'tokenizer' or top-level "
@@ -257,15 +243,19 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
                                      "(so does CAT's ld loader)")
     elif "batch_size" in opt:
         kw["max_batch_size"] = max(1, _int(opt, "batch_size", where) // world_size)
-    elif mode == "batch" or (bucket_size is None and "max_cost" not in mixing):
+    elif mode == "batch" or (bucket_size is None and not {"max_cost", "max_frames", "max_batch_size"} & set(ld_kwargs)):
         raise ValueError(f"{where}: batching_mode 'batch' needs batch_size (the global batch size); "
                          f"or set batching_mode 'bucket' with bucket_size (global frames per batch)")
-    if "max_cost" not in mixing:
-        kw.setdefault("max_frames", NO_FRAME_BOUND)
     if "ld_shuffle_buffer" in opt:
         kw["shuffle_buffer"] = _int(opt, "ld_shuffle_buffer", where)  # <= 1: no shuffle buffer, as CAT's <= 0
     if "seed" in opt:
         kw["seed"] = _int(opt, "seed", where)
+    for option, cat_key in CAT_KEYS.items():
+        if option in ld_kwargs and option in kw:
+            raise ValueError(f"{where}: ld {option} and train:option {cat_key} both set {option} (CAT's {cat_key} is "
+                             f"global, split over the ranks; ld's is per rank); keep one")
+    if "max_cost" not in ld_kwargs and "max_frames" not in ld_kwargs:
+        kw.setdefault("max_frames", NO_FRAME_BOUND)
     if "ld_bucket_count_padding" in opt and not parse_bool(opt["ld_bucket_count_padding"], "ld_bucket_count_padding"):
         # Counting only real frames lets one long utterance among short ones blow the budget;
         # wdsprep always bounds padded frames, which bucketing keeps close to the real ones.
@@ -280,7 +270,24 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
     for key, why in ignored.items():
         warnings.warn(f"{where}: train:option {key}={opt[key]!r} is not used: {why}", UserWarning, stacklevel=2)
     passthrough = {k: v for k, v in opt.items() if k not in _KNOWN}
-    return HyperOptions(trset, _tokenizer_path(tok, where), {**kw, **mixing}, passthrough, ignored)
+    for key in passthrough:
+        _say_near_miss(key, where)
+    return HyperOptions(trset, _tokenizer_path(tok, where), {**kw, **ld_kwargs}, passthrough, ignored)
+
+
+def _say_near_miss(key: str, where: str) -> None:
+    """Warn about a train:option key that looks meant for the loader: make_loader's own name
+    (read only inside an ld object), or a near miss of a key wdsprep reads."""
+    if key in OWNER:
+        cat = next((c for o, c in CAT_KEYS.items() if o == key), None)
+        warnings.warn(f"{where}: train:option {key!r} is not read there: make_loader's options go in an ld object, "
+                      f"{{\"ld\": {{\"shards\": PATTERN, \"{key}\": ...}}}}"
+                      + (f", or give CAT's {cat!r}" if cat else ""), UserWarning, stacklevel=3)
+        return
+    close = difflib.get_close_matches(key, sorted(_KNOWN | set(OWNER)), n=1, cutoff=0.85)
+    if close:
+        warnings.warn(f"{where}: train:option {key!r} is not a key wdsprep reads (it is passed on to CAT as is): "
+                      f"did you mean {close[0]!r}?", UserWarning, stacklevel=3)
 
 
 def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None,
@@ -294,7 +301,7 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
     """
     from wdsprep.loader import make_loader
     from wdsprep.loading.collectives import dist_info
-    from wdsprep.tokenizer import load_tokenizer
+    from wdsprep.tokenizer import as_tokenizer
 
     p = Path(path)
     try:
@@ -306,9 +313,13 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
     if world_size is None:
         world_size = dist_info()[1]
     o = loader_options(hyper, world_size=world_size, where=str(p))
-    tok = o.tokenizer_file(p) if tokenizer is None else tokenizer
-    if isinstance(tok, (str, os.PathLike)):
-        tok = load_tokenizer(tok)
+    tok = as_tokenizer(o.tokenizer_file(p) if tokenizer is None else tokenizer)
+    if isinstance(o.trset, dict):  # a corpus's own tokenizer, relative to the file's folder as the loader's is
+        for corpus in o.trset.values():
+            if isinstance(corpus, dict) and isinstance(corpus.get("tokenizer"), (str, os.PathLike)):
+                corpus["tokenizer"] = beside(corpus["tokenizer"], p)
+            elif isinstance(corpus, dict) and isinstance(corpus.get("tokenizer"), Mapping):
+                corpus["tokenizer"] = {k: beside(v, p) for k, v in corpus["tokenizer"].items()}
     classes = hyper.get("tokenizer", {}).get("|V|") if isinstance(hyper.get("tokenizer"), Mapping) else None
     if classes is not None and int(classes) != tok.vocab_size:
         raise ValueError(f"{p}: tokenizer '|V|' is {classes} (the model's output classes) but the tokenizer has "

@@ -23,36 +23,39 @@ number of steps.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader
 
-from wdsprep.loading.augment import Augment, parse_augment
+from wdsprep.loading.augment import Augment
 from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
-from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.loading.features import FeatureOptions, with_fbank
-from wdsprep.loading.growing import VISIBLE_WITHIN, View, coverage, observe, wait_for
-from wdsprep.loading.plan import BatchId, PlanOptions
-from wdsprep.loading.readahead import MIN_RATE, FetchOptions
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.source import EpochSource, epoch_source, load_shards
-from wdsprep.loading.state import STATE_VERSION, StateError, read_published, read_state
+from wdsprep.loading.compose import build_source, corpora_of
+from wdsprep.loading.cost import CostModel
+from wdsprep.loading.features import FeatureOptions
+from wdsprep.loading.follow import Ranks
+from wdsprep.loading.growing import VISIBLE_WITHIN
+from wdsprep.loading.options import LoaderOptions, WorkerOptions
+from wdsprep.loading.plan import PLAN_REVISION, BatchId, options_json
+from wdsprep.loading.rehearsal import Rehearsal, rehearse
+from wdsprep.loading.source import EpochSource
+from wdsprep.loading.state import STATE_VERSION, read_state
 from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ReaderStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
-from wdsprep.tokenizer import SubwordSampling, Tokenizer, load_tokenizer
+from wdsprep.remote.fetch import MIN_RATE
+from wdsprep.tokenizer import Normalizer, SubwordSampling, Tokenizer, TokenizerSpec, as_tokenizer
 
-__all__ = ["Batch", "LABEL_PAD", "Loader", "LoaderStats", "make_loader"]
+__all__ = ["Batch", "LABEL_PAD", "Loader", "LoaderStats", "Rehearsal", "make_loader"]
 
 
 _heap_settled = False
@@ -81,19 +84,6 @@ def _worker_init(worker: int) -> None:
     gc.freeze()
 
 
-@dataclass
-class Growth:
-    """What a loader following growing folders plans each epoch from: the trset, how an epoch source
-    is built over a view of it, the view the current source was built over, and the epoch that view
-    is fixed for (set, iterated or resumed: the epoch is planned over it)."""
-
-    trset: Any
-    build: Callable[[View, float], EpochSource]
-    view: View
-    coverage: dict[str, Any]
-    epoch: int | None = None
-
-
 def _pin(buf: torch.Tensor) -> torch.Tensor:
     """A page-locked copy (a seam for tests on machines without CUDA)."""
     return buf.pin_memory()
@@ -102,40 +92,49 @@ def _pin(buf: torch.Tensor) -> torch.Tensor:
 class Loader:
     """One epoch of :class:`Batch` per iteration; call :meth:`set_epoch` before each epoch.
 
-    ``len(loader)`` is exactly the number of batches this rank yields in the epoch set, the same
+    ``len(loader)`` is exactly the number of batches this rank takes in the epoch set, counted from
+    its start (a resumed epoch's steps before the checkpoint too, as trainers count them), the same
     on every rank in training.  The batches come from the epoch source (``loader.source``: one
     corpus, or named corpora mixed), read by ``loader.dataset``.  With ``persistent_workers`` (the
     default) the worker processes, their buffer pools and one DataLoader live as long as the
     Loader; where each iteration starts reaches them through shared memory.
     """
 
-    def __init__(self, dataset: ReaderStream, *, rank: int, num_workers: int, group: Any = None,
-                 collective_timeout: float = 300.0, prefetch_factor: int | None = None, pin_memory: bool = False,
-                 persistent_workers: bool = True, growth: Growth | None = None) -> None:
+    def __init__(self, dataset: ReaderStream, workers: WorkerOptions, *, group: Any = None) -> None:
         self.dataset = dataset
-        self.source = dataset.source
-        self.rank = rank
-        self.num_workers = num_workers
+        self.rank = workers.rank or 0
+        self.num_workers = workers.num_workers
         self.group = group  # the loader's gloo group under DDP (checks only), else None
-        self.collective_timeout = collective_timeout
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers
+        self.collective_timeout = workers.collective_timeout
+        self.prefetch_factor = workers.prefetch_factor
+        self.pin_memory = workers.pin_memory
+        self.persistent_workers = workers.persistent_workers
         # The DataLoader's own pinning would copy only a slot's first batch, and the main process
         # would keep that copy as the slot's buffer; so the main process pins every batch itself.
-        self._pin = pin_memory and torch.cuda.is_available()
-        if pin_memory and not self._pin:
+        self._pin = self.pin_memory and torch.cuda.is_available()
+        if self.pin_memory and not self._pin:
             warnings.warn("pin_memory=True but CUDA is not available: batches are not pinned", stacklevel=2)
         self.epoch = 0
         self.stats = LoaderStats()
         self._loader: DataLoader | None = None  # kept with persistent workers
+        self._forked_for: tuple[Any, int] | None = None  # the source (and its revision) they were forked with
         self._slots: SlotCache | None = None  # the main process's side of the workers' pools
         self._iteration = 0  # which iteration of the loader may take batches (see _batches)
         self._run: Any = None  # the latest iteration of this epoch (an EpochRun), or None
         self._steps = 0  # batches that iteration yielded
+        self._first = 0  # the epoch's step that iteration began at
         self._iterating = False
+        self._warned_unfinished = False
         self._warned_idle = False
-        self.growth = growth  # following growing folders: what each epoch is planned from
+        self._epoch_set = False  # set_epoch was called since the last iteration began
+        self._iterated = False
+        self._warned_same_epoch = False
+        self._planned: tuple[Any, LoaderStats] | None = None  # a run and its planned stats (_planned_stats)
+
+    @property
+    def source(self) -> EpochSource:
+        """Where every batch comes from: the epoch source the readers plan with."""
+        return self.dataset.source
 
     @property
     def world_size(self) -> int:
@@ -153,55 +152,66 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: the shard order, the streams' shuffles and the batches derive from it.
 
-        Following growing folders (``growing=True``), the epoch is planned over the shards published
-        now (rank 0's view, shared with every rank: call it on every rank, as DDP trainers do),
-        unless it was already (a resumed epoch is planned over the shards its state records).
+        A source whose shard set changes (folders a pack is still writing) plans the epoch over the
+        shards there are now (rank 0's view, shared with every rank: call it on every rank, as DDP
+        trainers do), unless it was already (a resumed epoch: over the shards its state records).
         """
         epoch = int(epoch)
-        if self.growth is not None and self.growth.epoch != epoch and not self._iterating:
-            self._follow(epoch)
         if epoch != self.epoch:
+            self._left_unfinished()
+            # An iteration the trainer stopped taking batches from is over once another epoch is set.
+            self._run, self._steps, self._iterating = None, 0, False
+        if not self._iterating and self.source.follow(epoch):
             self._run, self._steps = None, 0
         self.epoch = epoch
+        self._epoch_set = True
+        if not self._iterating:  # from now on the stats describe the epoch set: its planned figures
+            self.stats = self._planned_stats(self._next_run())
 
-    def _follow(self, epoch: int) -> None:
-        """Plan ``epoch`` over the shards published now, as rank 0 sees them."""
-        g = self.growth
-        assert g is not None
-        view = observe(g.trset) if self.rank == 0 or self.group is None else None
-        if self.group is not None:
-            shared = gather(self.group, None if view is None else view.to_json(), timeout=self.collective_timeout,
-                            where=f"set_epoch({epoch}), sharing rank 0's view of the growing shards")
-            view = View.from_json(shared[0])
-        assert view is not None
-        if view != g.view:
-            self._replan(view, carry_to=epoch, wait=VISIBLE_WITHIN if self.group is not None else 0.0)
-        g.epoch = epoch
-
-    def _replan(self, view: View, *, carry_to: int | None, wait: float = 0.0) -> None:
-        """The epoch source over ``view``; ``carry_to``: it goes on where the current one stands at
-        that epoch's start (a mixture's corpora; None: a loaded state says where); ``wait``: seconds
-        to wait to see the shards rank 0 saw."""
-        g = self.growth
-        assert g is not None
-        source = g.build(view, wait)
-        if carry_to is not None:
-            source.continue_from(self.source, carry_to)
-        self.source = self.dataset.source = source
-        self.dataset.shards = source.shards
-        g.view, g.coverage = view, coverage(source.shards, view)
-        self._run, self._steps = None, 0
-        self._loader = None  # persistent workers hold the old plan: fork new ones
+    def _planned_stats(self, run: Any) -> LoaderStats:
+        """A fresh copy of ``run``'s figures known before a batch is read (computed once per run: the
+        shuffle report reads the whole plan)."""
+        if self._planned is None or self._planned[0] is not run:
+            st = run.planned_stats(self.rank)
+            self.source.annotate(st)
+            self._planned = (run, st)
+        return copy.deepcopy(self._planned[1])
 
     def _next_run(self) -> Any:
         """The run the next iteration of the epoch set yields: from a loaded position in it, else its start."""
         return self.source.run(self.source.start(self.epoch))
 
+    def _left_unfinished(self) -> None:
+        """Warn, once, when the trainer stopped taking batches before the end of a training epoch.
+
+        Lightning sizes every epoch by ``len(loader)`` of the epoch it set up the loader in, unless
+        told to ask again each epoch; an epoch of more batches than that one is cut short there.
+        """
+        run = self._run
+        if run is None or not self.dataset.cfg.train or self._warned_unfinished:
+            return
+        planned = run.steps(self.rank)
+        if self._steps < planned:
+            self._warned_unfinished = True
+            warnings.warn(f"epoch {self.epoch} ended after {self._steps} of the {planned} batches this rank had left: "
+                          f"the trainer stopped asking for them. Epochs differ in length, so under Lightning give "
+                          f"Trainer(reload_dataloaders_every_n_epochs=1) and call set_epoch in train_dataloader() "
+                          f"(docs/trainers.md); ignore this if the epoch was cut short on purpose", UserWarning,
+                          stacklevel=3)
+
     def __len__(self) -> int:
-        """Batches this rank yields in the next (or current) iteration of the epoch set: the whole
-        epoch, or what is left of it after :meth:`load_state_dict`.  The same on every rank."""
-        run = self._run if self._iterating else self._next_run()
-        return run.steps(self.rank)
+        """Batches of the epoch set on this rank, counted from the epoch's start, as torch's DataLoader
+        counts them: after :meth:`load_state_dict`, the steps the epoch had taken before the loaded
+        position plus those this rank yields from there (the next iteration yields only these).  The
+        same on every rank; for the rest alone, ``len(loader) - loader.position().step``.
+
+        A trainer that resumes counts the batches it took before the checkpoint against this (Lightning
+        does), so a resumed epoch ends where an uninterrupted one does.
+        """
+        if self._iterating and self._run is not None:
+            return self._first + self._run.steps(self.rank)
+        at = self.source.start(self.epoch)
+        return at.step + self.source.run(at).steps(self.rank)
 
     def position(self) -> Any:
         """Where the epoch set stands: after the batches its latest iteration yielded (a loaded
@@ -223,15 +233,20 @@ class Loader:
                  "step": at.step, "complete": src.complete(at), "global_step": src.global_step(at),
                  "position": src.position_json(at),
                  "mixture": None if src.mixture is None else src.mixture.to_json(),
-                 "options": self._options(), "fingerprint": self.dataset.fingerprint()}
-        if self.growth is not None:  # the shards the epoch is planned over, in short
-            state["published"] = self.growth.view.to_json()
+                 "options": self._options(), "fingerprint": self.dataset.fingerprint(),
+                 "plan_revision": PLAN_REVISION, **src.saved(), **self._text()}
         return state
+
+    def _text(self) -> dict[str, Any]:
+        """What a state records of the text treatment: each corpus's ``normalize`` steps, only where
+        one is set (states of loaders without one have no such field)."""
+        steps = [None if t.normalize is None else t.normalize.to_json() for t in self.dataset.transforms]
+        return {"normalize": steps} if any(steps) else {}
 
     def _options(self) -> dict[str, Any]:
         """The plan's options as JSON gives them back (a speed's factors are lists then, not tuples),
         so a state saved through JSON or pickle compares alike."""
-        return json.loads(json.dumps(asdict(self.dataset.cfg.plan), default=repr))
+        return json.loads(json.dumps(options_json(self.dataset.cfg.plan), default=repr))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, on this loader's world size and workers, whatever they were:
@@ -240,42 +255,64 @@ class Loader:
         mixture: its schedule goes on at the saved global step, every corpus where it stood).  A
         mixture other than the saved one is allowed: it warns, saying what changed.
 
-        Following growing folders, the epoch is planned over the shards its state says were
-        published when it was planned (however many are now).
+        A source whose shard set changes plans the epoch over the shards its state says there were
+        when it was planned (however many there are now).
 
         Raises :class:`~wdsprep.loading.state.StateError` (a ValueError) when the state was saved
-        for other shards, options or seed, or any of its fields is not what such a loader saves.
+        for other shards, options or seed, or any of its fields is not what such a loader saves; the
+        loader is then as it was.
         """
-        published = read_published(state)
-        if self.growth is not None:
-            view = View.from_json(published) if published is not None else self.growth.view
-            epoch = state.get("epoch") if isinstance(state, Mapping) else None
-            if view != self.growth.view:
-                try:
-                    self._replan(view, carry_to=None)
-                except FileNotFoundError as e:
-                    raise StateError(f"the loader state's published shards cannot be found ({e})") from None
-            self.growth.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
-        saved = read_state(state, kind=self.source.kind, seed=self.dataset.cfg.seed,
-                           options=self._options(), fingerprint=self.dataset.fingerprint())
-        at = self.source.position(saved)
-        self.source.resume(at)
+        source = self.source.restored(state)
+        saved = read_state(state, kind=source.kind, seed=self.dataset.cfg.seed, options=self._options(),
+                           fingerprint=self.dataset.fingerprint(source.shards), revision=PLAN_REVISION,
+                           text=self._text())
+        at = source.position(saved)
+        self.dataset.source = source  # every check passed: from here the state is this loader's
+        source.resume(at)
         self.set_epoch(at.epoch)
         self._run, self._steps = None, 0
 
-    def _dataloader(self, note: bytes) -> DataLoader | ReaderStream:
+    def rehearse(self, step: Callable[[Batch], Any], k: int = 8) -> Rehearsal:
+        """Run ``step`` on the ``k`` costliest batches of the epoch set, every rank's, before training it.
+
+        ``step(batch)`` is the trainer's forward, backward and optimizer step.  The batches are the
+        ones the next iteration of the epoch set yields on any rank (after :meth:`load_state_dict`:
+        what is left of it), ranked by their planned cost (under ``cost``, else padded frames),
+        read with their real data as training reads them, costliest first.  Returns each batch's
+        keys, shape (utterances, longest frames, longest label), planned cost and seconds, and on
+        CUDA the step's peak memory and the device's headroom.  A step that runs out of memory
+        (``torch.cuda.OutOfMemoryError``, or on the host a ``MemoryError`` or torch's "can't
+        allocate memory") is reported naming the batch and the budget that would have fitted
+        (``Rehearsal.failed``, ``Rehearsal.fits``), and the rehearsal goes on; any other error
+        goes through.
+
+        The loader's position, state, stats and draws are left as they were, and torch's global
+        generators are forked around the steps: the epoch then yields exactly the batches it would
+        have.  The steps train the model: save its (and the optimizer's) state first to start
+        training from the same weights.
+        """
+        if self._iterating:
+            raise RuntimeError("rehearse before iterating the epoch (or after it), not while an iteration runs")
+        return rehearse(self.dataset, self._next_run(), self.epoch, step, k=k,
+                        receive=lambda packed: self._receive(packed, 0))
+
+    def _dataloader(self, start: bytes) -> DataLoader | ReaderStream:
         """This epoch's DataLoader: with persistent workers, the same one every epoch.  Without
         workers, the dataset itself: a DataLoader would only add ~4% (a profiler hook per batch).
 
         The pool flags and the control are created with the workers (before they fork) and live as
-        long as they do; a note too long for the control starts workers with a larger one.
+        long as they do; a start too long for the control starts workers with a larger one, and a
+        source replaced or replanned (``revision``) starts workers that hold the new one.
         """
         control = self.dataset.control
-        if len(note) > control.capacity:
-            self.dataset.control = WorkerControl(max(len(note) * 2, control.capacity * 2))
+        if len(start) > control.capacity:
+            self.dataset.control = WorkerControl(max(len(start) * 2, control.capacity * 2))
             self.dataset.control.pool = control.pool
             self._loader = None  # persistent workers hold the old control: fork new ones
-        self.dataset.control.write(note)
+        self.dataset.control.write(start)
+        if self._forked_for is not None and (self._forked_for[0] is not self.source
+                                             or self._forked_for[1] != self.source.revision):
+            self._loader = None  # persistent workers plan with the source they were forked with
         if self._loader is not None:
             return self._loader
         persistent = self.persistent_workers and self.num_workers > 0
@@ -294,6 +331,7 @@ class Loader:
                             persistent_workers=persistent, pin_memory=False, **kw)
         if persistent:
             self._loader = loader
+            self._forked_for = (self.source, self.source.revision)
         return loader
 
     def _receive(self, p: Packed, worker: int) -> Batch:
@@ -310,10 +348,10 @@ class Loader:
             buf = _pin(p.buf) if self._pin else p.buf
         return unpack(p._replace(buf=buf))
 
-    def _batches(self, iteration: int, note: bytes, expected: Iterator[BatchId]) -> Iterator[Batch]:
+    def _batches(self, iteration: int, start: bytes, expected: Iterator[BatchId]) -> Iterator[Batch]:
         """This rank's batches, in the order the run says, with the readers' counts folded in."""
         st = self.stats
-        loader = self._dataloader(note)
+        loader = self._dataloader(start)
         slots = self._slots
         assert slots is not None
         slots.new_epoch()  # before iter(): the workers resume the moment it returns
@@ -357,15 +395,19 @@ class Loader:
             yield from window.refs
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.growth is not None and self.growth.epoch is None:
-            self.growth.epoch = self.epoch  # iterated without set_epoch: over the shards the loader has
+        if self._iterated and not self._epoch_set and self.dataset.cfg.train and not self._warned_same_epoch:
+            # As with a DistributedSampler: the epoch decides the shuffle, so it must change.
+            self._warned_same_epoch = True
+            warnings.warn(f"iterating epoch {self.epoch} again without set_epoch: the same batches in the same order "
+                          f"as the last pass; call loader.set_epoch(epoch) before each epoch", UserWarning,
+                          stacklevel=2)
+        self._iterated, self._epoch_set = True, False
         src = self.source
+        src.begin(self.epoch)
         at = src.start(self.epoch)
         run = self._run = src.run(at)
-        self._steps = 0
-        self.stats = st = run.planned_stats(self.rank)
-        if self.growth is not None:
-            st.growing = dict(self.growth.coverage)
+        self._steps, self._first = 0, at.step
+        self.stats = st = self._planned_stats(run)
         if run.complete:
             return
         warning = run.idle_warning(self.rank)
@@ -376,29 +418,45 @@ class Loader:
         names = src.corpora
         start = time.perf_counter()
         self._iteration += 1
+        iteration = self._iteration
         planned = run.steps(self.rank)
-        batches = self._batches(self._iteration, WorkerControl.encode(src.note(at)), expected)
+        batches = self._batches(iteration, WorkerControl.encode(src.reader_start(at)), expected)
         self._iterating = True
         try:
             for batch in batches:
                 counted = BatchTally()
-                counted.add(batch.feat_lens.numpy(), self.dataset.cfg.plan.max_frames)
+                counted.add(batch.feat_lens.numpy(), self.dataset.cfg.plan.max_frames, batch.label_lens.numpy())
                 st.add_batches(counted)
                 if len(names) > 1:
                     st.add_corpora(names, batch.corpus.numpy(), batch.feat_lens.numpy())
                 self._steps += 1
                 st.seconds = time.perf_counter() - start
+                if self._steps == planned:
+                    # The epoch ends with its last batch: a trainer that knows len(loader) (Lightning)
+                    # never asks for the batch after it.
+                    self._end_epoch(planned, expected)
                 yield batch
                 batch = None  # so the buffer is handed back as soon as the trainer drops it
         finally:
             # Stopped early: non-persistent workers shut down; persistent ones are drained by the
             # next epoch's iter() (torch discards their in-flight batches).
             batches.close()
-            self._iterating = False
-        st.seconds = time.perf_counter() - start
-        if self._steps != planned or next(expected, None) is not None:
+            if iteration == self._iteration:  # not a newer iteration's flag
+                self._iterating = False
+        if self._steps != planned:
             raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it {planned}")
-        progress = src.progress(self.position())
+        if not planned:
+            self._end_epoch(planned, expected)
+
+    def _end_epoch(self, planned: int, expected: Iterator[BatchId]) -> None:
+        """What ends an iteration that yielded its planned batches: the checks, the corpora's progress
+        and, in training under DDP, the ranks' agreement that they ended the epoch alike."""
+        self._iterating = False
+        if next(expected, None) is not None:
+            raise RuntimeError(f"loader bug: this rank yielded {self._steps} batches, the plan gave it more than "
+                               f"{planned}")
+        st, names = self.stats, self.source.corpora
+        progress = self.source.progress(self.position())
         for name, done in zip(names, progress or []):
             st.corpora.setdefault(name, CorpusStats()).epochs = done
         if self.group is not None and self.dataset.cfg.train:  # dev mode: ranks end apart, and need not meet
@@ -410,8 +468,8 @@ class Loader:
 
 
 def make_loader(
-    trset: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]],
-    tokenizer: Tokenizer | str | os.PathLike,
+    trset: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
+    tokenizer: TokenizerSpec,
     *,
     max_frames: int | None = None,
     seed: int = 0,
@@ -453,6 +511,13 @@ def make_loader(
     wait_timeout: float = 3600.0,
     augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
     fbank: Mapping[str, Any] | None = None,
+    max_tokens_per_second: float | None = None,
+    min_tokens_per_second: float | None = None,
+    max_label_tokens: int | None = None,
+    fields: Sequence[str] | None = None,
+    text_fields: Sequence[str] | None = None,
+    normalize: Normalizer | Sequence[str] | None = None,
+    mix_by: str | None = None,
 ) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
@@ -464,8 +529,14 @@ def make_loader(
             need their folder's index files uploaded beside them.  Named corpora as a mapping,
             ``{"en": "en/*/data-*.tar", "zh": [...]}``: in training they are mixed (see ``weights``),
             each with epochs of its own; with ``train=False`` every corpus is read once.
-            ``batch.corpus`` says which corpus each utterance came from.
-        tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one.
+            ``batch.corpus`` says which corpus each utterance came from.  A named corpus may give
+            its own transforms: ``{"en": {"shards": PATTERN, "tokenizer": ..., "normalize": [...],
+            "augment": {...}}, ...}``; one that does not inherits the loader's (docs/multilingual.md).
+        tokenizer: a :class:`~wdsprep.tokenizer.Tokenizer` or the path of one; or one per language,
+            ``{"en": "exp/en.json", "zh": "exp/zh.json"}``: each utterance is tokenized by its
+            language's (from the index: ``pack --utt2lang``), the ids laid out as an aggregate
+            tokenizer does (each language's in a range of its own, ``<s>`` and ``<unk>`` shared as
+            ids 0 and 1; ``loader.tokenizer`` is it, ``.save()`` writes it).
         max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
             utterance becomes a batch of its own.  Give it, or ``cost`` and ``max_cost``, or both
             (a batch then fits both).
@@ -474,7 +545,12 @@ def make_loader(
         num_workers: DataLoader worker processes per rank; the rank's streams are split among them.
         max_batch_size: optional cap on utterances per batch.
         min_frames, max_utt_frames: drop utterances outside these lengths (counted in stats).
-        ctc_subsampling: drop utterances with ``frames // ctc_subsampling <= label length``.
+        ctc_subsampling: drop utterances with ``frames // ctc_subsampling <= label length`` (CAT's CTC
+            rule).  Decided when the epoch is planned, with the frames the readers deliver (after
+            speed perturbation) and each label's length counted once per index folder and tokenizer,
+            so no planned batch is emptied by it; the readers apply it again to the labels they make
+            (subword sampling can lengthen one: ``dry-run --plan`` counts the batches that could end
+            empty then).  Counted as ``ctc_too_short``.
         train: False for dev/validation: no shuffle, every batch yielded once, ranks may differ in steps.
         on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
         subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
@@ -509,7 +585,9 @@ def make_loader(
             names this option.  0: no minimum (the 60 s read timeout alone).
         weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
             weights, temperature or schedule: their own proportions, as if they were one corpus.
-        temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are).
+        temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are); with
+            ``mix_by``, one number applies at every level, or ``(T_corpora, T_parts)``: across the
+            corpora by their hours, then across each corpus's parts by theirs.
         schedule: ``[(step, {name: weight}), ...]``: weights over the global training step,
             linear between points, constant after the last.
         steps_per_epoch: steps of a mixed loader epoch (default: one pass's worth of every
@@ -536,91 +614,77 @@ def make_loader(
             from ``wdsprep.loading.augment``), its JSON text or a JSON file.  Speed, noise and
             reverb need audio shards; speed is drawn by the plan, which cuts batches with the
             perturbed lengths (``batch.keys`` then name a perturbed utterance ``sp0.9-ID``).
+        max_tokens_per_second, min_tokens_per_second, max_label_tokens: drop utterances whose label
+            has more (fewer) tokens of ``tokenizer`` per second of audio, or more tokens, than this:
+            misaligned transcripts (400 characters on one second of audio) that would blow up a
+            batch's labels.  Decided when the epoch is planned, from the label lengths counted once
+            per index folder and tokenizer (docs/batching.md), so ``len`` stays exact; counted by
+            reason in ``stats.dropped``.  ``dry-run --plan`` prints the distribution to choose from.
         fbank: for audio shards, fbank options in place of their index's: ``num_mel_bins``,
             ``dither`` (seeded per utterance; backend ``numpy`` only), ``backend``
             (``numpy``, ``kaldi-native-fbank``, ``torchaudio``).
+        fields: fields of the samples (``pack --field NAME=FILE``) to deliver as strings,
+            ``batch.fields[NAME]``; ``batch.lang`` holds each utterance's language whenever the
+            index has one.  A field the shards' index does not list is refused.
+        text_fields: fields delivered tokenized too, like the labels (the utterance's tokenizer,
+            language and text treatment): ``batch.field_tokens[NAME]`` (padded with 0) and
+            ``batch.field_lens[NAME]``; e.g. a previous-text prompt.
+        normalize: the text treatment before tokenizing, its steps in order (``nfkc``, ``nfc``,
+            ``lower``, ``upper``, ``strip_punct``, ``collapse_spaces``, ``remove_spaces``,
+            ``strip``) or ``MODULE:FUNC``; ``tokenizer train --normalize`` applies the same.  A
+            resume with another treatment is refused.
+        mix_by: split each corpus (named or not) by this index column (``lang``) into parts, mixed
+            as named corpora are (``weights``/``schedule`` name the parts ``VALUE``, or
+            ``CORPUS/VALUE`` for named corpora; ``temperature`` per level); ``loader.corpora``
+            and ``batch.corpus`` name the parts.
     """
-    if on_error not in ("warn", "raise"):
-        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
-    if ctc_subsampling is not None and ctc_subsampling < 1:
-        raise ValueError(f"ctc_subsampling must be >= 1, got {ctc_subsampling}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    if (min_shards is not None or min_hours is not None) and not growing:
-        raise ValueError("min_shards/min_hours wait for shards a pack is still publishing: pass growing=True too")
-    if min_shards is not None and min_shards < 0 or min_hours is not None and min_hours < 0:
-        raise ValueError(f"min_shards and min_hours must be >= 0, got {min_shards} and {min_hours}")
+    # The signature above is the public face; every option's home is its group (loading/options.py).
+    options = LoaderOptions.of(**{k: v for k, v in locals().items() if k not in ("trset", "tokenizer")})
     d_rank, d_world = dist_info()
-    rank = d_rank if rank is None else rank
-    world_size = d_world if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world size {world_size}")
-    if not isinstance(tokenizer, Tokenizer):
-        tokenizer = load_tokenizer(tokenizer)
-    aug = parse_augment(augment)
-    if aug is not None and not train:
-        raise ValueError("augment is for training: a dev loader (train=False) reads the data as it is")
-    options = PlanOptions(max_frames=max_frames, max_batch_size=max_batch_size, shuffle_buffer=shuffle_buffer,
-                          pool_size=pool_size, min_frames=min_frames, max_utt_frames=max_utt_frames, streams=streams,
-                          train=train, max_utts_per_speaker=max_utts_per_speaker,
-                          cost=None if cost is None else load_cost(cost), max_cost=max_cost,
-                          speed=None if aug is None else aug.speed)
-    fetch = FetchOptions(read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
-                         cache_dir=None if cache_dir is None else os.fspath(cache_dir), cache_bytes=cache_bytes,
-                         retries=retries, retry_backoff=retry_backoff, min_rate=min_rate)
-    if steps_per_epoch is not None and steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    # Stored speakers are cheap (an int column); deriving them from keys is done only when the plan needs them.
-    load = {"policy": fetch.policy(), "derive_speakers": max_utts_per_speaker is not None}
-    counted = tokenizer if options.fit.uses_tokens else None
-
-    def plan(shards: ShardSet) -> EpochSource:
-        return epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
-                            named=isinstance(trset, Mapping), weights=weights, temperature=temperature,
-                            schedule=schedule, steps_per_epoch=steps_per_epoch)
-
-    def build(view: View | None, wait: float = 0.0) -> EpochSource:
-        shards = load_shards(trset, **load, tokenizer=counted, view=view, view_wait=wait)
-        made = with_fbank(shards.audio, fbank)
-        return plan(shards if made is None else replace(shards, dims=made.num_mel_bins))  # what the batches hold
-
+    workers = options.workers
+    options = options.with_topology(d_rank if workers.rank is None else workers.rank,
+                                    d_world if workers.world_size is None else workers.world_size)
+    rank, world_size, workers = options.rank, options.world_size, options.workers
+    tokenizer = as_tokenizer(tokenizer)
+    corpora = corpora_of(trset, options, tokenizer)
+    assert corpora.transforms is not None
     # The checks under DDP run on a gloo group of the loader's own; explicit rank/world without a
     # process group just take their share.
-    group = loader_group(collective_timeout) if world_size > 1 else None
-    growth = None
-    if growing and world_size > 1 and group is None:
+    group = loader_group(workers.collective_timeout) if world_size > 1 else None
+    if options.grow.growing and world_size > 1 and group is None:
         warnings.warn("growing=True with world_size > 1 but no torch.distributed process group: the ranks cannot "
                       "share rank 0's view of the growing shards, so each plans over the shards it sees; give "
                       "every rank the same state (load_state_dict) to plan alike", UserWarning, stacklevel=2)
-    if growing:
-        # Until the first epoch has a batch for every rank (without counting label tokens: a cost
-        # model's tokens do not change how many batches there are by much, and cost a read).
-        view = wait_for(trset, lambda v: load_shards(trset, **load, view=v), min_shards=min_shards,
-                        min_hours=min_hours, timeout=wait_timeout, check=plan if counted is None else None)
-        if group is not None:  # every rank plans over rank 0's view
-            view = View.from_json(gather(group, view.to_json(), timeout=collective_timeout,
-                                         where="make_loader, sharing rank 0's view of the growing shards")[0])
-        source = build(view, VISIBLE_WITHIN if group is not None else 0.0)
-        growth = Growth(trset, build, view, coverage(source.shards, view))
-    else:
-        source = build(None)
-    fbank_opts = with_fbank(source.shards.audio, fbank)
-    if aug is not None:
-        on_audio = [name for name in ("speed", "noise", "reverb") if getattr(aug, name) is not None]
-        if on_audio and source.shards.audio is None:
-            raise ValueError(f"augment {', '.join(on_audio)} act on audio: these shards hold features computed at "
-                             f"pack time; pack the audio (layout flac or wav) or augment with specaugment only")
-    cfg = LoaderConfig(options, seed=seed, ctc_subsampling=ctc_subsampling, on_error=on_error,
-                       subword_sampling=subword_sampling, tokenize_group=tokenize_group, fetch=fetch,
-                       features=FeatureOptions(fbank_opts, aug))
-    dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl())
+    ranks = Ranks() if group is None else Ranks(
+        share=lambda value, where: gather(group, value, timeout=workers.collective_timeout, where=where)[0],
+        leader=rank == 0, visible_within=VISIBLE_WITHIN)
+    source = build_source(corpora, options, tokenizer=tokenizer, ranks=ranks)
+    _check_fields(source.shards, options, corpora.transforms)
+    augments = tuple(t.augment for t in corpora.transforms)
+    features = FeatureOptions(options.read.fbank_for(source.shards.audio), options.read.augment,
+                              augments if any(a != options.read.augment for a in augments) else None)
+    cfg = LoaderConfig(options.plan, seed=options.seed, read=options.read, fetch=options.fetch, features=features)
+    dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl(), transforms=corpora.transforms)
     if group is not None:
-        fingerprints = gather(group, dataset.fingerprint(), timeout=collective_timeout, where="make_loader")
+        fingerprints = gather(group, dataset.fingerprint(), timeout=workers.collective_timeout, where="make_loader")
         odd = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
         if odd:
             raise ValueError(f"ranks {odd} plan from other shards or options than rank 0 (fingerprints "
                              f"{fingerprints}): give every rank the same trset, index and loader options")
     _settle_heap()
-    return Loader(dataset, rank=rank, num_workers=num_workers, group=group, collective_timeout=collective_timeout,
-                  prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers,
-                  growth=growth)
+    return Loader(dataset, workers, group=group)
+
+
+def _check_fields(shards: Any, options: LoaderOptions, transforms: Sequence[Any]) -> None:
+    """Refuse fields the shards' samples do not carry, and a tokenizer per language without languages."""
+    missing = [n for n in options.read.read_fields if n not in shards.fields]
+    if missing:
+        raise ValueError(f"fields {missing}: the shards' index lists {list(shards.fields) or 'no field'} (every "
+                         f"folder's must: pack with --field NAME=FILE, or re-index shards that carry them: wdsprep "
+                         f"index --force)")
+    for c, t in enumerate(transforms):
+        if t.by_language and shards.lacks("lang", c):
+            where = f"corpus {shards.corpora[c]!r}'s" if shards.corpora != ("",) else "the shards'"
+            raise ValueError(f"a tokenizer per language needs each utterance's language: {where} index has no "
+                             f"language column (pack with --utt2lang; shards that carry KEY.lang: wdsprep index "
+                             f"--force)")

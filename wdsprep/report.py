@@ -16,10 +16,6 @@ from wdsprep.errors import DataError
 from wdsprep.files import write_text
 
 
-class StrictError(RuntimeError):
-    """Raised under ``strict=True`` when a job dropped or flagged utterances; the report is written."""
-
-
 @dataclass
 class Report:
     # reason -> [{"uttid": ..., "why": ...}]: utterances not in the output
@@ -27,6 +23,8 @@ class Report:
     # kind -> [uttid]: utterances in the output but worth a look (e.g. empty transcripts)
     flagged: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     groups: dict[str, dict] = field(default_factory=dict)
+    # language -> utterances written, when the inputs name each utterance's language
+    languages: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, uttid: str, why: str | None = None) -> None:
         self.dropped[reason].append({"uttid": uttid, "why": why} if why else {"uttid": uttid})
@@ -52,11 +50,12 @@ class Report:
         return {**{k: len(v) for k, v in self.dropped.items()}, **{k: len(v) for k, v in self.flagged.items()}}
 
     def to_json(self) -> dict:
+        written = {"utterances": sum(g.get("utterances", 0) for g in self.groups.values()),
+                   "hours": round(sum(g.get("hours", 0) for g in self.groups.values()), 4)}
+        if self.languages:
+            written["languages"] = dict(sorted(self.languages.items()))
         return {
-            "written": {
-                "utterances": sum(g.get("utterances", 0) for g in self.groups.values()),
-                "hours": round(sum(g.get("hours", 0) for g in self.groups.values()), 4),
-            },
+            "written": written,
             "groups": self.groups,
             "not_written": {k: sorted(v, key=lambda d: d["uttid"]) for k, v in sorted(self.dropped.items())},
             "flagged": {k: sorted(v) for k, v in sorted(self.flagged.items())},
@@ -91,6 +90,7 @@ class Report:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
             r = cls.from_fragment({"dropped": doc["not_written"], "flagged": doc["flagged"]}, where=str(path))
             r.groups = dict(doc["groups"])
+            r.languages = {str(k): int(v) for k, v in doc["written"].get("languages", {}).items()}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a readable report ({e}); pack again with --overwrite") from None
         return r
@@ -105,6 +105,8 @@ class Report:
             lines.append(f"  {'group':<16}{'utterances':>12}{'hours':>10}{'shards':>8}")
             for name, g in self.groups.items():
                 lines.append(f"  {name:<16}{g['utterances']:>12,}{g['hours']:>10.2f}{g.get('shards', 0):>8}")
+        if self.languages:
+            lines.append("  languages: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.languages.items())))
         for reason, items in sorted(self.dropped.items()):
             example = items[0]["uttid"]
             lines.append(f"  not written, {reason}: {len(items):,} (e.g. {example})")

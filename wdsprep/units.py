@@ -28,8 +28,3 @@ def fbank_frames(num_samples: int | np.ndarray, sample_rate: int) -> int | np.nd
 def hours(frames: int | float) -> float:
     """Hours of audio in ``frames`` frames."""
     return float(frames) / FRAMES_PER_HOUR
-
-
-def thousands(n: int) -> str:
-    """A count as a short label: ``20000`` -> ``20k``; one that is no whole thousand as it is."""
-    return f"{n // 1000}k" if n and n % 1000 == 0 else str(n)

@@ -23,7 +23,8 @@
 #   --nproc N       ranks (NPROC, default 2)
 #   --speed "F ..." speed factors (SPEED, default "0.9 1.0 1.1"; "1.0" for none)
 #   --format F      flac or wav (FORMAT, default flac)
-#   --epochs N      training epochs (EPOCHS, default 50)
+#   --epochs N      training epochs (EPOCHS; default 50, written into hyper-p.json at stage 3;
+#                   given with --stage 5 it overrides hyper-p.json)
 #   --exp DIR       all generated files go here (EXP, default exp/audio)
 #   --max-steps N   stop training after N steps (MAX_STEPS; for quick checks)
 set -euo pipefail
@@ -33,7 +34,7 @@ stop_stage=5
 nproc=${NPROC:-2}
 speed=${SPEED:-"0.9 1.0 1.1"}
 format=${FORMAT:-flac}
-epochs=${EPOCHS:-50}
+epochs=${EPOCHS:-}  # empty: 50 when writing hyper-p.json; stage 5 then follows hyper-p.json
 exp=${EXP:-exp/audio}
 max_steps=${MAX_STEPS:-}
 bucket_size=${BUCKET_SIZE:-1000}  # frames per step over all ranks, as in egs/demo
@@ -43,12 +44,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$(dirname "$0")/local/parse_options.sh"
 cd "$(dirname "$0")"
 
-log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
-if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
-  echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \
-    "'make install && . .venv/bin/activate'" >&2
-  exit 1
-fi
+. local/common.sh  # log, need, the install check
 factors=$(echo "$speed" | tr ' ' ',')
 augment="{\"speed\": {\"factors\": [$factors]}, \"specaugment\": {\"freq_masks\": 2, \"freq_width\": 15, \"time_masks\": 2, \"time_width\": 20}}"
 
@@ -76,13 +72,16 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  need "$exp/shards/train/pack_report.json" 1
+  need "$exp/tokenizer.json" 2
   log 3 "writing $exp/hyper-p.json: ld = {shards, augment: $augment}"
   python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" --augment "$augment" \
     --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" --model dropout=0.0 \
-    --set epochs="$epochs" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
+    --set epochs="${epochs:-50}" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  need "$exp/hyper-p.json" 3
   log 4 "the plan of 2 epochs for $nproc rank(s), from the index alone, with the speed factors it draws"
   wdsprep dry-run --plan --hyper "$exp/hyper-p.json" --world-size "$nproc" --epochs 2
   log 4 "one real epoch on $nproc rank(s) with 2 workers each: fbank, speed and SpecAugment in the workers"
@@ -91,9 +90,11 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  need "$exp/hyper-p.json" 3
   log 5 "training on $nproc rank(s): torchrun local/train.py --hyper $exp/hyper-p.json"
   extra=()
   [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
+  [ -n "$epochs" ] && extra+=(--epochs "$epochs")  # given explicitly: overrides hyper-p.json
   torchrun --standalone --nproc_per_node="$nproc" local/train.py \
     --hyper "$exp/hyper-p.json" --exp-dir "$exp" "${extra[@]}" 2>&1 | tee "$exp/train.log"
 fi

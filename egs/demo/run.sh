@@ -17,7 +17,8 @@
 #      the ranks start and wait; pack-audio (no fbank stage, no ark) publishes $exp/shards/grow
 #      shard by shard in the background, and training follows it (ld.growing): it starts once 3
 #      shards are published, and every epoch takes the shards published when it begins (the log
-#      says how many: on this tiny corpus the pack is usually done by the first epoch).  Killed
+#      says how many; on this tiny corpus the pack holds still after its first shards until the
+#      first epoch has trained on them, as a real corpus's hours-long pack would).  Killed
 #      half-way, the same command resumes the pack (--resume).  Needs stage 3's tokenizer (and
 #      uses stage 2's dev shards when they are there).
 #
@@ -50,13 +51,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks x thr
 # Run from egs/demo like a Kaldi recipe: wav.scp paths (and relative --exp paths) start there.
 cd "$(dirname "$0")"
 
-log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
-# The stages call `wdsprep`, `python` and `torchrun` from the environment wdsprep is installed in.
-if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
-  echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \
-    "'make install && . .venv/bin/activate'" >&2
-  exit 1
-fi
+. local/common.sh  # log, need, the install check
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   log 0 "checking the Kaldi data dirs $data/train $data/dev"
@@ -75,6 +70,7 @@ fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   # Length groups and shard size: conf/pack.conf (tools/demo.py packs with the same file).
+  need "$exp/fbank/train/feats.scp" 1
   pack_opts=$(grep -v '^#' conf/pack.conf | tr '\n' ' ')
   log 2 "packing train ($pack_opts) -> $exp/shards/train"
   # shellcheck disable=SC2086  # $pack_opts is a list of words on purpose
@@ -92,6 +88,8 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  need "$exp/shards/train/pack_report.json" 2
+  need "$exp/tokenizer.json" 3
   log 4 "writing $exp/hyper-p.json"
   python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" \
     --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" \
@@ -100,6 +98,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  need "$exp/hyper-p.json" 4
   log 5 "training on $nproc rank(s): torchrun local/train.py --hyper $exp/hyper-p.json"
   extra=()
   [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
@@ -110,6 +109,7 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
 fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  need "$exp/tokenizer.json" 3
   # Smaller shards than stage 2's, so the corpus is published in ~24 steps that training can follow.
   pack_opts="$(grep -v '^#' conf/pack.conf | tr '\n' ' ') --utts-per-shard 8"
   grow=$exp/shards/grow
@@ -140,6 +140,25 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   nice -n 19 wdsprep pack-audio --wav-scp "$data/train/wav.scp" --text "$data/train/text" \
     --utt2spk "$data/train/utt2spk" --out "$grow" $pack_opts --nj 1 --resume > "$exp/pack-grow.log" 2>&1 &
   pack_pid=$!
+  # A real corpus's pack runs for hours; this one would be done before the first epoch is planned.
+  # So, as a slow pack would, it holds still (SIGSTOP) once 3 shards are published, until training
+  # has run its first epoch over them, and then goes on.
+  for _ in $(seq 1200); do
+    # (find may meet a file the pack renames meanwhile: not an error here)
+    published=$({ find "$grow" -path '*/.index.parts/*' -name part.json 2>/dev/null || true; } | wc -l)
+    [ "$published" -ge 3 ] && break
+    kill -0 "$pack_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -STOP "$pack_pid" 2>/dev/null; then
+    log 6 "pack paused at $published published shards until training has run its first epoch over them"
+    for _ in $(seq 1200); do
+      grep -q "shards published" "$exp/grow/train.log" && break
+      kill -0 "$train_pid" 2>/dev/null || break
+      sleep 0.25
+    done
+    kill -CONT "$pack_pid" 2>/dev/null || true
+  fi
   if ! wait "$pack_pid"; then
     echo "$0: pack-audio failed, see $exp/pack-grow.log; run stage 6 again to resume it" >&2
     kill "$train_pid" 2>/dev/null || true

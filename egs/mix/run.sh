@@ -22,7 +22,8 @@
 #   --nproc N       ranks (NPROC, default 2)
 #   --nj N          parallel jobs for fbank and pack (NJ, default 2)
 #   --ramp N        global step at which the schedule reaches 50/50 (RAMP, default 300)
-#   --epochs N      training epochs (EPOCHS, default 40); the stage 5 pass runs 30
+#   --epochs N      training epochs (EPOCHS; default 40, written into hyper-p.json at stage 4; given
+#                   with --stage 6 it overrides hyper-p.json); the stage 5 pass runs 30
 #   --exp DIR       all generated files go here (EXP, default exp/mix)
 #   --max-steps N   stop training after N steps (MAX_STEPS; for quick checks)
 set -euo pipefail
@@ -32,7 +33,7 @@ stop_stage=6
 nproc=${NPROC:-2}
 nj=${NJ:-2}
 ramp=${RAMP:-300}
-epochs=${EPOCHS:-40}
+epochs=${EPOCHS:-}  # empty: 40 when writing hyper-p.json; stage 6 then follows hyper-p.json
 exp=${EXP:-exp/mix}
 max_steps=${MAX_STEPS:-}
 bucket_size=${BUCKET_SIZE:-1000}  # frames per step over all ranks, as in egs/demo
@@ -42,12 +43,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$(dirname "$0")/local/parse_options.sh"
 cd "$(dirname "$0")"
 
-log() { echo "$(date '+%H:%M:%S') [stage $1] ${*:2}"; }
-if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
-  echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \
-    "'make install && . .venv/bin/activate'" >&2
-  exit 1
-fi
+. local/common.sh  # log, need, the install check
 langs=(en zh)
 schedule="[[0, {\"en\": 9, \"zh\": 1}], [$ramp, {\"en\": 1, \"zh\": 1}]]"
 
@@ -58,6 +54,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  need "$exp/data/train/en/wav.scp" 0
   for part in train/en train/zh; do
     log 1 "fbank for $exp/data/$part -> $exp/fbank/$part"
     wdsprep fbank --wav-scp "$exp/data/$part/wav.scp" --out-dir "$exp/fbank/$part" --num-mel-bins 80 --nj "$nj"
@@ -67,6 +64,7 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  need "$exp/fbank/train/en/feats.scp" 1
   pack_opts=$(grep -v '^#' conf/pack.conf | tr '\n' ' ')
   for lang in "${langs[@]}"; do
     log 2 "packing $lang ($pack_opts) -> $exp/shards/$lang"
@@ -85,14 +83,17 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  need "$exp/shards/en/pack_report.json" 2
+  need "$exp/tokenizer.json" 3
   log 4 "writing $exp/hyper-p.json: ld = {corpora: en, zh; schedule: $schedule}"
   python local/make_hyper.py --corpus en="$exp/shards/en" zh="$exp/shards/zh" --mix schedule="$schedule" \
     --dev-shards "$exp/shards/dev" --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" \
     --model dropout=0.0 \
-    --set epochs="$epochs" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
+    --set epochs="${epochs:-40}" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  need "$exp/hyper-p.json" 4
   log 5 "the mixed plan for $nproc rank(s), from the index alone"
   wdsprep dry-run --plan --hyper "$exp/hyper-p.json" --world-size "$nproc" --epochs 2
   log 5 "a real pass of 30 epochs on $nproc rank(s) -> $exp/mixture.png"
@@ -101,9 +102,11 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
 fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  need "$exp/hyper-p.json" 4
   log 6 "training on $nproc rank(s): torchrun local/train.py --hyper $exp/hyper-p.json"
   extra=()
   [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
+  [ -n "$epochs" ] && extra+=(--epochs "$epochs")  # given explicitly: overrides hyper-p.json
   torchrun --standalone --nproc_per_node="$nproc" local/train.py \
     --hyper "$exp/hyper-p.json" --exp-dir "$exp" "${extra[@]}" 2>&1 | tee "$exp/train.log"
 fi

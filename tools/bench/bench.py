@@ -353,7 +353,8 @@ def float16_error(shards32: Sequence[Path], shards16: Sequence[Path], corpus: st
     """
     import io
 
-    from wdsprep.format.tar import iter_tar_samples
+    sys.path.insert(0, str(REPO / "tests"))
+    from shard_readers import iter_tar_samples  # the tests' reference reader
 
     err = rel = 0.0
     n = 0
@@ -701,7 +702,9 @@ def run_cli(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, prog: str = "python tools/bench/bench.py") -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    # `wdsprep bench` runs this script under its own name (wdsprep.cli.PROG_VARIABLE).
+    prog = prog or os.environ.get("WDSPREP_PROG", "python tools/bench/bench.py")
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add_arguments(p)
     argv = sys.argv[1:] if argv is None else argv

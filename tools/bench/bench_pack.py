@@ -156,7 +156,7 @@ def plan_memory(n: int) -> None:
     folders = ["10_1000" if f < 1000 else "1000_inf" for f in frames.tolist()]
     planned = plan_shards([u for u, _, _ in items], folders, frames, ["10_1000", "1000_inf"], utts_per_shard=2000,
                           shuffle=True, seed=0)
-    shards = [(p.folder, [items[i] for i in p.items.tolist()], frames[p.items]) for p in planned]  # as pack_arks
+    shards = [(p.folder, [items[i] for i in p.items.tolist()], frames[p.items]) for p in planned.shards]  # as pack_arks
     peak = tracemalloc.get_traced_memory()[1] - base
     del shards, planned, cols
     print(f"{n:,} utterances: the item list (held before the shuffle too) {base / n:.0f} B/utt; "

@@ -1,7 +1,8 @@
 """``inspect``: what is in a set of shards, per length group and per shard, at a glance.
 
 For each shard: utterances, hours, frames min/median/max, transcript length min/median/max and
-layout.  Where a folder has an ``index.json`` the numbers come from it and the tars are never
+layout; over all of them, the hours of each language where the shards carry one (``pack
+--utt2lang``).  Where a folder has an ``index.json`` the numbers come from it and the tars are never
 opened, so inspecting 100,000 hours takes seconds.  Shards without an index (e.g. written by CAT)
 and shards their folder's index does not list are read: the frame count comes from the ``.npy``
 header alone (the matrix is skipped), the transcript length from the text member.  Shards on S3
@@ -23,17 +24,37 @@ from typing import Sequence
 
 import numpy as np
 
+from wdsprep.check.plot import thousands
 from wdsprep.files import naming, write_text
-from wdsprep.format.commit import growth
-from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, read_index_at, scan_shard
+from wdsprep.format.commit import pending_folder
+from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, read_index_at
+from wdsprep.format.keys import LANG
+from wdsprep.format.reindex import scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
-from wdsprep.loading.readahead import fetched_shard
-from wdsprep.remote.fetch import MIN_RATE, FetchError, RetryPolicy, fetch_file
+from wdsprep.loading.readahead import FetchOptions, fetched_shard
+from wdsprep.remote.fetch import FetchError, RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister
 from wdsprep.remote.urls import redact
-from wdsprep.units import hours, thousands
+from wdsprep.units import hours
 
-DEFAULT_MAX_FRAMES = (5_000, 10_000, 20_000, 40_000, 80_000)
+# The padding-efficiency curve's max_frames, in units of the corpus's 95th-percentile utterance:
+# from a few long utterances per batch to tens (a fixed 5k-80k range showed only noise on a corpus
+# of short utterances, and nothing of one of long ones).
+CURVE_BUDGETS = (2, 4, 8, 16, 32)
+
+
+def curve_budgets(frames: np.ndarray) -> list[int]:
+    """max_frames values for the padding-efficiency curve of a corpus of these lengths (two
+    significant digits each)."""
+    if not len(frames):
+        return []
+    p95 = float(np.quantile(frames, 0.95))
+    out = []
+    for k in CURVE_BUDGETS:
+        v = max(1.0, k * p95)
+        scale = 10 ** max(0, int(np.floor(np.log10(v))) - 1)
+        out.append(int(round(v / scale) * scale))
+    return sorted(set(out))
 # bucket_batches is pure Python; beyond this many utterances the curve is computed on a seeded
 # random subset, which changes the efficiency only in the third decimal.
 MAX_CURVE_UTTS = 100_000
@@ -53,6 +74,7 @@ class ShardStats:
     source: str  # "index" or "tar"
     frames: np.ndarray = field(repr=False)
     text_lens: np.ndarray = field(repr=False)
+    langs: list[str] | None = field(default=None, repr=False)  # each utterance's language, where known
 
     @property
     def utts(self) -> int:
@@ -138,8 +160,23 @@ class InspectResult:
     def ok(self) -> bool:
         return not self.problems
 
+    def languages(self) -> dict[str, tuple[int, float]]:
+        """Each language's (utterances, hours), most hours first: over the shards whose samples carry
+        one ("?" for those that do not, when some do); empty when none does."""
+        shards = self.shards
+        if not any(s.langs is not None for s in shards):
+            return {}
+        out: dict[str, tuple[int, float]] = {}
+        for s in shards:
+            names = s.langs if s.langs is not None else ["?"] * s.utts
+            for lang, frames in zip(names, s.frames.tolist()):
+                n, h = out.get(lang, (0, 0.0))
+                out[lang] = (n + 1, h + hours(frames))
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1][1], kv[0])))
+
     def to_json(self) -> dict:
         return {"utterances": self.utts, "hours": round(self.hours, 4), "groups": [g.to_json() for g in self.groups],
+                "languages": {k: {"utterances": n, "hours": round(h, 4)} for k, (n, h) in self.languages().items()},
                 "padding_efficiency": {k: {str(mf): v for mf, v in c.items()} for k, c in self.efficiency.items()},
                 "problems": self.problems, "plot": self.plot, "notes": self.notes}
 
@@ -163,10 +200,16 @@ class InspectResult:
                                      s.layout, s.source))
         lines.append("-" * len(head))
         lines.append(f"{'total':<28} {self.utts:>9,} {self.hours:>9.2f}")
+        languages = self.languages()
+        if languages:
+            lines.append("")
+            lines.append(f"{'language':<28} {'utts':>9} {'hours':>9}  {'share of hours':>14}")
+            for lang, (n, h) in languages.items():
+                lines.append(f"{lang:<28} {n:>9,} {h:>9.2f}  {h / max(self.hours, 1e-12):>14.1%}")
         if self.efficiency:
             mfs = sorted({mf for c in self.efficiency.values() for mf in c})
             lines.append("")
-            lines.append("padding efficiency (real / padded frames) of bucket_batches at max_frames:")
+            lines.append("padding efficiency (real / padded frames) of the loader's batches at max_frames:")
             lines.append(f"  {'':<26}" + "".join(f"{thousands(mf):>8}" for mf in mfs))
             for name, curve in self.efficiency.items():
                 lines.append(f"  {name:<26}" + "".join(f"{curve.get(mf, math.nan):>8.3f}" for mf in mfs))
@@ -188,18 +231,19 @@ def inspect_shards(
     patterns: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     plot: str | os.PathLike | None = None,
-    max_frames_list: Sequence[int] = DEFAULT_MAX_FRAMES,
+    max_frames_list: Sequence[int] | None = None,
     seed: int = 0,
-    retries: int = 5,
-    retry_backoff: float = 1.0,
-    min_rate: float = MIN_RATE,
+    retries: int = FetchOptions.retries,
+    retry_backoff: float = FetchOptions.retry_backoff,
+    min_rate: float = FetchOptions.min_rate,
 ) -> InspectResult:
     """Statistics of the shards a pattern names, per length group (parent folder) and per shard.
 
     Args:
         patterns: shard pattern(s), e.g. ``DIR/{10_1000,1000_2000}/data-*.tar`` (see ``expand_shards``).
         plot: write a PNG with a length histogram per group and the padding-efficiency curve.
-        max_frames_list: ``max_frames`` values for the padding-efficiency curve; empty to skip it.
+        max_frames_list: ``max_frames`` values for the padding-efficiency curve (default: from the
+            corpus's lengths, :func:`curve_budgets`); empty to skip it.
         seed: seeds the shuffle of lengths (and subset) the curve is computed on.
         retries, retry_backoff, min_rate: as the loader's, for the index files and shards on S3 or a web server.
 
@@ -225,7 +269,7 @@ def inspect_shards(
     groups = []
     for folder, shard_paths in by_folder.items():
         remote = is_url(folder)
-        g = None if remote else growth(folder)
+        g = None if remote else pending_folder(folder)
         try:
             index = read_index_at(folder, partial(fetch_file, policy=policy)) if remote else read_index(folder)
         except (ValueError, OSError) as e:  # DataError is a ValueError, FetchError an OSError
@@ -236,9 +280,11 @@ def inspect_shards(
             i = None if index is None else index.position(index_place(p)[1])
             if i is not None:
                 a, b = index.starts[i], index.starts[i + 1]
+                lang = index.columns.get(LANG)
                 stats.append(ShardStats(redact(p), names[folder], index.layout, "index",
                                         np.asarray(index.frames[a:b], np.int64),
-                                        np.asarray(index.text_lens[a:b], np.int64)))
+                                        np.asarray(index.text_lens[a:b], np.int64),
+                                        None if lang is None else lang.values(slice(a, b))))
                 continue
             if g is not None:
                 continue  # written, not published yet
@@ -264,6 +310,9 @@ def inspect_shards(
                          f"numbers are theirs")
     groups.sort(key=_group_order)
 
+    if max_frames_list is None:
+        frames = [g.frames for g in groups if g.utts]
+        max_frames_list = curve_budgets(np.concatenate(frames) if frames else np.zeros(0, np.int64))
     result = InspectResult(groups, padding_curves(groups, max_frames_list, seed), problems, notes=notes)
     if plot is not None:
         from wdsprep.check.plot import plot_inspect  # matplotlib only when a plot is asked for
@@ -276,7 +325,7 @@ def inspect_shards(
 
 def _stats(path: str, group: str, layout: str, source: str, info: ShardInfo) -> ShardStats:
     return ShardStats(path, group, layout, source, np.asarray(info.frames, dtype=np.int64),
-                      np.asarray(info.text_lens, dtype=np.int64))
+                      np.asarray(info.text_lens, dtype=np.int64), info.values.get(LANG))
 
 
 def _group_order(g: GroupStats) -> tuple:

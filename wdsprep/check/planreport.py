@@ -15,87 +15,99 @@ import os
 import sys
 import time
 from collections import Counter
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
-from wdsprep.files import naming
-from wdsprep.loading.augment import Augment, parse_augment
-from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.loading.growing import coverage, describe, observe
-from wdsprep.loading.plan import PlanOptions
+from wdsprep.files import naming, write_text
+from wdsprep.loading.compose import build_source
+from wdsprep.loading.cost import CostModel, batch_cost, load_cost
+from wdsprep.loading.growing import describe
+from wdsprep.loading.options import LoaderOptions
+from wdsprep.loading.plan import PlanOptions, describe_rates, token_rates
 from wdsprep.loading.quality import ShuffleQuality
-from wdsprep.loading.shardset import ShardSet, row_keys
-from wdsprep.loading.source import EpochSource, Trset, epoch_source, load_shards
+from wdsprep.loading.shardset import row_keys, row_text_lens
+from wdsprep.loading.source import EpochSource, Trset
 from wdsprep.loading.stats import BatchTally, LoaderStats, StepCosts
-from wdsprep.remote.fetch import MIN_RATE, RetryPolicy
-from wdsprep.tokenizer import Tokenizer, load_tokenizer
+from wdsprep.tokenizer import TokenizerSpec, as_tokenizer
 from wdsprep.units import hours
 
-# make_loader's options that mix named corpora
-MIXING = ("weights", "temperature", "schedule", "steps_per_epoch")
 
+def plan_report(trset: Trset, tokenizer: TokenizerSpec | None = None, *, epochs: int = 1,
+                out: TextIO | None = None, windows: int = 8, dump_keys: str | os.PathLike | None = None,
+                stats_json: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
+                count_tokens: bool = False, **loader_options: Any) -> list[dict[str, Any]]:
+    """The plan of ``epochs`` epochs, from the index alone; printed, and returned per epoch as numbers.
 
-def plan_report(trset: Trset, *, world_size: int = 1, num_workers: int = 0, epochs: int = 1, seed: int = 0,
-                out: TextIO | None = None, windows: int = 8, tokenizer: Tokenizer | str | os.PathLike | None = None,
-                dump_keys: str | os.PathLike | None = None, growing: bool = False, retries: int = 5,
-                retry_backoff: float = 1.0, min_rate: float = MIN_RATE,
-                augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
-                **plan_options: Any) -> list[dict[str, Any]]:
-    """The plan of ``epochs`` epochs at ``world_size`` ranks, from the index alone; printed, and
-    returned per epoch as numbers.  ``plan_options`` are :class:`~wdsprep.loading.plan.PlanOptions`'
-    (``max_frames``, ``cost`` and ``max_cost`` and any of the batching options ``make_loader``
-    takes), and for named corpora (``trset`` a mapping) the mixing options too; a mixture's shares
-    are shown in ``windows`` step ranges.  Steps are judged by ``cost`` (padded frames without);
-    ``cost`` without ``max_cost`` judges a plan cut by frames (what ``max_cost`` keeps its peak?).
-    ``tokenizer`` is needed by a cost model that counts label tokens.  ``dump_keys``: every rank's
+    ``loader_options`` are :func:`~wdsprep.make_loader`'s, and the plan is the one a loader with
+    them makes (the same composition, ``loading/compose.py``), at ``world_size`` ranks of
+    ``num_workers`` readers; those that do not change the plan play no part.  Steps are judged by
+    ``cost`` (padded frames without); ``cost`` without ``max_cost`` judges a plan cut by frames
+    (what ``max_cost`` keeps its peak?).  ``tokenizer`` is needed by a cost model that counts label
+    tokens; with ``count_tokens`` the labels are counted for the report even where the plan does not
+    need them (label padding, the distribution of tokens per second that label filters are chosen
+    from; counted once per index folder and tokenizer).  A mixture's shares are shown in ``windows``
+    step ranges.  ``dump_keys``: every rank's
     planned batches written there, one ``epoch<TAB>step<TAB>rank<TAB>uttid`` line per utterance,
-    from the index's keys.  ``growing``: folders a pack is still writing are planned over the
-    shards published now, and the report says how much of the final corpus that is.  ``retries``,
-    ``retry_backoff``, ``min_rate``: fetching remote indexes, as the loader does.  ``augment``:
-    make_loader's; its speed perturbation changes the plan (the lengths are the perturbed ones), the
-    rest does not."""
+    from the index's keys.  ``stats_json``: the returned reports written there as JSON.  ``plot``
+    (named corpora mixed): each corpus's planned share of the utterances, step by step over all
+    ranks, against the schedule.  Folders a pack is still writing (``growing``) are planned over the
+    shards published now, and the report says how much of the final corpus that is."""
     out = out or sys.stdout
-    mixing = {k: plan_options.pop(k) for k in MIXING if plan_options.get(k) is not None}
-    if plan_options.get("cost") is not None:
-        plan_options["cost"] = load_cost(plan_options["cost"])
-    judge = plan_options.get("cost")
-    if plan_options.get("max_cost") is None:  # a cost model alone judges a plan cut by frames: what max_cost to give?
-        plan_options["cost"] = None
-    aug = parse_augment(augment)
-    options = PlanOptions(**plan_options, speed=None if aug is None else aug.speed)
-    tokens = judge is not None and judge.uses_tokens
-    if tokens and tokenizer is None:
-        raise ValueError("the cost model counts label tokens: give the tokenizer (--tokenizer) to count them")
-    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        tokenizer = load_tokenizer(tokenizer)
-    policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
-    view = observe(trset) if growing else None
-    shards = load_shards(trset, policy=policy, derive_speakers=True, tokenizer=tokenizer if tokens else None,
-                         view=view)
-    covered = None if view is None else coverage(shards, view)
-    source = epoch_source(shards, options, seed=seed, world_size=world_size, num_workers=num_workers,
-                          named=isinstance(trset, Mapping), **mixing)
-    keys = row_keys(shards, policy=policy) if dump_keys is not None else None
+    judge = None
+    if loader_options.get("cost") is not None and loader_options.get("max_cost") is None:
+        judge = load_cost(loader_options.pop("cost"))  # it judges a plan cut by frames
+    options = LoaderOptions.of(**loader_options)
+    judge = judge or options.plan.cost
+    if tokenizer is not None:
+        tokenizer = as_tokenizer(tokenizer)
+    source = build_source(trset, options, tokenizer=tokenizer, derive_speakers=True,
+                          count_tokens=count_tokens or (judge is not None and judge.uses_tokens))
+    if plot and source.mixture is None:
+        raise ValueError("--plot draws the mixture of named corpora in training: give --corpus (or an ld object)")
+    shards = source.shards
+    planned = LoaderStats()
+    source.annotate(planned)
+    keys = row_keys(shards, policy=options.fetch.policy()) if dump_keys is not None else None
+    # Subword sampling lengthens labels past what the plan counted: the readers' CTC rule may then
+    # empty a batch.  A sampled segmentation has at most a piece per character, and one more for a
+    # word-start mark (sentencepiece without byte fallback).
+    sampled = options.plan.train and options.read.subword_sampling is not None and options.plan.ctc_subsampling
+    longest_labels = row_text_lens(shards, policy=options.fetch.policy()) + 1 if sampled else None
     dump = open(dump_keys, "w", encoding="utf-8") if dump_keys is not None else None
     reports = []
+    per_step: list[np.ndarray] = []  # each corpus's utterances at each step, over all ranks
     try:
         for epoch in range(epochs):
-            reports.append(epoch_report(source, options, epoch, windows=windows, keys=keys, dump=dump, judge=judge))
-            if covered is not None:
-                reports[-1]["growing"] = covered
+            reports.append(epoch_report(source, options.plan, epoch, windows=windows, keys=keys, dump=dump,
+                                        judge=judge, per_step=per_step, longest_labels=longest_labels))
+            if planned.growing is not None:
+                reports[-1]["growing"] = planned.growing
             out.write(plan_summary(reports[-1], shards.num_utts) + "\n")
     finally:
         if dump is not None:
             dump.close()
+    if stats_json is not None:
+        write_text(stats_json, json.dumps(reports, indent=1))
+    if plot is not None and source.mixture is not None:
+        from wdsprep.check.plot import plot_mixture
+
+        steps = np.concatenate(per_step) if per_step else np.zeros((0, len(source.corpora)))
+        first = source.global_step(source.start(0)) or 0
+        plot_mixture(steps, source.mixture.at(first + np.arange(len(steps))), source.corpora, plot, first_step=first,
+                     what="planned")
+        out.write(f"mixture plot: {plot}\n")
     return reports
 
 
 def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windows: int = 8,
-                 keys: list[str] | None = None, dump: TextIO | None = None,
-                 judge: CostModel | None = None) -> dict[str, Any]:
+                 keys: list[str] | None = None, dump: TextIO | None = None, judge: CostModel | None = None,
+                 per_step: list[np.ndarray] | None = None, longest_labels: np.ndarray | None = None) -> dict[str, Any]:
     """One epoch of :func:`plan_report` from its epoch source (``keys``: every row's id, for
-    ``dump``); step costs under ``judge`` (default: the plan's cost model, else padded frames)."""
+    ``dump``); step costs under ``judge`` (default: the plan's cost model, else padded frames);
+    each corpus's utterances per step appended to ``per_step``.  ``longest_labels``: every row's
+    longest label under subword sampling; the batches whose every utterance the readers' CTC rule
+    could then drop are counted (``may_end_empty``)."""
     judge = judge or options.cost
     shards, names, world_size = source.shards, source.corpora, source.world_size
     t0 = time.perf_counter()
@@ -110,6 +122,7 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
     total = BatchTally()
     planned: list[LoaderStats] = []
     dropped: Counter[str] = Counter()
+    may_end_empty = 0
     for r in range(world_size):
         k = 0
         for window in run.windows(r):
@@ -117,25 +130,33 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
             for bid in window.refs:
                 rows = source.rows(bid)
                 f = source.planned_frames(bid)
-                total.add(f, options.max_frames)
+                total.add(f, options.max_frames, None if shards.tokens is None else shards.tokens[rows])
                 utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
                 frames[k, bid[0]] += f.sum()
-                costs[r, k] = _cost(judge, shards, rows, f)
+                costs[r, k] = batch_cost(judge, f, None if shards.tokens is None else shards.tokens[rows])
+                if longest_labels is not None and options.ctc_subsampling and len(rows):
+                    may_end_empty += bool((f // options.ctc_subsampling <= longest_labels[rows]).all())
                 if dump is not None and keys is not None:
                     with naming(dump.name):  # a full disk: say which file
                         dump.write("".join(f"{epoch}\t{k}\t{r}\t{keys[i]}\n" for i in rows.tolist()))
                 k += 1
         planned.append(run.planned_stats(r))
+    if per_step is not None:
+        per_step.append(utts)
     left = BatchTally()
     for bid in run.discarded():
         left.add(source.planned_frames(bid))
     report: dict[str, Any] = {
         "epoch": epoch, "world_size": world_size, "num_workers": source.num_workers, "steps_per_rank": steps,
         "utterances": total.utterances, "hours": round(hours(total.real_frames), 4),
-        "padding_efficiency": total.padding_efficiency, "dropped": dict(dropped), "discarded_batches": left.batches,
+        "padding_efficiency": total.padding_efficiency,
+        "label_padding_efficiency": total.label_padding_efficiency if shards.tokens is not None else None,
+        "tokens_per_second": None if shards.tokens is None else token_rates(shards.frames, shards.tokens),
+        "dropped": dict(dropped), "may_end_empty": None if longest_labels is None else may_end_empty,
+        "discarded_batches": left.batches,
         "discarded_utterances": left.utterances, "streams": source.num_streams,
         "planning_seconds": round(seconds, 3),
-        "cost": StepCosts(costs, "padded frames (B x longest)" if judge is None else _describe(judge)).to_dict()}
+        "cost": StepCosts(costs, "padded frames (B x longest)" if judge is None else judge.describe()).to_dict()}
     if source.mixture is None:
         if shards.speakers is not None:
             report["shuffle"] = merged_shuffle([st.shuffle for st in planned])
@@ -160,23 +181,6 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
         if shards.speakers is not None:
             report["shuffle"] = {n: merged_shuffle([st.corpora[n].shuffle for st in planned]) for n in names}
     return report
-
-
-def _cost(model: CostModel | None, shards: ShardSet, rows: np.ndarray, frames: np.ndarray) -> float:
-    """What a batch costs: under the cost model when there is one, else its padded frames."""
-    if not len(frames):
-        return 0.0
-    longest = int(frames.max())
-    if model is None:
-        return float(len(frames) * longest)
-    tokens = int(shards.tokens[rows].max()) if shards.tokens is not None else 0
-    return float(model.batch(len(frames), longest, tokens))
-
-
-def _describe(cost: CostModel) -> str:
-    terms = [f"{v:g}{unit}" for v, unit in ((cost.per_utt, ""), (cost.per_frame, " t"), (cost.per_frame2, " t^2"),
-                                              (cost.per_token, " u"), (cost.per_token2, " u^2")) if v]
-    return f"B x ({' + '.join(terms)}), t = frames/{cost.subsampling}"
 
 
 def merged_shuffle(shuffles: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -206,8 +210,13 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
         f"  steps per rank      {shown}",
         f"  utterances          {r['utterances']:,} of {num_utts:,} indexed, {r['hours']:.2f} hours",
         *([f"  shards              {describe(r['growing'])}"] if "growing" in r else []),
-        f"  padding efficiency  {r['padding_efficiency']:.4f}",
+        f"  padding efficiency  {r['padding_efficiency']:.4f}"
+        + ("" if r.get("label_padding_efficiency") is None else f" (labels {r['label_padding_efficiency']:.4f})"),
+        *([f"  tokens per second   {describe_rates(r['tokens_per_second'])}"] if r.get("tokens_per_second") else []),
         f"  left out by plan    {json.dumps(r['dropped']) if r['dropped'] else 'none'}",
+        *([f"  may end empty       {r['may_end_empty']} batch(es): subword sampling can lengthen every label of "
+           f"each past the CTC rule (at most a piece per character, and one more), and the readers then drop "
+           f"them; the step still comes, with an empty batch"] if r.get("may_end_empty") is not None else []),
         f"  discarded tail      {r['discarded_batches']} batch(es), {r['discarded_utterances']:,} utterances "
         f"(at most one batch per rank)",
         f"  step cost           every step waits {_pct(r['cost']['step_wait'])} for its slowest rank; the costliest "

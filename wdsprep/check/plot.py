@@ -12,7 +12,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from wdsprep.files import atomic_path
-from wdsprep.units import FRAMES_PER_SECOND, hours, thousands
+from wdsprep.units import FRAMES_PER_SECOND, hours
+
+
+def thousands(n: int) -> str:
+    """A count as a short label (the plots' ticks, inspect's table): ``20000`` -> ``20k``; one that
+    is no whole thousand as it is."""
+    return f"{n // 1000}k" if n and n % 1000 == 0 else str(n)
 
 
 def plot_inspect(path: str | os.PathLike, groups: Sequence[tuple[str, np.ndarray]],
@@ -52,7 +58,7 @@ def plot_inspect(path: str | os.PathLike, groups: Sequence[tuple[str, np.ndarray
         ax.minorticks_off()
         ax.set_ylim(top=1.005)
         ax.grid(True, alpha=0.3)
-        ax.set_title("padding efficiency of bucket_batches", fontsize=10)
+        ax.set_title("padding efficiency of the loader's batches", fontsize=10)
         ax.set_xlabel("max_frames (padded frames per batch)")
         ax.set_ylabel("real / padded frames")
         ax.legend(fontsize=8, loc="best")
@@ -64,10 +70,10 @@ def plot_inspect(path: str | os.PathLike, groups: Sequence[tuple[str, np.ndarray
 
 
 def plot_mixture(utts: np.ndarray, scheduled: np.ndarray, names: tuple[str, ...] | list[str],
-                 path: str | os.PathLike, *, first_step: int = 0, window: int = 50) -> None:
-    """One PNG: each corpus's share of the utterances, realized (``utts`` [steps, corpora], summed
-    over ranks, in a window of ``window`` steps around each step) against the schedule
-    (``scheduled`` [steps, corpora]); written atomically."""
+                 path: str | os.PathLike, *, first_step: int = 0, window: int = 50, what: str = "realized") -> None:
+    """One PNG: each corpus's share of the utterances, ``what`` (realized, or planned: ``utts``
+    [steps, corpora], summed over ranks, in a window of ``window`` steps around each step) against
+    the schedule (``scheduled`` [steps, corpora]); written atomically."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -86,7 +92,7 @@ def plot_mixture(utts: np.ndarray, scheduled: np.ndarray, names: tuple[str, ...]
         color = f"C{c}"
         ax.plot(steps, scheduled[:, c], color=color, linestyle="--", linewidth=1.5, label=f"{name}: scheduled")
         ax.plot(steps, realized[:, c], color=color, linewidth=1.2,
-                label=f"{name}: realized ({len(kernel)}-step window)")
+                label=f"{name}: {what} ({len(kernel)}-step window)")
     ax.set_xlabel("global step")
     ax.set_ylabel("share of the utterances")
     ax.set_ylim(0, 1)

@@ -44,7 +44,16 @@ from wdsprep.format.index import (
     read_index_at,
     stale_reason,
 )
-from wdsprep.format.keys import AUDIO_LAYOUTS, LAYOUTS, decode_key, describe_layouts, member_layouts, member_role
+from wdsprep.format.keys import (
+    AUDIO_LAYOUTS,
+    LAYOUTS,
+    decode_key,
+    describe_layouts,
+    is_field_member,
+    member_layouts,
+    member_role,
+    split_member,
+)
 from wdsprep.format.samples import (
     open_members,
     read_audio,
@@ -56,8 +65,8 @@ from wdsprep.format.samples import (
 from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.format.tar import Member, member_bytes
-from wdsprep.loading.readahead import fetched_shard
-from wdsprep.remote.fetch import MIN_RATE, ChangedError, FetchError, RetryPolicy, fetch_file
+from wdsprep.loading.readahead import FetchOptions, fetched_shard
+from wdsprep.remote.fetch import ChangedError, FetchError, RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister
 from wdsprep.remote.urls import redact
 from wdsprep.units import fbank_frames
@@ -123,10 +132,12 @@ class _Sample:
     samples: int | None = None  # an audio member's
     rate: int | None = None
     refused: bool = False  # the loader refuses its members (and stops reading the shard here)
+    fields: dict[str, str] = field(default_factory=dict)  # its field members' values (KEY.NAME), by name
 
 
-def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, retries: int = 5,
-                  retry_backoff: float = 1.0, min_rate: float = MIN_RATE) -> VerifyResult:
+def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
+                  retries: int = FetchOptions.retries, retry_backoff: float = FetchOptions.retry_backoff,
+                  min_rate: float = FetchOptions.min_rate) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes.
 
     ``retries``, ``retry_backoff`` and ``min_rate``: as the loader's, for shards on S3 or a web server.
@@ -146,7 +157,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
             if remote:
                 indexes[folder] = _read_remote_index(folder, policy, result.problems)
             else:
-                g = commit.growth(folder)
+                g = commit.pending_folder(folder)
                 if g is not None and g.followable:
                     growing[folder] = 0
                 else:
@@ -189,7 +200,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
     for folder, skipped in growing.items():
-        g = commit.growth(folder)
+        g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
         index = indexes[folder]
         n = 0 if index is None else len(index.names)
@@ -295,10 +306,19 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
     """Check one sample's members; True when the loader refuses it."""
     names = [m[0] for m in group.values()]
     roles = [member_role(n) for n in names]
-    for name, role in zip(names, roles):
-        if role is None:
-            problems.append(Problem(path, f"not a member of a known layout; expected {describe_layouts()}",
-                                    member=name))
+    refused = False
+    for (ext, m), role in zip(group.items(), roles):
+        if role is None and is_field_member(ext):
+            try:
+                s.fields[ext] = member_bytes(src, m).decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(Problem(path, f"field {ext} is not UTF-8 ({e}); fix its table and repack", member=m[0]))
+                refused = True
+        elif role is None:
+            problems.append(Problem(path, f"not a member of a known layout; expected {describe_layouts()} (and "
+                                          f"fields KEY.NAME)", member=m[0]))
+    names = [n for n, r in zip(names, roles) if r is not None or not is_field_member(split_member(n)[1])]
+    roles = [member_role(n) for n in names]
     # The layouts every member of the sample can belong to (a KEY.txt is cat's and the audio layouts').
     candidates = [set(member_layouts(n)) for n, r in zip(names, roles) if r is not None]
     layouts = sorted(set.intersection(*candidates)) if candidates else []
@@ -318,7 +338,7 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
         return True
     s.layout = sample_layout(group, feat_m)
     check = _check_audio if s.layout in AUDIO_LAYOUTS else _check_feats
-    refused = check(path, src, s, feat_m, problems)
+    refused = check(path, src, s, feat_m, problems) or refused
     try:
         s.text_len = len(member_bytes(src, text_m).decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -433,6 +453,18 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
             problems.append(Problem(path, f"{s.dims} feature dims, {where} says {index.dims}", key=k))
         if s.dtype is not None and s.dtype != index.dtype:
             problems.append(Problem(path, f"features are {s.dtype}, {where} says {index.dtype}", key=k))
+    for k in info.keys:
+        s = by_key.get(k)
+        if s is None or s.refused:
+            continue
+        if set(s.fields) != set(index.fields):
+            problems.append(Problem(path, f"has fields {sorted(s.fields)}, {where} says the samples carry "
+                                          f"{list(index.fields)}; re-index the folder (wdsprep index --force)", key=k))
+    for name, values in info.values.items():
+        for k, v in zip(info.keys, values):
+            s = by_key.get(k)
+            if s is not None and name in s.fields and s.fields[name] != v:
+                problems.append(Problem(path, f"field {name} is {s.fields[name]!r}, {where} says {v!r}", key=k))
     layouts = {s.layout for s in samples if s.layout}
     if layouts - {index.layout}:
         problems.append(Problem(path, f"members of layout {sorted(layouts)} but {where} says {index.layout!r}; "

@@ -2,6 +2,8 @@
 
 ``keys`` (sample keys and the member-name rule), ``npy`` (feature headers), ``tar`` (the walk),
 ``shardfile`` (positional reads, row reads, readahead), ``samples`` (members grouped and decoded,
-damage reported), ``index`` (the per-folder index), ``writer`` (one shard), ``shardlist``
-(patterns to shard lists).  The C part (``_native``) sits behind ``native``.
+damage reported), ``index`` (the per-folder index: read, checked, written), ``reindex`` (the
+index written from the shards' headers, ``wdsprep index``; above the reader), ``writer`` (one
+shard), ``shardlist`` (patterns to shard lists), ``audio`` (audio members), ``commit`` (whether
+a pack's folder is complete or growing).  The C part (``_native``) sits behind ``native``.
 """

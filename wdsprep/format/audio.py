@@ -1,14 +1,19 @@
-"""Audio members of a shard: 16-bit mono FLAC or WAV, their headers read without decoding, and the codec.
+"""Audio members of a shard: 16-bit mono FLAC or WAV, or Ogg Opus; their headers read without decoding, and the codecs.
 
-An audio shard stores each utterance's samples instead of its features (``KEY.flac`` or ``KEY.wav``
-beside ``KEY.txt``); the loader computes the features while training.  What the plan needs of an
-utterance, its sample count (and so its frame count), comes from the member's header alone: FLAC's
-STREAMINFO block or WAV's ``fmt `` and ``data`` chunks, parsed here without a decoder.  A member is
-usable when that header parses, says 16-bit PCM, one channel and at least one sample, and its data is
-all there; decoding it (:meth:`FileAudio.pcm`) must then give exactly the samples the header says.
+An audio shard stores each utterance's samples instead of its features (``KEY.flac``, ``KEY.wav``
+or ``KEY.opus`` beside ``KEY.txt``); the loader computes the features while training.  What the
+plan needs of an utterance, its sample count (and so its frame count), comes from the member's
+header alone: FLAC's STREAMINFO block, WAV's ``fmt `` and ``data`` chunks, or an Opus stream's
+identification header and last granule position, parsed here without a decoder.  A member is
+usable when that header parses, says one channel, 16-bit samples (Opus: decoded as 16-bit) and at
+least one sample, and its data is all there; decoding it (:meth:`FileAudio.pcm`) must then give
+exactly the samples the header says.
 
-Only lossless formats: the features of a stored utterance then equal those computed from the
-original audio, and every sample count the plan uses is exact.
+FLAC and WAV are lossless: the features of a stored utterance equal those of the original audio.
+Opus is lossy, and a decoder may give back another number of samples than were encoded; the
+writer therefore records the count the member *decodes* to (:func:`encode_audio` decodes it once)
+and refuses a member whose header disagrees with its decoding, and the readers check every
+decoding against the header, so every sample count the plan uses is exact for every format.
 """
 
 from __future__ import annotations
@@ -19,15 +24,18 @@ from typing import Callable
 
 import numpy as np
 
+from wdsprep.format import ogg
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.native import untrack
 from wdsprep.format.shardfile import ShardError, ShardFile, Source
 
-# format (the member's extension) -> soundfile's name for it
-AUDIO_FORMATS = {"flac": "FLAC", "wav": "WAV"}
-AUDIO_BITS = 16  # what the writer stores and the readers accept
+AUDIO_BITS = 16  # what the writer stores and the readers accept (Opus: what it is decoded to)
 # The fbank backends an audio folder's index may name for the loader (wdsprep.prep.fbank implements them).
 FBANK_BACKENDS = ("torchaudio", "kaldi-native-fbank", "numpy")
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the rates Opus codes at
+OPUS_BITRATE = 32000  # bit/s of speech: ~14 MB per hour of audio
+OPUS_BITRATES = (6000, 256000)  # what libsndfile's Opus encoder takes (per channel)
+_OPUS_GRANULE_RATE = 48000  # Ogg Opus granule positions count 48 kHz samples at any coded rate (RFC 7845)
 _WAVE_PCM, _WAVE_EXTENSIBLE = 1, 0xFFFE
 _PCM_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_PCM after its first 2 bytes
 
@@ -35,7 +43,7 @@ _PCM_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_S
 @dataclass(frozen=True)
 class AudioHeader:
     """What an audio member's header says: its format, rate, channels, bits per sample and samples;
-    ``data`` is where a WAV's samples start within the member (-1 for FLAC, which needs decoding)."""
+    ``data`` is where a WAV's samples start within the member (-1 for formats that need decoding)."""
 
     format: str
     sample_rate: int
@@ -51,9 +59,8 @@ Read = Callable[[int, int], bytes]  # (start, stop) within the member -> its byt
 def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> AudioHeader:
     """The header of a ``size``-byte audio member of format ``fmt`` whose first bytes are ``head``
     (``read`` fetches more of it when the header is longer); ValueError saying why the readers
-    refuse it (not that format, not 16-bit mono PCM, no samples, data cut short)."""
-    if fmt not in AUDIO_FORMATS:
-        raise ValueError(f"unknown audio format {fmt!r}; audio shards hold {', '.join(AUDIO_FORMATS)}")
+    refuse it (not that format, not 16-bit mono, no samples, data cut short)."""
+    codec = _codec(fmt)
 
     def more(start: int, stop: int) -> bytes:
         if stop <= len(head):
@@ -62,7 +69,7 @@ def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> 
             raise ValueError(f"header cut short: needs {stop} bytes, the member has {size}")
         return read(start, stop)
 
-    header = _flac_header(more) if fmt == "flac" else _wav_header(more, size)
+    header = codec.header(more, size)
     if header.channels != 1:
         raise ValueError(f"{header.channels} channels; audio shards hold one channel (pack picks it)")
     if header.bits != AUDIO_BITS:
@@ -72,7 +79,7 @@ def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> 
     return header
 
 
-def _flac_header(more: Read) -> AudioHeader:
+def _flac_header(more: Read, size: int) -> AudioHeader:
     if more(0, 4) != b"fLaC":
         raise ValueError("not a FLAC stream (bad magic)")
     block = more(4, 8)
@@ -124,40 +131,138 @@ def _wav_header(more: Read, size: int) -> AudioHeader:
         pos = body + length + (length & 1)  # chunks are padded to an even size
 
 
-def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """16-bit mono samples as the bytes of an audio member of format ``fmt``."""
+def _opus_header(more: Read, size: int) -> AudioHeader:
+    """An Ogg Opus stream's header: its identification packet and its last page's granule position.
+
+    The decoded length is that granule position less the pre-skip (RFC 7845), in 48 kHz samples,
+    divided down to the rate the decoder gives: the lowest Opus rate at or above the input rate the
+    stream records, as libsndfile decodes.  The stream's granule positions must start at 0 (as
+    libsndfile and opusenc write them); the readers check the decoded count against it either way.
+    """
+    data = more(0, size)  # a few kB at speech rates: the pages are walked to the last one
+    found = ogg.pages(data)
+    first, last = found[0], found[-1]
+    ident = bytes(data[first.body:first.offset + first.size])
+    if not first.flags & ogg.BOS or not ident.startswith(b"OpusHead") or len(ident) < 19:
+        raise ValueError("not an Ogg Opus stream (no OpusHead packet on its first page)")
+    version, channels = ident[8], ident[9]
+    preskip, input_rate = int.from_bytes(ident[10:12], "little"), int.from_bytes(ident[12:16], "little")
+    if version >> 4:
+        raise ValueError(f"Ogg Opus encapsulation version {version}; the readers know version 0 and 1")
+    if len({p.serial for p in found}) != 1:
+        raise ValueError("Ogg data holding more than one stream (chained or multiplexed)")
+    if not last.flags & ogg.EOS:
+        raise ValueError(f"Ogg Opus stream cut short: its last page (byte {last.offset}) does not end the stream")
+    if last.granule < preskip:
+        raise ValueError(f"Ogg Opus stream whose last granule position {last.granule} is below its pre-skip "
+                         f"{preskip}")
+    rate = next((r for r in OPUS_RATES if r >= input_rate), OPUS_RATES[-1])
+    return AudioHeader("opus", rate, channels, AUDIO_BITS, (last.granule - preskip) // (_OPUS_GRANULE_RATE // rate))
+
+
+def _decode_wav(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
+    """Plain PCM: no decoder needed."""
+    end = header.data + 2 * header.samples
+    if end > len(data):
+        raise ValueError(f"WAV data cut short: {header.samples} samples need {end} bytes, {len(data)} present")
+    return np.frombuffer(data, "<i2", header.samples, header.data).astype(np.int16, copy=False)
+
+
+def _decode_soundfile(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
     import soundfile as sf
 
-    pcm = np.asarray(pcm)
-    if pcm.dtype != np.int16 or pcm.ndim != 1 or not len(pcm):
-        raise ValueError(f"audio to store must be 1-D int16 samples (16-bit, one channel), got {pcm.dtype} "
-                         f"{pcm.shape}")
-    buf = io.BytesIO()
-    sf.write(buf, pcm, sample_rate, format=AUDIO_FORMATS[fmt], subtype="PCM_16")
-    return buf.getvalue()
-
-
-def decode_audio(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
-    """The int16 samples of an audio member's bytes; ValueError when they are not what ``header`` says."""
-    if header.format == "wav":  # plain PCM: no decoder needed
-        end = header.data + 2 * header.samples
-        if end > len(data):
-            raise ValueError(f"WAV data cut short: {header.samples} samples need {end} bytes, {len(data)} present")
-        return np.frombuffer(data, "<i2", header.samples, header.data).astype(np.int16, copy=False)
-    import soundfile as sf
-
+    what = header.format.upper() if header.format != "opus" else "Opus"
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels = f.samplerate, f.channels
             # The raw samples, without soundfile's array handling: ~20% of the decode's time (measured).
             raw = f.buffer_read(dtype="int16")
     except Exception as e:  # soundfile raises LibsndfileError, RuntimeError... for damaged data
-        raise ValueError(f"FLAC data does not decode ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{what} data does not decode ({type(e).__name__}: {e})") from None
     pcm = np.frombuffer(raw, np.int16)
     if channels != 1 or rate != header.sample_rate or len(pcm) != header.samples:
-        raise ValueError(f"FLAC data decodes to {len(pcm) // max(channels, 1)} samples x {channels} channel(s) at "
+        raise ValueError(f"{what} data decodes to {len(pcm) // max(channels, 1)} samples x {channels} channel(s) at "
                          f"{rate} Hz, its header says {header.samples} x 1 at {header.sample_rate} Hz")
     return pcm
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one audio format is stored and read: soundfile's format and subtype for writing, the
+    header parser, the decoder, and for a lossy format the rates it codes at and what makes its
+    bytes reproducible (``finish``)."""
+
+    sf_format: str
+    subtype: str
+    header: Callable[[Read, int], AudioHeader]
+    decode: Callable[[bytes | memoryview, AudioHeader], np.ndarray]
+    lossless: bool = True
+    rates: tuple[int, ...] | None = None  # None: any rate
+    finish: Callable[[bytes], bytes] | None = None
+
+
+# format (the member's extension) -> its codec
+AUDIO_FORMATS: dict[str, Codec] = {
+    "flac": Codec("FLAC", "PCM_16", _flac_header, _decode_soundfile),
+    "wav": Codec("WAV", "PCM_16", _wav_header, _decode_wav),
+    "opus": Codec("OGG", "OPUS", _opus_header, _decode_soundfile, lossless=False, rates=OPUS_RATES,
+                  finish=lambda data: ogg.normalize(data, b"OpusTags")),
+}
+LOSSY_FORMATS = tuple(f for f, c in AUDIO_FORMATS.items() if not c.lossless)
+
+
+def _codec(fmt: str) -> Codec:
+    try:
+        return AUDIO_FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown audio format {fmt!r}; audio shards hold {', '.join(AUDIO_FORMATS)}") from None
+
+
+def _compression_level(bitrate: int) -> float:
+    """libsndfile's Opus compression level for ``bitrate`` bit/s: it sets int((1 - level) * 250000 + 6000)."""
+    low, high = OPUS_BITRATES
+    if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not low <= bitrate <= high:
+        raise ValueError(f"Opus bitrate {bitrate!r} must be a whole number of bit/s in [{low}, {high}] "
+                         f"(e.g. {OPUS_BITRATE} for speech)")
+    return (high - bitrate - 0.5) / (high - low)  # the half: int() of the product lands on bitrate itself
+
+
+def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str, *, bitrate: int | None = None) -> tuple[bytes, int]:
+    """16-bit mono samples as the bytes of an audio member of format ``fmt``, and the number of
+    samples those bytes decode to: ``len(pcm)`` for a lossless format; for a lossy one the count
+    its decoding gives (decoded here once), checked against the member's header (ValueError when
+    they differ: the readers would refuse the member).  ``bitrate``: a lossy format's, in bit/s
+    (Opus: :data:`OPUS_BITRATE` when None)."""
+    import soundfile as sf
+
+    codec = _codec(fmt)
+    pcm = np.asarray(pcm)
+    if pcm.dtype != np.int16 or pcm.ndim != 1 or not len(pcm):
+        raise ValueError(f"audio to store must be 1-D int16 samples (16-bit, one channel), got {pcm.dtype} "
+                         f"{pcm.shape}")
+    if codec.rates is not None and sample_rate not in codec.rates:
+        raise ValueError(f"{fmt} codes audio at {', '.join(map(str, codec.rates))} Hz, not {sample_rate}: resample "
+                         f"it to one of them (pack-audio --sample-rate)")
+    options = {}
+    if codec.lossless:
+        if bitrate is not None:
+            raise ValueError(f"a bitrate applies to the lossy formats ({', '.join(LOSSY_FORMATS)}), not to {fmt}")
+    else:
+        options["compression_level"] = _compression_level(OPUS_BITRATE if bitrate is None else bitrate)
+    buf = io.BytesIO()
+    sf.write(buf, pcm, sample_rate, format=codec.sf_format, subtype=codec.subtype, **options)
+    data = buf.getvalue()
+    if codec.finish is not None:
+        data = codec.finish(data)
+    if codec.lossless:
+        return data, len(pcm)
+    header = audio_header(fmt, data, len(data))
+    return data, len(decode_audio(data, header))
+
+
+def decode_audio(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
+    """The int16 samples of an audio member's bytes; ValueError when they are not what ``header`` says."""
+    return _codec(header.format).decode(data, header)
 
 
 class FileAudio:

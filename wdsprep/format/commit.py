@@ -161,7 +161,7 @@ def published_count(folder: str | os.PathLike) -> int:
 
 
 @dataclass(frozen=True)
-class Growth:
+class PendingFolder:
     """A shard folder whose pack has not committed: how far it is, and what it will hold.
 
     ``plan`` is None for a pack that has not planned yet, or was written by a wdsprep that did not
@@ -190,19 +190,19 @@ class Growth:
         return published_count(self.folder)
 
 
-def growth(folder: str | os.PathLike) -> Growth | None:
+def pending_folder(folder: str | os.PathLike) -> PendingFolder | None:
     """How ``folder`` grows, when its pack has not committed; None for a complete folder."""
     m = pending(folder)
     if m is None:
         return None
     folder = Path(folder)
-    return Growth(folder, m, read_plan(m.parent))
+    return PendingFolder(folder, m, read_plan(m.parent))
 
 
 def problem(folder: str | os.PathLike) -> str | None:
     """Why the shards of ``folder`` must not be read as a complete corpus, or None: a sentence to
     follow the folder's name."""
-    g = growth(folder)
+    g = pending_folder(folder)
     if g is None:
         return None
     if not g.followable:
@@ -219,7 +219,7 @@ def check_committed(folder: str | os.PathLike, *, growing: bool = False) -> None
     """Raise :class:`UncommittedPackError` when ``folder``'s shards belong to an unfinished pack;
     with ``growing``, only when it cannot be followed (no plan: nothing is published in order)."""
     if growing:
-        g = growth(folder)
+        g = pending_folder(folder)
         if g is None or g.followable:
             return
     why = problem(folder)

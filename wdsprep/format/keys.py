@@ -9,10 +9,18 @@ layout        features (or audio)     transcript
 ``cat-v3``    ``<key>.mat.npy``       ``<key>.label.txt``
 ``flac``      ``<key>.flac``          ``<key>.txt``
 ``wav``       ``<key>.wav``           ``<key>.txt``
+``opus``      ``<key>.opus``          ``<key>.txt``
 ============  ======================  ==========================
 
-The audio layouts hold 16-bit mono audio instead of features (``audio.py``); the loader computes
-the features while training.
+The audio layouts hold mono audio instead of features (``audio.py``: 16-bit FLAC or WAV, or Ogg
+Opus); the loader computes the features while training.
+
+A sample may carry fields besides (``pack --utt2lang``, ``--field NAME=FILE``): each one member
+``<key>.NAME`` holding its value as UTF-8 text, the language under the name ``lang``
+(:data:`LANG`).  One extension without a dot, so ``webdataset.WebDataset`` (the key ends at the
+first dot), WeNet (at the last) and wdsprep all give the sample a field ``NAME``; a field name is
+checked by :func:`check_field_name`: never a layout's member, nor an extension webdataset's
+``.decode()`` would turn into something other than bytes (``json``, ``cls``, ``pyd``, ...).
 
 The one member-name rule (:func:`split_member`): a member's key is its name without the longest
 layout suffix it ends with.  So keys with dots, such as the speed-perturbed ids
@@ -32,8 +40,9 @@ LAYOUTS: dict[str, tuple[str, str]] = {
     "cat-v3": ("mat.npy", "label.txt"),
     "flac": ("flac", "txt"),
     "wav": ("wav", "txt"),
+    "opus": ("opus", "txt"),
 }
-AUDIO_LAYOUTS = ("flac", "wav")  # each named by the audio format of its first member (format/audio.py)
+AUDIO_LAYOUTS = ("flac", "wav", "opus")  # each named by the audio format of its first member (format/audio.py)
 FEATURE_LAYOUTS = tuple(k for k in LAYOUTS if k not in AUDIO_LAYOUTS)
 ROLES = ("feats", "text")  # "feats": the member the features are (or, in an audio layout, come from)
 
@@ -46,6 +55,39 @@ SUFFIXES: list[tuple[str, str, str]] = sorted(
 # Bytes that survive as themselves in a key; everything else is percent-encoded.  '.' must go
 # (webdataset ends a key at the first dot of a member name), and so must '/' and '%'.
 _KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+# The language of an utterance: a field of this name, always a column of the index.
+LANG = "lang"
+FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# Names a field may not take: the layouts' member extensions (and their parts), and what
+# webdataset's decoders act on by extension (text, numbers, JSON, pickles, tensors, images, audio,
+# video), so its .decode() hands every field over as the bytes wdsprep wrote.
+RESERVED_FIELDS = frozenset({
+    *(part for exts in LAYOUTS.values() for ext in exts for part in ext.split(".")),
+    "txt", "text", "transcript", "cls", "cls2", "class", "count", "index", "inx", "id", "json", "jsn", "pkl",
+    "pickle", "pyd", "pth", "ten", "tb", "tenbin", "mp", "msg", "msgpack", "npy", "npz", "cbor",
+    "jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "gif", "bmp", "tif", "tiff", "webp",
+    "mp3", "sox", "m4a", "ogg", "wma", "mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv",
+    "key", "url",
+})
+
+
+def check_field_name(name: str) -> str:
+    """``name`` when it can name a field of a sample (:data:`FIELD_NAME`, not :data:`RESERVED_FIELDS`);
+    else a ValueError saying why."""
+    if not isinstance(name, str) or not FIELD_NAME.fullmatch(name):
+        raise ValueError(f"field name {name!r}: use 1-32 lowercase letters, digits and '_', starting with a letter "
+                         f"(it becomes the member extension KEY.{name})")
+    if name in RESERVED_FIELDS:
+        raise ValueError(f"field name {name!r} is taken: a shard layout or webdataset's decoder reads members of "
+                         f"that extension; pick another (e.g. {name}_field)")
+    return name
+
+
+def is_field_member(ext: str) -> bool:
+    """Whether a member extension (:func:`split_member`'s) is a field's: a valid field name."""
+    return FIELD_NAME.fullmatch(ext) is not None and ext not in RESERVED_FIELDS
 
 
 def encode_key(uttid: str) -> str:

@@ -23,8 +23,8 @@ def _tracked(obj: Any) -> Any:
     return obj
 
 
-# FileFeats, which a caller may keep by the thousand (the loader's buffers once held one per
-# utterance), are taken off the cyclic GC's books: as tracked objects they were promoted to the
-# oldest generation and triggered about one full collection per epoch, ~10% of the loader's time.
-# They cannot be part of a reference cycle: they hold strings, tuples and shard files.
+# FileFeats, which a caller may keep by the thousand (one per utterance it holds, its features left
+# in the shard), are taken off the cyclic GC's books: tracked, they would be promoted to the oldest
+# generation and trigger about one full collection per epoch, ~10% of the loader's time.  They
+# cannot be part of a reference cycle: they hold strings, tuples and shard files.
 untrack: Callable[[Any], Any] = lib.untrack if lib is not None else _tracked

@@ -83,19 +83,6 @@ def as_features(flat: np.ndarray, shape: tuple[int, int], fortran: bool, float32
     return arr
 
 
-def decode_npy(buf: bytes | bytearray | memoryview, *, float32: bool = True) -> np.ndarray:
-    """A 2-D feature matrix from ``.npy`` bytes, without pickle and without copying float32 data.
-
-    Only little-endian float16/32/64 are accepted (object arrays could only be read by unpickling).
-    With ``float32=False`` float16 stays float16 (the collate converts while padding, one copy
-    fewer); float64 is always converted.  The result may be a read-only view of ``buf``.
-    """
-    view = memoryview(buf)
-    dtype, fortran, shape, start = npy_layout(bytes(view[:npy_header_end(bytes(view[:12]))]), len(view))
-    flat = np.frombuffer(view, dtype=dtype, count=shape[0] * shape[1], offset=start)
-    return as_features(flat, shape, fortran, float32)
-
-
 def npy_bytes(feats: np.ndarray) -> bytes:
     """Serialize a feature matrix as ``.npy`` (no pickle)."""
     buf = io.BytesIO()

@@ -5,13 +5,15 @@ What counts as a usable sample is decided here once, for the loader and for ``ve
 ``.npy`` header of little-endian float16/32/64, 2-D, at least one frame (in an audio layout: an
 audio header of 16-bit mono PCM with at least one frame's samples, ``audio.py``), a UTF-8
 transcript and a key that percent-decodes.  A sample that fails any of these ends the shard: one
-bad sample most likely means the shard was damaged in writing or copying.
+bad sample most likely means the shard was damaged in writing or copying.  A sample's fields
+(members ``KEY.NAME``, ``keys.py``) are read when asked for (:func:`decode_fields`): UTF-8 text,
+None where the sample has no such member.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,8 +37,12 @@ from wdsprep.units import fbank_frames
 OnCorrupt = Callable[[str, "str | None", str], None]  # (shard, key or None, why): lets a caller count the damage
 
 
+# What a reader does with a damaged shard: skip the rest of it, counted, or stop.
+ON_ERROR = ("warn", "raise")
+
+
 def check_on_error(on_error: str) -> None:
-    if on_error not in ("warn", "raise"):
+    if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
 
 
@@ -95,7 +101,7 @@ def samples_before_damage(members: list[Member], problem: str | None) -> Iterato
         pending = following
 
 
-def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None, whole: bool,
+def shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None, whole: bool,
                    source: ShardFile | None = None) -> Iterator[tuple[Source, str, dict[str, Member]]]:
     """(source, key, {extension: member}) for every complete sample; damage reported at the end."""
     check_on_error(on_error)
@@ -115,21 +121,6 @@ def _shard_samples(url: str, *, on_error: str, on_corrupt: OnCorrupt | None, who
         where = f" (at or after utterance {uttid_for_message(bad_key)!r})" if bad_key else (
             f" (after utterance {uttid_for_message(last)!r})" if last else "")
         report_damage(url, f"{problem}{where}; {count} samples read before it", on_error)
-
-
-def iter_shard_samples(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
-                       whole: bool = False) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) for every sample of a shard.
-
-    ``whole=True`` reads a local file into memory at once instead of by positional reads (same result).
-
-    A corrupt or truncated shard yields its complete samples before the damage, then (with
-    ``on_error="warn"``) warns naming the shard and the first key not read and stops; with
-    ``on_error="raise"`` it raises :class:`ShardError`.  ``on_corrupt(url, key, why)`` is called
-    either way so the caller can count it.
-    """
-    for src, key, group in _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole):
-        yield key, {ext: member_bytes(src, m) for ext, m in group.items()}
 
 
 def split_sample(members: dict[str, Member]) -> tuple[Member, Member]:
@@ -189,6 +180,12 @@ def read_features(src: Source, m: Member, key: str, *, float32: bool, lazy: bool
     return as_features(feats.read().reshape(-1), shape, fortran, float32)
 
 
+def decode_fields(src: Source, members: dict[str, Member], names: Sequence[str]) -> tuple[str | None, ...]:
+    """The values of fields ``names`` of one sample (None where it has no such member); ValueError
+    (UnicodeDecodeError) for one that is not UTF-8."""
+    return tuple(None if n not in members else str(member_bytes(src, members[n]), "utf-8") for n in names)
+
+
 def decode_sample(src: Source, key: str, members: dict[str, Member], *, float32: bool = True,
                   lazy: bool = False) -> tuple[str, np.ndarray | FileFeats | FileAudio, str]:
     """(utterance id, features, transcript) of one sample; ValueError (UnicodeDecodeError is one)
@@ -209,11 +206,12 @@ _LAYOUT_EXTS = [(LAYOUTS[name][0].encode(), LAYOUTS[name][1].encode()) for name 
 _ITEMSIZE_DTYPES = {4: FEATURE_DTYPES["<f4"], 2: FEATURE_DTYPES["<f2"]}
 
 
-def native_samples(url: str, source: ShardFile | None = None
-                   ) -> tuple[ShardFile, list[str], list[str], np.ndarray] | None:
-    """A shard's samples as the C part reads them: the file, keys, transcripts and int64 [n, 4]
-    (offset, frames, dims, item size); None when it leaves the shard to Python.  A pipe's or
-    URL's shard is read so only from its fetched copy, ``source``."""
+def native_samples(url: str, source: ShardFile | None = None, fields: Sequence[str] = ()
+                   ) -> tuple[ShardFile, list[str], list[str], np.ndarray, list[list[str | None]]] | None:
+    """A shard's samples as the C part reads them: the file, keys, transcripts, int64 [n, 4]
+    (offset, frames, dims, item size) and, per field of ``fields``, each sample's value (None: no
+    such member); None when it leaves the shard to Python.  A pipe's or URL's shard is read so only
+    from its fetched copy, ``source``."""
     if native.lib is None:
         return None
     if source is not None:
@@ -225,11 +223,17 @@ def native_samples(url: str, source: ShardFile | None = None
             src = ShardFile(url)
         except (OSError, ShardError):
             return None  # the Python path reports it
-    found = native.lib.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
-    if found is None:
-        return None
-    keys, texts, layout = found
-    return src, keys, texts, np.frombuffer(layout, np.int64).reshape(-1, 4)
+    if fields:
+        found = native.lib.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS, [n.encode() for n in fields])
+        if found is None:
+            return None
+        keys, texts, layout, values = found
+    else:
+        found = native.lib.samples(src.fileno(), PEEK, len(src), _LAYOUT_EXTS)
+        if found is None:
+            return None
+        (keys, texts, layout), values = found, []
+    return src, keys, texts, np.frombuffer(layout, np.int64).reshape(-1, 4), values
 
 
 def decode_keys(keys: list[str]) -> tuple[list[str], tuple[str, Exception] | None]:
@@ -262,8 +266,11 @@ def iter_decoded(
     lazy: bool = False,
     whole: bool = False,
     source: ShardFile | None = None,
-) -> Iterator[tuple[str, np.ndarray | FileFeats | FileAudio, str]]:
-    """(utterance id, features, transcript) for every sample of a shard, either layout.
+    fields: Sequence[str] | None = None,
+) -> Iterator[tuple[Any, ...]]:
+    """(utterance id, features, transcript) for every sample of a shard, either layout; with
+    ``fields`` (names), ``(utterance id, features, transcript, values)``: the sample's fields, None
+    where it has no such member.
 
     Features are arrays in their own memory (``whole=True``: read-only views on the shard's
     bytes).  With ``lazy``, float16/32 features stay in the shard file (a local one, or a pipe's
@@ -275,20 +282,24 @@ def iter_decoded(
     """
     check_on_error(on_error)
     # The plain shards our writer makes in one C call per shard.
-    found = native_samples(url, source) if lazy and not whole else None
+    found = native_samples(url, source, fields or ()) if lazy and not whole else None
     if found is not None:
-        src, keys, texts, layout = found
+        src, keys, texts, layout, values = found
         uttids, bad = decode_keys(keys)
+        rows = list(zip(*values)) if fields else []
         for i, uttid in enumerate(uttids):
             offset, frames, dims, itemsize = layout[i].tolist()
-            yield uttid, FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], keys[i]), texts[i]
+            feats = FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], keys[i])
+            yield (uttid, feats, texts[i], rows[i]) if fields is not None else (uttid, feats, texts[i])
         if bad is not None:
             report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
-    samples = _shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole, source=source)
+    samples = shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole, source=source)
     for src, key, group in samples:
         try:
             decoded = decode_sample(src, key, group, float32=float32, lazy=lazy)
+            if fields is not None:
+                decoded = (*decoded, decode_fields(src, group, fields))
         except ValueError as e:
             samples.close()
             report_undecodable(url, key, e, on_error, on_corrupt)

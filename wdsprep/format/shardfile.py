@@ -21,6 +21,7 @@ from typing import Any, Protocol, Sequence, Union
 
 import numpy as np
 
+from wdsprep.errors import DataError
 from wdsprep.format import native
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.native import untrack
@@ -28,7 +29,7 @@ from wdsprep.format.shardlist import file_kind, is_url
 from wdsprep.remote.urls import redact
 
 
-class ShardError(ValueError):
+class ShardError(DataError):
     """A shard (or one of its samples) cannot be read; the message names the shard and key."""
 
 
@@ -352,6 +353,6 @@ def prefetch_shard(url: str) -> None:
     few hundred KB, and the collate reads features in shuffled order.  A shard already cached
     costs ~20 us.
     """
-    if not (url.startswith("pipe:") or is_url(url)):
+    if not is_url(url):
         _ahead.put(url)
 

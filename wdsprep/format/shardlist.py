@@ -1,4 +1,5 @@
-"""Turning shard patterns into shard lists: brace patterns, globs, lists of them, URLs.
+"""Shard patterns: turned into shard lists (brace patterns, globs, lists of them, URLs), and written
+for a pack's folder, local or uploaded (:func:`folder_pattern`, :func:`url_pattern`).
 
 A glob in a URL is answered by the store's listing, which the caller hands in (``list_glob``:
 ``wdsprep.remote.listing.lister`` with the user's retries); the format itself never lists or
@@ -9,14 +10,15 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
+from pathlib import Path
 from typing import Callable, Sequence
 
 from braceexpand import braceexpand
 
-from wdsprep.format.commit import check_committed, pending
-from wdsprep.remote.urls import SCHEMES as URL_SCHEMES  # noqa: F401  (the names this module always had)
-from wdsprep.remote.urls import folder_of, has_folder, is_glob, is_url, redact
+from wdsprep.format.commit import check_committed, pending, read_plan
+from wdsprep.remote.urls import can_list, folder_of, has_folder, is_glob, is_url, redact
 
 
 def file_kind(mode: int) -> str:
@@ -97,8 +99,14 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                 except OSError as e:  # a dangling symlink
                     raise FileNotFoundError(f"shard pattern {pattern!r}: {m!r}: {e.strerror}") from None
                 if not stat.S_ISREG(mode):
+                    hint = ""
+                    if stat.S_ISDIR(mode):
+                        try:  # a pack's output folder given where its shards' pattern goes
+                            hint = f"; its shards: {folder_pattern(m)!r}"
+                        except FileNotFoundError:
+                            pass
                     raise ValueError(f"shard pattern {pattern!r} matches {m!r}, a {file_kind(mode)}: only regular "
-                                     f"files (or URLs) are shards; rename or remove it, or narrow the pattern")
+                                     f"files (or URLs) are shards; rename or remove it, or narrow the pattern{hint}")
             shards.extend(matches)
     seen = set()
     duplicates = [s for s in shards if s in seen or seen.add(s)]
@@ -111,3 +119,89 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
         for folder in dict.fromkeys(index_place(s)[0] for s in shards if not is_url(s)):
             check_committed(folder, growing=growing)
     return shards
+
+
+def shard_pattern(folder: str | os.PathLike, *, remote: str | None = None, planned: bool = False) -> str:
+    """The pattern the loader, ``inspect`` and ``verify`` take for the shards a pack wrote into
+    ``folder``: local (:func:`folder_pattern`; ``planned``: of a pack still writing them), or once
+    uploaded to ``remote`` (:func:`url_pattern`: what to give for shards on S3 or a web server)."""
+    if remote is not None:
+        if planned:
+            raise ValueError("an uploaded folder is a finished one: give remote or planned, not both")
+        return url_pattern(folder, remote)
+    return folder_pattern(folder, planned=planned)
+
+
+def group_folders(folder: str | os.PathLike, planned: bool = False) -> list[str]:
+    """The ``LO_HI`` folders under ``folder`` that hold a shard, by LO; with ``planned``, those the
+    plan of a pack still writing them will fill (``["*"]`` before it has planned)."""
+    folder = Path(folder)
+    if planned:
+        plan = read_plan(folder) if folder.is_dir() else None
+        if plan is None:
+            return ["*"]
+        names = [n for n in plan.folders if n]
+    else:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder of shards")
+        names = [p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
+
+    def lo(name: str) -> float:
+        try:
+            return float(name.split("_", 1)[0])
+        except ValueError:
+            return float("inf")
+    return sorted(names, key=lo)
+
+
+def folder_pattern(folder: str | os.PathLike, fmt_glob: str = "data-*.tar", planned: bool = False) -> str:
+    """The pattern of a pack's shards: ``DIR/{a_b,b_c}/data-*.tar`` over its filled length groups, or
+    ``DIR/data-*.tar`` without groups; ``planned``: the groups a pack still writing will fill."""
+    groups = group_folders(folder, planned)
+    folder = str(folder).rstrip("/")
+    if not groups:
+        if not planned and not glob.glob(os.path.join(glob.escape(folder), "*.tar")):
+            raise FileNotFoundError(f"{folder}: no shards in it or in a length group under it")
+        return f"{folder}/{fmt_glob}"
+    inner = groups[0] if len(groups) == 1 else "{" + ",".join(groups) + "}"
+    return f"{folder}/{inner}/{fmt_glob}"
+
+
+def url_pattern(folder: str | os.PathLike, remote: str) -> str:
+    """The shards under the local ``folder`` as one pattern of URLs, once uploaded to ``remote``:
+    ``s3://bucket/prefix`` (the groups as a brace list with a glob: S3 lists), ``http(s)://host/path``
+    (every shard as brace ranges, written out from the local copy: a web server cannot list), or a
+    template holding ``{shard}``, replaced by each group's ``LO_HI/data-{00000..000NN}.tar`` (e.g.
+    ``pipe:aws s3 cp s3://b/p/{shard} -``)."""
+    base = remote.rstrip("/")
+    if "{shard}" not in remote and can_list(base):
+        return folder_pattern(folder).replace(str(folder).rstrip("/"), base, 1)
+    if "{shard}" not in remote and has_folder(base):
+        remote = base + "/{shard}"
+    if "{shard}" not in remote:
+        raise ValueError(f"remote {redact(remote)!r} must be the URL of the uploaded folder (s3://, http(s)://), or "
+                         f"a template holding {{shard}}")
+    parts = []
+    for group in group_folders(folder) or ["."]:
+        names = sorted(p.name for p in (Path(folder) / group).glob("*.tar"))
+        if names:
+            parts.append(_name_range(names, "" if group == "." else f"{group}/"))
+    if not parts:
+        raise FileNotFoundError(f"{folder}: no shards in it or in a length group under it")
+    inner = parts[0] if len(parts) == 1 else "{" + ",".join(parts) + "}"
+    return remote.replace("{shard}", inner)
+
+
+def _name_range(names: list[str], prefix: str) -> str:
+    """``["data-00000.tar", "data-00001.tar"]`` -> ``PREFIXdata-{00000..00001}.tar``."""
+    m = [re.fullmatch(r"(.*?)(\d+)(\.tar)", n) for n in names]
+    if all(m) and len({(x.group(1), x.group(3), len(x.group(2))) for x in m if x}) == 1:
+        nums = [int(x.group(2)) for x in m if x]
+        if nums == list(range(nums[0], nums[0] + len(nums))):
+            first = m[0]
+            assert first is not None
+            stem, width, ext = first.group(1), len(first.group(2)), first.group(3)
+            if len(nums) == 1:
+                return f"{prefix}{names[0]}"
+            return f"{prefix}{stem}{{{nums[0]:0{width}d}..{nums[-1]:0{width}d}}}{ext}"
+    return prefix + (names[0] if len(names) == 1 else "{" + ",".join(names) + "}")

@@ -10,15 +10,12 @@ it was built.  ustar, pax extended headers and GNU long names are handled; anyth
 from __future__ import annotations
 
 import io
-import os
 import re
 import tarfile
-from typing import Iterator
 
 import numpy as np
 
 from wdsprep.format import native
-from wdsprep.format.keys import split_member
 from wdsprep.format.shardfile import ShardFile, Source
 
 BLOCK = 512
@@ -204,26 +201,3 @@ def member_bytes(src: Source, m: Member) -> bytes:
     """All bytes of a member (no read when the walk already has them)."""
     _, offset, size, head = m
     return head if size <= PEEK else bytes(src[offset:offset + size])
-
-
-def iter_tar_samples(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {ext: bytes}) for each sample of a tar, read with the standard library.
-
-    The reference reader: slow but independent of webdataset and of the fast walk above, which
-    tests and the benchmark check against it.
-    """
-    current: str | None = None
-    members: dict[str, bytes] = {}
-    with tarfile.open(path, "r:") as tf:
-        for m in tf:
-            if not m.isfile():
-                continue
-            key, ext = split_member(m.name)
-            data = tf.extractfile(m).read()
-            if key != current:
-                if current is not None:
-                    yield current, members
-                current, members = key, {}
-            members[ext] = data
-    if current is not None:
-        yield current, members

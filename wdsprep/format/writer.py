@@ -1,9 +1,10 @@
 """Writing one tar shard in a layout, under a temporary name until it is complete.
 
 A features layout (``cat``, ``cat-v3``) takes each utterance's feature matrix (:meth:`ShardWriter.write`);
-an audio layout (``flac``, ``wav``) its 16-bit mono samples at the corpus's rate
+an audio layout (``flac``, ``wav``, ``opus``) its 16-bit mono samples at the corpus's rate
 (:meth:`ShardWriter.write_audio`).  The :class:`~wdsprep.format.index.ShardInfo` the writer
-returns is the shard's index entry either way (an audio shard's with its sample counts); a folder
+returns is the shard's index entry either way (an audio shard's with its sample counts: for Opus
+the count each member decodes to, which the plan then uses); a folder
 of audio shards is indexed with ``FolderIndex.from_shards(..., audio=AudioIndex(...))``
 (:func:`write_audio_shard` shows the whole path for one shard).
 """
@@ -16,12 +17,12 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Mapping
 
 import numpy as np
 
 from wdsprep.files import temp_path
-from wdsprep.format.audio import encode_audio
+from wdsprep.format.audio import AUDIO_FORMATS, LOSSY_FORMATS, encode_audio
 from wdsprep.format.index import ShardInfo
 from wdsprep.format.keys import AUDIO_LAYOUTS, encode_key, layout_exts
 from wdsprep.format.npy import npy_bytes
@@ -50,17 +51,21 @@ class ShardWriter:
     is what webdataset's ``TarWriter`` writes (POSIX tar via the standard library), without
     importing webdataset, which imports torch: seconds per worker process for no gain.
 
-    ``sample_rate``: an audio layout's, the rate every utterance written is at.
+    ``sample_rate``: an audio layout's, the rate every utterance written is at; ``bitrate``: a lossy
+    audio layout's, in bit/s (None: the format's default, :data:`~wdsprep.format.audio.OPUS_BITRATE`).
     """
 
     def __init__(self, path: str | os.PathLike, layout: str = "cat", mtime: float | None = None, *,
-                 sample_rate: int | None = None):
+                 sample_rate: int | None = None, bitrate: int | None = None):
         self.path = Path(path)
         self.feat_ext, self.text_ext = layout_exts(layout)
         self.audio = layout in AUDIO_LAYOUTS
         if self.audio and sample_rate is None:
             raise ValueError(f"layout {layout!r} stores audio: give the sample rate it is at")
-        self.layout, self.sample_rate = layout, sample_rate
+        if bitrate is not None and (not self.audio or AUDIO_FORMATS[layout].lossless):
+            raise ValueError(f"a bitrate applies to the lossy audio layouts ({', '.join(LOSSY_FORMATS)}), not to "
+                             f"{layout!r}")
+        self.layout, self.sample_rate, self.bitrate = layout, sample_rate, bitrate
         self.tmp_path = temp_path(self.path)
         self.info = ShardInfo(self.path.name)
         # A fixed mtime makes shards byte-for-byte reproducible from the same inputs.
@@ -75,35 +80,52 @@ class ShardWriter:
         member.size, member.mtime, member.mode = len(data), self.mtime, 0o444
         self._tar.addfile(member, io.BytesIO(data))
 
-    def write(self, uttid: str, feats: np.ndarray, text: str) -> None:
-        """One utterance's features (a features layout)."""
+    def _add_fields(self, key: str, fields: Mapping[str, str] | None) -> None:
+        """The utterance's fields, one member ``KEY.NAME`` each (names checked by the caller), by name."""
+        for name in sorted(fields or ()):
+            self._add(f"{key}.{name}", fields[name].encode("utf-8"))  # type: ignore[index]
+
+    def write(self, uttid: str, feats: np.ndarray, text: str, fields: Mapping[str, str] | None = None) -> None:
+        """One utterance's features (a features layout), and its ``fields`` (name -> value) after them."""
         if self.audio:
             raise ValueError(f"layout {self.layout!r} stores audio, not features: use write_audio")
         key = encode_key(uttid)
         text_bytes = text.encode("utf-8")
         self._add(f"{key}.{self.feat_ext}", npy_bytes(feats))
         self._add(f"{key}.{self.text_ext}", text_bytes)
+        self._add_fields(key, fields)
         self.info.keys.append(key)
         self.info.frames.append(int(feats.shape[0]))
         self.info.text_lens.append(len(text))
 
-    def write_audio(self, uttid: str, pcm: np.ndarray, text: str) -> None:
+    def write_audio(self, uttid: str, pcm: np.ndarray, text: str, fields: Mapping[str, str] | None = None) -> None:
         """One utterance's audio (an audio layout): 1-D int16 samples at the writer's sample rate,
-        at least one 25 ms frame of them (ValueError otherwise: the loader could make no feature)."""
+        at least one 25 ms frame of them once stored (ValueError otherwise: the loader could make no
+        feature).  The index entry records the samples the member decodes to (a lossy codec's may
+        differ from ``len(pcm)``: they are what the loader gets)."""
         if not self.audio:
             raise ValueError(f"layout {self.layout!r} stores features, not audio: use write")
         assert self.sample_rate is not None
-        frames = int(fbank_frames(len(pcm), self.sample_rate))
-        if not frames:
+        window = frame_samples(self.sample_rate)[0]
+        if len(pcm) < window:
             raise ValueError(f"utterance {uttid!r}: {len(pcm)} samples at {self.sample_rate} Hz, fewer than one "
-                             f"frame's {frame_samples(self.sample_rate)[0]}")
+                             f"frame's {window}")
+        try:
+            data, samples = encode_audio(pcm, self.sample_rate, self.layout, bitrate=self.bitrate)
+        except ValueError as e:
+            raise ValueError(f"utterance {uttid!r}: {e}") from None
+        frames = int(fbank_frames(samples, self.sample_rate))
+        if not frames:
+            raise ValueError(f"utterance {uttid!r}: {len(pcm)} samples decode to {samples} from {self.layout}, "
+                             f"fewer than one frame's {window}")
         key = encode_key(uttid)
-        self._add(f"{key}.{self.feat_ext}", encode_audio(pcm, self.sample_rate, self.layout))
+        self._add(f"{key}.{self.feat_ext}", data)
         self._add(f"{key}.{self.text_ext}", text.encode("utf-8"))
+        self._add_fields(key, fields)
         self.info.keys.append(key)
         self.info.frames.append(frames)
         self.info.text_lens.append(len(text))
-        self.info.samples.append(len(pcm))
+        self.info.samples.append(samples)
 
     def __len__(self) -> int:
         return self.info.num_utts
@@ -126,7 +148,8 @@ class ShardWriter:
 
 
 def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, np.ndarray, str]], *,
-                      fmt: str = "flac", sample_rate: int = 16000, mtime: float | None = None) -> ShardInfo:
+                      fmt: str = "flac", sample_rate: int = 16000, mtime: float | None = None,
+                      bitrate: int | None = None) -> ShardInfo:
     """One audio shard at ``path`` from ``(uttid, int16 samples, transcript)`` in order; its index entry.
 
     What ``pack-audio --store flac|wav`` calls per shard: the audio of each utterance as 16-bit
@@ -139,9 +162,10 @@ def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, n
                                                speakers=..., audio=audio))
 
     (sizes and mtimes as ``os.stat`` gives them for each final shard, as ``pack`` records them.)
+    ``fmt="opus"`` stores Ogg Opus at ``bitrate`` bit/s (8, 12, 16, 24 or 48 kHz audio only).
     A failure leaves no file at ``path``.
     """
-    writer = ShardWriter(path, fmt, mtime, sample_rate=sample_rate)
+    writer = ShardWriter(path, fmt, mtime, sample_rate=sample_rate, bitrate=bitrate)
     try:
         for uttid, pcm, text in utterances:
             writer.write_audio(uttid, pcm, text)

@@ -15,19 +15,35 @@ reader.  A rank's batches reach the trainer in the DataLoader's order: one from 
 turn, a worker whose batches are spent dropping out of the turns (:func:`rank_order`); with that,
 the batches consumed after ``k`` steps on any topology are known, which is what resuming on
 another topology needs (:func:`consumed`).
+
+The dealing itself is :func:`least_loaded`, which the plan also uses to deal shards to streams.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from wdsprep.balance import least_loaded
-
 # A reader yields the batches of this many of its streams interleaved (see Assignment.reader_order).
 INTERLEAVE = 4
+
+
+def least_loaded(order: Iterable[int], weights: Sequence[int], parts: int) -> list[list[int]]:
+    """Walk ``order`` and give each item to the part with the least weight so far (ties: the
+    lowest part); each part's items in the order given.  Given largest first, loads differ by at
+    most the largest weight."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    heap = [(0, p) for p in range(parts)]
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in order:
+        load, p = heapq.heappop(heap)
+        out[p].append(i)
+        heapq.heappush(heap, (load + int(weights[i]), p))
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Augmentation the plan knows: the options, every draw as a pure function, and the transforms.
+"""Augmentation the plan knows: the parts, every draw as a pure function, and the transforms.
 
 Every draw is a function of (the corpus's seed, the corpus epoch, the utterance's row in its
 corpus), from seeded numpy generators, never global state; so a batch and its augmented features
@@ -9,9 +9,15 @@ are the same for any world size and worker count, and after a resume:
   (:func:`perturbed_frames`), so ``max_frames`` and ``max_cost`` hold for the audio the reader
   makes, which resamples by exactly that factor (:func:`speed_resample`, ``scipy.signal.resample_poly``)
   and names the utterance ``sp0.9-ID`` as Kaldi's speed-perturbed copies are named;
-- **noise** and **reverb** (audio shards) and **specaugment** (any shards): drawn per utterance
-  from a Philox generator keyed by (seed, corpus epoch) at a counter set by its row
+- **noise** and **reverb** (audio shards) and **specaugment** (any shards): uniforms drawn per
+  utterance from a Philox generator keyed by (seed, corpus epoch) at a counter set by its row
   (:class:`Draws`): random access to any utterance's draws, no state carried from one to the next.
+  Each part reads its own slots of them (:meth:`Augment.layout`).
+
+Each part is a :class:`Part`: a frozen dataclass of its options that declares its name, whether it
+acts on audio, how many uniforms it reads, its folder of recordings and its transform.
+:data:`PARTS` lists them; the reader applies them (``loading/features.py``) and the loader checks
+the shards (:meth:`Augment.check_shards`) from that list alone.
 
 Options come as a dict (``{"speed": {"factors": [0.9, 1.0, 1.1]}, "noise": {"dir": D, "snr":
 [10, 20]}, "reverb": {"dir": D}, "specaugment": {"freq_masks": 2, "time_masks": 2}}``), its JSON
@@ -23,10 +29,11 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -34,8 +41,8 @@ from wdsprep.units import fbank_frames
 
 # Generators of one corpus epoch are independent per purpose.
 _SPEED, _UTTERANCE, _DITHER = 11, 12, 13
-# Where each transform's uniforms sit in an utterance's draws (fixed, whatever else is on).
-_NOISE_U, _REVERB_U, _SPEC_U = slice(0, 4), slice(4, 6), 6
+# An utterance's uniforms of stream s > 0 come from purpose _STREAM + s (stream 0's from purpose 0).
+_STREAM = 100
 
 
 def _numbers(value: Any, what: str) -> tuple[float, ...]:
@@ -47,10 +54,64 @@ def _numbers(value: Any, what: str) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
+def _check_prob(p: Any, what: str) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"augment {what} prob must be in [0, 1], got {p!r}")
+
+
 @dataclass(frozen=True)
-class Speed:
+class Draw:
+    """What a part's transform reads for one utterance."""
+
+    u: np.ndarray  # its uniforms in [0, 1): its own slots of the utterance's draws
+    bank: Sequence[np.ndarray] = ()  # the recordings of its folder, at the shards' sample rate
+    choice: int | None = None  # a part the plan draws (speed): the row's choice
+
+
+class Part:
+    """One augmentation: a frozen dataclass of its options (what ``augment`` gives under
+    :attr:`name`) and the transform the reader applies to each utterance.
+
+    A new part is a subclass here, appended to :data:`PARTS`, and exported from ``wdsprep``: the
+    reader, the loader's checks, the fingerprint and ``augment``'s parsing follow from this list.
+    """
+
+    name: ClassVar[str]  # its key in the augment options
+    on_audio: ClassVar[bool]  # acts on the waveform (audio shards only); else on the features
+    # Its place in the chain: lower first.  Waveform parts run before the fbank, feature parts after it.
+    order: ClassVar[int]
+    # Uniforms it reads per utterance; None: as many as its options say (:meth:`num_uniforms`).
+    uniforms: ClassVar[int | None] = 0
+    planned: ClassVar[bool] = False  # drawn by the plan (it changes lengths): its apply reads Draw.choice
+
+    def num_uniforms(self) -> int:
+        """How many uniforms it reads per utterance with these options."""
+        assert self.uniforms is not None, f"{type(self).__name__} reads a number of uniforms its options set"
+        return self.uniforms
+
+    @property
+    def bank(self) -> str | None:
+        """The folder of recordings it draws from (loaded once per reader), or None."""
+        return None
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        """``x`` (a waveform, or frames x bins features) transformed as ``draw`` says (a new array or ``x``)."""
+        raise NotImplementedError
+
+    def prefix(self, draw: Draw) -> str:
+        """What it puts before the utterance's name (Kaldi's ``sp0.9-``); empty when it leaves the name."""
+        return ""
+
+
+@dataclass(frozen=True)
+class Speed(Part):
     """Speed perturbation: each utterance plays at one of ``factors`` (0.9: slower, 1/0.9 as long,
     lower pitch, as ``sox speed``), drawn with ``probs`` (default: equal).  Audio shards only."""
+
+    name: ClassVar[str] = "speed"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 0  # first: the plan cut the batches with the lengths it makes
+    planned: ClassVar[bool] = True
 
     factors: tuple[float, ...] = (0.9, 1.0, 1.1)
     probs: tuple[float, ...] | None = None
@@ -76,12 +137,26 @@ class Speed:
         f = Fraction(self.factors[k]).limit_denominator(100)
         return f.denominator, f.numerator
 
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        assert draw.choice is not None, "speed is drawn by the plan: the row's choice is needed"
+        return speed_resample(x, self, draw.choice)
+
+    def prefix(self, draw: Draw) -> str:
+        assert draw.choice is not None
+        factor = self.factors[draw.choice]
+        return speed_prefix(factor) if factor != 1.0 else ""
+
 
 @dataclass(frozen=True)
-class Noise:
+class Noise(Part):
     """Additive noise: a recording of ``dir`` (WAV, FLAC, ... at any rate; channel 0), a random
     stretch of it (looped when shorter than the utterance), at an SNR drawn uniformly from ``snr``
     (dB, speech power over noise power), with probability ``prob``.  Audio shards only."""
+
+    name: ClassVar[str] = "noise"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 20  # after reverb: the noise is not reverberated
+    uniforms: ClassVar[int | None] = 4  # recording, start, SNR, whether
 
     dir: str
     snr: tuple[float, float] = (10.0, 20.0)
@@ -97,12 +172,24 @@ class Noise:
         object.__setattr__(self, "dir", os.fspath(self.dir))
         _check_prob(self.prob, "noise")
 
+    @property
+    def bank(self) -> str | None:
+        return self.dir
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return add_noise(x, draw.bank, self, draw.u)[0]
+
 
 @dataclass(frozen=True)
-class Reverb:
+class Reverb(Part):
     """Reverberation: the utterance convolved with an impulse response of ``dir`` (drawn per
     utterance), aligned at its direct path and scaled back to the utterance's power, with
     probability ``prob``.  Audio shards only."""
+
+    name: ClassVar[str] = "reverb"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 10
+    uniforms: ClassVar[int | None] = 2  # response, whether
 
     dir: str
     prob: float = 1.0
@@ -111,14 +198,26 @@ class Reverb:
         object.__setattr__(self, "dir", os.fspath(self.dir))
         _check_prob(self.prob, "reverb")
 
+    @property
+    def bank(self) -> str | None:
+        return self.dir
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return add_reverb(x, draw.bank, self, draw.u)
+
 
 @dataclass(frozen=True)
-class SpecAugment:
+class SpecAugment(Part):
     """SpecAugment on the features (Park et al. 2019): ``freq_masks`` bands of up to ``freq_width``
     mel bins and ``time_masks`` stretches of up to ``time_width`` frames (and at most
     ``max_time_ratio`` of the utterance each) set to ``fill`` (``"mean"``: the utterance's mean
     value, ``"zero"``); ``time_warp`` > 0 first moves a point of the utterance by up to that many
     frames, stretching the two sides.  Feature and audio shards."""
+
+    name: ClassVar[str] = "specaugment"
+    on_audio: ClassVar[bool] = False
+    order: ClassVar[int] = 30
+    uniforms: ClassVar[int | None] = None  # two per mask and two for the warp
 
     freq_masks: int = 2
     freq_width: int = 27
@@ -138,42 +237,108 @@ class SpecAugment:
         if self.fill not in ("mean", "zero"):
             raise ValueError(f"augment specaugment fill must be 'mean' or 'zero', got {self.fill!r}")
 
-    @property
-    def num_draws(self) -> int:
+    def num_uniforms(self) -> int:
         return 2 * (self.freq_masks + self.time_masks + 1)
 
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return spec_augment(x, self, draw.u)
 
-def _check_prob(p: Any, what: str) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
-        raise ValueError(f"augment {what} prob must be in [0, 1], got {p!r}")
+
+# Every part, in the order their uniforms are laid out (Augment.layout).  Append only: a part
+# placed before another moves that one's draws, and every batch it augments changes.
+PARTS: tuple[type[Part], ...] = (Speed, Noise, Reverb, SpecAugment)
+
+P = TypeVar("P", bound=Part)
+
+
+def _kinds() -> dict[str, type[Part]]:
+    return {kind.name: kind for kind in PARTS}
 
 
 @dataclass(frozen=True)
-class Augment:
-    """What to augment with; each part None when off.  ``speed`` changes the plan (it is part of
-    :class:`~wdsprep.loading.plan.PlanOptions`); the rest changes only the features."""
+class Slots:
+    """Where a part's uniforms sit in an utterance's draws: ``[start, stop)`` of stream ``stream``."""
 
-    speed: Speed | None = None
-    noise: Noise | None = None
-    reverb: Reverb | None = None
-    specaugment: SpecAugment | None = None
+    stream: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, init=False)
+class Augment:
+    """What to augment with: at most one part of each kind, kept in :data:`PARTS` order.
+    ``Augment(Speed(), SpecAugment())``, or by name: ``Augment(speed=Speed(), noise=None)``.
+    The plan draws the speed part (:attr:`speed`); the reader applies the rest as it draws them."""
+
+    parts: tuple[Part, ...]
+
+    def __init__(self, *parts: Part, **named: Part | None) -> None:
+        kinds = _kinds()
+        for name, part in named.items():
+            if name not in kinds:
+                raise TypeError(f"Augment has no part {name!r}; its parts are {list(kinds)}")
+            if part is not None and not isinstance(part, kinds[name]):
+                raise TypeError(f"Augment {name}= takes a {kinds[name].__name__}, got {type(part).__name__}")
+        given = [*parts, *(p for p in named.values() if p is not None)]
+        for part in given:
+            if type(part) not in PARTS:
+                raise TypeError(f"Augment takes parts of {[k.__name__ for k in PARTS]}, got {type(part).__name__}")
+        names = [p.name for p in given]
+        if len(set(names)) != len(names):
+            raise ValueError(f"augment gives {sorted(n for n in set(names) if names.count(n) > 1)} twice")
+        object.__setattr__(self, "parts", tuple(sorted(given, key=lambda p: PARTS.index(type(p)))))
+
+    def get(self, kind: type[P]) -> P | None:
+        """The part of that kind, or None when it is off."""
+        return next((p for p in self.parts if type(p) is kind), None)
+
+    @property
+    def speed(self) -> Speed | None:
+        """The part the plan draws (it is :class:`~wdsprep.loading.plan.PlanOptions`'s ``speed``)."""
+        return self.get(Speed)
 
     @property
     def on_audio(self) -> bool:
         """Whether a part acts on the waveform (audio shards only)."""
-        return self.speed is not None or self.noise is not None or self.reverb is not None
+        return any(p.on_audio for p in self.parts)
+
+    def chain(self, on_audio: bool) -> tuple[Part, ...]:
+        """The parts acting on the waveform (``on_audio``) or on the features, in the order they apply."""
+        return tuple(sorted((p for p in self.parts if p.on_audio == on_audio), key=lambda p: p.order))
 
     def to_json(self) -> dict[str, Any]:
         """The options as plain JSON (what the loader's fingerprint and hyper-p.json hold)."""
-        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if v is not None}))
+        return json.loads(json.dumps({p.name: asdict(p) for p in self.parts}))
 
     def features_part(self) -> Augment | None:
-        """What acts on the features of planned batches (all but the speed the plan draws); None when nothing."""
-        rest = Augment(None, self.noise, self.reverb, self.specaugment)
-        return rest if (rest.noise or rest.reverb or rest.specaugment) else None
+        """What acts on the features of planned batches (all but what the plan draws); None when nothing."""
+        rest = [p for p in self.parts if not p.planned]
+        return Augment(*rest) if rest else None
 
+    def check_shards(self, audio: bool) -> None:
+        """ValueError when a part acts on audio and the shards hold features (``audio`` False)."""
+        on_audio = [p.name for p in self.parts if p.on_audio]
+        if on_audio and not audio:
+            features = " or ".join(k.name for k in PARTS if not k.on_audio)
+            raise ValueError(f"augment {', '.join(on_audio)} act on audio: these shards hold features computed at "
+                             f"pack time; pack the audio (layout flac or wav) or augment with {features} only")
 
-_PARTS: dict[str, type] = {"speed": Speed, "noise": Noise, "reverb": Reverb, "specaugment": SpecAugment}
+    def layout(self) -> dict[str, Slots]:
+        """Each part's uniforms, laid out in :data:`PARTS` order.  A part of a fixed count keeps
+        its slots whether on or off, so no part's draws move when another is turned on; a part
+        whose options set its count (SpecAugment) ends its stream, so the parts after it start
+        the next stream and keep their draws whatever those options are."""
+        out: dict[str, Slots] = {}
+        stream = start = 0
+        for kind in PARTS:
+            part = self.get(kind)
+            width = kind.uniforms if kind.uniforms is not None else (0 if part is None else part.num_uniforms())
+            if part is not None:
+                out[kind.name] = Slots(stream, start, start + width)
+            start += width
+            if kind.uniforms is None:
+                stream, start = stream + 1, 0
+        return out
 
 
 def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) -> Augment | None:
@@ -195,14 +360,17 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
     if not isinstance(spec, Mapping):
         raise ValueError(f"augment must be a dict such as {{\"speed\": {{\"factors\": [0.9, 1.0, 1.1]}}}}, "
                          f"got {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(_PARTS))
+    kinds = _kinds()
+    unknown = sorted(set(spec) - set(kinds))
     if unknown:
-        raise ValueError(f"augment has {unknown}; it takes {sorted(_PARTS)}")
-    parts: dict[str, Any] = {}
+        raise ValueError(f"augment has {unknown}; it takes {sorted(kinds)}")
+    parts: list[Part] = []
     for name, value in spec.items():
-        kind = _PARTS[name]
-        if value is None or isinstance(value, kind):
-            parts[name] = value
+        kind = kinds[name]
+        if value is None:
+            continue
+        if isinstance(value, kind):
+            parts.append(value)
             continue
         if not isinstance(value, Mapping):
             raise ValueError(f"augment {name} must be an object of options, got {value!r}")
@@ -211,11 +379,10 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
         if extra:
             raise ValueError(f"augment {name} has {extra}; it takes {sorted(known)}")
         try:
-            parts[name] = kind(**value)
+            parts.append(kind(**value))
         except TypeError as e:  # a required option missing
             raise ValueError(f"augment {name}: {e}") from None
-    augment = Augment(**parts)
-    return augment if any(getattr(augment, n) is not None for n in _PARTS) else None
+    return Augment(*parts) if parts else None
 
 
 # -- draws -----------------------------------------------------------------------------------------
@@ -259,6 +426,9 @@ def speed_prefix(factor: float) -> str:
     return f"sp{factor:g}-"
 
 
+NO_UNIFORMS = np.zeros(0)  # the uniforms of a part that reads none
+
+
 @dataclass
 class Draws:
     """The per-utterance draws of one corpus epoch: a Philox generator keyed by (seed, epoch) and
@@ -274,26 +444,29 @@ class Draws:
     def generator(self, row: int, purpose: int = 0) -> np.random.Generator:
         return np.random.Generator(np.random.Philox(key=self.key, counter=[0, int(row), purpose, 0]))
 
-    def uniforms(self, row: int, n: int) -> np.ndarray:
-        """Row ``row``'s first ``n`` uniforms in [0, 1); the transforms read fixed slots of them."""
-        return self.generator(row).random(n)
+    def uniforms(self, row: int, n: int, stream: int = 0) -> np.ndarray:
+        """Row ``row``'s first ``n`` uniforms of ``stream``, in [0, 1)."""
+        return self.generator(row, 0 if stream == 0 else _STREAM + stream).random(n)
+
+    def read(self, row: int, layout: Mapping[str, Slots]) -> dict[str, np.ndarray]:
+        """Row ``row``'s uniforms of each part of ``layout`` (:meth:`Augment.layout`)."""
+        widths: dict[int, int] = {}
+        for s in layout.values():
+            widths[s.stream] = max(widths.get(s.stream, 0), s.stop)
+        u = {stream: self.uniforms(row, n, stream) for stream, n in widths.items() if n}
+        return {name: u[s.stream][s.start:s.stop] if s.stop > s.start else NO_UNIFORMS for name, s in layout.items()}
 
     def dither(self, row: int) -> np.random.Generator:
         """A generator of row ``row``'s own for the fbank's dither."""
         return self.generator(row, _DITHER)
 
 
-def utterance_draws(augment: Augment) -> int:
-    """How many uniforms each utterance's transforms read."""
-    return _SPEC_U + (augment.specaugment.num_draws if augment.specaugment is not None else 0)
+# -- transforms (pure: a waveform or features and the part's uniforms in, the result out) ---------
 
-
-# -- transforms (pure: a waveform or features and the utterance's uniforms in, the result out) ----
-
-def add_noise(wave: np.ndarray, bank: list[np.ndarray], opts: Noise, u: np.ndarray) -> tuple[np.ndarray, float | None]:
+def add_noise(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Noise,
+              u: np.ndarray) -> tuple[np.ndarray, float | None]:
     """``wave`` plus a stretch of a noise recording of ``bank`` at the drawn SNR; (result, SNR in dB,
-    or None when the draw said no or the utterance is silent)."""
-    u = u[_NOISE_U]
+    or None when the draw said no or the utterance is silent).  ``u``: the part's 4 uniforms."""
     if u[3] >= opts.prob or not bank:
         return wave, None
     noise = bank[min(int(u[0] * len(bank)), len(bank) - 1)]
@@ -312,10 +485,10 @@ def add_noise(wave: np.ndarray, bank: list[np.ndarray], opts: Noise, u: np.ndarr
     return (wave + gain * piece).astype(np.float32), snr
 
 
-def add_reverb(wave: np.ndarray, bank: list[np.ndarray], opts: Reverb, u: np.ndarray) -> np.ndarray:
+def add_reverb(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Reverb, u: np.ndarray) -> np.ndarray:
     """``wave`` convolved with a drawn impulse response, shifted so its direct path (the response's
-    peak) stays in place, cut to the utterance's length and scaled back to its power."""
-    u = u[_REVERB_U]
+    peak) stays in place, cut to the utterance's length and scaled back to its power.  ``u``: the
+    part's 2 uniforms."""
     if u[1] >= opts.prob or not bank:
         return wave
     from scipy.signal import fftconvolve
@@ -330,8 +503,7 @@ def add_reverb(wave: np.ndarray, bank: list[np.ndarray], opts: Reverb, u: np.nda
 
 
 def spec_augment(feats: np.ndarray, opts: SpecAugment, u: np.ndarray) -> np.ndarray:
-    """``feats`` (frames x bins) time-warped and masked as the utterance's uniforms ``u`` say (a new array)."""
-    u = u[_SPEC_U:]
+    """``feats`` (frames x bins) time-warped and masked as the part's uniforms ``u`` say (a new array)."""
     out = np.array(feats, np.float32)
     t, d = out.shape
     w = opts.time_warp

@@ -6,7 +6,9 @@ greedily from the sorted pool and puts them in a random order.  Sorting keeps le
 batch close (little padding); shuffling the batches of a pool keeps the order the trainer sees
 random (no rising-length runs as with a plain sort window).  The last, partly filled batch of a
 pool is carried into the next pool instead of being cut small, at most ``max_carry`` times.  A
-length above ``max_frames`` is a batch of its own; nothing is dropped.
+length above ``max_frames`` is a batch of its own; nothing is dropped.  When the fit counts label
+tokens, a pool is ordered by frames and tokens both (:func:`band_order`), so a batch's longest
+label is close to its others too.
 
 :func:`bucket_batches` is the same on a list of samples (``inspect``'s padding curves, tests).
 The batchers it is measured against (CAT's stream, WeNet's sort window) are in
@@ -19,6 +21,7 @@ import math
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -31,6 +34,17 @@ S = TypeVar("S")
 # 4,000 samples give >= 0.97 real/padded frames on realistic ASR lengths (lognormal, median 600)
 # at max_frames 10k-50k; see docs/batching.md for the measured trade-off (memory vs padding).
 DEFAULT_POOL_SIZE = 4000
+# How wide (per mille of frames) the bands of a pool ordered by frames and tokens are (band_order):
+# wider pads labels less and frames more.  On lognormal frames and text rates, in pools of 128
+# batches, 2.5% kept >= 0.974 frames padding with +0.14 to +0.17 label padding efficiency over
+# frames-sorted pools; 2% gave +0.12, 3% frames down to 0.971 (tools/bench/bench_cost.py, docs/batching.md).
+BAND_WIDTH = 25
+# Before a pool is cut, each row may move up to this many places from its sorted one, and the first
+# batch closes at a random point (shaken, varied_cuts): a pool that holds the same rows every epoch
+# (a corpus of one stream, a stream of one shard) is then cut into other batches each epoch.  On
+# the demo corpus (173 utterances, max_frames 1000) two epochs' plans shared 15 of 22 batches before;
+# see docs/batching.md for what it costs in padding.
+NEIGHBOURS = 2
 
 
 def len_of_first_dim(sample: Any) -> int:
@@ -112,8 +126,10 @@ class BatchFit:
         A batch from ``start`` must close before sample ``i`` when ``i - start + 1 > room[i]``,
         that is when ``i + 1 - room[i] > start``.  Lengths ascend, so ``room`` falls and
         ``i + 1 - room[i]`` rises strictly: each batch's end is one binary search (planning 15M
-        utterances cuts ~750,000 batches).  With tokens, a batch's room also falls with its
-        longest label so far: its end is searched among the next ``room[start]`` samples.
+        utterances cuts ~750,000 batches).  With tokens, a batch's room falls with its longest
+        frames and label so far (lengths need not ascend then: :func:`band_order`'s pools do not):
+        it closes within its first sample's room, and its end is searched in windows that start at
+        twice the batch before (neighbours are alike) and double until the batch closes.
         """
         n = len(lengths)
         if not n:
@@ -129,25 +145,34 @@ class BatchFit:
                 start = end
             return cuts
         lengths, tokens = np.asarray(lengths, np.int64), np.asarray(tokens, np.int64)
+        counts = np.arange(1, n + 1, dtype=np.int64)
+        last = 8
         while start < n:
-            # The room a batch has only falls as it grows: its first sample's room bounds its size.
-            stop = min(n, start + int(self.room(lengths[start], tokens[start])) + 1)
-            room = self.room(lengths[start:stop], np.maximum.accumulate(tokens[start:stop]))
-            over = np.flatnonzero(np.arange(1, stop - start + 1) > room)
-            end = start + (int(over[0]) if len(over) else stop - start)
-            cuts.append((start, max(start + 1, end)))
-            start = max(start + 1, end)
+            # The room a batch has only falls as it grows, so it closes within its first sample's
+            # room: a window that reaches the end or finds the close is enough.
+            stop = min(n, start + 2 * last)
+            while True:
+                room = self.room(np.maximum.accumulate(lengths[start:stop]),
+                                 np.maximum.accumulate(tokens[start:stop]))
+                over = np.flatnonzero(counts[:stop - start] > room)
+                if len(over) or stop == n:
+                    break
+                stop = min(n, start + 2 * (stop - start))
+            end = max(start + 1, start + (int(over[0]) if len(over) else stop - start))
+            cuts.append((start, end))
+            last, start = end - start, end
         return cuts
 
 
 def _cut_capped(lengths: list[int], tokens: list[int], speakers: list[int], fit: BatchFit,
                 cap: int) -> list[list[int]]:
-    """Greedy batches of ascending lengths as :meth:`BatchFit.cut` cuts them, but with at most ``cap``
+    """Greedy batches of a pool's order as :meth:`BatchFit.cut` cuts them, but with at most ``cap``
     utterances of one speaker each: the positions of each batch, the last one open.
 
     An utterance whose speaker already has ``cap`` in the batch waits (per speaker, in order) and
-    is first in line for the next batch: it is no longer than anything after it, so it never
-    raises that batch's padding.  Leftovers of a speaker who dominates the pool end up in small
+    is first in line for the next batch: with ascending lengths it is no longer than anything
+    after it, so it never raises that batch's padding (in a pool ordered by frames and tokens,
+    by no more than a band's width).  Leftovers of a speaker who dominates the pool end up in small
     batches of their own at the end of the pool; the last of them is the one carried over.
     O(pool): each position is looked at once on the way in and once per batch it waits for.
     """
@@ -197,6 +222,59 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+@lru_cache(maxsize=1)
+def band_edges() -> np.ndarray:
+    """int64: the frames at which each band of :func:`band_order` starts, each :data:`BAND_WIDTH`
+    per mille above the one before (at least one frame), up to 2**31.  Integers only: a float
+    logarithm may round differently on another CPU, and the plan must not."""
+    edges = [1]
+    while edges[-1] < 1 << 31:
+        edges.append(edges[-1] + max(1, edges[-1] * BAND_WIDTH // 1000))
+    return np.array(edges, np.int64)
+
+
+def band_order(order: np.ndarray, lens: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """A pool's rows ordered by frames and label tokens both, from ``order`` (its rows by ascending frames).
+
+    The frames-sorted pool is split into bands of frames :data:`BAND_WIDTH` per mille wide, and
+    each band is sorted by tokens, rising in one band and falling in the next: a batch cut from a
+    band pads its frames by at most that width and spans a narrow range of its labels, and one
+    that straddles two bands joins the same end of both.  The bands depend on the lengths only,
+    never on the topology.
+    """
+    ordered_lens, ordered_tokens = lens[order], tokens[order]
+    band = np.searchsorted(band_edges(), ordered_lens, side="right")
+    band[1:] = np.cumsum(band[1:] != band[:-1])  # bands present, numbered from 0: alternate directions
+    band[0] = 0
+    key = np.where(band % 2 == 1, -ordered_tokens, ordered_tokens) + (1 << 31)  # in [0, 2**32)
+    # By band, then by key; stable: ties keep ascending frames.
+    return order[np.argsort((band << 32) | key, kind="stable")]
+
+
+def shaken(order: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``order`` with each row moved by up to :data:`NEIGHBOURS` places (integer keys: the same on every CPU)."""
+    keys = (np.arange(len(order), dtype=np.int64) << 2) + rng.integers(0, 8 * NEIGHBOURS + 1, len(order))
+    return order[stable_order(keys)]
+
+
+def varied_cuts(fit: BatchFit, lens: np.ndarray, tokens: np.ndarray | None,
+                rng: np.random.Generator) -> list[tuple[int, int]]:
+    """:meth:`BatchFit.cut` of a pool in a nearly sorted order (:func:`shaken`), its first batch
+    closing at a random point of the room it has (a pool that is one batch stays whole)."""
+    if not len(lens):
+        return []
+    if tokens is None:
+        # A batch is bounded by the longest so far: never below its own longest, in a nearly sorted order.
+        lens = np.maximum.accumulate(lens)
+    head = int(min(len(lens), fit.room(int(lens[0]), 0 if tokens is None else int(tokens[0])) + 1))
+    first = fit.cut(lens[:head], None if tokens is None else tokens[:head])[0][1]
+    if first >= len(lens):
+        return [(0, first)]  # the whole pool is one batch: nothing to vary
+    k = int(rng.integers(1, first + 1))
+    rest = fit.cut(lens[k:], None if tokens is None else tokens[k:])
+    return [(0, k), *((a + k, b + k) for a, b in rest)]
+
+
 def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bool:
     """Whether a cut holds more than ``cap`` utterances of one speaker (``speakers`` in cut order)."""
     sizes = np.array([b - a for a, b in cuts], np.int64)
@@ -215,9 +293,12 @@ def _plan_pool(lens: np.ndarray, tokens: np.ndarray | None, fit: BatchFit, rng: 
     """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
     order = stable_order(lens)
+    if tokens is not None:
+        order = band_order(order, lens, tokens)
+    order = shaken(order, rng)
     sorted_lens = lens[order]
     sorted_tokens = None if tokens is None else tokens[order]
-    cuts = fit.cut(sorted_lens, sorted_tokens)
+    cuts = varied_cuts(fit, sorted_lens, sorted_tokens, rng)
     batches = [order[a:b] for a, b in cuts]
     if max_utts_per_speaker is not None and speakers is not None and _over_cap(cuts, speakers[order],
                                                                                max_utts_per_speaker):

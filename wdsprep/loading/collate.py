@@ -3,15 +3,16 @@
 A collated batch is one flat byte buffer (:class:`Packed`): lens, label_lens (int64 [B]), labels
 (int64 [B, U]), then feats (float32 [B, T, D]).  :class:`BatchLayout` says where each part sits;
 the collate writes through it and :meth:`BatchLayout.batch` hands the trainer a :class:`Batch`
-of four tensors that are views on the buffer (no copy).
+of four tensors that are views on the buffer (no copy).  What a batch carries besides (each
+utterance's language and fields, :class:`SampleFields`) travels beside the buffer, small.
 """
 
 from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -39,15 +40,78 @@ class Batch(_BatchFields):
 
     ``corpus`` int64 [B]: each utterance's corpus, an index into ``loader.corpora`` (all 0 with
     one corpus).  An attribute, not a sixth field, so a batch still unpacks into five.
+
+    What the samples carry besides (``pack --utt2lang``, ``--field``), in the batch's order, as
+    attributes: ``lang``, each utterance's language (a list of str; None when the shards' index has
+    no language); ``fields[NAME]``, each utterance's value of the fields the loader delivers
+    (``fields=``, and ``text_fields=``: a list of str); ``field_tokens[NAME]`` int64 [B, U_NAME],
+    padded with :data:`LABEL_PAD`, and ``field_lens[NAME]`` int64 [B], those of ``text_fields``
+    tokenized as the labels are (the utterance's tokenizer, language and text treatment).
     """
 
     corpus: torch.Tensor
+    lang: list[str] | None
+    fields: dict[str, list[str]]
+    field_tokens: dict[str, torch.Tensor]
+    field_lens: dict[str, torch.Tensor]
 
     def __new__(cls, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor, label_lens: torch.Tensor,
-                keys: list[str], corpus: torch.Tensor | None = None) -> Batch:
+                keys: list[str], corpus: torch.Tensor | None = None, extras: SampleFields | None = None) -> Batch:
         self = super().__new__(cls, feats, feat_lens, labels, label_lens, keys)
         self.corpus = torch.zeros(len(keys), dtype=torch.int64) if corpus is None else corpus
+        x = extras or SampleFields()
+        self.lang, self.fields = x.lang, x.fields
+        self.field_tokens = {k: torch.from_numpy(v) for k, v in x.field_tokens.items()}
+        self.field_lens = {k: torch.from_numpy(v) for k, v in x.field_lens.items()}
         return self
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The batch on ``device``, ``corpus`` too.  Trainers move a batch by its ``to`` when it has one
+        (Lightning, accelerate); rebuilt field by field as a tuple, it would lose ``corpus``."""
+        return Batch(self.feats.to(device, non_blocking=non_blocking),
+                     self.feat_lens.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking),
+                     self.label_lens.to(device, non_blocking=non_blocking), self.keys,
+                     self.corpus.to(device, non_blocking=non_blocking))
+
+
+@dataclass
+class SampleFields:
+    """A batch's utterances' language and fields (see :class:`Batch`), numpy and lists, in its order."""
+
+    lang: list[str] | None = None
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    field_tokens: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [B, U], padded with LABEL_PAD
+    field_lens: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [B]
+
+    def rows(self, keep: np.ndarray) -> SampleFields:
+        """The rows ``keep`` (an index array) alone; the padded width stays."""
+        pick = keep.tolist()
+        return SampleFields(None if self.lang is None else [self.lang[i] for i in pick],
+                            {k: [v[i] for i in pick] for k, v in self.fields.items()},
+                            {k: v[keep] for k, v in self.field_tokens.items()},
+                            {k: v[keep] for k, v in self.field_lens.items()})
+
+
+def sample_fields(batch: Records, names: Sequence[str], text: Sequence[str]) -> SampleFields | None:
+    """The language and fields of a batch's rows (``names``: the fields its rows' values hold, in
+    order; ``text``: those tokenized too, in order of their token ids); None when there are none."""
+    langs = batch.langs.tolist()
+    lang = None if all(x is None for x in langs) else langs
+    if lang is None and not names:
+        return None
+    values = batch.values.tolist()
+    fields = {name: [v[k] for v in values] for k, name in enumerate(names)}
+    tokens, lens = {}, {}
+    ids = batch.field_labels.tolist()
+    for k, name in enumerate(text):
+        rows = [row[k] for row in ids]
+        n = np.fromiter(map(len, rows), np.int64, len(rows))
+        padded = np.full((len(rows), int(n.max(initial=0))), LABEL_PAD, np.int64)
+        padded[np.arange(padded.shape[1]) < n[:, None]] = np.fromiter(itertools.chain.from_iterable(rows), np.int64,
+                                                                       int(n.sum()))
+        tokens[name], lens[name] = padded, n
+    return SampleFields(lang, fields, tokens, lens)
 
 
 @dataclass(frozen=True)
@@ -75,14 +139,16 @@ class BatchLayout:
         return (buf[:o1].view(np.int64), buf[o1:o2].view(np.int64), buf[o2:o3].view(np.int64).reshape(self.n, self.u),
                 buf[o3:o4].view(np.float32).reshape(self.n, self.t, self.d))
 
-    def batch(self, buf: torch.Tensor, keys: list[str], corpus: torch.Tensor | None = None) -> Batch:
+    def batch(self, buf: torch.Tensor, keys: list[str], corpus: torch.Tensor | None = None,
+              extras: SampleFields | None = None) -> Batch:
         """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy)."""
         if not self.n:  # every utterance of the batch was filtered out: empty tensors of the right ranks
             return Batch(torch.zeros(0, 0, self.d), torch.zeros(0, dtype=torch.int64),
-                         torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys)
+                         torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys, None, extras)
         o1, o2, o3, o4 = self._ends
         return Batch(buf[o3:o4].view(torch.float32).view(self.n, self.t, self.d), buf[:o1].view(torch.int64),
-                     buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys, corpus)
+                     buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys, corpus,
+                     extras)
 
 
 class Packed(NamedTuple):
@@ -101,6 +167,7 @@ class Packed(NamedTuple):
     gen: int = 0  # the slot buffer's generation: bumped whenever the worker replaces the buffer
     nonfinite: int = 0  # utterances left out: their features held a NaN or an infinity
     corpus: np.ndarray | None = None  # int64 [B]: each utterance's corpus (None: all corpus 0)
+    extras: SampleFields | None = None  # each utterance's language and fields (None: none)
 
     @property
     def layout(self) -> BatchLayout:
@@ -109,7 +176,7 @@ class Packed(NamedTuple):
 
 def unpack(p: Packed) -> Batch:
     """The :class:`Batch` of a packed batch (views on its buffer)."""
-    return p.layout.batch(p.buf, p.keys, None if p.corpus is None else torch.from_numpy(p.corpus))
+    return p.layout.batch(p.buf, p.keys, None if p.corpus is None else torch.from_numpy(p.corpus), p.extras)
 
 
 def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
@@ -126,7 +193,8 @@ def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
 
 
 def collate(batch: Records, *, shared: bool = False,
-            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None, dims: int | None = None) -> Packed:
+            alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None, dims: int | None = None,
+            fields: Sequence[str] = (), text_fields: Sequence[str] = ()) -> Packed:
     """Pad into one uninitialized buffer (one copy per utterance; float16 becomes float32 here).
 
     Features still in their shard are read straight into their row, in one C call for the batch
@@ -135,12 +203,13 @@ def collate(batch: Records, *, shared: bool = False,
     wrote every byte twice.  Every byte of the returned view is written, so a recycled ``alloc``
     buffer never leaks old data.
     """
-    return start_collate(batch, shared=shared, alloc=alloc, dims=dims)()
+    return start_collate(batch, shared=shared, alloc=alloc, dims=dims, fields=fields, text_fields=text_fields)()
 
 
 def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
-                  reader: Any = None, dims: int | None = None, on_error: str = "warn") -> Callable[[], Packed]:
+                  reader: Any = None, dims: int | None = None, on_error: str = "warn",
+                  fields: Sequence[str] = (), text_fields: Sequence[str] = ()) -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
     thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
@@ -149,13 +218,15 @@ def start_collate(batch: Records, *, shared: bool = False,
 
     Features with a NaN or an infinity never reach the trainer: the row is checked as it is read
     (in C, while in the CPU cache), and such an utterance leaves the batch, counted in
-    ``Packed.nonfinite`` (``on_error="raise"``: a ShardError naming it).
+    ``Packed.nonfinite`` (``on_error="raise"``: a ShardError naming it).  ``fields``: the fields
+    the rows' values hold, in order; ``text_fields``: those of them tokenized (:func:`sample_fields`).
     """
     batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
     n = len(batch)
     lens, label_lens, row_dims = batch.frames, batch.label_lens, batch.dims
     uttids = batch.uttids.tolist()
     corpus = batch.corpora.copy() if batch.corpora.any() else None  # None: all corpus 0, nothing to send
+    extras = sample_fields(batch, fields, text_fields)
     d = int(row_dims[0]) if n else int(dims or 0)
     if (row_dims != d).any():
         i = int(np.flatnonzero(row_dims != d)[0])
@@ -209,7 +280,7 @@ def start_collate(batch: Records, *, shared: bool = False,
                 if not np.isfinite(row).all():
                     bad.append(i)
         if not bad:
-            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot, corpus=corpus)
+            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot, corpus=corpus, extras=extras)
         bad = sorted(bad)
         where = f"utterance {uttids[bad[0]]!r} of {getattr(sources[bad[0]], 'url', 'an in-memory shard')}"
         more = f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else ""
@@ -218,13 +289,13 @@ def start_collate(batch: Records, *, shared: bool = False,
             raise ShardError(f"{msg}: fix the features and repack (verify names every such utterance)")
         warnings.warn(f"{msg}: left out of the batch (counted as nonfinite_features). Fix the features and repack; "
                       f"verify names every such utterance", RuntimeWarning, stacklevel=2)
-        return _without(buf, layout, uttids, slot, bad, corpus)
+        return _without(buf, layout, uttids, slot, bad, corpus, extras)
 
     return finish
 
 
 def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int, drop: list[int],
-             corpus: np.ndarray | None) -> Packed:
+             corpus: np.ndarray | None, extras: SampleFields | None = None) -> Packed:
     """The packed batch less rows ``drop``, compacted in its own buffer (the padded length stays)."""
     keep = np.setdiff1d(np.arange(layout.n), drop)
     small = BatchLayout(len(keep), layout.t, layout.d, layout.u)
@@ -235,4 +306,4 @@ def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int,
         new[3][i] = old[3][k]
     new[0][:], new[1][:], new[2][:] = lens, label_lens, labels
     return Packed(buf, (small.n, small.t, small.d, small.u), [keys[k] for k in keep], slot, nonfinite=len(drop),
-                  corpus=None if corpus is None else corpus[keep])
+                  corpus=None if corpus is None else corpus[keep], extras=None if extras is None else extras.rows(keep))

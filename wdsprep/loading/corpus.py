@@ -1,9 +1,9 @@
 """One corpus planned on its own: the unit every epoch source is made of.
 
-A :class:`Corpus` is a shard set planned as one (a corpus; in dev mode the named corpora's union)
-with its own seed: its epochs' plans (``plan.py``), what each leaves out, and where its rows sit in
-the loader's shard set.  One corpus read alone is ``epochs.CorpusEpochs``; several mixed are
-``mix.epochs.MixedEpochs``.  Pure: no I/O, no torch.
+A :class:`Corpus` is a shard set planned as one (a corpus; in dev mode the named corpora's union;
+with ``mix_by``, the rows of one value of a column in one corpus) with its own seed: its epochs'
+plans (``plan.py``), what each leaves out, and where its rows sit in the loader's shard set.
+One corpus read alone is ``epochs.CorpusEpochs``; several mixed are ``mix.epochs.MixedEpochs``.  Pure: no I/O, no torch.
 
 Plans are kept in three small most-recently-used tables, one idiom: whole plans (the main
 process's stats and shuffle report), single streams (a reader plans only the streams it reads)
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Any, Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
 from wdsprep.loading.augment import perturbed_frames, speed_choices
-from wdsprep.loading.plan import EpochPlan, PlanOptions, StreamPlan, plan_epoch
+from wdsprep.loading.plan import EpochPlan, Layout, PlanOptions, StreamPlan, layout, plan_epoch
 from wdsprep.loading.shardset import ShardSet
+from wdsprep.loading.state import read_published
+from wdsprep.loading.stats import LoaderStats
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class Recent(Generic[K, V]):
+class LRU(Generic[K, V]):
     """The ``size`` values last used, by key; older ones are forgotten."""
 
     def __init__(self, size: int) -> None:
@@ -57,48 +59,80 @@ class Recent(Generic[K, V]):
 
 
 @dataclass(frozen=True)
-class Tally:
+class EpochBatches:
     """An epoch's batches per stream, and (in the main process) utterances per batch."""
 
     counts: np.ndarray  # int64 [streams]
     sizes: list[np.ndarray] | None = None  # per stream: utterances in each batch; None where only counts are known
 
 
+class FixedShards:
+    """What a loader asks of every epoch source besides the plan, for one planned over a fixed shard
+    set (every source but ``follow.GrowingSource``, which replans as a pack publishes shards)."""
+
+    revision = 0  # how many times the plan's shard set changed: readers forked before plan an old one
+
+    def follow(self, epoch: int) -> bool:
+        """Plan ``epoch`` over the shards there are now; whether the shard set changed: never here."""
+        return False
+
+    def begin(self, epoch: int) -> None:
+        """``epoch`` is being iterated."""
+
+    def saved(self) -> dict[str, Any]:
+        """What a resume state records beyond the position: nothing here."""
+        return {}
+
+    def restored(self, state: Any) -> FixedShards:
+        """This source as ``state`` says it was: the same (its ``published``, if any, is checked)."""
+        read_published(state)
+        return self
+
+    def annotate(self, stats: LoaderStats) -> None:
+        """What the source knows of the epoch beyond the plan, into ``stats``: nothing here."""
+
+
 class Corpus:
     """A shard set planned as one, with its own seed; its rows start at ``row0`` of the loader's shard set.
 
     ``speakers`` (one id per row of this corpus) is kept only when the plan depends on it
-    (``options.max_utts_per_speaker``).
+    (``options.max_utts_per_speaker``).  ``rowmap``: a corpus whose rows are not contiguous in the
+    loader's shard set (a part ``mix_by`` made) gives each of its rows' place there, ascending;
+    ``parent``: the named corpus it is (a part of): its transforms are that one's.
     """
 
     def __init__(self, shards: ShardSet, options: PlanOptions, *, seed: int, row0: int = 0,
-                 speakers: np.ndarray | None = None) -> None:
+                 speakers: np.ndarray | None = None, rowmap: np.ndarray | None = None, parent: int = 0) -> None:
         self.shards = shards
         self.options = options
         self.seed = seed
         self.row0 = row0
+        self.rowmap = rowmap
+        self.parent = parent
         self.speakers = speakers if options.max_utts_per_speaker is not None else None
         if options.max_utts_per_speaker is not None and speakers is None:
             raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index")
-        self.tokens = shards.tokens if options.fit.uses_tokens else None  # each label's length, for the cost
+        self.tokens = shards.tokens if options.needs_tokens else None  # each label's length: the cost, the filters
         if options.speed is not None and (shards.samples is None or shards.audio is None):
             raise ValueError("speed perturbation resamples audio: these shards hold features; pack the audio "
                              "(layout flac or wav) or leave speed out of augment")
-        self._speeds: Recent[int, tuple[np.ndarray, np.ndarray]] = Recent(2)  # epoch -> (choices, frames)
-        self._plans: Recent[int, EpochPlan] = Recent(1)
-        self._streams: Recent[tuple[int, int], StreamPlan] = Recent(256)
-        self._tallies: Recent[int, Tally] = Recent(4)
+        # From the index's frames, so every epoch has the same streams whatever its speed draws.
+        self.layout: Layout = layout(options, shards.utts, shards.frames, self.tokens)
+        self._speeds: LRU[int, tuple[np.ndarray, np.ndarray]] = LRU(2)  # epoch -> (choices, frames)
+        self._plans: LRU[int, EpochPlan] = LRU(1)
+        self._streams: LRU[tuple[int, int], StreamPlan] = LRU(256)
+        self._tallies: LRU[int, EpochBatches] = LRU(4)
 
     @property
     def num_streams(self) -> int:
-        return self.options.num_streams(len(self.shards), self.shards.num_utts)
+        return self.layout.streams
 
     def _epoch(self, epoch: int) -> int:
         return epoch if self.options.train else 0  # dev mode: the same batches every epoch
 
     def _plan(self, epoch: int, streams: list[int] | None = None) -> EpochPlan:
         return plan_epoch(self.shards.utts, self.frames(epoch), self.options, seed=self.seed, epoch=epoch,
-                          streams=streams, speakers=self.speakers, tokens=self.tokens)
+                          streams=streams, speakers=self.speakers, tokens=self.tokens, laid_out=self.layout)
 
     def _speed(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         speed, shards = self.options.speed, self.shards
@@ -148,14 +182,14 @@ class Corpus:
         dealing the epoch does not plan every stream again."""
         epoch = self._epoch(epoch)
         if self._tallies.peek(epoch) is None:
-            self._tallies.put(epoch, Tally(np.asarray(counts, np.int64)))
+            self._tallies.put(epoch, EpochBatches(np.asarray(counts, np.int64)))
 
-    def _tally(self, epoch: int, *, sizes: bool) -> Tally:
+    def _tally(self, epoch: int, *, sizes: bool) -> EpochBatches:
         epoch = self._epoch(epoch)
         got = self._tallies.peek(epoch)
         if got is None or (sizes and got.sizes is None):
             plan = self.plan(epoch)  # kept: the batches of the epoch dealt now are read next
-            got = Tally(plan.counts, [np.diff(s.starts) for s in plan.streams])
+            got = EpochBatches(plan.counts, [np.diff(s.starts) for s in plan.streams])
             self._tallies.put(epoch, got)
         return got
 
@@ -168,4 +202,13 @@ class Corpus:
 
     def rows(self, epoch: int, stream: int, batch: int) -> np.ndarray:
         """A planned batch's rows in the loader's shard set."""
-        return self.stream(epoch, stream).batch(batch) + self.row0
+        local = self.stream(epoch, stream).batch(batch)
+        return local + self.row0 if self.rowmap is None else self.rowmap[local]
+
+    def local(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of the loader's shard set as this corpus's own rows (what its draws are keyed by)."""
+        return rows - self.row0 if self.rowmap is None else np.searchsorted(self.rowmap, rows)
+
+    def global_rows(self) -> range | np.ndarray:
+        """This corpus's rows in the loader's shard set."""
+        return range(self.row0, self.row0 + self.shards.num_utts) if self.rowmap is None else self.rowmap

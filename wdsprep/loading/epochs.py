@@ -3,8 +3,8 @@
 Every epoch is the corpus's own plan (``corpus.py``, ``plan.py``), its canonical streams dealt by
 ``assign.py``: every rank yields ``total // world_size`` batches, at most one batch per rank is
 left over, and every batch any rank yields on any world size or worker count is a batch of the
-plan.  Where an epoch stands is its runs so far (:class:`Runs`), so a resume on another topology
-deals what is left anew.  Pure: no I/O, no torch.
+plan.  Where an epoch stands is its runs so far (:class:`CorpusPosition`), so a resume on another
+topology deals what is left anew.  Pure: no I/O, no torch.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from wdsprep.format.index import Speakers
 from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
-from wdsprep.loading.corpus import Corpus, Recent
-from wdsprep.loading.plan import MIN_STREAM_UTTS, BatchId, Planned, Window
+from wdsprep.loading.corpus import LRU, Corpus, FixedShards
+from wdsprep.loading.plan import BatchId, Planned, Window
 from wdsprep.loading.quality import plan_quality
 from wdsprep.loading.state import (
     MAX_RUNS,
@@ -36,7 +36,7 @@ Run = tuple[int, int, int]  # (world size, workers per rank, steps)
 
 
 @dataclass(frozen=True)
-class Runs:
+class CorpusPosition:
     """Where an epoch of one corpus stands: its runs so far, each ``(world size, workers, steps)``."""
 
     epoch: int
@@ -46,15 +46,15 @@ class Runs:
     def step(self) -> int:
         return sum(steps for _, _, steps in self.runs)
 
-    def then(self, world_size: int, num_workers: int, steps: int) -> Runs:
+    def then(self, world_size: int, num_workers: int, steps: int) -> CorpusPosition:
         """This position after ``steps`` more steps on a topology."""
-        return Runs(self.epoch, self.runs + ((world_size, num_workers, steps),)) if steps else self
+        return CorpusPosition(self.epoch, self.runs + ((world_size, num_workers, steps),)) if steps else self
 
     def to_json(self) -> dict[str, Any]:
         return {"runs": [list(r) for r in self.runs]}
 
 
-class CorpusEpochs:
+class CorpusEpochs(FixedShards):
     """The epochs of one corpus on one topology (``world_size`` ranks of ``num_workers`` readers)."""
 
     kind = "corpus"
@@ -67,8 +67,8 @@ class CorpusEpochs:
         self.corpora = corpora  # the named corpora of its rows (dev mode plans their union as one)
         self.world_size, self.num_workers = world_size, num_workers
         self.speakers = speakers  # for the shuffle report
-        self.anchor: Runs | None = None  # a loaded position
-        self._runs: Recent[Runs, CorpusRun] = Recent(2)  # len(loader) and the iteration ask for the same one
+        self.anchor: CorpusPosition | None = None  # a loaded position
+        self._runs: LRU[CorpusPosition, CorpusRun] = LRU(2)  # len(loader) and the iteration ask for the same one
 
     @property
     def num_streams(self) -> int:
@@ -78,23 +78,23 @@ class CorpusEpochs:
     def train(self) -> bool:
         return self.corpus.options.train
 
-    def start(self, epoch: int) -> Runs:
+    def start(self, epoch: int) -> CorpusPosition:
         """Where an iteration of ``epoch`` starts: the loaded position in its epoch, else the epoch's start."""
-        return self.anchor if self.anchor is not None and self.anchor.epoch == epoch else Runs(epoch)
+        return self.anchor if self.anchor is not None and self.anchor.epoch == epoch else CorpusPosition(epoch)
 
-    def resume(self, at: Runs) -> None:
+    def resume(self, at: CorpusPosition) -> None:
         self.anchor = at
 
     def continue_from(self, old: CorpusEpochs, epoch: int) -> None:
         """Go on after ``old`` (its shards grown since): nothing to carry, each epoch is planned alone."""
 
-    def run(self, at: Runs) -> CorpusRun:
+    def run(self, at: CorpusPosition) -> CorpusRun:
         return self._runs.get(at, lambda: CorpusRun(self, at))
 
-    def global_step(self, at: Runs) -> int | None:
+    def global_step(self, at: CorpusPosition) -> int | None:
         return None  # no schedule runs across a single corpus's epochs
 
-    def progress(self, at: Runs) -> list[float] | None:
+    def progress(self, at: CorpusPosition) -> list[float] | None:
         """How far each named corpus is through epochs of its own: none but the loader's."""
         return None
 
@@ -102,7 +102,7 @@ class CorpusEpochs:
         _, epoch, stream, batch = bid
         return self.corpus.rows(epoch, stream, batch)
 
-    def unit(self, c: int) -> Corpus:
+    def corpus_of(self, c: int) -> Corpus:
         """The corpus planned (its seed, rows and speed draws); ``c`` is always 0 here."""
         return self.corpus
 
@@ -111,25 +111,26 @@ class CorpusEpochs:
         _, epoch, stream, batch = bid
         return self.corpus.frames(epoch)[self.corpus.stream(epoch, stream).batch(batch)]
 
-    def assignment(self, at: Runs, world_size: int | None = None, num_workers: int | None = None) -> Assignment:
+    def assignment(self, at: CorpusPosition, world_size: int | None = None,
+                   num_workers: int | None = None) -> Assignment:
         """Who yields what is left of the epoch after ``at`` (on this topology, or the one given)."""
         w = self.world_size if world_size is None else world_size
         nw = self.num_workers if num_workers is None else num_workers
         return epoch_assignment(self.corpus.counts(at.epoch), list(at.runs), w, nw, equal=self.train)
 
-    def complete(self, at: Runs) -> bool:
+    def complete(self, at: CorpusPosition) -> bool:
         """Whether the last run ended the epoch on its topology (what another topology would still
         find left, the discarded tail, is not for it)."""
         if not at.runs:
             return False
         w, nw, steps = at.runs[-1]
-        return self.assignment(Runs(at.epoch, at.runs[:-1]), w, nw).steps[0] <= steps
+        return self.assignment(CorpusPosition(at.epoch, at.runs[:-1]), w, nw).steps[0] <= steps
 
     # -- the resume state -------------------------------------------------------------------------
 
-    def position(self, saved: SavedState) -> Runs:
+    def position(self, saved: SavedState) -> CorpusPosition:
         """The saved position, checked against the plan: every run's topology and steps possible."""
-        at = Runs(saved.epoch)
+        at = CorpusPosition(saved.epoch)
         total = int(self.corpus.counts(saved.epoch).sum())
         # Training refuses more ranks than batches; dev mode deals whatever there is.
         most = max(1, total) if self.train else MAX_WORLD_SIZE
@@ -148,25 +149,25 @@ class CorpusEpochs:
         agree(saved, epoch=at.epoch, step=at.step, complete=self.complete(at))
         return at
 
-    def position_json(self, at: Runs) -> dict[str, Any]:
+    def position_json(self, at: CorpusPosition) -> dict[str, Any]:
         return at.to_json()
 
     # -- what the readers are told ----------------------------------------------------------------
 
-    def note(self, at: Runs) -> dict[str, Any]:
+    def reader_start(self, at: CorpusPosition) -> dict[str, Any]:
         """What a reader needs to deal the epoch as the main process does, without planning it whole."""
         return {"epoch": at.epoch, "runs": [list(r) for r in at.runs],
                 "counts": self.corpus.counts(at.epoch).tolist()}
 
-    def from_note(self, note: Mapping[str, Any]) -> Runs:
-        self.corpus.know_counts(note["epoch"], np.array(note["counts"], np.int64))
-        return Runs(note["epoch"], tuple(tuple(r) for r in note["runs"]))  # type: ignore[misc]
+    def from_reader_start(self, doc: Mapping[str, Any]) -> CorpusPosition:
+        self.corpus.know_counts(doc["epoch"], np.array(doc["counts"], np.int64))
+        return CorpusPosition(doc["epoch"], tuple(tuple(r) for r in doc["runs"]))  # type: ignore[misc]
 
 
 class CorpusRun:
     """The rest of an epoch of one corpus, from ``at``, on the source's topology."""
 
-    def __init__(self, source: CorpusEpochs, at: Runs) -> None:
+    def __init__(self, source: CorpusEpochs, at: CorpusPosition) -> None:
         self.source, self.at = source, at
         self.complete = source.complete(at)
         self.assignment = source.assignment(at)
@@ -210,7 +211,7 @@ class CorpusRun:
         order = self.assignment.reader_order(rank, worker)
         return lead, iter([[((0, e, s, j), corpus.rows(e, s, j)) for s, j in order]])
 
-    def after(self, rank: int, steps: int) -> Runs:
+    def after(self, rank: int, steps: int) -> CorpusPosition:
         """Where the epoch stands after this run's first ``steps`` steps."""
         s = self.source
         return self.at.then(s.world_size, s.num_workers, steps)
@@ -238,10 +239,15 @@ class CorpusRun:
         """Why some of ``rank``'s workers get no batches, when more streams would have kept them busy."""
         s = self.source
         idle = sum(not tasks for tasks in self.assignment.workers[rank])
-        # A corpus too small for a stream per reader pads less in fewer streams: no warning then.
-        big = s.corpus.shards.num_utts >= MIN_STREAM_UTTS * s.world_size * s.num_workers
-        if not (idle and s.num_workers > 1 and big):
+        if not (idle and s.num_workers > 1):
             return None
+        readers = s.world_size * s.num_workers
+        utts = s.corpus.shards.num_utts
+        # A stream is batched from its own pools: below its layout's size (2,000 utterances, more where
+        # the fit counts tokens), more streams pad more.
+        least = s.corpus.layout.stream_utts
+        small = (f"; streams of fewer than {least:,} utterances pad more ({utts:,} utterances in "
+                 f"{readers} streams: ~{utts // readers:,} each)" if utts < least * readers else "")
         return (f"rank {rank}: {idle} of {s.num_workers} DataLoader workers get no batches this epoch: the plan has "
-                f"{s.corpus.num_streams} streams for {s.world_size} ranks x {s.num_workers} workers; pass streams= at "
-                f"least {s.world_size * s.num_workers} (or fewer workers)")
+                f"{s.corpus.num_streams} streams for {s.world_size} ranks x {s.num_workers} workers; use at most "
+                f"{max(1, s.corpus.num_streams // s.world_size)} workers, or pass streams= at least {readers}{small}")

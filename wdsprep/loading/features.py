@@ -21,19 +21,9 @@ from typing import Any
 import numpy as np
 
 from wdsprep.format.audio import FileAudio
-from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.shardfile import FileFeats, ShardError, ShardFile
-from wdsprep.loading.augment import (
-    Augment,
-    Draws,
-    add_noise,
-    add_reverb,
-    spec_augment,
-    speed_prefix,
-    speed_resample,
-    utterance_draws,
-)
+from wdsprep.loading.augment import NO_UNIFORMS, Augment, Draw, Draws, Part
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.plan import BatchId
 from wdsprep.loading.records import AUDIO, IN_MEMORY, Records
@@ -42,28 +32,6 @@ from wdsprep.prep.audio import AudioReadError, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
 
 Rows = tuple[BatchId, Records]
-# Settings of the loader's fbank= that may differ from the index's (the audio's rate may not).
-FBANK_KEYS = ("num_mel_bins", "dither", "backend")
-
-
-def fbank_options(audio: AudioIndex, override: Mapping[str, Any] | None = None) -> FbankOptions:
-    """What the features of audio shards are computed with: their index's fbank options, with
-    ``override``'s (``num_mel_bins``, ``dither``, ``backend``) in their place.  A dither drawn by a
-    backend's own unseedable generator is refused: the features would differ run to run."""
-    given = dict(override or {})
-    unknown = sorted(set(given) - set(FBANK_KEYS))
-    if unknown:
-        raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)} (the audio stays "
-                         f"at its {audio.sample_rate} Hz)")
-    opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins), sample_rate=audio.sample_rate,
-                        dither=given.get("dither", audio.dither), backend=given.get("backend", audio.backend))
-    if opts.dither and opts.backend != "numpy":
-        raise ValueError(f"fbank dither {opts.dither} with backend {opts.backend!r}: its dither comes from a "
-                         f"generator that cannot be seeded, so batches would differ run to run; use backend "
-                         f"'numpy' (seeded per utterance) or dither 0")
-    return opts
-
-
 def bank_files(folder: str) -> list[Path]:
     """The audio files of a noise or impulse-response folder (what soundfile reads), sorted; an
     error naming the folder when there are none."""
@@ -103,24 +71,46 @@ def load_bank(folder: str, sample_rate: int, what: str) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class FeatureOptions:
     """What the features stage does: ``fbank`` for audio shards (None: feature shards), and the
-    augmentation (its speed part is the plan's, applied as drawn)."""
+    augmentation (its speed part is the plan's, applied as drawn); ``augments``: each named
+    corpus's, where corpora augment differently (``transforms.py``)."""
 
     fbank: FbankOptions | None = None
     augment: Augment | None = None
+    augments: tuple[Augment | None, ...] | None = None
+
+    @property
+    def each(self) -> tuple[Augment | None, ...]:
+        """The augmentation of each named corpus (one for all when ``augments`` is None)."""
+        return self.augments if self.augments is not None else (self.augment,)
 
     @property
     def needed(self) -> bool:
         """Whether the stage has anything to do (feature shards without augmentation: nothing)."""
-        return self.fbank is not None or (self.augment is not None and self.augment.features_part() is not None)
+        return self.fbank is not None or any(a is not None and a.features_part() is not None for a in self.each)
 
     def to_json(self) -> dict[str, Any]:
         """For the loader's fingerprint: every setting the features depend on, and the banks' files."""
         a = self.augment
-        banks = {name: bank_listing(part.dir) for name, part in (("noise", a and a.noise), ("reverb", a and a.reverb))
-                 if part is not None}
-        return {"fbank": None if self.fbank is None else {f.name: getattr(self.fbank, f.name)
-                                                           for f in fields(self.fbank) if f.name != "channel"},
-                "augment": None if a is None else a.to_json(), "banks": banks}
+        banks = {p.name: bank_listing(p.bank) for p in (a.parts if a is not None else ()) if p.bank is not None}
+        doc = {"fbank": None if self.fbank is None else {f.name: getattr(self.fbank, f.name)
+                                                          for f in fields(self.fbank) if f.name != "channel"},
+               "augment": None if a is None else a.to_json(), "banks": banks}
+        if self.augments is not None:
+            doc["corpora"] = [None if x is None else {"augment": x.to_json(), "banks": {
+                p.name: bank_listing(p.bank) for p in x.parts if p.bank is not None}} for x in self.augments]
+        return doc
+
+
+class _Chain:
+    """One augmentation as the reader applies it: the parts on the waveform and on the features,
+    in order, and where each part's uniforms sit in a row's draws."""
+
+    def __init__(self, augment: Augment | None) -> None:
+        aug = augment or Augment()
+        self.parts = aug.parts
+        self.on_wave, self.on_features = aug.chain(on_audio=True), aug.chain(on_audio=False)
+        self.layout = aug.layout()
+        self.reads = any(s.stop > s.start for s in self.layout.values())  # whether any part reads uniforms
 
 
 class FeatureMaker:
@@ -132,12 +122,10 @@ class FeatureMaker:
         self.opts = opts
         self.unit = unit  # a batch id's corpus -> its Corpus unit (seed, first row, speed draws)
         self.on_error = on_error
-        aug = opts.augment
-        self.speed = aug.speed if aug is not None else None
-        self.noise = aug.noise if aug is not None else None
-        self.reverb = aug.reverb if aug is not None else None
-        self.spec = aug.specaugment if aug is not None else None
-        self.ndraws = utterance_draws(aug) if aug is not None and aug.features_part() is not None else 0
+        self.chains = [_Chain(a) for a in opts.each]  # per named corpus (one for all)
+        first = self.chains[0]
+        self.parts, self.on_wave, self.on_features = first.parts, first.on_wave, first.on_features
+        self.layout, self.reads = first.layout, first.reads  # where each part's uniforms sit in a row's draws
         self._fbank: Fbank | None = None
         self._banks: dict[str, list[np.ndarray]] = {}
         self._draws: OrderedDict[tuple[int, int], Draws] = OrderedDict()
@@ -147,17 +135,20 @@ class FeatureMaker:
             yield bid, self.batch(bid, rows, counts)
 
     def load(self) -> FeatureMaker:
-        """Load the noise and impulse-response recordings now (ValueError naming a file that cannot be used)."""
-        for what, part in (("noise", self.noise), ("reverb", self.reverb)):
-            if part is not None:
-                self._bank(what, part.dir)
+        """Load the parts' recordings now (ValueError naming a file that cannot be used)."""
+        for chain in self.chains:
+            for part in chain.parts:
+                self._bank(part)
         return self
 
-    def _bank(self, what: str, folder: str) -> list[np.ndarray]:
-        if what not in self._banks:
+    def _bank(self, part: Part) -> list[np.ndarray]:
+        """The recordings of ``part``'s folder (none when it has no folder)."""
+        if part.bank is None:
+            return []
+        if part.bank not in self._banks:  # by folder: two corpora may draw noise from two
             assert self.opts.fbank is not None
-            self._banks[what] = load_bank(folder, self.opts.fbank.sample_rate, what)
-        return self._banks[what]
+            self._banks[part.bank] = load_bank(part.bank, self.opts.fbank.sample_rate, part.name)
+        return self._banks[part.bank]
 
     def draws(self, seed: int, epoch: int) -> Draws:
         """The per-utterance draws of a corpus epoch (the last few kept)."""
@@ -174,69 +165,66 @@ class FeatureMaker:
             return rows
         self.load()  # outside the per-utterance handling: a folder that cannot be read is no utterance's fault
         unit = self.unit(bid[0])
+        chain = self.chains[unit.parent if len(self.chains) > 1 else 0]
         epoch = bid[1]
-        local = rows.rows - unit.row0
+        local = unit.local(rows.rows)
         choices = unit.speeds(epoch)
         planned = unit.frames(epoch)[local]
-        draws = self.draws(unit.seed, epoch) if self.ndraws or (self.opts.fbank and self.opts.fbank.dither) else None
+        draws = self.draws(unit.seed, epoch) if chain.reads or (self.opts.fbank and self.opts.fbank.dither) else None
         out = Records(rows.num.copy(), rows.obj.copy())
         keep = np.ones(len(rows), bool)
         uttids = out.uttids
         for i in range(len(rows)):
             row = int(local[i])
-            u = draws.uniforms(row, self.ndraws) if draws is not None and self.ndraws else None
+            u = draws.read(row, chain.layout) if draws is not None and chain.reads else {}
             try:
                 if out.offsets[i] == AUDIO:
-                    feats, factor = self._from_audio(out.sources[i], row, u, choices, draws)
+                    feats, prefix = self._from_audio(out.sources[i], row, u, choices, draws, chain)
                     if feats.shape[0] != planned[i]:
                         raise ValueError(f"its features have {feats.shape[0]} frames, the plan {planned[i]}: the "
                                          f"audio does not decode to the samples its header says")
-                    if factor != 1.0:
-                        uttids[i] = speed_prefix(factor) + uttids[i]
+                    uttids[i] = prefix + uttids[i]
                 else:
                     feats = _read(out, i)
             except (ValueError, ShardError) as e:
                 keep[i] = False
                 self._bad(out, i, e, counts)
                 continue
-            if self.spec is not None:
-                feats = spec_augment(feats, self.spec, u)
+            for part in chain.on_features:
+                feats = part.apply(feats, Draw(u.get(part.name, NO_UNIFORMS), self._bank(part)))
             out.sources[i] = feats
             out.num[i, :4] = (IN_MEMORY, feats.shape[0], feats.shape[1], feats.dtype.itemsize)
         return out if keep.all() else out[keep]
 
-    def _from_audio(self, audio: FileAudio, row: int, u: np.ndarray | None, choices: np.ndarray | None,
-                    draws: Draws | None) -> tuple[np.ndarray, float]:
-        """An audio row's fbank and the speed factor it was played at."""
-        wave, factor = self.waveform(audio, row, u, choices)
+    def _from_audio(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray], choices: np.ndarray | None,
+                    draws: Draws | None, chain: _Chain) -> tuple[np.ndarray, str]:
+        """An audio row's fbank and the prefix of its name (``sp0.9-`` when played at 0.9)."""
+        wave, prefix = self.waveform(audio, row, u, choices, chain)
         fb = self.opts.fbank
         assert fb is not None
         if self._fbank is None:
             self._fbank = Fbank(fb)
-        return self._fbank(wave, draws.dither(row) if fb.dither and draws is not None else None), factor
+        return self._fbank(wave, draws.dither(row) if fb.dither and draws is not None else None), prefix
 
-    def waveform(self, audio: FileAudio, row: int, u: np.ndarray | None,
-                 choices: np.ndarray | None) -> tuple[np.ndarray, float]:
-        """The waveform an audio row's features are computed from: decoded, at its speed factor,
-        reverberated and noised as its uniforms ``u`` say; and the factor.  ``row``: its place in
-        its corpus; ``choices``: the corpus epoch's speed factors."""
+    def waveform(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray],
+                 choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
+        """The waveform an audio row's features are computed from: decoded, then each waveform part
+        applied in turn (speed, reverb, noise) as the row's draws say; and the prefix of its name.
+        ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
+        ``choices``: the corpus epoch's speed factors, as the plan drew them; ``chain``: the corpus's
+        augmentation (the loader's when None)."""
         fb = self.opts.fbank
         assert fb is not None
         if audio.header.sample_rate != fb.sample_rate:
             raise ValueError(f"audio at {audio.header.sample_rate} Hz in a shard set at {fb.sample_rate} Hz")
         wave = audio.pcm().astype(np.float32)
-        factor = 1.0
-        if self.speed is not None and choices is not None:
-            k = int(choices[row])
-            factor = self.speed.factors[k]
-            wave = speed_resample(wave, self.speed, k)
-        if self.reverb is not None:
-            assert u is not None
-            wave = add_reverb(wave, self._bank("reverb", self.reverb.dir), self.reverb, u)
-        if self.noise is not None:
-            assert u is not None
-            wave, _ = add_noise(wave, self._bank("noise", self.noise.dir), self.noise, u)
-        return wave, factor
+        prefix = ""
+        for part in (chain or self.chains[0]).on_wave:
+            draw = Draw(u.get(part.name, NO_UNIFORMS), self._bank(part),
+                        int(choices[row]) if part.planned and choices is not None else None)
+            wave = part.apply(wave, draw)
+            prefix = part.prefix(draw) + prefix
+        return wave, prefix
 
     def _bad(self, rows: Records, i: int, e: Exception, counts: WorkerTally) -> None:
         """An utterance whose features cannot be made: raised, or left out of its batch with a warning, counted."""
@@ -258,14 +246,3 @@ def _read(rows: Records, i: int) -> np.ndarray:
     dtype = np.dtype("<f4") if rows.itemsizes[i] == 4 else np.dtype("<f2")
     feats = FileFeats(src, offset, (int(rows.frames[i]), int(rows.dims[i])), dtype, rows.uttids[i]).read()
     return feats.astype(np.float32, copy=False)
-
-
-def with_fbank(audio: AudioIndex | None, override: Mapping[str, Any] | None) -> FbankOptions | None:
-    """The fbank options a shard set's features are computed with (None: it holds features;
-    ``override`` then must be None)."""
-    if audio is None:
-        if override:
-            raise ValueError("fbank options apply to audio shards; these hold features computed at pack time")
-        return None
-    return fbank_options(audio, override)
-

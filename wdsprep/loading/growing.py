@@ -25,7 +25,7 @@ import numpy as np
 from braceexpand import braceexpand
 
 from wdsprep.errors import DataError
-from wdsprep.format.commit import growth, pending, read_plan
+from wdsprep.format.commit import pending, pending_folder, read_plan
 from wdsprep.format.index import FolderIndex, read_index
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.plan import TooFewBatches
@@ -67,7 +67,7 @@ def observe(trset: Any) -> View:
     folders += planned_folders(patterns)
     published: dict[str, int] = {}
     for folder in dict.fromkeys(folders):
-        if growth(folder) is not None:
+        if pending_folder(folder) is not None:
             index = read_index(folder)  # a growing folder's: its published shards
             published[folder] = 0 if index is None else len(index.names)
     return View(published)
@@ -111,7 +111,7 @@ def published_shards(urls: Sequence[str], view: View, *,
         folder, name = index_place(url)
         if folder not in indexes and folder not in complete:
             n = view.published.get(folder)
-            if n is None and growth(folder) is None:
+            if n is None and pending_folder(folder) is None:
                 complete.add(folder)
             else:
                 indexes[folder] = _first(folder, n or 0, wait)
@@ -156,7 +156,7 @@ def coverage(shards: ShardSet, view: View) -> dict[str, Any]:
     growing = 0
     for folder in dict.fromkeys([*folders, *view.published]):
         now = folders.get(folder, [0, 0, 0])
-        g = None if is_url(folder) else growth(folder)
+        g = None if is_url(folder) else pending_folder(folder)
         if g is None:
             planned: list[int] | None = now
         else:
@@ -186,10 +186,12 @@ def describe(c: Mapping[str, Any]) -> str:
 
 
 def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | None, min_hours: float | None,
-             timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 1.0) -> View:
+             timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 0.2) -> View:
     """Wait until the trset's published shards reach ``min_shards`` and ``min_hours`` (at least one
     shard either way) and ``check`` (planning the epoch) does not find too few batches for the ranks,
-    checking every ``poll`` s; a TimeoutError after ``timeout`` s saying how far they got and what to do."""
+    checking every ``poll`` s (a look at each growing folder's index: cheap, and the first epoch then
+    starts within a fraction of a second of its shards); a TimeoutError after ``timeout`` s saying how
+    far they got and what to do."""
     want_shards = max(1, min_shards or 0)
     patterns = patterns_of(trset)  # for the messages
     start = time.monotonic()
@@ -217,7 +219,7 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
                 return view
             except TooFewBatches as e:
                 want += f" and enough batches for every rank (now: {e})"
-        if not any(growth(f) is not None for f in view.published) and len(shards):
+        if not any(pending_folder(f) is not None for f in view.published) and len(shards):
             raise DataError(f"growing loader: {patterns} is complete with {len(shards):,} shards "
                             f"({have_hours:.2f} h), too few: it waits for {want}")
         waited = time.monotonic() - start

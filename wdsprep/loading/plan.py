@@ -5,8 +5,12 @@ I/O, no torch, and nothing about ranks or workers.  It lays the epoch out in ``s
 canonical streams, each a deterministic pipeline over utterance rows::
 
     shards in a fresh order per (seed, epoch), dealt to streams by frames
-      -> each stream: its shards' rows in order -> shuffle buffer -> length filter
+      -> each stream: its shards' rows in order -> shuffle buffer -> length and label filters
       -> length pools -> batches (positions in random order within a pool)
+
+Where the fit counts label tokens, pools are ordered by frames and tokens both (``batching.
+band_order``).  Such pools need many batches to be homogeneous in both, so they hold
+:data:`TOKEN_POOL_BATCHES` typical batches at least, and a stream a pool (:func:`layout`).
 
 A stream is what one reader reads: its shards one after another, each shard by one reader.
 Ranks and workers are dealt whole streams (``assign.py``), so every batch any rank yields under
@@ -20,14 +24,23 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from wdsprep.balance import least_loaded
+from wdsprep.loading.assign import least_loaded
 from wdsprep.loading.augment import Speed
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE, BatchFit, bucket_pools, check_batching, stable_order
-from wdsprep.loading.cost import CostModel
+from wdsprep.loading.batching import (
+    BAND_WIDTH,
+    DEFAULT_POOL_SIZE,
+    BatchFit,
+    bucket_pools,
+    check_batching,
+    stable_order,
+)
+from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.options import FILE_OR_OBJECT, NUMBER, SWITCH, fingerprinted, option
+from wdsprep.units import FRAMES_PER_SECOND
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
 # each: a stream is batched from its own length pools, and a smaller one pads more (lognormal
@@ -35,6 +48,33 @@ from wdsprep.loading.cost import CostModel
 # 0.990 with 4,000; at 50,000: 0.922, 0.957, 0.977).
 DEFAULT_STREAMS = 64
 MIN_STREAM_UTTS = 2000
+# Pools ordered by frames and tokens hold this many typical batches at least (and streams a pool):
+# on lognormal frames and text rates, >= 0.97 frames padding with +0.1 label padding over pools
+# sorted by frames needed about 120 batches a pool (tools/bench/bench_cost.py, docs/batching.md).
+TOKEN_POOL_BATCHES = 128
+# The typical batch: what a batch holds at the shape of the utterance at this percentile of room
+# (a batch pads to its longest, so it holds fewer than the median utterance's room).
+TYPICAL_ROOM_PERCENTILE = 20
+TYPICAL_SAMPLE = 65_536
+# Why the plan leaves an utterance out -> (the option that sets the rule, the utterances it drops:
+# a function of each row's measures, "frames", "tokens" and "tokens_per_second", and the option's
+# value).  Applied in this order; an utterance is counted by the first that drops it.
+Measures = Mapping[str, np.ndarray]
+FILTERS: dict[str, tuple[str, Callable[[Measures, float], np.ndarray]]] = {
+    "too_short": ("min_frames", lambda m, n: m["frames"] < n),
+    "too_long": ("max_utt_frames", lambda m, n: m["frames"] > n),
+    "too_many_tokens_per_second": ("max_tokens_per_second", lambda m, x: m["tokens_per_second"] > x),
+    "too_few_tokens_per_second": ("min_tokens_per_second", lambda m, x: m["tokens_per_second"] < x),
+    "label_too_long": ("max_label_tokens", lambda m, n: m["tokens"] > n),
+    # CAT's CTC rule: frames // N encoder outputs cannot align a label of that many tokens.  Decided
+    # here, with the frames the reader delivers (after speed perturbation), so a planned batch is
+    # never emptied later; the reader applies it again to the labels it makes (subword sampling).
+    "ctc_too_short": ("ctc_subsampling", lambda m, n: m["frames"] // int(n) <= m["tokens"]),
+}
+# The filters that need every label's length in tokens.
+TOKEN_FILTERS = ("max_tokens_per_second", "min_tokens_per_second", "max_label_tokens", "ctc_subsampling")
+# Percentiles of tokens per second that token_rates reports.
+RATE_PERCENTILES = (0.1, 1, 5, 25, 50, 75, 95, 99, 99.9)
 # Generators of one stream are independent: (seed, epoch, stream, purpose).
 _SHUFFLE, _BATCHES = 1, 2
 # Arrivals exchanged with the shuffle buffer per numpy step (fixed: the draws depend on it).
@@ -61,36 +101,123 @@ class Window(NamedTuple):
 class PlanOptions:
     """Everything besides the shards, the seed and the epoch that decides the batches."""
 
-    max_frames: int | None = None
-    max_batch_size: int | None = None
-    shuffle_buffer: int = 2000
-    pool_size: int = DEFAULT_POOL_SIZE
-    min_frames: int | None = None
-    max_utt_frames: int | None = None
-    streams: int | None = None  # None: see num_streams
-    train: bool = True  # False (dev): shards in order, no shuffle, the same plan every epoch
-    max_utts_per_speaker: int | None = None  # per batch; the plan then needs every utterance's speaker
-    cost: CostModel | None = None  # what a batch costs (loading/cost.py), bounded by max_cost
-    max_cost: float | None = None
-    speed: Speed | None = None  # speed perturbation (loading/augment.py): the corpus plans with the perturbed lengths
+    max_frames: int | None = option(None, "padded frames per rank batch (B x longest)", plan=True, common=True)
+    max_batch_size: int | None = option(None, "utterances per batch at most", plan=True, common=True)
+    shuffle_buffer: int = option(2000, "utterances each stream's shuffle buffer holds", plan=True, common=True)
+    pool_size: int = option(DEFAULT_POOL_SIZE, "utterances sorted together into batches", plan=True)
+    min_frames: int | None = option(None, "drop shorter utterances (counted)", plan=True)
+    max_utt_frames: int | None = option(None, "drop longer utterances (counted)", plan=True)
+    streams: int | None = option(None, "canonical streams the epoch is planned in (default: min(shards, 64, "
+                                       "utterances // 2000))", plan=True)
+    train: bool = option(True, "dev/validation: no shuffle, every batch once, ranks may differ", kind=SWITCH,
+                         flag="--dev", plan=True, common=True)
+    max_utts_per_speaker: int | None = option(None, "at most N utterances of one speaker per batch (speakers from "
+                                                    "the index)", plan=True)
+    cost: CostModel | None = option(None, "the cost model of a training step (JSON, e.g. from wdsprep calibrate): "
+                                          "batches are cut by what they cost, within --max-cost", kind=FILE_OR_OBJECT,
+                                    plan=True, when_set=True, common=True)
+    max_cost: float | None = option(None, "per-rank bound on a batch's cost under --cost", kind=NUMBER,
+                                    plan=True, when_set=True, common=True)
+    # Speed perturbation (loading/augment.py), the part of augment the plan draws: the corpus plans
+    # with the perturbed lengths.  Not an option of its own.
+    speed: Speed | None = field(default=None, metadata={"when_set": True})
+    # Label filters: counted by reason, decided with the plan from the token column.
+    max_tokens_per_second: float | None = option(
+        None, "drop utterances with more label tokens per second of audio than this (counted; dry-run --plan prints "
+              "the distribution)", kind=NUMBER, metavar="X", plan=True, when_set=True)
+    min_tokens_per_second: float | None = option(
+        None, "drop utterances with fewer label tokens per second of audio than this (counted)", kind=NUMBER,
+        metavar="X", plan=True, when_set=True)
+    max_label_tokens: int | None = option(None, "drop utterances whose label has more tokens than this (counted)",
+                                          plan=True, when_set=True)
+    ctc_subsampling: int | None = option(None, "drop utterances with frames // N <= label length (CAT's CTC rule; "
+                                               "decided with the plan, counted as ctc_too_short)", plan=True,
+                                         when_set=True, common=True)
 
     def __post_init__(self) -> None:
-        self.fit  # building it checks the bounds
+        if self.cost is not None:
+            object.__setattr__(self, "cost", load_cost(self.cost))
+        object.__setattr__(self, "_fit", BatchFit(self.max_frames, self.max_batch_size, self.cost, self.max_cost))
         check_batching(self.pool_size, max_utts_per_speaker=self.max_utts_per_speaker)
         if self.streams is not None and self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
         if self.shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {self.shuffle_buffer}")
+        for name in ("max_tokens_per_second", "min_tokens_per_second"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not np.isfinite(value) or value < 0):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
+        low, high = self.min_tokens_per_second, self.max_tokens_per_second
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_tokens_per_second ({low}) is above max_tokens_per_second ({high}): every "
+                             f"utterance would be dropped")
+        for name in ("max_label_tokens", "ctc_subsampling"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+                                          and value >= 1):
+                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
 
     @property
     def fit(self) -> BatchFit:
-        """The rule the plan's batches are cut by."""
-        return BatchFit(self.max_frames, self.max_batch_size, self.cost, self.max_cost)
+        """The rule the plan's batches are cut by (checked when the options are made)."""
+        return self._fit  # type: ignore[attr-defined]
 
-    def num_streams(self, num_shards: int, num_utts: int) -> int:
-        """The streams given, or min(shards, 64, utterances // 2,000); never more than the shards."""
-        wanted = self.streams or min(DEFAULT_STREAMS, num_utts // MIN_STREAM_UTTS)
+    @property
+    def token_filters(self) -> list[str]:
+        """The filters set that drop utterances by their labels' length in tokens."""
+        return [name for name in TOKEN_FILTERS if getattr(self, name) is not None]
+
+    @property
+    def filters_tokens(self) -> bool:
+        """Whether utterances are dropped by their labels' length in tokens."""
+        return bool(self.token_filters)
+
+    @property
+    def needs_tokens(self) -> bool:
+        """Whether the plan needs every label's length in tokens: the fit counts them, or a filter."""
+        return self.fit.uses_tokens or self.filters_tokens
+
+    def num_streams(self, num_shards: int, num_utts: int, stream_utts: int = MIN_STREAM_UTTS) -> int:
+        """The streams given, or min(shards, 64, utterances // ``stream_utts``); never more than the shards."""
+        wanted = self.streams or min(DEFAULT_STREAMS, num_utts // stream_utts)
         return max(1, min(num_shards, wanted))
+
+
+class Layout(NamedTuple):
+    """How a corpus's epochs are laid out: its streams, the utterances sorted together in a pool, and
+    the fewest utterances a stream holds unless ``streams`` is given."""
+
+    streams: int
+    pool: int
+    stream_utts: int
+
+
+def typical_batch(fit: BatchFit, frames: np.ndarray, tokens: np.ndarray) -> int:
+    """Utterances a typical batch holds: the room at the :data:`TYPICAL_ROOM_PERCENTILE` th
+    percentile of the utterances' own, over every row or, in a large corpus, rows at an even
+    stride (at most 2 x :data:`TYPICAL_SAMPLE`).  An integer of the data: the same on every machine."""
+    step = max(1, len(frames) // TYPICAL_SAMPLE)
+    room = fit.room(frames[::step], tokens[::step])
+    if not len(room):
+        return 1
+    k = len(room) * TYPICAL_ROOM_PERCENTILE // 100
+    return int(np.partition(room, k)[k])
+
+
+def layout(options: PlanOptions, utts: np.ndarray, frames: np.ndarray, tokens: np.ndarray | None = None) -> Layout:
+    """The layout of a corpus of shards of ``utts[i]`` utterances with these ``frames`` (and label
+    ``tokens``), from the index: ``pool_size`` and :meth:`PlanOptions.num_streams`; where the fit
+    counts tokens, pools and streams of :data:`TOKEN_POOL_BATCHES` typical batches at least."""
+    num_shards, num_utts = len(utts), int(np.sum(utts))
+    if not options.fit.uses_tokens:
+        return Layout(options.num_streams(num_shards, num_utts), options.pool_size, MIN_STREAM_UTTS)
+    if tokens is None or len(tokens) != len(frames):
+        raise ValueError("the cost model counts label tokens: the plan needs every label's length in tokens "
+                         "(give the tokenizer)")
+    wanted = TOKEN_POOL_BATCHES * typical_batch(options.fit, frames, tokens)
+    stream_utts = max(MIN_STREAM_UTTS, wanted)
+    return Layout(options.num_streams(num_shards, num_utts, stream_utts), max(options.pool_size, wanted), stream_utts)
 
 
 @dataclass
@@ -136,14 +263,56 @@ class EpochPlan:
         return out
 
 
+def options_json(options: PlanOptions) -> dict[str, object]:
+    """The plan's options as a fingerprint holds them (and a resume state should): fields marked
+    ``when_set`` only when set (``options.fingerprinted``), the cost model as its JSON, where a
+    coefficient added later is left out at 0, so the states of older versions still compare equal."""
+    kept = fingerprinted(options)
+    opts: dict[str, object] = {k: v for k, v in asdict(options).items() if k in kept}
+    if options.cost is not None:
+        opts["cost"] = options.cost.to_json()
+    return opts
+
+
+# The revision of the rules a plan is cut by, recorded in resume states: a state of an older
+# revision was planned by other rules, and its epoch cannot be planned again to resume it.
+# 2: pools shaken and their first batch cut at a random point (batching.shaken, varied_cuts).
+PLAN_REVISION = 2
+
+
 def fingerprint(options: PlanOptions, shards_fingerprint: str, extra: object = None) -> str:
     """A digest of a plan's inputs besides seed and epoch: options, the shard set, and ``extra``."""
-    opts = asdict(options)
-    for added in ("cost", "max_cost", "speed"):  # options added later: left out while unused, so older states resume
-        if opts[added] is None:
-            del opts[added]
-    doc = {"options": opts, "shards": shards_fingerprint, "extra": extra}
+    doc: dict[str, object] = {"options": options_json(options), "shards": shards_fingerprint, "extra": extra,
+                              "revision": PLAN_REVISION}
+    if options.fit.uses_tokens:  # how pools are laid out and ordered decides those plans' batches
+        doc["pools"] = {"order": "frames, then tokens in bands", "band_width": BAND_WIDTH,
+                        "batches": TOKEN_POOL_BATCHES, "typical": TYPICAL_ROOM_PERCENTILE}
     return hashlib.blake2b(json.dumps(doc, sort_keys=True, default=repr).encode(), digest_size=8).hexdigest()
+
+
+def tokens_per_second(frames: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """float64: each label's tokens per second of its audio (frames are 10 ms; an utterance of no
+    frames counts as one frame long)."""
+    return np.asarray(tokens, np.float64) * FRAMES_PER_SECOND / np.maximum(np.asarray(frames, np.float64), 1)
+
+
+def token_rates(frames: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+    """The distribution of tokens per second over a shard set (``frames`` and ``tokens`` per row):
+    its percentiles (:data:`RATE_PERCENTILES`, keys ``"p50"`` ...), ``"min"``, ``"max"`` and
+    ``"utterances"``: what ``min_tokens_per_second`` and ``max_tokens_per_second`` are chosen from."""
+    rate = tokens_per_second(frames, tokens)
+    if not len(rate):
+        return {"utterances": 0}
+    points = np.percentile(rate, RATE_PERCENTILES)
+    return {"utterances": len(rate), "min": float(rate.min()),
+            **{f"p{p:g}": float(v) for p, v in zip(RATE_PERCENTILES, points)}, "max": float(rate.max())}
+
+
+def describe_rates(rates: dict[str, float]) -> str:
+    """:func:`token_rates` in one line."""
+    if not rates.get("utterances"):
+        return "no utterances"
+    return ", ".join(f"{k} {v:.3g}" for k, v in rates.items() if k != "utterances")
 
 
 def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
@@ -189,11 +358,14 @@ def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
-                options: PlanOptions, speakers: np.ndarray | None = None,
-                tokens: np.ndarray | None = None) -> StreamPlan:
+                options: PlanOptions, speakers: np.ndarray | None = None, tokens: np.ndarray | None = None,
+                pool: int | None = None) -> StreamPlan:
     """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames``,
     ``speakers`` (needed by ``max_utts_per_speaker`` only) and ``tokens`` (each label's length,
-    needed by a cost model that counts them) per row)."""
+    needed by a cost model that counts them and by the label filters) per row), in pools of
+    ``pool`` utterances (the layout's; default ``pool_size``)."""
+    if options.filters_tokens and tokens is None:
+        raise ValueError(f"{', '.join(options.token_filters)} need every label's length in tokens")
     if len(shards):
         rows = np.concatenate([np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards])
     else:
@@ -202,20 +374,25 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
         rng = np.random.default_rng([seed, epoch, stream, _SHUFFLE])
         rows = rows[reservoir_order(len(rows), options.shuffle_buffer, rng)]
     lens = np.asarray(frames[rows], np.int64)
+    labels = None if tokens is None else np.asarray(tokens[rows], np.int64)
+    measures = {"frames": lens}
+    if labels is not None:
+        measures.update(tokens=labels, tokens_per_second=tokens_per_second(lens, labels))
     dropped: dict[str, int] = {}
     keep = np.ones(len(rows), bool)
-    for reason, bound, bad in (("too_short", options.min_frames, lambda x, b: x < b),
-                               ("too_long", options.max_utt_frames, lambda x, b: x > b)):
+    for reason, (name, drops) in FILTERS.items():
+        bound = getattr(options, name)
         if bound is not None:
-            out = bad(lens, bound) & keep
+            out = drops(measures, bound) & keep
             if out.any():
                 dropped[reason] = int(out.sum())
                 keep &= ~out
     if not keep.all():
         rows, lens = rows[keep], lens[keep]
-    positions, batch_starts = bucket_pools(lens, fit=options.fit, pool_size=options.pool_size,
+        labels = None if labels is None else labels[keep]
+    positions, batch_starts = bucket_pools(lens, fit=options.fit, pool_size=pool or options.pool_size,
                                            rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
-                                           tokens=None if tokens is None else np.asarray(tokens[rows]),
+                                           tokens=labels if options.fit.uses_tokens else None,
                                            speakers=None if speakers is None else np.asarray(speakers[rows]),
                                            max_utts_per_speaker=options.max_utts_per_speaker)
     return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
@@ -223,13 +400,17 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
 
 def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
                streams: Sequence[int] | None = None, speakers: np.ndarray | None = None,
-               tokens: np.ndarray | None = None) -> EpochPlan:
+               tokens: np.ndarray | None = None, laid_out: Layout | None = None) -> EpochPlan:
     """The plan of ``epoch`` over shards of ``utts[i]`` utterances whose frames are ``frames`` (shard after
     shard); ``streams`` plans only those (a worker needs only its own), the rest left empty.
     ``speakers`` (an int id per utterance) is needed with ``options.max_utts_per_speaker`` only,
-    ``tokens`` (each label's length in tokens) with a cost model that counts them."""
-    if options.fit.uses_tokens and (tokens is None or len(tokens) != len(frames)):
-        raise ValueError("the cost model counts label tokens: the plan needs every label's length in tokens")
+    ``tokens`` (each label's length in tokens) with a cost model that counts them or a label filter
+    (``options.needs_tokens``).  ``laid_out``: the corpus's :func:`layout` (default: from these
+    frames; a corpus with speed perturbation lays its epochs out from the index's)."""
+    if options.needs_tokens and (tokens is None or len(tokens) != len(frames)):
+        why = "the cost model counts label tokens" if options.fit.uses_tokens else \
+            f"{', '.join(options.token_filters)} count label tokens"
+        raise ValueError(f"{why}: the plan needs every label's length in tokens (give the tokenizer)")
     if options.max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(frames)):
         raise ValueError("max_utts_per_speaker needs every utterance's speaker (from the index)")
     utts = np.asarray(utts, np.int64)
@@ -238,15 +419,15 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
                     else np.zeros(len(utts)))
     shard_frames = np.where(utts > 0, shard_frames, 0)  # reduceat repeats a value for empty shards
     epoch = epoch if options.train else 0  # dev mode: the same batches every epoch
-    dealt = deal_shards(shard_frames, options.num_streams(len(utts), int(starts[-1])), seed=seed, epoch=epoch,
-                        shuffle=options.train)
+    laid_out = laid_out or layout(options, utts, frames, tokens)
+    dealt = deal_shards(shard_frames, laid_out.streams, seed=seed, epoch=epoch, shuffle=options.train)
     wanted = set(range(len(dealt))) if streams is None else set(streams)
     plans = []
     for s, shards in enumerate(dealt):
         if s in wanted:
             plans.append(plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options,
                                      speakers=speakers if options.max_utts_per_speaker is not None else None,
-                                     tokens=tokens if options.fit.uses_tokens else None))
+                                     tokens=tokens if options.needs_tokens else None, pool=laid_out.pool))
         else:
             plans.append(StreamPlan(s, shards, np.zeros(0, np.int64), np.zeros(1, np.int64)))
     return EpochPlan(epoch, plans)

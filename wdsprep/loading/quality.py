@@ -249,7 +249,7 @@ def _batches_quality(batches: Sequence[np.ndarray], speakers: np.ndarray, length
     return _sequence_quality(speakers[rows], lengths[rows], starts, counts, ks, source, loops=loops)
 
 
-def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus_rows: Sequence[range],
+def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus_rows: Sequence[range | np.ndarray],
                    speakers: np.ndarray, lengths: np.ndarray, *, ks: Sequence[int] = RECURRENCE_STEPS,
                    source: str = "") -> list[ShuffleQuality]:
     """Per corpus of a mixed loader: the quality of its batches.  ``sequences`` holds each rank's
@@ -260,7 +260,8 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
     out = []
     width = int(speakers.max(initial=-1)) + 1
     for c, rows_c in enumerate(corpus_rows):
-        counts = np.bincount(speakers[rows_c.start:rows_c.stop], minlength=width)
+        mine = speakers[rows_c] if isinstance(rows_c, np.ndarray) else speakers[rows_c.start:rows_c.stop]
+        counts = np.bincount(mine, minlength=width)
         q = ShuffleQuality(ks=list(ks), source=source)
         for seq in sequences:
             batches = [rows for corpus, rows in seq if corpus == c]

@@ -8,7 +8,7 @@ Python reader, with the same samples and the same damage handling.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from wdsprep.format.samples import (
     OnCorrupt,
@@ -23,22 +23,24 @@ from wdsprep.loading.records import Records
 
 
 def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
-                 block: int = 256, source: ShardFile | None = None) -> Iterator[Records]:
+                 block: int = 256, source: ShardFile | None = None, fields: Sequence[str] = ()) -> Iterator[Records]:
     """A shard's samples as :class:`Records` of up to ``block`` rows each: what
     ``iter_decoded(url, lazy=True, float32=False)`` yields (same order, same damage handling), as
-    columns.  ``source``: the shard already fetched (a pipe's or URL's copy)."""
+    columns.  ``source``: the shard already fetched (a pipe's or URL's copy); ``fields``: the
+    fields read with each row (its ``values``)."""
     check_on_error(on_error)
-    found = native_samples(url, source)
+    found = native_samples(url, source, fields)
     if found is not None:
-        src, keys, texts, layout = found
+        src, keys, texts, layout, values = found
         uttids, bad = decode_keys(keys)
         n = len(uttids)
-        rows = Records.in_shard(src, uttids, texts[:n], layout[:n])
+        rows = Records.in_shard(src, uttids, texts[:n], layout[:n], values)
         for start in range(0, n, block):
             yield rows[start:start + block]
         if bad is not None:
             report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
-    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True, source=source)
+    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True, source=source,
+                           fields=list(fields) if fields else None)
     while chunk := list(itertools.islice(samples, block)):
         yield Records.of(chunk)

@@ -15,6 +15,7 @@ fetch, so the user's retry options reach every read.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from wdsprep.format.shardfile import ShardFile, prefetch_shard
+from wdsprep.options import NUMBER, PATH, option
 from wdsprep.remote.cache import ShardCache
-from wdsprep.remote.fetch import MIN_RATE, Cancelled, FetchError, LocalCopy, RetryPolicy, fetch_shard
+from wdsprep.remote.fetch import Cancelled, FetchError, LocalCopy, RetryPolicy, fetch_shard
 from wdsprep.remote.urls import is_url, redact
 
 
@@ -32,16 +34,26 @@ from wdsprep.remote.urls import is_url, redact
 class FetchOptions:
     """How a reader brings its shards: read-ahead, the optional cache, retries (make_loader's options)."""
 
-    read_ahead: int = 2  # shards fetched ahead of the one in use (0: each when needed)
-    read_ahead_bytes: int | None = None  # at most this many bytes fetched ahead and waiting (one shard always)
-    cache_dir: str | None = None  # keep fetched shards in this local directory (shared by a node's ranks)
-    cache_bytes: int | None = None  # bound on the cache; least recently used shards go first
-    retries: int = 5  # attempts after the first, for a dropped connection, HTTP 5xx or a cut-off body
-    retry_backoff: float = 1.0  # seconds before the first retry, doubling each time (at most 30 s)
-    timeout: float = 60.0  # seconds to connect or between two reads before an attempt fails
-    min_rate: float = MIN_RATE  # bytes/s a download must average (after a grace): slower is retried
+    read_ahead: int = option(2, "shards each reader fetches ahead of the one in use (remote: downloaded; local: "
+                                "into the page cache); 0 fetches each when needed", metavar="SHARDS")
+    read_ahead_bytes: int | None = option(None, "at most this many bytes of remote shards fetched ahead and waiting, "
+                                                "per reader (at least one shard is)", metavar="BYTES")
+    cache_dir: str | None = option(None, "keep fetched remote shards in this local directory (shareable by the ranks "
+                                         "of a node)", kind=PATH, metavar="DIR")
+    cache_bytes: int | None = option(None, "bound on --cache-dir; least recently used shards go first",
+                                     metavar="BYTES")
+    retries: int = option(RetryPolicy.retries, "retries of a remote fetch whose connection drops, that gets HTTP "
+                                               "5xx or a cut-off body")
+    retry_backoff: float = option(RetryPolicy.backoff, "seconds before the first retry, doubling each time (at most "
+                                                       "30 s)", kind=NUMBER, metavar="SECONDS")
+    min_rate: float = option(RetryPolicy.min_rate, "bytes/s a remote download must average after a grace of the "
+                                                   "time 1 MiB takes at it, else it is cut off and retried (0: no "
+                                                   "minimum)", kind=NUMBER, metavar="BYTES_PER_S")
+    timeout: float = RetryPolicy.timeout  # seconds to connect or between two reads before an attempt fails
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if self.read_ahead < 0:
             raise ValueError(f"read_ahead must be >= 0 (shards), got {self.read_ahead}")
         if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
@@ -53,8 +65,13 @@ class FetchOptions:
         self.policy()  # checks retries, backoff and min_rate
 
     def policy(self) -> RetryPolicy:
+        """The retries of these options (what verify, inspect and the index reads use too: :data:`RETRY_OPTIONS`)."""
         return RetryPolicy(retries=self.retries, backoff=self.retry_backoff, timeout=self.timeout,
                            min_rate=self.min_rate)
+
+
+# The options of a fetch's retries, which whatever reads remote shards or indexes takes.
+RETRY_OPTIONS = ("retries", "retry_backoff", "min_rate")
 
 
 def fetched_shard(url: str, *, policy: RetryPolicy, expected: int | None = None,

@@ -12,7 +12,10 @@ straight into the batch) or an array in memory (shards from pipes and URLs; ``of
 or yet to be made from audio (an audio shard's row: ``sources[i]`` is its
 :class:`~wdsprep.format.audio.FileAudio`, ``offsets[i] == AUDIO``, ``dims`` 0 until the features
 stage, ``loading/features.py``, puts them in memory).  ``rows`` is each row's place in the
-loader's shard set, which the augmentation draws are keyed by.
+loader's shard set, which the augmentation draws are keyed by.  ``values`` are a row's fields (the
+loader's ``fields=``, in that order: read from their members with the row), ``field_labels`` the
+token ids of those tokenized (``text_fields=``), ``langs`` its language (from the index); a row's
+columns move with it, so a batch never holds another utterance's field.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from wdsprep.units import fbank_frames
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
 _OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS, _ROW = range(7)
-_UTTID, _TEXT, _SOURCE, _LABELS = range(4)
+_UTTID, _TEXT, _SOURCE, _LABELS, _VALUES, _FIELD_LABELS, _LANG = range(7)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
 AUDIO = -2  # the offset of a row whose features are still to be made from its FileAudio in ``sources``
 
@@ -38,7 +41,7 @@ def _column(array: str, index: int, doc: str) -> property:
 
 
 class Records:
-    """A block of utterances: ``num`` int64 [n, 7] and ``obj`` object [n, 4] (see the columns below).
+    """A block of utterances: ``num`` int64 [n, 7] and ``obj`` object [n, 7] (see the columns below).
 
     Indexing with a slice, an index array or a boolean mask gives the selected rows as a new
     block (numpy semantics: a slice is a view).  Blocks passed between stages are not changed in
@@ -55,30 +58,36 @@ class Records:
     @classmethod
     def empty(cls, n: int = 0) -> Records:
         """``n`` rows of zeros, no labels (``()``) and None for the rest."""
-        r = cls(np.zeros((n, 7), np.int64), np.full((n, 4), None, object))
+        r = cls(np.zeros((n, 7), np.int64), np.full((n, 7), None, object))
         r.obj[:, _LABELS].fill(())
         return r
 
     @classmethod
-    def in_shard(cls, file: Any, uttids: Sequence[str], texts: Sequence[str], layout: np.ndarray) -> Records:
-        """Rows whose features are in ``file``; ``layout`` int64 [n, 4]: offset, frames, dims, item size."""
+    def in_shard(cls, file: Any, uttids: Sequence[str], texts: Sequence[str], layout: np.ndarray,
+                 values: Sequence[Sequence[str | None]] = ()) -> Records:
+        """Rows whose features are in ``file``; ``layout`` int64 [n, 4]: offset, frames, dims, item size;
+        ``values``: per field, each row's value."""
         n = len(uttids)
         r = cls.empty(n)
         r.num[:, :_LABEL_LEN] = layout
         r.obj[:, _UTTID] = uttids
         r.obj[:, _TEXT] = texts
         r.obj[:, _SOURCE].fill(file)  # fill, not assignment: numpy would take a ShardFile for a sequence
+        if values:
+            r.obj[:, _VALUES] = _tuples(list(zip(*(v[:n] for v in values))), n)
         return r
 
     @classmethod
-    def of(cls, samples: Iterable[tuple[str, Any, str]]) -> Records:
-        """A block from ``(uttid, features, text)`` triples; features an array, a
-        :class:`~wdsprep.format.shardfile.FileFeats` (stays in its shard) or a
-        :class:`~wdsprep.format.audio.FileAudio` (an audio shard's).  One Python step per row: for the
-        Python reader's path and for tests, not for the hot path."""
+    def of(cls, samples: Iterable[tuple[Any, ...]]) -> Records:
+        """A block from ``(uttid, features, text)`` triples (or ``(uttid, features, text, values)``:
+        the row's fields); features an array, a :class:`~wdsprep.format.shardfile.FileFeats` (stays
+        in its shard) or a :class:`~wdsprep.format.audio.FileAudio` (an audio shard's).  One Python
+        step per row: for the Python reader's path and for tests, not for the hot path."""
         rows = list(samples)
         r = cls.empty(len(rows))
-        for i, (uttid, feats, text) in enumerate(rows):
+        if rows and len(rows[0]) > 3:
+            r.obj[:, _VALUES] = _tuples([tuple(row[3]) for row in rows], len(rows))
+        for i, (uttid, feats, text, *_) in enumerate(rows):
             if type(feats) is FileAudio:
                 h = feats.header
                 r.num[i, :_LABEL_LEN] = (AUDIO, fbank_frames(h.samples, h.sample_rate), 0, 0)
@@ -121,13 +130,21 @@ class Records:
         self.num[:, _ROW] = np.arange(first, first + len(self), dtype=np.int64)
         return self
 
-    def with_labels(self, labels: Sequence[Sequence[int]]) -> Records:
-        """A copy with these token ids (kept as tuples: the cyclic GC stops tracking a tuple of ints)."""
+    def with_labels(self, labels: Sequence[Sequence[int]],
+                    field_labels: Sequence[Sequence[Sequence[int]]] | None = None,
+                    langs: Sequence[str] | None = None) -> Records:
+        """A copy with these token ids (kept as tuples: the cyclic GC stops tracking a tuple of ints);
+        ``field_labels``: per text field, each row's ids; ``langs``: each row's language."""
         out = Records(self.num.copy(), self.obj.copy())
         n = len(self)
         out.obj[:, _LABELS] = np.fromiter(map(tuple, labels), object, n)
         out.num[:, _LABEL_LEN] = np.fromiter(map(len, labels), np.int64, n)
+        if field_labels:
+            out.obj[:, _FIELD_LABELS] = _tuples([tuple(map(tuple, row)) for row in zip(*field_labels)], n)
+        if langs is not None:
+            out.obj[:, _LANG] = _tuples(list(langs), n)
         return out
+
 
     frames = _column("num", _FRAMES, "Frames of each row's features.")
     dims = _column("num", _DIMS, "Feature dimensions of each row.")
@@ -140,3 +157,11 @@ class Records:
     texts = _column("obj", _TEXT, "Transcripts.")
     sources = _column("obj", _SOURCE, "Each row's ShardFile (features on disk) or features array (in memory).")
     labels = _column("obj", _LABELS, "Each row's token ids (a tuple; () before tokenizing).")
+    values = _column("obj", _VALUES, "Each row's fields' values (a tuple, in the loader's fields order; None: none).")
+    field_labels = _column("obj", _FIELD_LABELS, "Each row's text fields' token ids (a tuple of tuples; None: none).")
+    langs = _column("obj", _LANG, "Each row's language (None: the shards' index has none).")
+
+
+def _tuples(items: list[Any], n: int) -> np.ndarray:
+    """A 1-D object array of ``items`` as they are (numpy would make a 2-D array of equal-length tuples)."""
+    return np.fromiter(items, object, n)

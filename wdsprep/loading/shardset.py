@@ -1,6 +1,6 @@
 """The indexed shard set an epoch is planned from: every shard's utterances and every utterance's frames.
 
-Built once per loader from each folder's index (``format/index.py``): O(shards) JSON plus one
+Built once per loader from each folder's index (``format/index/``): O(shards) JSON plus one
 memory-mapped frame column per folder, and the speakers column where the index stores one.  A
 shard that changed since it was indexed (its size or mtime differ) is refused at once, naming
 it: it is never read against a stale index.  Shards that no index lists (CAT's, a copied folder,
@@ -9,8 +9,8 @@ save that scan.
 
 Shards on S3 or a web server are planned from the index files uploaded beside them, fetched once
 per loader (``index.json`` and its columns, speakers included, not the keys), each bounded by
-what an index of that many utterances can be (:func:`index_file_limit`): a server cannot make
-the loader hold more.  A remote folder without one is an error saying how to make and upload it:
+what an index of that many utterances can be (:func:`~wdsprep.format.index.remote.index_file_limit`):
+a server cannot make the loader hold more.  A remote folder without one is an error saying how to make and upload it:
 scanning would download the whole corpus on every rank before the first step.  Their staleness
 is checked by size: against the bucket listing when the pattern was a glob (before the epoch),
 else when each shard is downloaded, and then by the SHA-256 the index records too.
@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -35,15 +35,16 @@ from wdsprep.format.index import (
     INDEX_NAME,
     AudioIndex,
     FolderIndex,
-    ShardScan,
+    ShardInfo,
     Speakers,
+    Values,
     frames_digest,
     read_index,
     read_index_at,
-    scan_shard,
     stale_reason,
 )
 from wdsprep.format.keys import AUDIO_LAYOUTS, decode_key
+from wdsprep.format.reindex import ShardScan, scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
 from wdsprep.loading.readahead import fetched_shard
 from wdsprep.remote.fetch import RetryPolicy, fetch_file
@@ -85,6 +86,10 @@ class ShardSet:
     # Audio shards: their format, rate and fbank options (one for the whole set), every row's sample count.
     audio: AudioIndex | None = None
     samples: np.ndarray | None = None  # int32 [N]
+    # The fields every shard's samples carry (pack --field, --utt2lang), and each row's value of those
+    # every shard's index has a column of (the language, "lang", and the pack's --index-field).
+    fields: tuple[str, ...] = ()
+    columns: dict[str, Values] | None = None
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum(self.utts)]).astype(np.int64)
@@ -94,6 +99,8 @@ class ShardSet:
             self.corpus = np.zeros(len(self.urls), np.int64)
         if self.checksums is None:
             self.checksums = [None] * len(self.urls)
+        if self.columns is None:
+            self.columns = {}
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -128,7 +135,37 @@ class ShardSet:
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
                         0, self.lost[sl], speakers=speakers, checksums=self.checksums[sl],
                         tokens=None if self.tokens is None else self.tokens[rows], audio=self.audio,
-                        samples=None if self.samples is None else self.samples[rows])
+                        samples=None if self.samples is None else self.samples[rows], fields=self.fields,
+                        columns={k: c.rows(rows.start, rows.stop) for k, c in self.columns.items()})
+
+    def subset(self, rows: np.ndarray) -> ShardSet:
+        """The rows ``rows`` (global, ascending) alone, as a shard set of their own: each shard that
+        holds some of them, with those (a part of a corpus split by a column: ``mix_by``).  Its
+        shards are named by their files; its rows are numbered from 0 in the order given."""
+        rows = np.asarray(rows, np.int64)
+        owner = self.shard_of(rows)
+        used, counts = np.unique(owner, return_counts=True)
+        # A shard's digest is of the rows taken from it, so two parts of one shard differ.
+        digests = [frames_digest(np.asarray(self.frames[rows[owner == s]], np.int32)) for s in used.tolist()]
+        speakers = None if self.speakers is None else self.speakers.take(rows)
+        return ShardSet([self.urls[s] for s in used.tolist()], counts.astype(np.int64), self.frames[rows], digests,
+                        self.sizes[used], self.dims, 0, self.lost[used] * 0, speakers=speakers,
+                        checksums=[self.checksums[s] for s in used.tolist()],
+                        tokens=None if self.tokens is None else self.tokens[rows], audio=self.audio,
+                        samples=None if self.samples is None else self.samples[rows], fields=self.fields,
+                        columns={k: c.take(rows) for k, c in self.columns.items()})
+
+    def values(self, name: str, rows: np.ndarray) -> list[str | None] | None:
+        """Rows' values of index column ``name`` (the language: ``lang``), or None when it has none
+        (a row of a corpus whose index has none: None)."""
+        column = self.columns.get(name)
+        return None if column is None else column.values(rows)
+
+    def lacks(self, name: str, corpus: int) -> bool:
+        """Whether some row of corpus ``corpus`` has no value of index column ``name``."""
+        column = self.columns.get(name)
+        sl = self.shards_of(corpus)
+        return column is None or bool((np.asarray(column.ids)[self.starts[sl.start]:self.starts[sl.stop]] < 0).any())
 
 
 def union(named: dict[str, ShardSet]) -> ShardSet:
@@ -149,6 +186,11 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
     speakers = [p.speakers for p in parts if p.speakers is not None]
     tokens = [p.tokens for p in parts if p.tokens is not None]
     audio = one_audio({name: p.audio for name, p in named.items()}, "corpus")
+    fields = tuple(sorted(set.intersection(*(set(p.fields) for p in parts))))
+    # A column some corpora have: the others' rows have none (id -1), so each corpus keeps its own.
+    names = list(dict.fromkeys(k for p in parts for k in p.columns))
+    columns = {k: Values.concat([p.columns.get(k) or Values(np.full(p.num_utts, -1, np.int32), []) for p in parts])
+               for k in names}
     return ShardSet([u for p in parts for u in p.urls], np.concatenate([p.utts for p in parts]),
                     np.concatenate([p.frames for p in parts]), [d for p in parts for d in p.digests],
                     np.concatenate([p.sizes for p in parts]), dims.pop() if dims else None,
@@ -157,7 +199,7 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     Speakers.concat(speakers) if len(speakers) == len(parts) else None,
                     [c for p in parts for c in p.checksums],
                     np.concatenate(tokens) if len(tokens) == len(parts) else None,
-                    audio, None if audio is None else np.concatenate([p.samples for p in parts]))
+                    audio, None if audio is None else np.concatenate([p.samples for p in parts]), fields, columns)
 
 
 def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, policy: RetryPolicy | None = None,
@@ -205,7 +247,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     sizes: list[int] = []
     digests: list[str] = []
     checksums: list[str | None] = []
-    columns: list[np.ndarray] = []
+    frame_rows: list[np.ndarray] = []
     unlisted: list[int] = []
     dims: set[int] = set()
     lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
@@ -214,6 +256,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
     audios: dict[str, AudioIndex | None] = {}  # folder -> what its shards hold
     sample_rows: list[np.ndarray] = []  # per shard, an audio shard's sample counts
+    fields: list[set[str]] = []  # per shard, the fields its samples carry
+    columns: list[dict[str, Values]] = []  # per shard, its rows' values of its index's columns
     for k, url in enumerate(urls):
         remote = has_folder(url)
         folder, name = index_place(url)
@@ -232,13 +276,15 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         if i is None:
             speakers = None
             unlisted.append(k)
+            fields.append(set())
+            columns.append({})
             token_rows.append(np.zeros(0, np.int32))
             sample_rows.append(np.zeros(0, np.int32))
             utts.append(0)
             sizes.append(-1)
             digests.append("")
             checksums.append(None)
-            columns.append(np.zeros(0, np.int32))
+            frame_rows.append(np.zeros(0, np.int32))
             continue
         assert index is not None
         if index.dims is not None:
@@ -276,9 +322,11 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         sizes.append(int(index.sizes[i]))
         digests.append(index.digests[i])
         checksums.append(index.checksums[i])
-        columns.append(np.asarray(index.frames[a:b], np.int32))
+        frame_rows.append(np.asarray(index.frames[a:b], np.int32))
         audios[folder] = index.audio
         sample_rows.append(np.zeros(0, np.int32) if index.samples is None else np.asarray(index.samples[a:b], np.int32))
+        fields.append(set(index.fields))
+        columns.append({name: c.rows(a, b) for name, c in index.columns.items()})
     lost = lost_in
     if unlisted:
         t0 = time.perf_counter()
@@ -290,24 +338,30 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             for problem in scan.problems:
                 warnings.warn(problem, RuntimeWarning, stacklevel=3)
             frames = np.asarray(scan.info.frames, np.int32)
-            utts[k], columns[k], digests[k] = len(frames), frames, frames_digest(frames)
+            utts[k], frame_rows[k], digests[k] = len(frames), frames, frames_digest(frames)
             dims |= scan.dims
             audios[urls[k]] = _scanned_audio(urls[k], scan)
             sample_rows[k] = np.asarray(scan.info.samples, np.int32)
+            fields[k] = set(scan.fields)
+            columns[k] = {name: Values.of(v) for name, v in scan.info.values.items()}
             if tokens is not None:
                 token_rows[k] = tokens.shard(urls[k])
         some = urls[unlisted[0]]
         warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(some)}): read their "
                       f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
                       f"the index beside them once", UserWarning, stacklevel=3)
-    frames = np.concatenate(columns) if columns else np.zeros(0, np.int32)
+    frames = np.concatenate(frame_rows) if frame_rows else np.zeros(0, np.int32)
     audio = one_audio(audios, "folder")
+    common = set.intersection(*fields) if fields else set()
+    indexed = {name: Values.concat([c[name] for c in columns]) for name in (columns[0] if columns else {})
+               if all(name in c for c in columns)}
     return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
                     audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
                     speakers=None if speakers is None else Speakers.concat(speakers),
                     checksums=checksums,
                     tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]),
-                    audio=audio, samples=None if audio is None else np.concatenate(sample_rows))
+                    audio=audio, samples=None if audio is None else np.concatenate(sample_rows),
+                    fields=tuple(sorted(common)), columns=indexed)
 
 
 def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
@@ -323,23 +377,40 @@ def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
 def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str]:
     """Every row's utterance id, from the indexes' keys (a shard in no index: from its headers);
     for what names planned batches without reading them (``dry-run --plan --dump-keys``)."""
+    keys = _row_values(shards, lambda index, a, b: index.keys()[a:b], lambda info: info.keys, keys=True, policy=policy)
+    return [decode_key(key) for key in keys]
+
+
+def row_text_lens(shards: ShardSet, *, policy: RetryPolicy | None = None) -> np.ndarray:
+    """int64: every row's transcript length in characters, from the indexes (a shard in no index:
+    from its headers); what bounds a label's length under subword sampling (``dry-run --plan``)."""
+    return np.asarray(_row_values(shards, lambda index, a, b: index.text_lens[a:b].tolist(),
+                                  lambda info: info.text_lens, keys=False, policy=policy), np.int64)
+
+
+def _row_values(shards: ShardSet, indexed: Callable[[FolderIndex, int, int], Sequence[Any]],
+                scanned: Callable[[ShardInfo], Sequence[Any]], *, keys: bool,
+                policy: RetryPolicy | None) -> list[Any]:
+    """A value per row, shard by shard: ``indexed(index, first row, end row)`` of the shard's folder
+    index, else ``scanned`` of its headers' record; ``keys``: remote indexes are fetched with their keys."""
+    policy = policy or RetryPolicy()
     indexes: dict[str, FolderIndex | None] = {}
-    out: list[str] = []
+    out: list[Any] = []
     for k, url in enumerate(shards.urls):
         folder, name = index_place(url)
         if folder not in indexes:
             remote = has_folder(url)
-            indexes[folder] = (read_index_at(folder, partial(fetch_file, policy=policy or RetryPolicy()), keys=True)
+            indexes[folder] = (read_index_at(folder, partial(fetch_file, policy=policy), keys=keys)
                                if remote else None if is_url(url) else read_index(folder))
         index = indexes[folder]
         i = None if index is None else index.position(name)
         if index is None or i is None:  # in no index: its headers
-            keys = (scan_shard(redact(url), source=fetched_shard(url, policy=policy or RetryPolicy())) if is_url(url)
-                    else scan_shard(url)).info.keys
+            values = scanned((scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url)
+                              else scan_shard(url)).info)
         else:
-            keys = index.keys()[int(index.starts[i]):int(index.starts[i + 1])]
-        if len(keys) != shards.utts[k]:
-            raise StaleIndexError(f"shard {redact(url)}: {len(keys)} keys, {shards.utts[k]} utterances planned: it "
-                                  f"changed since the loader read its index; run again")
-        out.extend(decode_key(key) for key in keys)
+            values = indexed(index, int(index.starts[i]), int(index.starts[i + 1]))
+        if len(values) != shards.utts[k]:
+            raise StaleIndexError(f"shard {redact(url)}: {len(values)} utterances in its index or headers, "
+                                  f"{shards.utts[k]} planned: it changed since the loader read its index; run again")
+        out.extend(values)
     return out

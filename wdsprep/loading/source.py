@@ -3,14 +3,16 @@
 An epoch source is pure (no I/O, no torch; it reads only the index): for any epoch and any
 position in it, it says how many steps each rank takes, which planned batches each rank and
 each of its readers yields in which order, where the epoch stands after ``k`` steps, and how a
-saved position is read back.  :func:`epoch_source` builds it from the shard set, the one
-composition ``make_loader`` and ``dry-run --plan`` both call; it alone decides whether corpora
-are mixed:
+saved position is read back.  :func:`epoch_source` builds it from the shard set (in the
+composition ``make_loader`` and ``dry-run --plan`` call, ``compose.py``); it alone decides whether
+corpora are mixed:
 
 - one corpus (or, in dev mode, named corpora read once each): ``epochs.CorpusEpochs``, its own
   plan every epoch dealt to ranks and readers: the same batches on every topology;
 - named corpora in training: ``mix.epochs.MixedEpochs``, each corpus with epochs of its own, a
-  corpus drawn per step by the mixture.
+  corpus drawn per step by the mixture; with ``mix_by`` (an index column, e.g. ``lang``) each
+  corpus is first split into parts by its value, and the parts are what is mixed
+  (:func:`split_by`), a temperature applied per level: across corpora, then across each one's parts.
 
 Both are made of :class:`~wdsprep.loading.corpus.Corpus` units and name every planned batch the
 same way, ``(corpus, corpus epoch, stream, batch)``.
@@ -24,32 +26,18 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from wdsprep.format.shardlist import expand_shards
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
-from wdsprep.loading.growing import View, published_shards
 from wdsprep.loading.mix.epochs import MixedEpochs
-from wdsprep.loading.mix.weights import Mixture, SchedulePoints, make_mixture
+from wdsprep.loading.mix.weights import Mixture, SchedulePoints, level_mixture, make_mixture
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window
-from wdsprep.loading.shardset import ShardSet, indexed_shards, shard_set, union
+from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
-from wdsprep.loading.tokens import LabelTokens
-from wdsprep.remote.fetch import RetryPolicy
-from wdsprep.remote.listing import lister
-from wdsprep.tokenizer import Tokenizer, derive_seed
+from wdsprep.tokenizer import derive_seed
 from wdsprep.units import hours
 
 Trset = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]]
-
-
-class Position(Protocol):
-    """Where an epoch stands: a few numbers (JSON-able through the source)."""
-
-    epoch: int
-
-    @property
-    def step(self) -> int: ...
 
 
 class EpochRun(Protocol):
@@ -107,7 +95,7 @@ class EpochSource(Protocol):
     def rows(self, bid: BatchId) -> np.ndarray:
         """A planned batch's rows in the shard set."""
 
-    def unit(self, c: int) -> Corpus:
+    def corpus_of(self, c: int) -> Corpus:
         """The corpus ``c`` of a batch id is planned by: its seed, first row and speed draws (what
         the augmentation of its utterances is drawn from)."""
 
@@ -128,32 +116,30 @@ class EpochSource(Protocol):
 
     def position_json(self, at: Any) -> dict[str, Any]: ...
 
-    def note(self, at: Any) -> dict[str, Any]:
+    def reader_start(self, at: Any) -> dict[str, Any]:
         """What a reader process is told to start an iteration from ``at`` (JSON-able)."""
 
-    def from_note(self, note: Mapping[str, Any]) -> Any: ...
+    def from_reader_start(self, doc: Mapping[str, Any]) -> Any: ...
 
+    # What a loader asks of every source besides the plan: whether the shard set it plans over
+    # changes (``corpus.FixedShards``: never; ``follow.GrowingSource``: as a pack publishes shards).
 
-def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
-                tokenizer: Tokenizer | None = None, view: View | None = None, view_wait: float = 0.0) -> ShardSet:
-    """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
-    with ``tokenizer``, every label's length in its tokens comes with it (``loading/tokens.py``).
-    ``view``: folders a pack is still writing are followed, as far as the view says they were
-    published (``loading/growing.py``; ``view_wait``: seconds to wait to see them, for a view taken
-    by another rank); without it such a folder is refused."""
-    tokens = None if tokenizer is None else LabelTokens(tokenizer, policy=policy)
-    kw = {"policy": policy, "derive_speakers": derive_speakers, "tokens": tokens}
+    revision: int  # how many times the shard set changed: readers forked before plan an old one
 
-    def one(patterns: Any) -> ShardSet:
-        if view is None:
-            return indexed_shards(patterns, **kw)
-        listed = expand_shards(patterns, growing=True, list_glob=lister(policy or RetryPolicy()))
-        urls, indexes = published_shards(listed, view, wait=view_wait)
-        return shard_set(urls, indexes=indexes, **kw)
+    def follow(self, epoch: int) -> bool:
+        """Plan ``epoch`` over the shards there are now (where they may change); whether they changed."""
 
-    if isinstance(trset, Mapping):
-        return union({str(name): one(patterns) for name, patterns in trset.items()})
-    return one(trset)
+    def begin(self, epoch: int) -> None:
+        """``epoch`` is being iterated."""
+
+    def saved(self) -> dict[str, Any]:
+        """What a resume state records beyond the position."""
+
+    def restored(self, state: Any) -> EpochSource:
+        """The source as ``state`` says it was, this one unchanged (StateError naming what is wrong)."""
+
+    def annotate(self, stats: LoaderStats) -> None:
+        """What the source knows of the epoch beyond the plan, into ``stats``."""
 
 
 def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,
@@ -164,37 +150,97 @@ def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None,
                         hours=[hours(int(p.frames.sum())) for p in parts], utts=[p.num_utts for p in parts])
 
 
+def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, seed: int,
+             planned: np.ndarray | None) -> tuple[list[str], list[Corpus], list[list[float]]]:
+    """Each corpus of ``shards`` split by its rows' values of index column ``column``: (the parts'
+    names, ``VALUE`` for one unnamed corpus, else ``CORPUS/VALUE``; their :class:`Corpus` units,
+    each planned over its own rows, with a seed of its name; per corpus, each part's hours).  A
+    shard's unreadable samples count once, with the first part that reads it."""
+    values = shards.columns.get(column)
+    if values is None:
+        how = "--utt2lang" if column == "lang" else f"--field {column}=FILE --index-field {column}"
+        again = "" if column == "lang" else f" --index-field {column}"
+        raise ValueError(f"mix_by {column!r}: the shards' index has no {column} column (pack with {how}; shards that "
+                         f"carry it: wdsprep index --force{again})")
+    names, units, hours_of = [], [], []
+    counted: set[int] = set()
+    ids = np.asarray(values.ids)
+    for c, corpus in enumerate(shards.corpora):
+        if shards.lacks(column, c):
+            raise ValueError(f"mix_by {column!r}: corpus {corpus!r} has utterances without a {column} in its index; "
+                             f"every corpus mixed by {column} needs one")
+    for c, corpus in enumerate(shards.corpora):
+        sl = shards.shards_of(c)
+        a, b = int(shards.starts[sl.start]), int(shards.starts[sl.stop])
+        mine, first = np.unique(ids[a:b], return_index=True)
+        hours_of.append([])
+        for v in mine[np.argsort(first)].tolist():  # in order of first appearance
+            rows = a + np.flatnonzero(ids[a:b] == v)
+            name = values.names[v] if shards.corpora == ("",) else f"{corpus}/{values.names[v]}"
+            part = shards.subset(rows)
+            used = np.unique(shards.shard_of(rows))
+            part.lost = np.where(np.isin(used, list(counted)), 0, shards.lost[used])
+            counted.update(used.tolist())
+            names.append(name)
+            hours_of[-1].append(hours(int(part.frames.sum())))
+            units.append(Corpus(part, plans[c], seed=derive_seed(seed, zlib.crc32(name.encode())), rowmap=rows,
+                                parent=c, speakers=None if planned is None else planned[rows]))
+    return names, units, hours_of
+
+
 def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_size: int, num_workers: int,
-                 named: bool = False, weights: Mapping[str, float] | None = None, temperature: float | None = None,
-                 schedule: SchedulePoints | None = None, steps_per_epoch: int | None = None) -> EpochSource:
+                 named: bool = False, weights: Mapping[str, float] | None = None,
+                 temperature: float | tuple[float, ...] | None = None, schedule: SchedulePoints | None = None,
+                 steps_per_epoch: int | None = None, mix_by: str | None = None,
+                 plans: Sequence[PlanOptions] | None = None) -> EpochSource:
     """The epoch source of ``shards`` on ``world_size`` ranks of ``num_workers`` readers each.
 
     ``named``: the corpora were given by name; in training several of them, or one with mixing
-    options, are mixed.  ``shards.speakers`` (when known) feeds the shuffle report, and the plan
-    itself under ``options.max_utts_per_speaker``.
+    options, are mixed.  ``mix_by``: each corpus (named or not) split by that index column into
+    parts, mixed as named corpora are (:func:`split_by`).  ``plans``: each named corpus's plan
+    options, where they differ from ``options`` (their augmentation's speed).  ``shards.speakers``
+    (when known) feeds the shuffle report, and the plan itself under ``options.max_utts_per_speaker``.
     """
-    mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch}
+    mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch,
+              "mix_by": mix_by}
     given = [k for k, v in mixing.items() if v is not None]
-    if given and not (named and options.train):
-        why = ("a dev loader (train=False) reads every corpus once, unmixed" if named
-               else "give trset as {name: pattern, ...}")
-        raise ValueError(f"{', '.join(given)}: only named corpora are mixed, in training; {why}")
+    if given and not ((named or mix_by is not None) and options.train):
+        why = ("a dev loader (train=False) reads every corpus once, unmixed" if named or mix_by is not None
+               else "give trset as {name: pattern, ...}, or mix_by")
+        raise ValueError(f"{', '.join(given)}: only named corpora are mixed (or their parts, with mix_by), in "
+                         f"training; {why}")
     if options.max_utts_per_speaker is not None and shards.speakers is None:
         raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index; these shards "
                          "are in no index: run wdsprep index on a local copy, or leave the option out")
     planned = None if options.max_utts_per_speaker is None or shards.speakers is None else shards.speakers.ids
+    each = list(plans) if plans is not None else [options] * len(shards.corpora)
+    if mix_by is not None:
+        names, units, part_hours = split_by(shards, mix_by, each, seed=seed, planned=planned)
+        if temperature is not None and (weights is not None or schedule is not None):
+            raise ValueError("give the mixture one way: weights, temperature or schedule, not several")
+        if temperature is not None:
+            levels = temperature if isinstance(temperature, tuple) else (temperature, temperature)
+            mixture = level_mixture(names, part_hours, levels, by=mix_by)
+        else:
+            mixture = make_mixture(names, weights=weights, schedule=schedule,
+                                   utts=[u.shards.num_utts for u in units])
+        return MixedEpochs(shards, units, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
+                           world_size=world_size, num_workers=num_workers, speakers=shards.speakers, names=names)
+    if isinstance(temperature, tuple):
+        raise ValueError("a temperature per level needs mix_by; give one number")
     if named and options.train and (len(shards.corpora) > 1 or given):
         corpora = []
         for c, name in enumerate(shards.corpora):
             part = shards.part(c)
             row0 = int(shards.starts[shards.shards_of(c).start])
-            corpora.append(Corpus(part, options, seed=derive_seed(seed, zlib.crc32(name.encode())), row0=row0,
-                                  speakers=None if planned is None else planned[row0:row0 + part.num_utts]))
+            corpora.append(Corpus(part, each[c], seed=derive_seed(seed, zlib.crc32(name.encode())), row0=row0,
+                                  speakers=None if planned is None else planned[row0:row0 + part.num_utts], parent=c))
         mixture = mixture_for(shards, weights=weights, temperature=temperature, schedule=schedule)
         return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
                            world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
-    source = CorpusEpochs(Corpus(shards, options, seed=seed, speakers=planned), corpora=shards.corpora,
-                          world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
+    source = CorpusEpochs(Corpus(shards, each[0] if options.train else options, seed=seed, speakers=planned),
+                          corpora=shards.corpora, world_size=world_size, num_workers=num_workers,
+                          speakers=shards.speakers)
     batches = int(source.corpus.counts(0).sum())
     if options.train and batches < world_size:
         raise TooFewBatches(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "

@@ -4,9 +4,10 @@
 
     {"version": 3, "kind": "corpus" | "mixture", "seed": int, "epoch": int, "step": int,
      "complete": bool, "global_step": int | None, "position": {...}, "mixture": {...} | None,
-     "options": {...}, "fingerprint": str[, "published": {folder: shards}]}
+     "options": {...}, "fingerprint": str, "plan_revision": int[, "published": {folder: shards}]
+     [, "normalize": [...]]}
 
-``position`` is where the epoch source stands (``epochs.Runs``: the epoch's runs so far; a
+``position`` is where the epoch source stands (``epochs.CorpusPosition``: the epoch's runs so far; a
 mixture's ``mix.deal.MixPosition``: where every corpus stands), a few numbers; the other fields
 repeat what follows from it (epoch, step, complete, global step) for people and tools, and must
 agree with it.  A state is read by :func:`read_state` and the source's ``position`` parser, which
@@ -18,6 +19,9 @@ silently different batches.  Version 2 states (``runs`` or ``position`` at the t
 epoch was planned over, in short: per folder a pack was still writing, how many of its shards were
 published (shards publish in order, so the number says which); :func:`read_published` checks it.
 A loader rebuilds that shard set before it holds the state's fingerprint against it.
+
+``normalize`` (a loader with a text treatment only): each corpus's steps (None where it has
+none); a resume with another treatment is refused, naming it.
 """
 
 from __future__ import annotations
@@ -100,9 +104,12 @@ class SavedState:
     mixture: Mapping[str, Any] | None
 
 
-def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], fingerprint: str) -> SavedState:
+def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], fingerprint: str,
+               revision: int, text: Mapping[str, Any] | None = None) -> SavedState:
     """The envelope of ``state``, refused (StateError naming the field) unless it was saved by a
-    loader of this ``kind`` with this seed, these plan options and this fingerprint."""
+    loader of this ``kind`` with this seed, these plan options, this text treatment (``text``:
+    ``{"normalize": [...]}`` where set) and this fingerprint, by a wdsprep that plans by the rules
+    of ``revision``."""
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict from Loader.state_dict(), not {_show(state)}")
     version = need_int(state, "version", lo=0)
@@ -132,9 +139,32 @@ def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], 
         raise StateError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
                          f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "
                          f"over the world size: pass max_frames as saved)")
+    saved_text = state.get("normalize")
+    if saved_text != (text or {}).get("normalize"):
+        raise StateError(f"the loader state was saved with normalize={_steps(saved_text)} (this loader: "
+                         f"{_steps((text or {}).get('normalize'))}): the labels depend on the text treatment; build "
+                         f"the loader with the saved normalize to resume")
     if need(state, "fingerprint") != fingerprint:
+        saved_revision = state.get("plan_revision", 1)
+        if saved_revision != revision:
+            epoch = state.get("epoch")
+            nxt = epoch + 1 if isinstance(epoch, int) else "EPOCH + 1"
+            raise StateError(f"the loader state was saved by a wdsprep that cut its plans by other rules (plan "
+                             f"revision {_show(saved_revision)}, this one {revision}): its epoch cannot be planned "
+                             f"again to resume it; start from the next epoch instead (loader.set_epoch({nxt}) "
+                             f"without load_state_dict)")
+        # An option this loader's plan has and the saved one's had not: a loader without it, or a
+        # wdsprep of the same plan revision whose plan did not decide it (ctc_subsampling, which its
+        # readers alone applied).
+        added = [f"{k}={_show(v)}" for k, v in options.items() if k not in saved_options]
+        epoch = state.get("epoch")
+        nxt = epoch + 1 if isinstance(epoch, int) else "EPOCH + 1"
+        why = (f"; this loader's plan has {', '.join(added)} and the saved plan had not (a loader without it, or an "
+               f"older wdsprep whose readers applied it: its batches differ): resume with the options and wdsprep "
+               f"that saved it, or start from the next epoch (loader.set_epoch({nxt}) without load_state_dict)"
+               if added else "")
         raise StateError("the loader state was saved for other shards, index, tokenizer or batching options "
-                         "(fingerprint differs): resuming would not continue the same epoch")
+                         f"(fingerprint differs): resuming would not continue the same epoch{why}")
     complete = need(state, "complete")
     if not isinstance(complete, bool):
         raise StateError(f"the loader state's complete must be true or false, not {_show(complete)}: was it edited?")
@@ -148,6 +178,16 @@ def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], 
         raise StateError(f"the loader state's position must be an object, not {_show(position)}")
     return SavedState(need_int(state, "epoch", hi=MAX_EPOCH), need_int(state, "step"), complete, global_step,
                       position, mixture)
+
+
+def _steps(value: Any) -> str:
+    """A state's normalize steps for a message: per corpus, or one list for all."""
+    if value is None:
+        return "none"
+    if isinstance(value, list) and all(v is None or isinstance(v, list) for v in value):
+        shown = ["none" if v is None else "[" + ", ".join(map(str, v)) + "]" for v in value]
+        return shown[0] if len(set(shown)) == 1 else "(" + "; ".join(shown) + " per corpus)"
+    return _show(value)
 
 
 def read_published(state: Any) -> dict[str, int] | None:

@@ -1,8 +1,8 @@
 """What an epoch did, as typed counts that add up across workers and ranks.
 
-:class:`BatchTally` is the one place real ÷ padded frames is computed; :class:`WorkerTally` is
-what a worker sends the main process with each item (counts since its previous item);
-:class:`LoaderStats` is one rank's epoch, as ``loader.stats``.
+:class:`BatchTally` is the one place real ÷ padded frames (and label tokens) is computed;
+:class:`WorkerTally` is what a worker sends the main process with each item (counts since its
+previous item); :class:`LoaderStats` is one rank's epoch, as ``loader.stats``.
 """
 
 from __future__ import annotations
@@ -19,16 +19,19 @@ from wdsprep.units import hours
 
 @dataclass
 class BatchTally:
-    """Batches' utterances and frames."""
+    """Batches' utterances, frames and, where known, label tokens."""
 
     batches: int = 0
     utterances: int = 0
     real_frames: int = 0
     padded_frames: int = 0  # B x longest, summed over batches
     oversize_batches: int = 0  # a single utterance longer than max_frames
+    real_tokens: int = 0  # labels' tokens, in the batches given with their tokens
+    padded_tokens: int = 0  # B x longest label, summed over those batches
 
-    def add(self, frames: np.ndarray | Sequence[int], max_frames: int | None = None) -> None:
-        """One batch, by its utterances' frame counts."""
+    def add(self, frames: np.ndarray | Sequence[int], max_frames: int | None = None,
+            tokens: np.ndarray | Sequence[int] | None = None) -> None:
+        """One batch, by its utterances' frame counts (and its labels' lengths in tokens, when known)."""
         if not len(frames):
             return
         longest = int(max(frames))
@@ -37,6 +40,9 @@ class BatchTally:
         self.real_frames += int(sum(frames))
         self.padded_frames += len(frames) * longest
         self.oversize_batches += int(max_frames is not None and longest > max_frames)
+        if tokens is not None and len(tokens):
+            self.real_tokens += int(sum(tokens))
+            self.padded_tokens += len(tokens) * int(max(tokens))
 
     def merge(self, other: BatchTally) -> None:
         for f in fields(self):
@@ -47,10 +53,15 @@ class BatchTally:
         """Real / padded frames (NaN before any frames)."""
         return efficiency(self.real_frames, self.padded_frames)
 
+    @property
+    def label_padding_efficiency(self) -> float:
+        """Real / padded label tokens (NaN before any batch given with its tokens)."""
+        return efficiency(self.real_tokens, self.padded_tokens)
 
-def efficiency(real_frames: int, padded_frames: int) -> float:
-    """Real / padded frames; NaN when nothing was padded (no batch yet)."""
-    return real_frames / padded_frames if padded_frames else math.nan
+
+def efficiency(real: int, padded: int) -> float:
+    """Real / padded frames (or tokens); NaN when nothing was padded (no batch yet)."""
+    return real / padded if padded else math.nan
 
 
 def padding_efficiency(batches: Iterable[Sequence[int]]) -> float:
@@ -120,6 +131,8 @@ class LoaderStats:
     real_frames: int = 0
     padded_frames: int = 0
     oversize_batches: int = 0
+    real_tokens: int = 0  # labels' tokens in the batches yielded
+    padded_tokens: int = 0  # B x longest label, summed over the batches yielded
     # Utterances of the epoch's discarded tail: the planned batches left over when the world size
     # does not divide them (fewer than one per rank); the same on every rank.
     discarded: int = 0
@@ -140,6 +153,8 @@ class LoaderStats:
         self.real_frames += t.real_frames
         self.padded_frames += t.padded_frames
         self.oversize_batches += t.oversize_batches
+        self.real_tokens += t.real_tokens
+        self.padded_tokens += t.padded_tokens
 
     def add_corpora(self, names: Sequence[str], corpus: np.ndarray, frames: np.ndarray) -> None:
         """A batch's utterances, by corpus (``corpus[i]`` indexes ``names``)."""
@@ -165,11 +180,17 @@ class LoaderStats:
         return efficiency(self.real_frames, self.padded_frames)
 
     @property
+    def label_padding_efficiency(self) -> float:
+        """Real / padded label tokens over the batches yielded (NaN before the first)."""
+        return efficiency(self.real_tokens, self.padded_tokens)
+
+    @property
     def num_dropped(self) -> int:
         return sum(self.dropped.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "padding_efficiency": self.padding_efficiency,
+                "label_padding_efficiency": self.label_padding_efficiency,
                 "corpora": {name: c.to_dict() for name, c in self.corpora.items()}}
 
 

@@ -3,9 +3,11 @@
 :meth:`ReaderStream.stages` is the one place the loader's run-time data flow is written down::
 
     the epoch source (from the index) -> this reader's planned batches, in order
-      -> read each shard once, in that order -> gather each planned batch's rows
-      -> tokenize -> features (audio shards: decode, augment, fbank; SpecAugment)
-      -> CTC filter -> collate (in a C thread, overlapped) -> Batch
+      -> read each shard once, in that order (with the fields asked for)
+      -> tokenize (each corpus's transforms: its text treatment, its tokenizer, by language where
+         it has one per language; the text fields too) -> gather each planned batch's rows
+      -> features (audio shards: decode, augment, fbank; SpecAugment)
+      -> field filter -> CTC filter -> collate (in a C thread, overlapped) -> Batch
 
 The source is pure: the plan and this reader's share are computed alike in the main process and
 in every worker from the note the Loader writes (``source.note``: where the iteration starts),
@@ -21,22 +23,27 @@ import os
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from wdsprep.format.keys import LANG
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.collate import Packed, start_collate
+from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.features import FeatureMaker, FeatureOptions
+from wdsprep.loading.options import ReadOptions
 from wdsprep.loading.plan import BatchId, Planned, PlanOptions, fingerprint
 from wdsprep.loading.readahead import FetchOptions
 from wdsprep.loading.records import Records
+from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.source import EpochSource
-from wdsprep.loading.stages import filter_ctc, read_batches, tokenize
+from wdsprep.loading.stages import filter_ctc, filter_fields, read_batches, tokenize
 from wdsprep.loading.stats import WorkerTally
+from wdsprep.loading.transforms import Transforms
 from wdsprep.loading.transport import READ_AHEAD, ShmPool, WorkerControl
-from wdsprep.tokenizer import SubwordSampling, Tokenizer, derive_seed
+from wdsprep.tokenizer import Tokenizer, derive_seed
 
 # What a reader hands the main process: a batch (None: its last counts, or a resumed run's
 # placeholder), the counts since its previous item, the reader, and which planned batch it is
@@ -45,20 +52,17 @@ Item = tuple["Packed | None", WorkerTally, int, BatchId]
 NO_BATCH: BatchId = (-1, -1, -1, -1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoaderConfig:
-    """Everything besides the shards, the tokenizer and the epoch that decides the batches."""
+    """What the readers need besides the epoch source and the tokenizer: the options they read with,
+    and the features they make (audio shards' fbank and the augmentation; the plan's own part, speed,
+    is in ``plan``)."""
 
     plan: PlanOptions
-    seed: int = 0
-    ctc_subsampling: int | None = None
-    on_error: str = "warn"
-    subword_sampling: SubwordSampling | None = None
-    tokenize_group: int = 256  # utterances per block when a shard's rows are read
-    fetch: FetchOptions = field(default_factory=FetchOptions)  # read-ahead, cache, retries (run time only)
-    # audio shards' fbank and the augmentation of features (the plan's own part, speed, is in ``plan``)
+    seed: int
+    read: ReadOptions = field(default_factory=ReadOptions)
+    fetch: FetchOptions = field(default_factory=FetchOptions)
     features: FeatureOptions = field(default_factory=FeatureOptions)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def train(self) -> bool:
@@ -72,48 +76,84 @@ class ReaderStream(IterableDataset):
     """
 
     def __init__(self, source: EpochSource, tokenizer: Tokenizer, cfg: LoaderConfig, *, rank: int,
-                 control: WorkerControl) -> None:
+                 control: WorkerControl, transforms: Sequence[Transforms] | None = None) -> None:
         self.source = source
-        self.shards = source.shards
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # the loader's
+        # Each named corpus's transforms (``transforms.py``); one for all where none differs.
+        self.transforms = tuple(transforms) if transforms else (
+            Transforms(tokenizer, cfg.read.normalize, cfg.read.augment),)
         self.cfg = cfg
         self.rank = rank
         self.control = control  # the Loader's: where each iteration starts reaches the readers through it
         self._pool: ShmPool | None = None  # a worker's own pool, kept across epochs (persistent workers)
-        self.features = FeatureMaker(cfg.features, source.unit, on_error=cfg.on_error).load() \
+        self.features = FeatureMaker(cfg.features, self._corpus_of, on_error=cfg.read.on_error).load() \
             if cfg.features.needed else None
 
-    def fingerprint(self) -> str:
+    @property
+    def shards(self) -> ShardSet:
+        return self.source.shards
+
+    def _corpus_of(self, c: int) -> Corpus:
+        return self.source.corpus_of(c)  # the source held now (a growing one plans anew)
+
+    def fingerprint(self, shards: ShardSet | None = None) -> str:
         """A digest of what decides the batches besides (seed, epoch): the plan's options, the shard
-        set (last two path parts, utterance counts, frame columns), the tokenizer, the run-time options."""
-        speakers = self.shards.speakers
+        set (last two path parts, utterance counts, frame columns; ``shards``, else this stream's),
+        the tokenizer, the run-time options."""
+        shards = self.shards if shards is None else shards
+        speakers = shards.speakers
         planned = None if self.cfg.plan.max_utts_per_speaker is None or speakers is None else \
             hashlib.blake2b(np.ascontiguousarray(speakers.ids).tobytes(), digest_size=8).hexdigest()
-        run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.ctc_subsampling,
-               "sampling": repr(self.cfg.subword_sampling), "speakers": planned}
+        read = self.cfg.read
+        # "ctc" is also in the plan's options once set: kept here (None) so older states of loaders
+        # without it keep their fingerprints.
+        run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.plan.ctc_subsampling,
+               "sampling": repr(read.subword_sampling), "speakers": planned}
         if self.cfg.features.needed:  # only then: feature shards keep the fingerprints they had
             run["features"] = self.cfg.features.to_json()
+        # What only some loaders do: recorded when done, so the others keep the fingerprints they had.
+        texts = [t.text_json() for t in self.transforms]
+        if any(t != {"tokenizer": run["tokenizer"], "normalize": None} for t in texts):
+            run["corpora"] = texts
         text = json.dumps(run, sort_keys=True, default=repr, ensure_ascii=False)
-        return fingerprint(self.cfg.plan, self.shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
+        return fingerprint(self.cfg.plan, shards.fingerprint(), hashlib.blake2b(text.encode()).hexdigest())
 
     def stages(self, windows: Iterable[list[Planned]], epoch: int,
                counts: WorkerTally) -> Iterator[tuple[BatchId, Records]]:
         """The data flow of one reader for one epoch, in order, a window of planned batches at a time."""
-        cfg = self.cfg
-        sampling = cfg.subword_sampling if cfg.train else None
-        # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
-        label: Callable[[int, Records], Records] = lambda s, rows: tokenize(  # noqa: E731
-            rows, self.tokenizer, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s))
-        rows = read_batches(windows, self.shards, label=label, on_error=cfg.on_error, counts=counts,
-                            block=cfg.tokenize_group, fetch=cfg.fetch)
+        cfg, read = self.cfg, self.cfg.read
+        sampling = read.subword_sampling if cfg.train else None
+        shards, transforms = self.shards, self.transforms
+        names = read.read_fields
+        text = [names.index(n) for n in read.text_fields or ()]
+
+        def label(s: int, rows: Records) -> Records:
+            # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
+            t = transforms[int(shards.corpus[s]) if len(transforms) > 1 else 0]
+            return tokenize(rows, t, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s),
+                            langs=shards.values(LANG, rows.rows), text_fields=text)
+
+        rows = read_batches(windows, shards, label=label, on_error=read.on_error, counts=counts,
+                            block=read.tokenize_group, fetch=cfg.fetch, fields=names)
         if self.features is not None:
             rows = self.features(rows, counts)
-        return filter_ctc(rows, ctc_subsampling=cfg.ctc_subsampling, counts=counts)
+        if names:
+            rows = filter_fields(rows, counts=counts)
+        # The plan drops what the rule drops; this catches what subword sampling lengthens past it.
+        return filter_ctc(rows, ctc_subsampling=cfg.plan.ctc_subsampling, counts=counts)
+
+    def read(self, refs: Sequence[BatchId], epoch: int) -> Iterator[tuple[BatchId, Packed]]:
+        """Planned batches of the loader's ``epoch`` chosen by id, read through :meth:`stages` (each
+        shard once) and collated in this process, in the order given: the batches training yields
+        under those ids, with their counts left out of every tally (``Loader.rehearse``)."""
+        windows = [[(bid, self.source.rows(bid)) for bid in refs]]
+        for bid, rows in self.stages(windows, epoch, WorkerTally()):
+            yield bid, start_collate(rows, dims=self.shards.dims, on_error=self.cfg.read.on_error)()
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        at = self.source.from_note(self.control.read())
+        at = self.source.from_reader_start(self.control.read())
         lead, windows = self.source.run(at).reader_batches(self.rank, worker)
         epoch = at.epoch
         counts = WorkerTally()
@@ -148,10 +188,14 @@ class ReaderStream(IterableDataset):
         try:
             if lead:
                 yield item(None)
+            mixed = self.source.kind == "mixture"
             for bid, rows in self.stages(windows, epoch, counts):
+                if mixed:  # batch.corpus indexes what is mixed: corpora, or the parts mix_by made of them
+                    rows.in_corpus(bid[0])
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
                                                    alloc=pool.alloc if pool is not None else None,
-                                                   on_error=self.cfg.on_error)))
+                                                   on_error=self.cfg.read.on_error, fields=self.cfg.read.read_fields,
+                                                   text_fields=self.cfg.read.text_fields or ())))
                 if len(pending) > ahead:
                     yield item(pending.popleft())
             while pending:

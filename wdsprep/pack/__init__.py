@@ -1,6 +1,15 @@
-"""Features to shards: length groups, the grouped sink, ``pack_data`` (CAT's signature) and ``pack_audio``."""
+"""Utterances to shards: ``pack_data`` (features, CAT's signature) and ``pack_audio`` (audio), from
+Kaldi files or, with a :class:`Manifest`, another project's (``sources/``: Lhotse, NeMo, Hugging
+Face, WeNet).
+
+Each is a source (``from_feats.py``, ``from_audio.py``, ``sources/``) for the steps every pack takes
+(``driver.py``): its options (``options.py``), the length groups (``groups.py``), the shard plan
+(``plan.py``), the shards written in workers (``sink.py``) and the output folder's transaction,
+from the lock to the commit (``output.py``).
+"""
 
 from wdsprep.pack.from_audio import pack_audio
 from wdsprep.pack.from_feats import pack_data
+from wdsprep.pack.sources import Manifest
 
-__all__ = ["pack_data", "pack_audio"]
+__all__ = ["pack_data", "pack_audio", "Manifest"]

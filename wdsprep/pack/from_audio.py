@@ -10,7 +10,7 @@ shard's features are computed when that shard is written.
    shift`` frames (snip_edges).  Utterances that cannot be packed (unreadable audio, bad segments,
    too short, outside every group) are dropped here.
 2. shards: the plan of ``pack`` (:func:`wdsprep.pack.plan.plan_shards`), written shard by shard
-   by ``nj`` workers and published as they are done (:mod:`wdsprep.pack.publish`).  A worker reads
+   by ``nj`` workers and published as they are done (:mod:`wdsprep.pack.output`).  A worker reads
    each utterance's audio when it writes its shard (:class:`~wdsprep.prep.audio.WaveSource`: a
    segment of a PCM or FLAC file is read alone, so a long recording is not decoded once per
    segment), computes its fbank, and checks its frames against the plan.
@@ -23,27 +23,15 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import replace
-from pathlib import Path
-from typing import Callable, Sequence
+from functools import partial
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from wdsprep.format.index import AudioIndex
-from wdsprep.pack.groups import Groups
-from wdsprep.pack.plan import PlannedShard, plan_shards
-from wdsprep.pack.publish import (
-    Planned,
-    Written,
-    check_same,
-    file_digests,
-    pack_planned,
-    resume_complete,
-    sink_for,
-    stat_digest,
-    written,
-)
-from wdsprep.pack.sink import PathOrPaths, as_list, check_dtype, check_fmt, prepare_output
+from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
+from wdsprep.pack.fields import field_files
+from wdsprep.pack.options import AudioOptions, PackOptions, PathOrPaths
+from wdsprep.pack.sink import ShardSink
 from wdsprep.prep.audio import (
     AudioProblem,
     AudioReadError,
@@ -54,19 +42,24 @@ from wdsprep.prep.audio import (
     probe_recording,
     read_utterances,
 )
-from wdsprep.prep.fbank import Fbank, FbankOptions, one_torch_thread, resolve_backend
-from wdsprep.prep.kaldi import read_text, read_utt2spk
+from wdsprep.prep.fbank import Fbank, one_torch_thread
+from wdsprep.prep.fbank_options import FbankOptions
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
 from wdsprep.units import fbank_frames, frame_samples
 
-# What pack-audio stores: fbank features, or the audio itself (its features made while training).
-STORES = ("features", "flac", "wav")
+
+@runtime_checkable
+class AudioInput(Protocol):
+    """Utterances named other than by a ``wav.scp``: a :class:`~wdsprep.pack.sources.Manifest` (``--from``)."""
+
+    def audio_source(self, audio: AudioOptions) -> PackSource:
+        """The pack source of its utterances (its labels with it)."""
 
 
 def pack_audio(
-    wav_scp: str | os.PathLike,
-    f_labels: PathOrPaths,
+    wav_scp: str | os.PathLike | AudioInput,
+    f_labels: PathOrPaths | None,
     d_out: str | os.PathLike,
     fmt: str = "data-%05d.tar",
     filter_group: Sequence[str] | None = None,
@@ -77,12 +70,15 @@ def pack_audio(
     dither: float = 0.0,
     backend: str = "auto",
     channel: int = 0,
+    utt2spk: PathOrPaths | None = None,
+    utt2lang: PathOrPaths | None = None,
+    fields: Mapping[str, PathOrPaths] | None = None,
+    index_fields: Sequence[str] = (),
     utts_per_shard: int = 2000,
     layout: str = "cat",
     dtype: str = "float32",
     shuffle: bool = True,
     seed: int = 0,
-    utt2spk: PathOrPaths | None = None,
     nj: int = 1,
     strict: bool = False,
     overwrite: bool = False,
@@ -94,8 +90,14 @@ def pack_audio(
     with ``store`` ``"flac"`` or ``"wav"``, pack the audio itself (16-bit, at ``sample_rate``) for
     the loader to compute the features while training (docs/audio.md).
 
+    ``wav_scp`` is a Kaldi ``wav.scp`` (with ``f_labels``, and ``segments`` and ``utt2spk`` if any),
+    or a :class:`~wdsprep.Manifest` of another project's format (``--from KIND PATH``: Lhotse, NeMo,
+    Hugging Face, WeNet; docs/import.md), which names the transcripts, speakers and languages itself
+    (``f_labels``, ``segments`` and ``utt2spk`` None).
+
     Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
-    ``filter_group`` and the packing options (``resume`` too) those of :func:`wdsprep.pack_data`.
+    ``filter_group``, the fields (``utt2lang``, ``fields``, ``index_fields``) and the packing options
+    (``resume`` too) those of :func:`wdsprep.pack_data`.
     The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
     they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
     corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
@@ -109,106 +111,81 @@ def pack_audio(
         (``bad_audio``, ``bad_segment``, ``too_short``, ``missing_recording``, ``missing_audio``,
         ``missing_label``, ``outside_groups``, ...).
     """
-    check_fmt(fmt)
-    if store not in STORES:
-        raise ValueError(f"store must be one of {', '.join(STORES)}, got {store!r}")
-    audio = None
-    if store == "features":
-        check_dtype(dtype, layout)
-    else:
-        # What the loader computes features with: the options given, the backend a concrete one.
-        audio = AudioIndex(store, sample_rate, num_mel_bins, dither, "numpy" if backend == "auto" else backend)
+    audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store)
+    if audio.stores_audio:
         layout, dtype = store, "float32"
-    if utts_per_shard < 1:
-        raise ValueError("utts_per_shard must be >= 1")
-    opts = FbankOptions(num_mel_bins, sample_rate, dither, backend, channel)
-    opts = replace(opts, backend=resolve_backend(backend))  # fail early, in this process, with the reason
-    groups = Groups(filter_group) if filter_group else None
-    texts = as_list(f_labels)
-    spk_files = as_list(utt2spk) if utt2spk is not None else []
-    report = Report()
-    utts = read_utterances(wav_scp, segments, report)
-    labels = read_text(texts)
-    speakers = read_utt2spk(spk_files) if utt2spk is not None else None
-    out = prepare_output(d_out, overwrite, resume)
-    d, prior = out.d, out.prior
-    try:
-        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
-                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "shuffle": shuffle, "seed": seed,
-                   "num_mel_bins": num_mel_bins, "sample_rate": sample_rate, "dither": dither, "backend": opts.backend,
-                   "channel": channel, **({"store": store} if audio is not None else {})}
-        inputs = {"wav.scp": file_digests([wav_scp]), "segments": file_digests([segments] if segments else []),
-                  "text": file_digests(texts), "utt2spk": file_digests(spk_files),
-                  "audio": stat_digest([u.rxfile for u in utts if not u.rxfile.rstrip().endswith("|")])}
-        if prior is not None:
-            check_same(d, prior, "pack-audio", inputs, options)
-            done = resume_complete(d, prior, "pack-audio", inputs, options)
-            if done is not None:
-                return done
+    options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, None, shuffle, seed, audio,
+                          index_fields=index_fields)
+    if isinstance(wav_scp, AudioInput):
+        kaldi = [k for k, v in (("f_labels", f_labels), ("segments", segments), ("utt2spk", utt2spk)) if v is not None]
+        if kaldi:
+            raise ValueError(f"{kaldi[0]}: the manifest names its utterances' transcripts, segments and speakers; give "
+                             f"it alone")
+        source: PackSource = wav_scp.audio_source(audio)
+        assert source.labels is not None
+        labels = source.labels
+    else:
+        if f_labels is None:
+            raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
+        source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
+    return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
+                    progress=progress, fields=field_files(utt2lang, fields))
 
-        known = {u.uttid for u in utts} | {x["uttid"] for x in report.dropped.get("missing_recording", [])}
-        where_audio = f"{segments} (segments)" if segments is not None else f"{wav_scp}"
-        for uttid in labels.keys() - known:
-            report.drop("missing_audio", uttid, f"in {labels[uttid].where}, not in {where_audio}")
-        items = []
-        for u in utts:
-            label = labels.get(u.uttid)
-            if label is None:
-                report.drop("missing_label", u.uttid, f"in {u.where}, in no text file")
+
+class AudioSource(PackSource):
+    """Utterances from a Kaldi ``wav.scp`` (and ``segments``); the headers pass reads each
+    recording's header."""
+
+    command = "pack-audio"
+
+    def __init__(self, wav_scp: str | os.PathLike, segments: str | os.PathLike | None, audio: AudioOptions) -> None:
+        self.audio = audio
+        self.report = Report()
+        self.utts = read_utterances(wav_scp, segments, self.report)
+        unknown_recording = self.report.dropped.get("missing_recording", [])
+        self.known = {u.uttid for u in self.utts} | {x["uttid"] for x in unknown_recording}
+        self.missing = ("missing_audio", f"not in {segments} (segments)" if segments is not None else
+                        f"not in {wav_scp}")
+        self.files = {"wav.scp": [wav_scp], "segments": [segments] if segments else []}
+        self.data = ("audio", [u.rxfile for u in self.utts if not u.rxfile.rstrip().endswith("|")])
+
+    def entries(self) -> list[tuple[str, str, Any]]:
+        return [(u.uttid, u.where, u) for u in self.utts]
+
+    def headers(self, items: list[Item], report: Report, *, nj: int, progress: bool | None) -> Headers:
+        """Each utterance's frames from its recording's header (see the module's doc)."""
+        fbank = self.audio.resolved
+        recordings = list(dict.fromkeys(u.rxfile for _, u, _ in items))
+        probed = run_chunks(partial(_probe_chunk, self.probe), recordings, nj, desc=f"{self.command}: headers",
+                            progress=progress)
+        headers = dict(zip(recordings, (r for chunk in probed for r in chunk)))
+        window, _ = frame_samples(fbank.sample_rate)
+        frames = np.full(len(items), -1, np.int64)
+        unpackable: dict[int, tuple[str, str]] = {}
+        for k, (_, u, _) in enumerate(items):
+            n = planned_samples(u, headers[u.rxfile], sample_rate=fbank.sample_rate, channel=fbank.channel,
+                                min_samples=window)
+            if isinstance(n, AudioProblem):
+                unpackable[k] = (n.reason, n.detail)
             else:
-                items.append((u, label.value))
+                frames[k] = fbank_frames(n, fbank.sample_rate)
+        recs = {rx: h for rx, h in headers.items() if isinstance(h, Recording)}
+        return Headers(frames, unpackable, self.job(items, recs, fbank))
 
-        def plan(report: Report) -> Planned:
-            return plan_audio(items, d, report, opts=opts, groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                              dtype=dtype, shuffle=shuffle, seed=seed, nj=nj, progress=progress,
-                              store_audio=audio is not None)
+    # A recording's header, given its ``wav.scp`` value (a picklable callable: it runs in workers).
+    probe: Callable[[str], Recording] = staticmethod(probe_recording)
 
-        return pack_planned(d, plan, report, command="pack-audio", inputs=inputs, options=options, prior=prior, fmt=fmt,
-                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers,
-                            audio=audio)
-    finally:
-        out.release()
+    def job(self, items: list[Item], recordings: dict[str, Recording], fbank: FbankOptions) -> AudioJob:
+        """The job that writes ``items`` (their recordings' headers as probed)."""
+        return AudioJob(items, recordings, fbank, store_audio=self.audio.stores_audio)
 
 
-def plan_audio(items: Sequence[tuple[Utterance, str]], d_out: Path, report: Report, *, opts: FbankOptions,
-               groups: Groups | None, utts_per_shard: int, layout: str, dtype: str, shuffle: bool, seed: int,
-               nj: int, progress: bool | None, store_audio: bool = False) -> Planned:
-    """The headers pass and the shard plan (see the module's doc); what cannot be packed goes to ``report``."""
-    recordings = list(dict.fromkeys(u.rxfile for u, _ in items))
-    probed = run_chunks(_probe_chunk, recordings, nj, desc="pack-audio: headers", progress=progress)
-    headers = dict(zip(recordings, (r for chunk in probed for r in chunk)))
-    window, _ = frame_samples(opts.sample_rate)
-    frames = np.full(len(items), -1, np.int64)
-    folders: list[str | None] = []
-    for k, (u, _) in enumerate(items):
-        n = planned_samples(u, headers[u.rxfile], sample_rate=opts.sample_rate, channel=opts.channel,
-                            min_samples=window)
-        folder = None
-        if isinstance(n, AudioProblem):
-            report.drop(n.reason, u.uttid, n.detail)
-        else:
-            frames[k] = fbank_frames(n, opts.sample_rate)
-            group = None if groups is None else groups.find(int(frames[k]))
-            if groups is None:
-                folder = ""
-            elif group is None:
-                report.drop("outside_groups", u.uttid, f"{frames[k]} frames")
-            else:
-                folder = group.folder
-        folders.append(folder)
-    order = [""] if groups is None else [g.folder for g in groups]
-    uttids = [u.uttid for u, _ in items]
-    planned = plan_shards(uttids, folders, frames, order, utts_per_shard=utts_per_shard, shuffle=shuffle, seed=seed)
-    recs = {rx: h for rx, h in headers.items() if isinstance(h, Recording)}
-    job = AudioJob(d_out, items, planned, frames, recs, opts=opts, layout=layout, dtype=dtype, store_audio=store_audio)
-    return Planned(planned, uttids, frames, order, job)
-
-
-def _probe_chunk(chunk: Sequence[str], worker: int, tick: Callable[[int], None]) -> list[Recording | AudioReadError]:
+def _probe_chunk(probe: Callable[[str], Recording], chunk: Sequence[str], worker: int,
+                 tick: Callable[[int], None]) -> list[Recording | AudioReadError]:
     out: list[Recording | AudioReadError] = []
     for rxfile in chunk:
         try:
-            out.append(probe_recording(rxfile))
+            out.append(probe(rxfile))
         except AudioReadError as e:
             out.append(e)
         tick(1)
@@ -216,14 +193,12 @@ def _probe_chunk(chunk: Sequence[str], worker: int, tick: Callable[[int], None])
 
 
 class AudioJob:
-    """Writes planned shards from audio, in a worker: each utterance's waveform, its fbank, checked
-    against the planned frames."""
+    """Writes utterances from their audio, in a worker: each utterance's waveform, and its fbank (or,
+    ``store_audio``, the audio itself), checked against the planned frames."""
 
-    def __init__(self, d_out: Path, items: Sequence[tuple[Utterance, str]], shards: Sequence[PlannedShard],
-                 frames: np.ndarray, recordings: dict[str, Recording], *, opts: FbankOptions, layout: str,
-                 dtype: str, store_audio: bool = False) -> None:
-        self.d_out, self.items, self.shards, self.frames, self.recordings = d_out, items, shards, frames, recordings
-        self.opts, self.layout, self.dtype, self.store_audio = opts, layout, dtype, store_audio
+    def __init__(self, items: Sequence[Item], recordings: dict[str, Recording], fbank: FbankOptions, *,
+                 store_audio: bool = False) -> None:
+        self.items, self.recordings, self.opts, self.store_audio = items, recordings, fbank, store_audio
         self._stack: ExitStack | None = None
         self.fbank: Fbank | None = None
         self.source: WaveSource | None = None
@@ -241,36 +216,30 @@ class AudioJob:
             self._stack = None
         self.fbank = self.source = None
 
-    def write(self, shard: int, tick: Callable[[int], None]) -> Written:
-        s = self.shards[shard]
-        fbank, source = self.fbank, self.source
-        assert fbank is not None and source is not None
-        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=None,
-                        sample_rate=self.opts.sample_rate if self.store_audio else None)
-        try:
-            for i, planned in zip(s.items.tolist(), self.frames[s.items].tolist()):
-                u, text = self.items[i]
-                wave = source.waveform(u, self.recordings[u.rxfile])
-                if isinstance(wave, AudioProblem):
-                    sink.drop(wave.reason, u.uttid, wave.detail)
-                elif self.store_audio:  # the audio itself, 16-bit: the loader makes the features
-                    pcm = np.clip(np.rint(wave), -32768, 32767).astype(np.int16)
-                    if fbank_frames(len(pcm), self.opts.sample_rate) != planned:
-                        sink.drop("bad_audio", u.uttid, f"recording {u.recid!r}: {len(pcm)} samples, its header "
-                                                        f"promised {planned} frames' worth ({u.rxfile} changed "
-                                                        f"during the pack: pack again)")
-                    else:
-                        sink.add_audio(u.uttid, pcm, text, folder=s.folder)
-                else:
-                    feats = fbank(wave)
-                    if feats.shape[0] != planned:
-                        sink.drop("bad_audio", u.uttid, f"recording {u.recid!r}: {feats.shape[0]} frames, its header "
-                                                        f"promised {planned} ({u.rxfile} changed during the pack, or "
-                                                        f"its header is wrong: re-encode it)")
-                    else:
-                        sink.add(u.uttid, feats, text, folder=s.folder)
-                tick(1)
-            return written(sink, shard, s.folder)
-        except BaseException:
-            sink.abort()
-            raise
+    def waveform(self, u: Utterance) -> np.ndarray | AudioProblem:
+        """An utterance's samples at the target rate, or why there are none."""
+        assert self.source is not None
+        return self.source.waveform(u, self.recordings[u.rxfile])
+
+    def add(self, sink: ShardSink, item: int, frames: int) -> None:
+        uttid, u, text = self.items[item]
+        assert self.fbank is not None
+        wave = self.waveform(u)
+        if isinstance(wave, AudioProblem):
+            sink.drop(wave.reason, uttid, wave.detail)
+        elif self.store_audio:  # the audio itself, 16-bit: the loader makes the features
+            pcm = np.clip(np.rint(wave), -32768, 32767).astype(np.int16)
+            if fbank_frames(len(pcm), self.opts.sample_rate) != frames:
+                sink.drop("bad_audio", uttid, f"recording {u.recid!r}: {len(pcm)} samples, its header promised "
+                                              f"{frames} frames' worth ({u.rxfile} changed during the pack: pack "
+                                              f"again)")
+            else:
+                sink.add_audio(uttid, pcm, text)
+        else:
+            feats = self.fbank(wave)
+            if feats.shape[0] != frames:
+                sink.drop("bad_audio", uttid, f"recording {u.recid!r}: {feats.shape[0]} frames, its header promised "
+                                              f"{frames} ({u.rxfile} changed during the pack, or its header is "
+                                              f"wrong: re-encode it)")
+            else:
+                sink.add(uttid, feats, text)

@@ -1,8 +1,9 @@
 """``pack``: Kaldi ``feats.scp`` + ``text`` -> length-grouped tar shards with an index and a report.
 
-Two passes over the arks, so that every shard's utterances are chosen before any is written
+A source for the steps every pack takes (:func:`wdsprep.pack.driver.run_pack`): two passes over
+the arks, so that every shard's utterances are chosen before any is written
 (:mod:`wdsprep.pack.plan`), and the shards can be published one by one as they are written
-(:mod:`wdsprep.pack.publish`):
+(:mod:`wdsprep.pack.output`):
 
 1. headers: each matrix's header (a few bytes at its offset, read in ``feats.scp`` order) gives
    its frames and dims; so before a shard is written the pack knows every utterance's length
@@ -18,45 +19,32 @@ Two passes over the arks, so that every shard's utterances are chosen before any
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from wdsprep.pack.groups import Groups
-from wdsprep.pack.plan import PlannedShard, plan_shards
-from wdsprep.pack.publish import (
-    Planned,
-    Written,
-    check_same,
-    file_digests,
-    pack_planned,
-    resume_complete,
-    sink_for,
-    stat_digest,
-    written,
-)
-from wdsprep.pack.sink import (
-    DimTally,
-    PathOrPaths,
-    as_list,
-    check_dims,
-    check_dtype,
-    check_fmt,
-    feature_problem,
-    prepare_output,
-)
+from wdsprep.errors import DataError
+from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
+from wdsprep.pack.fields import field_files
+from wdsprep.pack.options import PackOptions, PathOrPaths, as_list
+from wdsprep.pack.sink import ShardSink, feature_problem
 from wdsprep.prep.ark import ArkError, ArkReader
-from wdsprep.prep.kaldi import read_feats_scp, read_text, read_utt2spk
+from wdsprep.prep.kaldi import read_feats_scp
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
 
-Item = tuple[str, str, str]  # (uttid, ark rxfilename, transcript)
+
+@runtime_checkable
+class FeaturesInput(Protocol):
+    """Features named other than by a ``feats.scp``: a :class:`~wdsprep.pack.sources.Manifest` (``--from``)."""
+
+    def features_source(self, dims: int | None) -> PackSource:
+        """The pack source of its utterances' features (its labels with it)."""
 
 
 def pack_data(
-    f_scps: PathOrPaths,
-    f_labels: PathOrPaths,
+    f_scps: PathOrPaths | FeaturesInput,
+    f_labels: PathOrPaths | None,
     d_out: str | os.PathLike,
     fmt: str = "data-%05d.tar",
     filter_group: Sequence[str] | None = None,
@@ -68,6 +56,9 @@ def pack_data(
     shuffle: bool = True,
     seed: int = 0,
     utt2spk: PathOrPaths | None = None,
+    utt2lang: PathOrPaths | None = None,
+    fields: Mapping[str, PathOrPaths] | None = None,
+    index_fields: Sequence[str] = (),
     nj: int = 1,
     strict: bool = False,
     overwrite: bool = False,
@@ -77,8 +68,11 @@ def pack_data(
     """Pack Kaldi features and transcripts into tar shards, one folder per length group.
 
     Args:
-        f_scps: one or more ``feats.scp`` (arks may hold Kaldi compressed matrices).
-        f_labels: one or more Kaldi ``text`` files; transcripts are stored as raw UTF-8.
+        f_scps: one or more ``feats.scp`` (arks may hold Kaldi compressed matrices), or a
+            :class:`~wdsprep.Manifest` naming features another project computed (``--from lhotse``:
+            cuts with features), whose transcripts and speakers it names too (docs/import.md).
+        f_labels: one or more Kaldi ``text`` files; transcripts are stored as raw UTF-8 (None with a
+            Manifest).
         d_out: output directory; shards go to ``d_out/LO_HI/`` per group, or ``d_out`` without groups.
         fmt: shard file name, ``fmt % i``.
         filter_group: length groups ``"LO:HI"`` in frames (``LO <= frames < HI``; open ends allowed).
@@ -95,6 +89,16 @@ def pack_data(
         utt2spk: Kaldi ``utt2spk`` file(s); the speakers go into the index, for the loader's
             shuffle report and ``max_utts_per_speaker``.  Without it the index holds the speaker
             each id names (up to its first ``-``, see :func:`wdsprep.format.keys.speaker_of`).
+        utt2lang: Kaldi-style ``utt2lang`` file(s), ``uttid language``: each utterance's language
+            goes into the shards (member ``KEY.lang``) and is a column of the index (the loader's
+            ``batch.lang``, tokenizers per language, ``mix_by="lang"``).  An utterance without one
+            is not packed (``missing_lang``).
+        fields: ``{NAME: file(s)}`` of Kaldi-style tables, ``uttid value``: each utterance's value
+            becomes a member ``KEY.NAME`` of the shards (webdataset returns it as field ``NAME``;
+            the loader's ``fields=``), e.g. ``{"prev_text": "data/train/text.prev"}``.  An utterance
+            without a value is not packed (``missing_field``); an empty value is a value.
+        index_fields: fields that are columns of the index too (the language always is): plans can
+            use them (``mix_by``) and ``inspect`` counts them.
         nj: worker processes.
         strict: raise :class:`StrictError` (after writing the report) if any utterance was not
             packed, has an empty transcript or no speaker in ``utt2spk``.
@@ -112,50 +116,71 @@ def pack_data(
     Returns:
         The report, also written to ``d_out/pack_report.json``.
     """
-    check_fmt(fmt)
-    check_dims(dims)
-    check_dtype(dtype, layout)
-    if utts_per_shard < 1:
-        raise ValueError("utts_per_shard must be >= 1")
-    groups = Groups(filter_group) if filter_group else None
-    scps, texts = as_list(f_scps), as_list(f_labels)
-    spk_files = as_list(utt2spk) if utt2spk is not None else []
-    feats = read_feats_scp(scps)
-    labels = read_text(texts)
-    speakers = read_utt2spk(spk_files) if utt2spk is not None else None
-    out = prepare_output(d_out, overwrite, resume)
-    d, prior = out.d, out.prior
-    try:
-        options = {"fmt": fmt, "filter_group": None if groups is None else [str(g) for g in groups],
-                   "utts_per_shard": utts_per_shard, "layout": layout, "dtype": dtype, "dims": dims, "shuffle": shuffle,
-                   "seed": seed}
-        inputs = {"feats.scp": file_digests(scps), "text": file_digests(texts), "utt2spk": file_digests(spk_files),
-                  "arks": stat_digest([ark_path(e.value) for e in feats.values() if ark_path(e.value)])}
-        if prior is not None:
-            check_same(d, prior, "pack", inputs, options)
-            done = resume_complete(d, prior, "pack", inputs, options)
-            if done is not None:
-                return done
+    options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, dims, shuffle, seed,
+                          index_fields=index_fields)
+    if isinstance(f_scps, FeaturesInput):
+        if f_labels is not None or utt2spk is not None:
+            raise ValueError(f"{'f_labels' if f_labels is not None else 'utt2spk'}: the manifest names its utterances' "
+                             f"transcripts and speakers; give it alone")
+        source: PackSource = f_scps.features_source(options.dims)
+        assert source.labels is not None
+        labels = source.labels
+    else:
+        if f_labels is None:
+            raise ValueError("a feats.scp needs its transcripts: give f_labels (--text)")
+        source, labels = FeatsSource(as_list(f_scps), options.dims), kaldi_labels(f_labels, utt2spk)
+    return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
+                    progress=progress, fields=field_files(utt2lang, fields))
 
-        report = Report()
-        for uttid in labels.keys() - feats.keys():
-            report.drop("missing_features", uttid, f"in {labels[uttid].where}, in no feats.scp")
-        items: list[Item] = []
-        for uttid, e in feats.items():
-            label = labels.get(uttid)
-            if label is None:
-                report.drop("missing_label", uttid, f"in {e.where}, in no text file")
-            else:
-                items.append((uttid, e.value, label.value))
 
-        def plan(report: Report) -> Planned:
-            return plan_arks(items, d, report, desc="pack", groups=groups, utts_per_shard=utts_per_shard, layout=layout,
-                             dtype=dtype, dims=dims, shuffle=shuffle, seed=seed, nj=nj, progress=progress)
+class FeatsSource(PackSource):
+    """Utterances from Kaldi ``feats.scp`` files; the headers pass reads each matrix's header."""
 
-        return pack_planned(d, plan, report, command="pack", inputs=inputs, options=options, prior=prior, fmt=fmt,
-                            layout=layout, dtype=dtype, nj=nj, progress=progress, strict=strict, utt2spk=speakers)
-    finally:
-        out.release()
+    command = "pack"
+    missing = ("missing_features", "in no feats.scp")
+
+    def __init__(self, scps: list[str], dims: int | None) -> None:
+        self.feats = read_feats_scp(scps)
+        self.dims = dims
+        self.report = Report()
+        self.known = self.feats.keys()
+        self.files = {"feats.scp": scps}
+        self.data = ("arks", [p for e in self.feats.values() if (p := ark_path(e.value))])
+
+    def entries(self) -> list[tuple[str, str, Any]]:
+        return [(uttid, e.where, e.value) for uttid, e in self.feats.items()]
+
+    def headers(self, items: list[Item], report: Report, *, nj: int, progress: bool | None) -> Headers:
+        """Each matrix's frames and dims from its header (see the module's doc); features of several
+        dimensions fail the pack here, before a shard is written, unless ``dims`` picks one."""
+        measured = run_chunks(_measure_chunk, [(u, rx) for u, rx, _ in items], nj, desc=f"{self.command}: headers",
+                              progress=progress)
+        frames = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0, np.int64)
+        cols = np.concatenate([m[1] for m in measured]) if measured else np.zeros(0, np.int64)
+        for m in measured:
+            report.merge(m[2])
+        uttids = [u for u, _, _ in items]
+        if self.dims is None:
+            check_one_dimension(uttids, cols)
+        unpackable = {i: ("other_dims", f"{c} feature dims; only {self.dims}-dim features are packed (dims)")
+                      for i, (n, c) in enumerate(zip(frames.tolist(), cols.tolist()))
+                      if n >= 0 and self.dims is not None and c != self.dims}
+        return Headers(frames, unpackable, ArkJob(items, cols))
+
+
+def check_one_dimension(uttids: Sequence[str], cols: np.ndarray) -> None:
+    """A pack without ``dims`` (``--dims``) fails on features of several dimensions, naming each with
+    its count and first utterance (``cols``: each item's, <= 0 for one not measured)."""
+    measured = np.flatnonzero(cols > 0)
+    dims, first, counts = np.unique(cols[measured], return_index=True, return_counts=True)
+    if len(dims) < 2:
+        return
+    found = {d: (n, uttids[measured[f]]) for d, f, n in zip(dims.tolist(), first.tolist(), counts.tolist())}
+    ranked = sorted(found, key=lambda d: (-found[d][0], d))
+    listed = "; ".join(f"{d} dims in {found[d][0]:,} utterance(s), the first {found[d][1]}" for d in ranked)
+    raise DataError(f"the features have different dimensions ({listed}); nothing was packed. Pack each "
+                    f"dimension into a directory of its own, or pass --dims {ranked[0]} (dims={ranked[0]}) to "
+                    f"pack the {ranked[0]}-dim features and report the others as other_dims")
 
 
 def ark_path(rxfile: str) -> str | None:
@@ -166,51 +191,12 @@ def ark_path(rxfile: str) -> str | None:
     return path if sep and offset.isdigit() else rxfile
 
 
-def plan_arks(items: Sequence[Item], d_out: Path, report: Report, *, desc: str, groups: Groups | None,
-              utts_per_shard: int, layout: str, dtype: str, dims: int | None, shuffle: bool, seed: int, nj: int,
-              progress: bool | None) -> Planned:
-    """The headers pass and the shard plan (see the module's doc); what cannot be packed goes to ``report``."""
-    measured = run_chunks(_measure_chunk, [(u, rx) for u, rx, _ in items], nj, desc=f"{desc}: headers",
-                          progress=progress)
-    frames = np.concatenate([m[0] for m in measured]) if measured else np.zeros(0, np.int64)
-    cols = np.concatenate([m[1] for m in measured]) if measured else np.zeros(0, np.int64)
-    for m in measured:
-        report.merge(m[2])
-    found = DimTally()
-    for (uttid, _, _), c in zip(items, cols.tolist()):
-        if c > 0:
-            found.add(c, uttid)
-    found.check(dims)  # before a single shard is written
-    folders: list[str | None] = []
-    for (uttid, _, _), n, c in zip(items, frames.tolist(), cols.tolist()):
-        folder = None
-        if n < 0:
-            pass  # dropped while measuring
-        elif dims is not None and c != dims:
-            report.drop("other_dims", uttid, f"{c} feature dims; only {dims}-dim features are packed (dims)")
-        elif groups is None:
-            folder = ""
-        else:
-            group = groups.find(n)
-            if group is None:
-                report.drop("outside_groups", uttid, f"{n} frames")
-            else:
-                folder = group.folder
-        folders.append(folder)
-    order = [""] if groups is None else [g.folder for g in groups]
-    uttids = [u for u, _, _ in items]
-    planned = plan_shards(uttids, folders, frames, order, utts_per_shard=utts_per_shard, shuffle=shuffle, seed=seed)
-    job = ArkJob(d_out, items, planned, frames, layout=layout, dtype=dtype, dims=dims)
-    return Planned(planned, uttids, frames, order, job)
-
-
 class ArkJob:
-    """Writes planned shards from arks, in a worker (each ark kept open while it is read)."""
+    """Writes utterances from their arks, in a worker (each ark kept open while it is read), each
+    checked against the shape the headers pass found."""
 
-    def __init__(self, d_out: Path, items: Sequence[Item], shards: Sequence[PlannedShard], frames: np.ndarray, *,
-                 layout: str, dtype: str, dims: int | None) -> None:
-        self.d_out, self.items, self.shards, self.frames = d_out, items, shards, frames
-        self.layout, self.dtype, self.dims = layout, dtype, dims
+    def __init__(self, items: Sequence[Item], cols: np.ndarray) -> None:
+        self.items, self.cols = items, cols
         self.arks: ArkReader | None = None
 
     def open(self) -> None:
@@ -221,28 +207,33 @@ class ArkJob:
             self.arks.close()
             self.arks = None
 
-    def write(self, shard: int, tick: Callable[[int], None]) -> Written:
-        s = self.shards[shard]
-        arks = self.arks
-        assert arks is not None
-        sink = sink_for(self.d_out, shard, layout=self.layout, dtype=self.dtype, dims=self.dims)
+    def add(self, sink: ShardSink, item: int, frames: int) -> None:
+        uttid, rxfile, text = self.items[item]
+        assert self.arks is not None
         try:
-            for i, frames in zip(s.items.tolist(), self.frames[s.items].tolist()):
-                uttid, rxfile, text = self.items[i]
-                try:
-                    feats = arks.load(rxfile)
-                    if isinstance(feats, np.ndarray) and feats.ndim == 2 and feats.shape[0] != frames:
-                        sink.drop("bad_features", uttid, f"{feats.shape[0]} frames, {frames} when the pack measured "
-                                                         f"it: {rxfile} changed during the pack; pack again")
-                    else:
-                        sink.add(uttid, feats, text, folder=s.folder)
-                except ArkError as e:
-                    sink.drop("bad_features", uttid, str(e))
-                tick(1)
-            return written(sink, shard, s.folder)
-        except BaseException:
-            sink.abort()
-            raise
+            feats = self.arks.load(rxfile)
+        except ArkError as e:
+            sink.drop("bad_features", uttid, str(e))
+            return
+        changed = _changed(feats, frames, int(self.cols[item]))
+        if changed is not None:
+            sink.drop("bad_features", uttid, f"{changed} when the pack measured it: {rxfile} changed during the "
+                                             f"pack; pack again")
+        else:
+            sink.add(uttid, feats, text)
+
+
+def _changed(feats: Any, frames: int, dims: int) -> str | None:
+    """How a matrix differs from the shape its header gave (None: it does not)."""
+    if not isinstance(feats, np.ndarray) or feats.ndim != 2:
+        return None  # not a matrix: the sink says why it cannot be packed
+    if feats.shape[0] != frames:
+        return f"{feats.shape[0]} frames, {frames}"
+    if feats.shape[1] != dims:
+        return f"{feats.shape[1]} feature dims, {dims}"
+    return None
+
+
 def _measure_chunk(chunk: Sequence[tuple[str, str]], worker: int,
                    tick: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray, Report]:
     """(frames, dims) of each matrix, -1 for one that cannot be packed (and why, in the report)."""

@@ -2,6 +2,7 @@
 
 Folder names are ``LO_HI``; an open lower end is written ``0`` (frames are never negative, so
 ``:10`` and ``0:10`` are the same group) and an open upper end ``inf`` (``1000:`` -> ``1000_inf``).
+:func:`assign_folders` puts each utterance of a pack in its group's folder.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from wdsprep.report import Report
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,32 @@ class Groups:
 
     def __len__(self) -> int:
         return len(self.groups)
+
+
+def assign_folders(uttids: Sequence[str], frames: np.ndarray, groups: Groups | None, report: Report,
+                   unpackable: Mapping[int, tuple[str, str]]) -> list[str | None]:
+    """Each utterance's shard folder: its length group's (``""`` without groups), None for one not packed.
+
+    ``frames[i] < 0``: item ``i`` was dropped already (its reason is in ``report``);
+    ``unpackable[i]``: why item ``i`` cannot be packed, reported here as ``(reason, detail)``.  The
+    rest are measured; one outside every group is reported as ``outside_groups``.  Reports are made
+    in input order.
+    """
+    folders: list[str | None] = []
+    for i, (uttid, n) in enumerate(zip(uttids, frames.tolist())):
+        folder = None
+        if i in unpackable:
+            reason, detail = unpackable[i]
+            report.drop(reason, uttid, detail)
+        elif n < 0:
+            pass  # dropped already
+        elif groups is None:
+            folder = ""
+        else:
+            group = groups.find(n)
+            if group is None:
+                report.drop("outside_groups", uttid, f"{n} frames")
+            else:
+                folder = group.folder
+        folders.append(folder)
+    return folders

@@ -8,14 +8,15 @@ length group's utterances are put in one order and cut into shards of ``utts_per
   hash of the seed and its id).  Speakers and recordings spread over every shard of the group.
 - no shuffle: input order, as Kaldi keeps it (sorted by id, so by speaker).
 
-Workers then write whole shards, each taking the next one when it is free, and shards are
-published and named in plan order (:mod:`wdsprep.pack.publish`), so the shards and their names
-depend on the seed alone, not on ``nj``; only the last shard of a group is short.
+Workers then write whole shards (:func:`write_order`), each taking the next one when it is free,
+and shards are published and named in plan order (:mod:`wdsprep.pack.output`), so the shards and
+their names depend on the seed alone, not on ``nj``; only the last shard of a group is short.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,6 +32,25 @@ class PlannedShard:
     frames: int  # total
 
 
+@dataclass
+class ShardPlan:
+    """A pack's shard plan: its shards, every item's id and planned frames, and its folders."""
+
+    shards: list[PlannedShard]
+    uttids: Sequence[str]  # per item (the positions PlannedShard.items hold)
+    frames: np.ndarray  # int64 per item: frames as planned (< 0: not packed)
+    folders: list[str]  # every folder of the pack, in order (length groups)
+
+    def digest(self) -> str:
+        """A digest of every planned shard: its folder, its utterances in order and their frames."""
+        h = hashlib.blake2b(digest_size=16)
+        for s in self.shards:
+            h.update(s.folder.encode("utf-8") + b"\0")
+            h.update("\n".join(self.uttids[i] for i in s.items.tolist()).encode("utf-8") + b"\0")
+            h.update(np.ascontiguousarray(self.frames[s.items], np.int64).tobytes())
+        return h.hexdigest()
+
+
 def shuffle_keys(uttids: Sequence[str], seed: int) -> np.ndarray:
     """Each utterance's place in the seeded order: 8 bytes of a keyed hash of its id (uint64).
 
@@ -44,7 +64,7 @@ def shuffle_keys(uttids: Sequence[str], seed: int) -> np.ndarray:
 
 
 def plan_shards(uttids: Sequence[str], folders: Sequence[str | None], frames: np.ndarray, folder_order: Sequence[str],
-                *, utts_per_shard: int, shuffle: bool, seed: int) -> list[PlannedShard]:
+                *, utts_per_shard: int, shuffle: bool, seed: int) -> ShardPlan:
     """The shards of a pack, folder by folder (in ``folder_order``), each folder's in order.
 
     ``folders[i]`` is item ``i``'s length group folder, None for an item not packed.  Ties of the
@@ -64,7 +84,7 @@ def plan_shards(uttids: Sequence[str], folders: Sequence[str | None], frames: np
         for a in range(0, len(items), utts_per_shard):
             part = items[a:a + utts_per_shard]
             shards.append(PlannedShard(folder, part, int(frames[part].sum())))
-    return shards
+    return ShardPlan(shards, uttids, frames, list(folder_order))
 
 
 def _by_key(items: np.ndarray, keys: np.ndarray, uttids: Sequence[str]) -> np.ndarray:
@@ -78,3 +98,19 @@ def _by_key(items: np.ndarray, keys: np.ndarray, uttids: Sequence[str]) -> np.nd
             b += 1
         items[a:b + 1] = sorted(items[a:b + 1].tolist(), key=lambda i: uttids[i])
     return items
+
+
+def write_order(plan: ShardPlan) -> list[int]:
+    """Shard ids in the order they are written: the folders interleaved by how far through each is,
+    each folder's own shards in plan order (so a loader following the pack sees every length group
+    from the start)."""
+    seen: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    for s in plan.shards:
+        total[s.folder] += 1
+    rank = {f: n for n, f in enumerate(plan.folders)}
+    keyed = []
+    for j, s in enumerate(plan.shards):
+        keyed.append(((seen[s.folder] + 0.5) / total[s.folder], rank.get(s.folder, 0), j))
+        seen[s.folder] += 1
+    return [j for *_, j in sorted(keyed)]

@@ -65,6 +65,14 @@ class AudioProblem:
 class AudioReadError(Exception):
     """A recording cannot be read; the message says which file and why."""
 
+    reason = "bad_audio"  # what the report counts it as
+
+
+class MissingAudio(AudioReadError):
+    """A recording a manifest names is not there (no such file, no such member of a tar)."""
+
+    reason = "missing_file"
+
 
 def read_utterances(wav_scp: PathLike, segments: PathLike | None, report: Report) -> list[Utterance]:
     """The utterances of a data dir, in processing order; segments naming no recording go to ``report``.
@@ -269,7 +277,7 @@ def planned_samples(u: Utterance, rec: Recording | AudioReadError, *, sample_rat
     """The samples :func:`iter_waveforms` will give for ``u``, from its recording's header alone,
     or the problem it will report."""
     if isinstance(rec, AudioReadError):
-        return AudioProblem("bad_audio", f"recording {u.recid!r}: {rec}")
+        return AudioProblem(rec.reason, f"recording {u.recid!r}: {rec}")
     ch = channel if u.channel is None else u.channel
     if not 0 <= ch < rec.channels:
         src = f"{u.where} asks for" if u.channel is not None else "--channel"

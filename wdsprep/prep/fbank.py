@@ -33,11 +33,13 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from wdsprep.errors import StrictError
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, temp_path, write_text
 from wdsprep.format.audio import FBANK_BACKENDS as BACKENDS
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
+from wdsprep.prep.fbank_options import FbankOptions
 from wdsprep.prep.parallel import run_chunks
-from wdsprep.report import Report, StrictError
+from wdsprep.report import Report
 from wdsprep.units import FRAME_LENGTH_MS, FRAME_SHIFT_MS, fbank_frames, frame_samples, hours
 
 REPORT_NAME = "fbank_report.json"
@@ -91,25 +93,10 @@ def resolve_backend(backend: str = "auto") -> str:
     return backend
 
 
-@dataclass(frozen=True)
-class FbankOptions:
-    """What the features depend on (besides the audio)."""
-
-    num_mel_bins: int = 80
-    sample_rate: int = 16000
-    dither: float = 0.0
-    backend: str = "auto"
-    channel: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_mel_bins < 1:
-            raise ValueError(f"num_mel_bins must be >= 1, got {self.num_mel_bins}")
-        if self.sample_rate < 1000:
-            raise ValueError(f"sample_rate {self.sample_rate} Hz is not a speech sample rate")
-        if self.dither < 0:
-            raise ValueError(f"dither must be >= 0, got {self.dither}")
-        if self.channel < 0:
-            raise ValueError(f"channel must be >= 0, got {self.channel}")
+def resolve_options(opts: FbankOptions) -> FbankOptions:
+    """``opts`` with the backend that computes the features here (``auto`` resolved; a named one
+    checked to import): call it in the main process, so a missing backend fails early, with the reason."""
+    return replace(opts, backend=resolve_backend(opts.backend))
 
 
 def mel_banks(num_bins: int, sample_rate: int, padded: int) -> np.ndarray:
@@ -328,8 +315,7 @@ def compute_fbank(
     Returns:
         The report (every skipped utterance by reason), also in ``out_dir/fbank_report.json``.
     """
-    opts = FbankOptions(num_mel_bins, sample_rate, dither, backend, channel)
-    opts = replace(opts, backend=resolve_backend(backend))  # fail early, in this process, with the reason
+    opts = resolve_options(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel))
     d = Path(out_dir).absolute()
     if d.exists() and not d.is_dir():
         raise FileExistsError(f"{d} exists and is not a directory")

@@ -134,6 +134,20 @@ def read_feats_scp(paths: Sequence[PathLike]) -> dict[str, Entry]:
     return table
 
 
+def read_utt2lang(paths: Sequence[PathLike]) -> dict[str, Entry]:
+    """Kaldi-style ``utt2lang`` files: uttid -> language (one token, as a speaker is in ``utt2spk``)."""
+    table = read_tables(paths, "utt2lang")
+    for e in table.values():
+        if len(e.value.split()) != 1:
+            raise KaldiDataError(f"{e.where}: expected 'uttid language' (one word, e.g. en), got {e.uttid} {e.value!r}")
+    return table
+
+
+def read_field(paths: Sequence[PathLike], name: str) -> dict[str, Entry]:
+    """A field's Kaldi-style table (``uttid value``, the value the rest of the line, possibly empty)."""
+    return read_tables(paths, f"field {name}", allow_empty_value=True)
+
+
 def read_utt2spk(paths: Sequence[PathLike]) -> dict[str, str]:
     """Kaldi ``utt2spk`` files: uttid -> speaker id (one token, as Kaldi requires)."""
     out: dict[str, str] = {}

@@ -29,11 +29,10 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlsplit
 
 from wdsprep.files import TMP_SUFFIX, atomic_path, file_sha256, make_dir, temp_path
 from wdsprep.remote.fetch import FileSink, LocalCopy, RetryPolicy, fetch_into
-from wdsprep.remote.urls import scheme, split_s3
+from wdsprep.remote.stores import cache_parts
 
 LOCKS = ".locks"
 
@@ -61,17 +60,8 @@ class ShardCache:
         self._evicting = threading.Lock()
 
     def path_for(self, url: str) -> Path:
-        """Where ``url`` is cached."""
-        kind = scheme(url)
-        if kind == "s3":
-            bucket, key = split_s3(url)
-            parts = ["s3", bucket, *key.split("/")]
-        elif kind == "http":
-            u = urlsplit(url)  # the query (e.g. a presigned URL's signature) changes, the object does not
-            parts = ["http", (u.hostname or "") + (f"_{u.port}" if u.port else ""), *u.path.split("/")]
-        else:
-            parts = ["pipe" if kind == "pipe" else "url", hashlib.sha256(url.encode()).hexdigest()[:24] + ".tar"]
-        return self.root.joinpath(*_safe(parts))
+        """Where ``url`` is cached (its store says: :meth:`~wdsprep.remote.stores.Store.cache_parts`)."""
+        return self.root.joinpath(*_safe(cache_parts(url)))
 
     def _lock_path(self, path: Path) -> Path:
         return self.root / LOCKS / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".lock")

@@ -1,12 +1,13 @@
-"""One S3 client and one HTTP connection pool per process, and a byte stream over any location.
+"""One S3 client and one HTTP connection pool per process, and the byte streams the stores open with them.
 
 S3 goes through boto3, so the endpoint, region and credentials are found the way the AWS CLI
 finds them: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` ...,
 ``AWS_PROFILE``, ``~/.aws/config`` and ``~/.aws/credentials``, instance roles (MinIO and Ceph
 work with an endpoint URL).  http(s) goes through urllib3 (which boto3 uses underneath, so it
 costs no install), with ``http(s)_proxy`` / ``no_proxy`` honoured.  Neither retries by itself:
-:mod:`wdsprep.remote.fetch` does, counting each retry, and :func:`open_stream` says for every
-failure whether a retry can help (:class:`Retryable`) or not (``FetchError``).
+:mod:`wdsprep.remote.fetch` does, counting each retry, and every :class:`Stream` (opened by its
+store, :mod:`wdsprep.remote.stores`) says for every failure whether a retry can help
+(:class:`Retryable`) or not (:class:`Final`).
 
 Clients are made per process: a DataLoader worker forked from a process that had one gets its
 own (connection pools must not be shared across a fork), and the threads of a process share
@@ -26,10 +27,9 @@ import subprocess
 import tempfile
 import threading
 from typing import Any, Iterator
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from wdsprep.remote import deadline
-from wdsprep.remote.urls import credentials, scheme, split_s3
 
 _lock = threading.Lock()
 _clients: dict[tuple, Any] = {}
@@ -192,7 +192,7 @@ def http_pool(url: str, timeout: float) -> Any:
     return _client(("http", proxy, timeout), make)
 
 
-def _s3_error(e: Exception, url: str) -> Exception:
+def _s3_error(e: Exception) -> Exception:
     """A botocore error as Retryable or Final."""
     from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
@@ -219,13 +219,14 @@ def _s3_error(e: Exception, url: str) -> Exception:
     return Retryable(f"{type(e).__name__}: {e}")
 
 
-class _S3Stream(Stream):
-    def __init__(self, url: str, start: int, validator: str | None, timeout: float) -> None:
+class S3Stream(Stream):
+    """Object ``key`` of ``bucket`` (``url``) through this process's boto3 client, resumed by ETag."""
+
+    def __init__(self, url: str, bucket: str, key: str, start: int, validator: str | None, timeout: float) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         self.url = url
         self._errors = (BotoCoreError, ClientError)
-        bucket, key = split_s3(url)
         kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if start:
             kw["Range"] = f"bytes={start}-"
@@ -234,7 +235,7 @@ class _S3Stream(Stream):
         try:
             r = s3_client(timeout).get_object(**kw)
         except self._errors as e:
-            raise _s3_error(e, url) from None
+            raise _s3_error(e) from None
         except OSError as e:
             raise Retryable(f"{type(e).__name__}: {e}") from None
         except (ValueError, TypeError) as e:  # a header botocore cannot parse (a Content-Length of "abc")
@@ -293,7 +294,20 @@ def _content_range(value: str | None) -> tuple[int, int | None] | None:
     return int(m.group(1)), None if m.group(2) == "*" else int(m.group(2))
 
 
-class _HTTPStream(Stream):
+def credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(``url`` without its userinfo, (user, password) percent-decoded, or None): what an HTTP client
+    sends as basic auth, as curl does with ``https://USER:PASSWORD@host/...``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    return (urlunsplit(parts._replace(netloc=host)),
+            (unquote(parts.username or ""), unquote(parts.password or "")))
+
+
+class HTTPStream(Stream):
+    """``url`` from a web server through this process's urllib3 pool, resumed by If-Range."""
+
     def __init__(self, url: str, start: int, validator: str | None, timeout: float) -> None:
         import urllib3
 
@@ -372,11 +386,11 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if seconds is not None and 0 <= seconds < float("inf") else None
 
 
-class _PipeStream(Stream):
-    """A command's stdout; its exit status is checked at the end (a failed command is retried)."""
+class PipeStream(Stream):
+    """Command ``cmd``'s stdout; its exit status is checked at the end (a failed command is retried)."""
 
-    def __init__(self, url: str) -> None:
-        self.cmd = url[len("pipe:"):]
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
         self.err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty command cannot block on it
         self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=self.err)
         watch = deadline.current()
@@ -403,8 +417,9 @@ class _PipeStream(Stream):
         self.err.close()
 
 
-class _GopenStream(Stream):
-    """gs://, ais://: webdataset's openers, as before."""
+class GopenStream(Stream):
+    """``url`` through webdataset's ``gopen``, which runs the command-line tool of its scheme
+    (``gsutil cat``, ``ais get``)."""
 
     def __init__(self, url: str) -> None:
         from webdataset.gopen import gopen
@@ -427,19 +442,6 @@ class _GopenStream(Stream):
             raise Retryable(f"{type(e).__name__}: {e}") from None
 
 
-def open_stream(url: str, *, start: int = 0, validator: str | None = None, timeout: float = 60.0) -> Stream:
-    """The bytes of ``url`` from ``start`` (a server that ignores the range starts at 0: see
-    ``Stream.start``).  Raises :class:`Retryable` or :class:`Final`."""
-    kind = scheme(url)
-    if kind == "s3":
-        return _S3Stream(url, start, validator, timeout)
-    if kind == "http":
-        return _HTTPStream(url, start, validator, timeout)
-    if kind == "pipe":
-        return _PipeStream(url)
-    return _GopenStream(url)
-
-
 def list_s3(bucket: str, prefix: str, timeout: float) -> list[tuple[str, int]]:
     """(key, size) of every object under ``prefix``; raises Retryable or Final."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -449,6 +451,6 @@ def list_s3(bucket: str, prefix: str, timeout: float) -> list[tuple[str, int]]:
         pages: Iterator[dict] = paginator.paginate(Bucket=bucket, Prefix=prefix)
         return [(o["Key"], int(o["Size"])) for page in pages for o in page.get("Contents", [])]
     except (BotoCoreError, ClientError) as e:
-        raise _s3_error(e, f"s3://{bucket}/{prefix}") from None
+        raise _s3_error(e) from None
     except (OSError, ValueError, TypeError) as e:
         raise Retryable(f"{type(e).__name__}: {e}") from None

@@ -41,7 +41,8 @@ from typing import Any, BinaryIO, Callable, TypeVar
 
 from wdsprep.errors import OverLimit
 from wdsprep.remote import deadline
-from wdsprep.remote.clients import Final, Retryable, open_stream
+from wdsprep.remote.clients import Final, Retryable
+from wdsprep.remote.stores import open_stream
 from wdsprep.remote.urls import redact
 
 CHUNK = 1 << 20  # bytes per read from the connection

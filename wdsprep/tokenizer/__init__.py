@@ -14,6 +14,8 @@ A trained tokenizer is saved as ONE JSON file (never a pickle, so loading it can
 - ``simple``: ``"vocab"``; the transcript split at whitespace, each unit looked up (CAT's SimpleTokenizer).
 - ``lexicon`` (imported from CAT): ``"units"``, ``"lexicon"`` (word -> unit ids), ``"unk"``,
   ``"segment"`` (``whitespace`` or ``jieba``) and ``"dictionary"``.
+- ``aggregate``: a tokenizer per language, ``"languages"``: each language's tokenizer (its whole
+  file's fields) and the offset its ids start at; ids 0 and 1 shared (``aggregate``).
 
 ``"version"`` is the lowest file version that holds the tokenizer: 1 unless it needs what version
 2 added (the ``simple`` and ``lexicon`` kinds, jieba's ``"dictionary"`` and ``"whitespace"``).
@@ -21,15 +23,18 @@ CAT's pickled ``.tknz`` is converted once by :func:`import_cat_tokenizer`, which
 opcodes without unpickling it (``cat``); a sentencepiece ``.model`` loads as it is.
 
 sentencepiece and jieba are imported only inside the classes that need them, so ``import wdsprep``
-stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``, ``simple``, ``lexicon``),
-``train``, ``file`` (loading) and ``cat`` (the import); ``base`` holds what they share.
+stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``, ``simple``, ``lexicon``,
+``aggregate``), ``train``, ``file`` (loading) and ``cat`` (the import); ``base`` holds what they
+share, ``normalize`` the text treatment applied before tokenizing (training and loading alike).  A kind's
+class registers itself (``base.register``) and, when it is trained, has its own ``train``: a new
+kind is its module plus its import below; the file reader, ``train_tokenizer`` and the CLI's
+``--kind`` choices follow from the registry.
 """
 
+from wdsprep.tokenizer.aggregate import AggregateTokenizer
 from wdsprep.tokenizer.base import (
     BOS,
     BOS_ID,
-    FILE_KINDS,
-    KINDS,
     SPACE,
     UNK,
     UNK_ID,
@@ -37,17 +42,26 @@ from wdsprep.tokenizer.base import (
     Tokenizer,
     TokenizerFileError,
     derive_seed,
+    file_kinds,
+    trainable_kinds,
 )
 from wdsprep.tokenizer.cat import CAT_CLASSES, import_cat_tokenizer, read_cat_tokenizer
 from wdsprep.tokenizer.char import CharTokenizer
-from wdsprep.tokenizer.file import load_tokenizer
+from wdsprep.tokenizer.file import TokenizerSpec, aggregate_tokenizers, as_tokenizer, load_tokenizer
 from wdsprep.tokenizer.lexicon import LexiconTokenizer
+from wdsprep.tokenizer.normalize import STEPS as NORMALIZE_STEPS
+from wdsprep.tokenizer.normalize import Normalizer, parse_normalize
 from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer
 from wdsprep.tokenizer.train import train_tokenizer
 from wdsprep.tokenizer.words import JiebaTokenizer, read_user_dict
 
+# Kinds train_tokenizer makes, and every kind a file may hold (a "lexicon" is imported from CAT).
+KINDS = trainable_kinds()
+FILE_KINDS = file_kinds()
+
 __all__ = ["BOS", "BOS_ID", "FILE_KINDS", "KINDS", "SPACE", "UNK", "UNK_ID", "SubwordSampling", "Tokenizer",
            "TokenizerFileError", "derive_seed", "CharTokenizer", "JiebaTokenizer", "SentencePieceTokenizer",
-           "SimpleTokenizer", "LexiconTokenizer", "load_tokenizer", "train_tokenizer", "read_user_dict",
-           "CAT_CLASSES", "import_cat_tokenizer", "read_cat_tokenizer"]
+           "SimpleTokenizer", "LexiconTokenizer", "AggregateTokenizer", "TokenizerSpec", "aggregate_tokenizers",
+           "as_tokenizer", "load_tokenizer", "train_tokenizer", "read_user_dict", "CAT_CLASSES", "import_cat_tokenizer",
+           "read_cat_tokenizer", "NORMALIZE_STEPS", "Normalizer", "parse_normalize"]

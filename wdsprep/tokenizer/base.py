@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import stat
@@ -10,10 +11,12 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
+from wdsprep.errors import DataError
 from wdsprep.files import make_dir, write_text
 from wdsprep.format.shardlist import file_kind
+from wdsprep.prep.kaldi import iter_table
 
 PathLike = str | os.PathLike
 
@@ -21,21 +24,13 @@ FORMAT = "wdsprep-tokenizer"
 # The newest file version this wdsprep reads and writes.  A file says the lowest version that
 # holds everything in it (TokenizerBase.file_version), so files older readers can use stay 1.
 VERSION = 2
-# Kinds train_tokenizer makes; a file may also hold a "lexicon" (imported from CAT).
-KINDS = ("sentencepiece", "jieba", "char", "simple")
-FILE_KINDS = (*KINDS, "lexicon")
-SPM_MODEL_TYPES = ("unigram", "bpe", "char")
 BOS, UNK = "<s>", "<unk>"
 BOS_ID, UNK_ID = 0, 1
 # A visible piece for the space in the char tokenizer; a literal " " in a vocab listing is unreadable.
 SPACE = "<space>"
-# Options that would break the id convention if a user overrode them through ``spm_options``.
-SPM_FIXED = frozenset({"bos_id", "unk_id", "eos_id", "pad_id", "bos_piece", "unk_piece", "unk_surface",
-                        "vocab_size", "model_type", "minloglevel", "input", "model_prefix",
-                        "sentence_iterator", "model_writer"})
 
 
-class TokenizerFileError(ValueError):
+class TokenizerFileError(DataError):
     """A tokenizer file is missing, not ours, or damaged; the message names the file."""
 
 
@@ -182,6 +177,24 @@ class TokenizerBase:
     kind = ""
     vocab_size = 0
 
+    @classmethod
+    def train(cls: type[T], text_files: Sequence[PathLike], vocab_size: int | None) -> T:
+        """A tokenizer of this kind trained on the transcripts of Kaldi ``text`` files (empty ones
+        skipped).  A kind's own options follow as keyword-only arguments, which
+        :func:`~wdsprep.tokenizer.train.train_tokenizer` passes it; a kind that keeps this one
+        (``lexicon``: imported from CAT) is not trained."""
+        raise NotImplementedError
+
+    @classmethod
+    def trainable(cls) -> bool:
+        """Whether ``train_tokenizer`` makes this kind (it has its own :meth:`train`)."""
+        return cls.train.__func__ is not TokenizerBase.train.__func__  # type: ignore[attr-defined]
+
+    @classmethod
+    def train_options(cls) -> tuple[str, ...]:
+        """The options of ``train_tokenizer`` this kind's :meth:`train` takes."""
+        return tuple(p.name for p in inspect.signature(cls.train).parameters.values() if p.kind is p.KEYWORD_ONLY)
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -245,3 +258,53 @@ class VocabTokenizer(TokenizerBase):
     def id_to_piece(self, i: int) -> str:
         check_ids([i], self.vocab_size)
         return self._pieces[i]
+
+
+# -- the kinds -----------------------------------------------------------------------------------
+
+K = TypeVar("K", bound=type[TokenizerBase])
+# Every kind a tokenizer file may hold, by name: each kind's module registers its class, and
+# wdsprep/tokenizer/__init__.py imports every kind's module.
+REGISTRY: dict[str, type[TokenizerBase]] = {}
+
+
+def register(cls: K) -> K:
+    """Class decorator of a tokenizer kind: files of its ``kind`` are read with it and, when it has
+    its own ``train``, ``train_tokenizer`` (and ``wdsprep tokenizer train --kind``) makes it."""
+    assert cls.kind and REGISTRY.get(cls.kind, cls) is cls, f"two tokenizer classes of kind {cls.kind!r}"
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+def file_kinds() -> tuple[str, ...]:
+    """Every kind a tokenizer file may hold."""
+    return tuple(sorted(REGISTRY))
+
+
+def trainable_kinds() -> tuple[str, ...]:
+    """The kinds ``train_tokenizer`` makes."""
+    return tuple(k for k in file_kinds() if REGISTRY[k].trainable())
+
+
+# -- what the kinds' training shares -------------------------------------------------------------
+
+def transcripts(text_files: Sequence[PathLike]) -> Iterator[str]:
+    """The non-empty transcripts of Kaldi ``text`` files."""
+    for path in text_files:
+        for e in iter_table(path, allow_empty_value=True):
+            if e.value.strip():
+                yield e.value
+
+
+def vocabulary(counts: Counter[str], vocab_size: int | None, specials: Sequence[str]) -> list[str]:
+    """``specials``, then the most frequent other pieces of ``counts``: ``vocab_size`` in all (every
+    piece when None)."""
+    rest = Counter({p: n for p, n in counts.items() if p not in specials})
+    # Frequency first, then the piece itself: the vocabulary does not depend on file order.
+    order = sorted(rest, key=lambda p: (-rest[p], p))
+    return [*specials, *(order if vocab_size is None else order[:vocab_size - len(specials)])]
+
+
+def check_vocab_size(vocab_size: int | None, specials: int) -> None:
+    if vocab_size is not None and vocab_size <= specials:
+        raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the {specials} special tokens")

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterator, Mapping, Sequence
 
-from wdsprep.tokenizer.base import SPACE, UNK_ID, VocabTokenizer, check_ids, field, is_texts
+from wdsprep.tokenizer.base import (
+    BOS,
+    SPACE,
+    UNK,
+    UNK_ID,
+    PathLike,
+    VocabTokenizer,
+    check_ids,
+    check_vocab_size,
+    field,
+    is_texts,
+    register,
+    transcripts,
+    vocabulary,
+)
 
 
+@register
 class CharTokenizer(VocabTokenizer):
     """One id per character.
 
@@ -24,6 +40,14 @@ class CharTokenizer(VocabTokenizer):
         if keep_spaces and self._ids.get(SPACE) != 2:
             raise ValueError(f"a char vocabulary with keep_spaces must have {SPACE!r} at id 2")
         self._space_id = self._ids.get(SPACE, UNK_ID)
+
+    @classmethod
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *,
+              keep_spaces: bool = True) -> CharTokenizer:
+        specials = [BOS, UNK] + ([SPACE] if keep_spaces else [])
+        check_vocab_size(vocab_size, len(specials))
+        counts = Counter(p for t in transcripts(text_files) for p in cls.pieces_of(t, False))
+        return cls(vocabulary(counts, vocab_size, specials), keep_spaces=keep_spaces)
 
     @staticmethod
     def pieces_of(text: str, keep_spaces: bool) -> Iterator[str]:

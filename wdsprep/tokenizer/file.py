@@ -3,44 +3,39 @@
 from __future__ import annotations
 
 import json
+import os
 import pickletools
 from pathlib import Path
 from typing import Any, Mapping
 
+from wdsprep.tokenizer.aggregate import AggregateTokenizer
 from wdsprep.tokenizer.base import (
-    FILE_KINDS,
     FORMAT,
+    REGISTRY,
     VERSION,
     FieldError,
     PathLike,
     Tokenizer,
-    TokenizerBase,
     TokenizerFileError,
     describe,
+    file_kinds,
     is_int,
     read_tokenizer_file,
 )
-from wdsprep.tokenizer.char import CharTokenizer
-from wdsprep.tokenizer.lexicon import LexiconTokenizer
-from wdsprep.tokenizer.simple import SimpleTokenizer
-from wdsprep.tokenizer.spm import SentencePieceTokenizer, sentencepiece_from_model
-from wdsprep.tokenizer.words import JiebaTokenizer
+from wdsprep.tokenizer.spm import sentencepiece_from_model
 
-# The class of each kind a file may hold (base.FILE_KINDS names them).
-CLASSES: dict[str, type[TokenizerBase]] = {
-    "sentencepiece": SentencePieceTokenizer, "jieba": JiebaTokenizer, "char": CharTokenizer,
-    "simple": SimpleTokenizer, "lexicon": LexiconTokenizer}
-assert tuple(CLASSES) == FILE_KINDS
+# A tokenizer as the loader takes it: one, the path of one, or one per language ({lang: either}).
+TokenizerSpec = Tokenizer | PathLike | Mapping[str, Tokenizer | PathLike]
 
 
 def from_doc(doc: Mapping[str, Any], where: str, num_threads: int = 1) -> Tokenizer:
     """The tokenizer a file's document describes; TokenizerFileError naming ``where`` and the field
     for anything missing, of the wrong type or inconsistent."""
     kind = doc.get("kind")
-    cls = CLASSES.get(kind) if isinstance(kind, str) else None
+    cls = REGISTRY.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise TokenizerFileError(f"{where}: unknown tokenizer kind {describe(kind)}; this version knows "
-                                 f"{', '.join(FILE_KINDS)}")
+                                 f"{', '.join(file_kinds())}")
     redo = ("import it again with wdsprep tokenizer import-cat" if kind == "lexicon"
             else "make it again with wdsprep tokenizer train (or import-cat)")
     try:
@@ -112,4 +107,27 @@ def load_tokenizer(path: PathLike, *, num_threads: int = 1) -> Tokenizer:
     if "vocab_size" in doc and doc["vocab_size"] != tok.vocab_size:
         raise TokenizerFileError(f"{path}: says vocab_size {describe(doc['vocab_size'])} but holds {tok.vocab_size} "
                                  f"pieces; the file is damaged")
+    return tok
+
+
+def as_tokenizer(spec: TokenizerSpec, *, num_threads: int = 1) -> Tokenizer:
+    """The tokenizer ``spec`` names: itself, the file at a path, or for ``{lang: tokenizer or path}``
+    an :class:`~wdsprep.tokenizer.aggregate.AggregateTokenizer` of them, the languages in the order
+    given (the ids' layout follows it)."""
+    if isinstance(spec, Mapping):
+        return AggregateTokenizer({str(lang): as_tokenizer(t, num_threads=num_threads) for lang, t in spec.items()})
+    if isinstance(spec, (str, os.PathLike)):
+        return load_tokenizer(spec, num_threads=num_threads)
+    if not isinstance(spec, Tokenizer):
+        raise ValueError(f"a tokenizer is a Tokenizer, the path of one or {{lang: tokenizer}}, not {describe(spec)}")
+    return spec
+
+
+def aggregate_tokenizers(languages: Mapping[str, Tokenizer | PathLike], out: PathLike, *,
+                         overwrite: bool = False) -> AggregateTokenizer:
+    """One tokenizer per language (``{lang: tokenizer or path}``, in the order their ids are laid
+    out) saved as one aggregate tokenizer file at ``out``; returned."""
+    tok = as_tokenizer(dict(languages))
+    assert isinstance(tok, AggregateTokenizer)
+    tok.save(out, overwrite=overwrite)
     return tok

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import TokenizerBase, check_ids, describe, field, is_ids, is_texts
+from wdsprep.tokenizer.base import TokenizerBase, check_ids, describe, field, is_ids, is_texts, register
 from wdsprep.tokenizer.words import cut_words, make_jieba
 
 SEGMENTS = ("whitespace", "jieba")
 
 
+@register
 class LexiconTokenizer(TokenizerBase):
     """Each word of the transcript becomes the unit ids its lexicon entry lists (phones, usually).
 

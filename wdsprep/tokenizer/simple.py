@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from wdsprep.tokenizer.base import UNK_ID, VocabTokenizer, check_ids, field, is_texts
+from wdsprep.tokenizer.base import (
+    BOS,
+    UNK,
+    UNK_ID,
+    PathLike,
+    VocabTokenizer,
+    check_ids,
+    check_vocab_size,
+    field,
+    is_texts,
+    register,
+    transcripts,
+    vocabulary,
+)
 
 
+@register
 class SimpleTokenizer(VocabTokenizer):
     """The transcript split at whitespace; each unit (a word, a phone, a character of text written
     with spaces) is looked up in the vocabulary, unknown ones become ``<unk>`` (1).
@@ -16,6 +31,12 @@ class SimpleTokenizer(VocabTokenizer):
     """
 
     kind = "simple"
+
+    @classmethod
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None) -> SimpleTokenizer:
+        check_vocab_size(vocab_size, 2)
+        counts = Counter(u for t in transcripts(text_files) for u in t.split())
+        return cls(vocabulary(counts, vocab_size, [BOS, UNK]))
 
     def encode(self, text: str) -> list[int]:
         get = self._ids.get

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -13,14 +14,25 @@ from wdsprep.tokenizer.base import (
     UNK,
     UNK_ID,
     FieldError,
+    PathLike,
     SubwordSampling,
     TokenizerBase,
     check_ids,
+    check_vocab_size,
     derive_seed,
     field,
+    register,
+    transcripts,
 )
 
+SPM_MODEL_TYPES = ("unigram", "bpe", "char")
+# Options that would break the id convention if a user overrode them through ``spm_options``.
+SPM_FIXED = frozenset({"bos_id", "unk_id", "eos_id", "pad_id", "bos_piece", "unk_piece", "unk_surface",
+                        "vocab_size", "model_type", "minloglevel", "input", "model_prefix",
+                        "sentence_iterator", "model_writer"})
 
+
+@register
 class SentencePieceTokenizer(TokenizerBase):
     """A SentencePiece model; ids are the model's own, so a model CAT trained keeps CAT's ids.
 
@@ -49,6 +61,12 @@ class SentencePieceTokenizer(TokenizerBase):
         self.num_threads = num_threads
         self._seed = 0
         self._calls = 0
+
+    @classmethod
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *, model_type: str = "unigram",
+              character_coverage: float = 0.9995,
+              spm_options: Mapping[str, Any] | None = None) -> SentencePieceTokenizer:
+        return cls(_train_spm(text_files, vocab_size, model_type, character_coverage, dict(spm_options or {})))
 
     def id_convention_problem(self) -> str | None:
         """How the model's ids differ from CAT's convention (0 = ``<s>``/blank, 1 = ``<unk>``), or None.
@@ -118,3 +136,40 @@ def sentencepiece_from_model(proto: bytes, where: str, *, num_threads: int = 1) 
         warnings.warn(f"{where}: {problem}; its ids are kept as they are, so a model trained on them keeps working",
                       UserWarning, stacklevel=3)
     return tok
+
+
+def _train_spm(text_files: Sequence[PathLike], vocab_size: int | None, model_type: str, character_coverage: float,
+               options: dict[str, Any]) -> bytes:
+    import sentencepiece as spm
+
+    if model_type not in SPM_MODEL_TYPES:
+        raise ValueError(f"unknown sentencepiece model type {model_type!r}; choose one of {', '.join(SPM_MODEL_TYPES)}")
+    clash = sorted(SPM_FIXED & options.keys())
+    if clash:
+        raise ValueError(f"spm_options may not set {', '.join(clash)}: wdsprep fixes them (ids 0=<s>, 1=<unk>), "
+                         f"or they have their own option (vocab_size, model_type)")
+    if "character_coverage" in options:
+        raise ValueError("set character_coverage with its own option (CLI: --character-coverage), not in spm_options")
+    texts = list(transcripts(text_files))
+    if not texts:
+        raise ValueError(f"no non-empty transcript in {', '.join(map(str, text_files))}; nothing to train on")
+    if vocab_size is None:
+        if model_type != "char":
+            raise ValueError("a sentencepiece unigram/bpe tokenizer needs vocab_size (CLI: --vocab-size N)")
+        # Every character (plus the word-boundary piece and the specials) fits; hard_vocab_limit
+        # off lets sentencepiece stop below this.
+        vocab_size = len({c for t in texts for c in t}) + 3
+        options.setdefault("hard_vocab_limit", False)
+    check_vocab_size(vocab_size, 2)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage,
+            bos_id=BOS_ID, bos_piece=BOS, unk_id=UNK_ID, unk_piece=UNK, unk_surface=UNK, eos_id=-1, pad_id=-1,
+            minloglevel=2,  # otherwise ~65 lines of trainer_interface INFO on stderr
+            **options)
+    except RuntimeError as e:
+        # e.g. "Vocabulary size too high (500). Please set it to a value <= 231."
+        raise ValueError(f"sentencepiece training failed on {', '.join(map(str, text_files))}: {e}") from None
+    return model.getvalue()

@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import io
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from wdsprep.tokenizer.base import UNK_ID, PathLike, VocabTokenizer, check_ids, field, is_int, is_texts
+from wdsprep.tokenizer.base import (
+    BOS,
+    UNK,
+    UNK_ID,
+    PathLike,
+    VocabTokenizer,
+    check_ids,
+    check_vocab_size,
+    field,
+    is_int,
+    is_texts,
+    register,
+    transcripts,
+    vocabulary,
+)
 
 
 def _quiet_jieba() -> Any:
@@ -22,6 +37,7 @@ def _is_latin_edge(c: str) -> bool:
     return c.isascii() and c.isalnum()
 
 
+@register
 class JiebaTokenizer(VocabTokenizer):
     """Words as cut by jieba (dictionary only, HMM off, as CAT does), looked up in a word vocabulary.
 
@@ -53,6 +69,15 @@ class JiebaTokenizer(VocabTokenizer):
         self.dictionary = dictionary
         self.whitespace = whitespace
         self._jieba = make_jieba(self.user_dict, dictionary)
+
+    @classmethod
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *,
+              user_dict: PathLike | None = None) -> JiebaTokenizer:
+        check_vocab_size(vocab_size, 2)
+        entries = read_user_dict(user_dict) if user_dict is not None else []
+        cutter = make_jieba(entries)
+        counts = Counter(w for t in transcripts(text_files) for w in cutter.cut(t, HMM=False) if not w.isspace())
+        return cls(vocabulary(counts, vocab_size, [BOS, UNK]), user_dict=entries)
 
     def cut(self, text: str) -> list[str]:
         """Words of ``text``, whitespace dropped by the tokenizer's rule."""

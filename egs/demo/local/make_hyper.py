@@ -23,7 +23,8 @@ Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--sh
 ``--mix schedule='[[0, {"en": 9, "zh": 1}], [400, {"en": 1, "zh": 1}]]'`` (or ``weights=``,
 ``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.  So does
 ``--augment '{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}'`` (``egs/audio``): the
-training loader's augmentation, ``ld.augment``.
+training loader's augmentation, ``ld.augment``.  ``--ld KEY=VALUE`` (``egs/multilingual``) adds any
+other loader option to the ``ld`` object (``mix_by=lang temperature=2 text_fields='["prev_text"]'``).
 """
 
 from __future__ import annotations
@@ -31,90 +32,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from wdsprep import shard_pattern
 from wdsprep.format.shardlist import expand_shards
 
 
-def group_folders(shard_dir: Path, planned: bool = False) -> list[str]:
-    """Names of the ``LO_HI`` folders under ``shard_dir`` holding at least one shard, by LO; with
-    ``planned``, those the pack's plan will fill (a pack still writing them)."""
-    if not shard_dir.is_dir() and not planned:
-        raise SystemExit(f"make_hyper: {shard_dir} is not a directory; did the pack stage run?")
-    if planned:
-        from wdsprep.format.commit import read_plan
-
-        plan = read_plan(shard_dir) if shard_dir.is_dir() else None
-        if plan is None:  # the pack has not planned yet: every length group it will fill
-            return ["*"]
-        names = [n for n in plan.folders if n]
-    else:
-        names = [p.name for p in shard_dir.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
-
-    def lo(name: str) -> float:
-        try:
-            return float(name.split("_", 1)[0])
-        except ValueError:
-            return float("inf")
-    return sorted(names, key=lo)
-
-
-def shard_pattern(shard_dir: Path, fmt_glob: str = "data-*.tar", planned: bool = False) -> str:
-    """``DIR/{a_b,b_c}/data-*.tar`` over the filled groups, or ``DIR/data-*.tar`` when ungrouped."""
-    groups = group_folders(shard_dir, planned)
-    if not groups and planned:
-        return f"{shard_dir}/{fmt_glob}"
-    if not groups:
-        if not any(shard_dir.glob("*.tar")):
-            raise SystemExit(f"make_hyper: no shards under {shard_dir}; did the pack stage run?")
-        return f"{shard_dir}/{fmt_glob}"
-    inner = groups[0] if len(groups) == 1 else "{" + ",".join(groups) + "}"
-    return f"{shard_dir}/{inner}/{fmt_glob}"
-
-
-def remote_pattern(shard_dir: Path, template: str) -> str:
-    """The shards under ``shard_dir`` as one pattern of URLs, for shards uploaded elsewhere.
-
-    ``template`` is where ``shard_dir`` was uploaded to: ``s3://bucket/prefix`` (the groups as a
-    brace list with a ``data-*.tar`` glob: S3 can list) or ``http(s)://host/path`` (brace ranges
-    written out from the local copy: a web server cannot list); or a template holding ``{shard}``,
-    replaced by each group's ``LO_HI/data-{00000..000NN}.tar`` (``pipe:aws s3 cp s3://b/p/{shard} -``).
-    """
-    base = template.rstrip("/")
-    if "{shard}" not in template and base.startswith("s3://"):
-        return shard_pattern(shard_dir).replace(str(shard_dir), base, 1)
-    if "{shard}" not in template and base.startswith(("http://", "https://")):
-        template = base + "/{shard}"
-    if "{shard}" not in template:
-        raise SystemExit(f"make_hyper: --remote {template!r} must be an s3:// or http(s):// URL of the uploaded "
-                         f"folder, or a template holding {{shard}}")
-    parts = []
-    for folder in group_folders(shard_dir) or ["."]:
-        d = shard_dir / folder
-        names = sorted(p.name for p in d.glob("*.tar"))
-        if not names:
-            continue
-        parts.append(_name_range(names, "" if folder == "." else f"{folder}/"))
-    if not parts:
-        raise SystemExit(f"make_hyper: no shards under {shard_dir}; did the pack stage run?")
-    inner = parts[0] if len(parts) == 1 else "{" + ",".join(parts) + "}"
-    return template.replace("{shard}", inner)
-
-
-def _name_range(names: list[str], prefix: str) -> str:
-    """``["data-00000.tar", "data-00001.tar"]`` -> ``PREFIXdata-{00000..00001}.tar``."""
-    m = [re.fullmatch(r"(.*?)(\d+)(\.tar)", n) for n in names]
-    if all(m) and len({(x.group(1), x.group(3), len(x.group(2))) for x in m}) == 1:
-        nums = [int(x.group(2)) for x in m]
-        if nums == list(range(nums[0], nums[0] + len(nums))):
-            stem, width, ext = m[0].group(1), len(m[0].group(2)), m[0].group(3)
-            if len(nums) == 1:
-                return f"{prefix}{names[0]}"
-            return f"{prefix}{stem}{{{nums[0]:0{width}d}..{nums[-1]:0{width}d}}}{ext}"
-    return prefix + (names[0] if len(names) == 1 else "{" + ",".join(names) + "}")
+def pattern_of(folder: str | Path, **kw: Any) -> str:
+    """``wdsprep.shard_pattern`` of a folder a stage packed, or the recipe's one-line error."""
+    try:
+        return shard_pattern(folder, **kw)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"make_hyper: {e}; did the pack stage run?") from None
 
 
 def parse_kv(items: list[str]) -> dict[str, Any]:
@@ -140,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --corpus: schedule=, weights=, temperature= or steps_per_epoch= (JSON values)")
     ap.add_argument("--augment", type=json.loads, metavar="JSON",
                     help="the training loader's augmentation (ld.augment), e.g. '{\"specaugment\": {}}'")
+    ap.add_argument("--ld", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="other loader options of the ld object (JSON values), e.g. mix_by=lang temperature=2")
     ap.add_argument("--dev-shards", type=Path, help="dev shard dir (pack --out)")
     ap.add_argument("--remote", metavar="URL",
                     help="the train shard dir was uploaded here: s3://bucket/prefix/train or https://host/shards/train "
@@ -160,24 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus:
         if args.remote:
             raise SystemExit("make_hyper: --remote takes one --shards dir, not --corpus")
-        corpora = {name: shard_pattern(Path(str(d))) for name, d in parse_kv(args.corpus).items()}
+        corpora = {name: pattern_of(str(d)) for name, d in parse_kv(args.corpus).items()}
         ld = {"corpora": corpora, **parse_kv(args.mix)}
         n_train = sum(len(expand_shards(p)) for p in corpora.values())
     elif args.growing is not None:
-        pattern = shard_pattern(args.shards, planned=True)
+        pattern = pattern_of(args.shards, planned=True)
         ld = {"shards": pattern, "growing": True, "min_shards": args.growing}
         n_train = "still being packed:"
     else:
         if args.mix:
             raise SystemExit("make_hyper: --mix mixes named corpora: give them with --corpus")
-        ld = remote_pattern(args.shards, args.remote) if args.remote else shard_pattern(args.shards)
+        ld = pattern_of(args.shards, remote=args.remote)
         # Expanded once here so a broken pattern fails now; an s3:// glob is not listed (the upload may
         # still be running): the local copy is counted instead.
-        n_train = len(expand_shards(shard_pattern(args.shards) if ld.startswith("s3://") else ld))
+        n_train = len(expand_shards(pattern_of(args.shards) if ld.startswith("s3://") else ld))
         if args.augment:
             ld = {"shards": ld}
     if args.augment:
         ld["augment"] = args.augment
+    if args.ld:
+        ld = ld if isinstance(ld, dict) else {"shards": ld}
+        ld.update(parse_kv(args.ld))
     option: dict[str, Any] = {
         "ld": ld,
         "tokenizer": {"file": args.tokenizer},
@@ -190,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "lr": 2e-3,
     }
     if args.dev_shards:
-        option["dev_ld"] = (remote_pattern(args.dev_shards, args.dev_remote) if args.dev_remote
-                            else shard_pattern(args.dev_shards))
-        expand_shards(shard_pattern(args.dev_shards) if option["dev_ld"].startswith("s3://") else option["dev_ld"])
+        option["dev_ld"] = pattern_of(args.dev_shards, remote=args.dev_remote)
+        expand_shards(pattern_of(args.dev_shards) if option["dev_ld"].startswith("s3://") else option["dev_ld"])
     option.update(parse_kv(args.set))
     hyper = {
         "data": parse_kv(args.data),

@@ -7,6 +7,11 @@ Everything the run needs is in the CAT-style ``hyper-p.json``: the loader reads 
 (shards ``ld``, ``tokenizer``, ``bucket_size``, ...), this script reads ``model`` and the
 optimisation keys (``epochs``, ``lr``, ``seed``, ...) from the same file.  Run without torchrun it
 trains in a single process.
+
+``--prompt FIELD`` (egs/multilingual): the model is also given a text field of each utterance
+(``prev_text``: the speaker's previous transcript), tokenized by the loader as the labels are
+(``text_fields``); its tokens' mean embedding is added to every encoder frame.  Without it the
+model and the loader are as before.
 """
 
 from __future__ import annotations
@@ -61,12 +66,15 @@ class Conv2dSubsampling(nn.Module):
 
 
 class CTCModel(nn.Module):
-    """Utterance CMVN -> conv subsampling (x4) -> BiLSTM -> linear to the vocabulary."""
+    """Utterance CMVN -> conv subsampling (x4) [+ a prompt's mean token embedding] -> BiLSTM ->
+    linear to the vocabulary."""
 
     def __init__(self, idim: int, vocab_size: int, d_model: int = 144, lstm_layers: int = 2,
-                 lstm_hidden: int = 160, dropout: float = 0.1):
+                 lstm_hidden: int = 160, dropout: float = 0.1, prompt: bool = False):
         super().__init__()
         self.subsample = Conv2dSubsampling(idim, d_model)
+        # A text prompt's tokens share the labels' ids: one embedding row per vocabulary entry.
+        self.prompt = nn.Embedding(vocab_size, d_model) if prompt else None
         self.lstm = nn.LSTM(d_model, lstm_hidden, num_layers=lstm_layers, batch_first=True,
                             bidirectional=True, dropout=dropout if lstm_layers > 1 else 0.0)
         self.dropout = nn.Dropout(dropout)
@@ -85,8 +93,13 @@ class CTCModel(nn.Module):
         var = (((x - mean) * mask) ** 2).sum(1, keepdim=True) / n
         return (x - mean) / (var + 1e-5).sqrt() * mask
 
-    def forward(self, feats: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, feats: torch.Tensor, lens: torch.Tensor, prompt: torch.Tensor | None = None,
+                prompt_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x, lens = self.subsample(self.normalize(feats, lens), lens)
+        if self.prompt is not None and prompt is not None and prompt_lens is not None:
+            mask = (torch.arange(prompt.size(1), device=x.device)[None, :] < prompt_lens[:, None]).unsqueeze(-1)
+            mean = (self.prompt(prompt) * mask).sum(1) / prompt_lens.clamp(min=1).unsqueeze(-1)  # empty: zeros
+            x = x + mean.unsqueeze(1)
         lens = lens.clamp(max=x.size(1))
         packed = nn.utils.rnn.pack_padded_sequence(x, lens.cpu(), batch_first=True, enforce_sorted=False)
         y, _ = self.lstm(packed)
@@ -131,14 +144,17 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def build_loaders(hyper_path: str, hyper: dict, world: int, **train_overrides: Any) -> tuple[Any, Any, Any]:
-    """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``.
+def build_loaders(hyper_path: str, hyper: dict, world: int, prompt: str | None = None,
+                  **train_overrides: Any) -> tuple[Any, Any, Any]:
+    """(train loader, dev loader or None, tokenizer), all from ``hyper-p.json``; with ``prompt``,
+    both deliver that field tokenized (``text_fields``).
 
     Both drop utterances the model cannot align (``frames // 4 <= label_len``): the loader's CTC
     filter uses the same x4 the conv front end applies, so CTC never sees an impossible target
     and ``zero_infinity`` stays a safety net instead of silently zeroing real losses.
     """
-    train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING, **train_overrides)
+    fields = {"text_fields": [prompt]} if prompt else {}
+    train = wdsprep.make_loader_from_hyper(hyper_path, ctc_subsampling=SUBSAMPLING, **fields, **train_overrides)
     # The loader's own tokenizer object: the labels it makes and the output layer's size can
     # never come from two different files.
     tokenizer = train.tokenizer
@@ -148,7 +164,7 @@ def build_loaders(hyper_path: str, hyper: dict, world: int, **train_overrides: A
         # Dev mode: no shuffle, each utterance once over all ranks, same per-rank frame budget.
         max_frames = loader_options(hyper, world_size=world, where=hyper_path).loader_kwargs["max_frames"]
         dev = wdsprep.make_loader(dev_ld, tokenizer, max_frames=max_frames, train=False,
-                                  ctc_subsampling=SUBSAMPLING)
+                                  ctc_subsampling=SUBSAMPLING, **fields)
     return train, dev, tokenizer
 
 
@@ -171,17 +187,28 @@ def format_stats(stats: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------- train
-def ctc_sums(model: nn.Module, batch: Any, ctc: nn.CTCLoss, device: torch.device) -> tuple[torch.Tensor, int]:
-    """(summed CTC loss over the batch, number of label tokens)."""
+def ctc_sums(model: nn.Module, batch: Any, ctc: nn.CTCLoss, device: torch.device,
+             prompt: str | None = None) -> tuple[torch.Tensor, int]:
+    """(summed CTC loss over the batch, number of label tokens); ``prompt``: the text field the
+    model is also given."""
     if not len(batch.keys):
-        # Every utterance of this planned batch was filtered out (CTC length rule): the step still
-        # happens on every rank, so DDP's gradient all-reduce stays in step; it adds nothing.
-        return sum(p.sum() for p in model.parameters()) * 0.0, 0
+        # Every utterance of this planned batch was dropped after the plan (a label sampled too long
+        # for CTC, say).  The step still goes through the wrapped model, on one dummy utterance: DDP's
+        # gradient all-reduce runs from the forward's hooks, and a rank that skipped the model would
+        # leave the others waiting in backward().  Its zero loss changes nothing.
+        frames = 4 * SUBSAMPLING
+        feats = torch.zeros(1, frames, batch.feats.shape[-1], device=device)
+        log_probs, _ = model(feats, torch.full((1,), frames, dtype=torch.int64, device=device))
+        return log_probs.sum() * 0.0, 0
     feats = batch.feats.to(device, non_blocking=True)
     feat_lens = batch.feat_lens.to(device)
     labels = batch.labels.to(device)
     label_lens = batch.label_lens.to(device)
-    log_probs, out_lens = model(feats, feat_lens)
+    if prompt:
+        log_probs, out_lens = model(feats, feat_lens, batch.field_tokens[prompt].to(device),
+                                    batch.field_lens[prompt].to(device))
+    else:
+        log_probs, out_lens = model(feats, feat_lens)
     loss = ctc(log_probs.transpose(0, 1), labels, out_lens, label_lens)
     return loss, int(label_lens.sum())
 
@@ -192,14 +219,14 @@ def lr_at(step: int, base_lr: float, warmup: int) -> float:
 
 
 def run_epoch(model: nn.Module, loader: Iterable, ctc: nn.CTCLoss, d: Dist, *, optim: torch.optim.Optimizer | None,
-              step: int, opts: dict, max_steps: int | None) -> tuple[float, int, int]:
+              step: int, opts: dict, max_steps: int | None, prompt: str | None = None) -> tuple[float, int, int]:
     """One pass; returns (loss per token over all ranks, steps taken, global step after the pass)."""
     loss_sum, tokens, steps = 0.0, 0, 0
     train = optim is not None
     model.train(train)
     with torch.set_grad_enabled(train):
         for batch in loader:
-            loss, ntok = ctc_sums(model, batch, ctc, d.device)
+            loss, ntok = ctc_sums(model, batch, ctc, d.device, prompt)
             if train:
                 for g in optim.param_groups:
                     g["lr"] = lr_at(step, opts["lr"], opts["warmup_steps"])
@@ -250,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in total (tests)")
     ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint: model, optimizer, step and the "
                     "loader's place in its epoch (on any number of ranks)")
+    ap.add_argument("--prompt", metavar="FIELD", help="give the model this text field of each utterance too (e.g. "
+                    "prev_text, packed with --field): tokenized by the loader (text_fields), its mean embedding added "
+                    "to the encoder's frames")
     args = ap.parse_args(argv)
 
     hyper = json.loads(Path(args.hyper).read_text(encoding="utf-8"))
@@ -265,11 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     # Resumed, the per-rank batches stay as planned: CAT's bucket_size is split over the world
     # size, so on another world size max_frames is taken from the saved loader state.
     keep = {k: ckpt["loader"]["options"][k] for k in ("max_frames", "max_batch_size")} if ckpt else {}
-    train_loader, dev_loader, tokenizer = build_loaders(args.hyper, hyper, d.world, **keep)
+    train_loader, dev_loader, tokenizer = build_loaders(args.hyper, hyper, d.world, args.prompt, **keep)
     m = hyper.get("model", {})
     model = CTCModel(idim=int(m.get("idim", 80)), vocab_size=tokenizer.vocab_size,
                      d_model=int(m.get("d_model", 144)), lstm_layers=int(m.get("lstm_layers", 2)),
-                     lstm_hidden=int(m.get("lstm_hidden", 160)), dropout=float(m.get("dropout", 0.1))).to(d.device)
+                     lstm_hidden=int(m.get("lstm_hidden", 160)), dropout=float(m.get("dropout", 0.1)),
+                     prompt=args.prompt is not None).to(d.device)
     if d.main:
         nparam = sum(p.numel() for p in model.parameters())
         print(f"model: {nparam / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, {d.world} rank(s) "
@@ -291,12 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         train_loader.set_epoch(epoch)
         train_loss, steps, step = run_epoch(ddp, train_loader, ctc, d, optim=optim, step=step, opts=opts,
-                                            max_steps=args.max_steps)
+                                            max_steps=args.max_steps, prompt=args.prompt)
         # Dev on the bare module: ranks may hold different numbers of dev batches, and the DDP
         # wrapper is only needed for gradient sync; the sums are all-reduced afterwards.
         dev_loss = math.nan
         if dev_loader is not None:
-            dev_loss, _, _ = run_epoch(model, dev_loader, ctc, d, optim=None, step=step, opts=opts, max_steps=None)
+            dev_loss, _, _ = run_epoch(model, dev_loader, ctc, d, optim=None, step=step, opts=opts, max_steps=None,
+                                       prompt=args.prompt)
         stats = format_stats(getattr(train_loader, "stats", None))
         record = {"epoch": epoch, "train_loss": train_loss, "dev_loss": dev_loss, "steps": steps,
                   "global_step": step, "seconds": round(time.time() - t0, 1)}

@@ -36,7 +36,7 @@ Counts = Callable[[int, int], np.ndarray]  # (corpus, corpus epoch) -> batches p
 
 
 @dataclass
-class CorpusPosition:
+class MixCorpusPosition:
     """Where one corpus stands: its epoch, what of it no reader has taken yet, and what readers hold."""
 
     epoch: int = 0
@@ -52,7 +52,7 @@ class CorpusPosition:
                 "held": [[r, *h] for r, h in sorted(self.held.items())], "leftover": [list(r) for r in self.leftover]}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> CorpusPosition:
+    def from_json(cls, doc: Mapping[str, Any]) -> MixCorpusPosition:
         free = None if doc["free"] is None else [[[int(a), int(b)] for a, b in runs] for runs in doc["free"]]
         return cls(int(doc["epoch"]), free, {int(r): int(s) for r, s in doc["own"]},
                    {int(h[0]): [int(x) for x in h[1:]] for h in doc["held"]},
@@ -70,7 +70,7 @@ class MixPosition:
     world_size: int  # the topology the readers in ``corpora`` belong to
     num_workers: int
     phase: int  # worker 0 of that topology serves the steps t = phase (mod readers per rank)
-    corpora: list[CorpusPosition]
+    corpora: list[MixCorpusPosition]
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -81,13 +81,13 @@ class MixPosition:
     def from_json(cls, doc: Mapping[str, Any]) -> MixPosition:
         fields_ = {k: int(doc[k]) for k in ("epoch", "step", "global_step", "batches_left", "world_size",
                                             "num_workers", "phase")}
-        return cls(**fields_, corpora=[CorpusPosition.from_json(c) for c in doc["corpora"]])
+        return cls(**fields_, corpora=[MixCorpusPosition.from_json(c) for c in doc["corpora"]])
 
     def steps_left(self, world_size: int) -> int:
         return math.ceil(self.batches_left / world_size) if self.batches_left > 0 else 0
 
 
-def corpus_progress(pos: CorpusPosition, counts: np.ndarray) -> float:
+def corpus_progress(pos: MixCorpusPosition, counts: np.ndarray) -> float:
     """Corpus epochs handed out: whole ones plus the handed-out part of the current one."""
     total = int(np.sum(counts))
     if pos.free is None or not total:
@@ -99,7 +99,7 @@ def corpus_progress(pos: CorpusPosition, counts: np.ndarray) -> float:
 def start_position(num_corpora: int, epoch_batches: int, world_size: int, num_workers: int) -> MixPosition:
     """Training's very start: every corpus at the start of its epoch 0."""
     return MixPosition(0, 0, 0, epoch_batches, world_size, num_workers, 0,
-                       [CorpusPosition() for _ in range(num_corpora)])
+                       [MixCorpusPosition() for _ in range(num_corpora)])
 
 
 def next_epoch(end: MixPosition, epoch_batches: int) -> MixPosition:
@@ -138,7 +138,7 @@ class MixRun:
         return self.steps > 0 and worker < self.reader_of(0)
 
 
-def _take(pos: CorpusPosition, reader: int, chunk: int) -> list[int]:
+def _take(pos: MixCorpusPosition, reader: int, chunk: int) -> list[int]:
     """Hand ``reader`` its next chunk of the corpus, [epoch, stream, start, stop]: a run left from
     an earlier epoch first, else from the current epoch (which has something left)."""
     if pos.leftover:
@@ -177,7 +177,7 @@ def _take(pos: CorpusPosition, reader: int, chunk: int) -> list[int]:
     return taken
 
 
-def _release(pos: CorpusPosition) -> None:
+def _release(pos: MixCorpusPosition) -> None:
     """Readers of another topology: what they held goes back to be dealt anew; nobody owns a stream."""
     for e, s, a, b in pos.held.values():
         if a >= b:
@@ -224,7 +224,7 @@ def mix_run(start: MixPosition, world_size: int, num_workers: int, *, seed: int,
     readers = max(1, num_workers)
     left = start.steps_left(world_size)
     steps = left if steps is None else min(int(steps), left)
-    corpora = [CorpusPosition.from_json(c.to_json()) for c in start.corpora]  # never change the caller's
+    corpora = [MixCorpusPosition.from_json(c.to_json()) for c in start.corpora]  # never change the caller's
     same = (start.world_size, start.num_workers) == (world_size, num_workers)
     phase = start.phase if same else start.step
     if not same:
@@ -243,7 +243,7 @@ def mix_run(start: MixPosition, world_size: int, num_workers: int, *, seed: int,
     return MixRun(t0, steps, readers, phase, corpus, refs, end)
 
 
-def _deal(c: int, pos: CorpusPosition, corpus: np.ndarray, worker: np.ndarray, refs: np.ndarray, readers: int,
+def _deal(c: int, pos: MixCorpusPosition, corpus: np.ndarray, worker: np.ndarray, refs: np.ndarray, readers: int,
           chunk: int, counts: Counts) -> None:
     """Serve every step that drew corpus ``c``: each reader from what it holds, then chunk by
     chunk in the order the needs arise (step, then rank)."""
@@ -277,7 +277,7 @@ def _deal(c: int, pos: CorpusPosition, corpus: np.ndarray, worker: np.ndarray, r
             heapq.heappush(heap, (int(needs[i][served[i]]), r, i))
 
 
-def _take_chunk(pos: CorpusPosition, reader: int, chunk: int, counts_for: Callable[[int], np.ndarray]) -> list[int]:
+def _take_chunk(pos: MixCorpusPosition, reader: int, chunk: int, counts_for: Callable[[int], np.ndarray]) -> list[int]:
     if not pos.leftover:
         if pos.free is None:  # the epoch is not begun: all of it is free
             pos.free = [[[0, int(n)]] if n else [] for n in counts_for(pos.epoch)]
@@ -288,7 +288,7 @@ def _take_chunk(pos: CorpusPosition, reader: int, chunk: int, counts_for: Callab
     return _take(pos, reader, chunk)
 
 
-def _serve(c: int, pos: CorpusPosition, reader: int, ks: np.ndarray, done: int, out: np.ndarray) -> int:
+def _serve(c: int, pos: MixCorpusPosition, reader: int, ks: np.ndarray, done: int, out: np.ndarray) -> int:
     """Fill ``reader``'s needs ``ks[done:]`` from what it holds; how many of ``ks`` are served now."""
     held = pos.held.get(reader)
     if held is None:

@@ -15,9 +15,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from wdsprep.format.index import Speakers
-from wdsprep.loading.corpus import Corpus, Recent
+from wdsprep.loading.corpus import LRU, Corpus, FixedShards
 from wdsprep.loading.mix.deal import (
-    CorpusPosition,
+    MixCorpusPosition,
     MixPosition,
     MixRun,
     corpus_progress,
@@ -50,7 +50,7 @@ WINDOW_BATCHES = 1 << 14
 MAX_STEPS_PER_EPOCH = 10_000_000
 
 
-class MixedEpochs:
+class MixedEpochs(FixedShards):
     """The mixed epochs of named corpora on one topology.
 
     ``anchor`` is where the plan starts from: training's start, or a loaded position; every
@@ -61,16 +61,18 @@ class MixedEpochs:
 
     def __init__(self, shards: ShardSet, corpora: Sequence[Corpus], *, seed: int, mixture: Mixture,
                  steps_per_epoch: int | None, world_size: int, num_workers: int,
-                 speakers: Speakers | None = None) -> None:
-        if mixture.names != shards.corpora:
-            raise ValueError(f"the mixture names {list(mixture.names)}, the shards {list(shards.corpora)}")
+                 speakers: Speakers | None = None, names: Sequence[str] | None = None) -> None:
+        # The corpora mixed: the named ones, or (``names``) the parts mix_by made of them.
+        names = tuple(names) if names is not None else shards.corpora
+        if mixture.names != names:
+            raise ValueError(f"the mixture names {list(mixture.names)}, the corpora {list(names)}")
         if steps_per_epoch is not None and not 1 <= steps_per_epoch <= MAX_STEPS_PER_EPOCH:
             raise ValueError(f"steps_per_epoch must be in [1, {MAX_STEPS_PER_EPOCH:,}], got {steps_per_epoch:,}: a "
                              f"loader epoch is how often set_epoch runs and a checkpoint is taken, and a schedule "
                              f"follows the global step across epochs")
         self.shards = shards  # the corpora's union: rows are numbered in it
         self.parts = list(corpora)
-        self.corpora = shards.corpora
+        self.corpora = names
         self.seed, self.mixture, self.steps_per_epoch = seed, mixture, steps_per_epoch
         self.world_size, self.num_workers = world_size, num_workers
         self.speakers = speakers  # for the shuffle report
@@ -85,8 +87,8 @@ class MixedEpochs:
         self.chunks = [max(1, round(p.num_batches / max(1, len(c.shards)))) for p, c in zip(first, self.parts)]
         self.one_pass = sum(p.num_batches for p in first)
         self.anchor = start_position(len(self.parts), self.epoch_batches(), world_size, num_workers)
-        self._starts: Recent[int, MixPosition] = Recent(3)  # loader epoch -> where it starts, from the anchor
-        self._runs: Recent[str, MixedRun] = Recent(3)
+        self._starts: LRU[int, MixPosition] = LRU(3)  # loader epoch -> where it starts, from the anchor
+        self._runs: LRU[str, MixedRun] = LRU(3)
 
     @property
     def num_streams(self) -> int:
@@ -116,7 +118,7 @@ class MixedEpochs:
         c, e, s, j = bid
         return self.parts[c].rows(e, s, j)
 
-    def unit(self, c: int) -> Corpus:
+    def corpus_of(self, c: int) -> Corpus:
         """Corpus ``c`` (its seed, rows and speed draws)."""
         return self.parts[c]
 
@@ -148,7 +150,7 @@ class MixedEpochs:
 
     def resume(self, at: MixPosition) -> None:
         self.anchor = at
-        self._starts = Recent(3)
+        self._starts = LRU(3)
 
     def continue_from(self, old: MixedEpochs, epoch: int) -> None:
         """Go on where ``old`` (the same corpora, some of them grown since: ``growing=True``) stands
@@ -162,7 +164,7 @@ class MixedEpochs:
                 corpora.append(pos)
             else:
                 begun = pos.free is not None or bool(pos.held) or bool(pos.leftover)
-                corpora.append(CorpusPosition(pos.epoch + 1 if begun else pos.epoch))
+                corpora.append(MixCorpusPosition(pos.epoch + 1 if begun else pos.epoch))
         self.resume(MixPosition(start.epoch, 0, start.global_step, self.epoch_batches(), start.world_size,
                                 start.num_workers, start.phase, corpora))
 
@@ -212,7 +214,7 @@ class MixedEpochs:
                               f"one applies from global step {pos.global_step} on", UserWarning, stacklevel=3)
         return pos
 
-    def _corpus_position(self, c: int, doc: Any, readers: int) -> CorpusPosition:
+    def _corpus_position(self, c: int, doc: Any, readers: int) -> MixCorpusPosition:
         name = self.corpora[c]
         where = f"position.corpora[{c}]."
         saved_name = doc.get("name", name) if isinstance(doc, Mapping) else name  # version 2 states name none
@@ -269,7 +271,7 @@ class MixedEpochs:
         leftover = [batches(*ints(raw, 4, where=where + "leftover"), "leftover")
                     for raw in need_list(doc, "leftover", most=1 << 20, where=where)]
         _no_overlap(taken, where, name)
-        return CorpusPosition(epoch, free, own, held, leftover)
+        return MixCorpusPosition(epoch, free, own, held, leftover)
 
     def position_json(self, at: MixPosition) -> dict[str, Any]:
         doc = at.to_json()
@@ -279,11 +281,11 @@ class MixedEpochs:
 
     # -- what the readers are told ----------------------------------------------------------------
 
-    def note(self, at: MixPosition) -> dict[str, Any]:
+    def reader_start(self, at: MixPosition) -> dict[str, Any]:
         return at.to_json()
 
-    def from_note(self, note: Mapping[str, Any]) -> MixPosition:
-        return MixPosition.from_json(note)
+    def from_reader_start(self, doc: Mapping[str, Any]) -> MixPosition:
+        return MixPosition.from_json(doc)
 
 
 def _no_overlap(taken: list[tuple[int, int, int, int, str]], where: str, name: str) -> None:
@@ -314,7 +316,7 @@ class MixedRun:
         self.total = at.steps_left(source.world_size)
         self.window = window or max(1, WINDOW_BATCHES // source.world_size)
         self._starts: list[MixPosition] = [at]  # where each window dealt so far starts
-        self._dealt: Recent[int, MixRun] = Recent(2)
+        self._dealt: LRU[int, MixRun] = LRU(2)
 
     def steps(self, rank: int) -> int:
         return self.total
@@ -378,7 +380,7 @@ class MixedRun:
         assert s.speakers is not None
         part = self._part(0)
         sequences = [[(ref[0], s.rows(ref)) for ref in part.rank_order(r)] for r in ranks]
-        corpus_rows = [range(c.row0, c.row0 + c.shards.num_utts) for c in s.parts]
+        corpus_rows = [c.global_rows() for c in s.parts]
         qs = corpus_quality(sequences, corpus_rows, s.speakers.ids, s.shards.frames, source=s.speakers.source)
         return {name: q.to_dict() for name, q in zip(s.corpora, qs)}
 

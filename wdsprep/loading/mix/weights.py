@@ -4,7 +4,10 @@ Three ways to give them, one shape once resolved (:class:`Mixture`, a piecewise-
 
 * fixed weights, ``{"en": 1, "zh": 3}``;
 * a temperature over the corpora's hours, weight ∝ hours^(1/T) (T = 1: as large as they are;
-  larger T flattens towards equal shares, the usual multilingual choice is 3-5);
+  larger T flattens towards equal shares, the usual multilingual choice is 3-5); corpora split
+  into parts (``mix_by``: by language, say) take one per level (:func:`level_mixture`): across the
+  corpora by their hours, then across each corpus's parts by theirs (ESPnet's
+  ``CategoryPowerSampler``, NeMo's nested ``reweight_temperature``);
 * a schedule, ``[(0, {"en": 9, "zh": 1}), (1000, {"en": 1, "zh": 1})]``: linear between points,
   constant before the first and after the last (OpenNMT's task-mix schedule).
 
@@ -141,6 +144,33 @@ def make_mixture(names: Sequence[str], *, weights: Weights | None = None, temper
         weights = dict(zip(names, (float(u) for u in utts)))
         return Mixture(names, (0,), (_shares(weights, names, "the corpora's sizes"),), "natural sizes")
     return Mixture(names, (0,), (_shares(weights, names, "weights"),), "weights")
+
+
+def level_mixture(names: Sequence[str], hours: Sequence[Sequence[float]], temperatures: Sequence[float], *,
+                  by: str) -> Mixture:
+    """The mixture of corpora split into parts (``names``: every part, corpus after corpus;
+    ``hours``: per corpus, its parts' hours) with a temperature per level: corpus ``c``'s share ∝
+    ``H_c^(1/T1)`` (``H_c`` its hours), and within it each part's ∝ ``h^(1/T2)``; a part's weight is
+    the product."""
+    t1, t2 = (float(t) for t in temperatures)
+    for t in (t1, t2):
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"temperature must be a number > 0, got {t!r}")
+    if sum(len(h) for h in hours) != len(names):
+        raise ValueError(f"{len(names)} parts but hours for {sum(len(h) for h in hours)}")
+    totals = [sum(h) for h in hours]
+    top = [t ** (1.0 / t1) if t > 0 else 0.0 for t in totals]
+    weights: dict[str, float] = {}
+    k = 0
+    for share, parts in zip(top, hours):
+        inner = [h ** (1.0 / t2) if h > 0 else 0.0 for h in parts]
+        total = sum(inner) or 1.0
+        for w in inner:
+            weights[names[k]] = share * w / total
+            k += 1
+    shares = _shares(weights, names, f"temperature {t1:g}, {t2:g}")
+    given = f"temperature {t1:g}" if t1 == t2 else f"temperature {t1:g} across corpora, {t2:g} across {by}"
+    return Mixture(tuple(names), (0,), (shares,), given + f" (mix_by {by})")
 
 
 def draw_probabilities(shares: np.ndarray, utts_per_batch: Sequence[float]) -> np.ndarray:

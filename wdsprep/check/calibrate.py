@@ -4,19 +4,25 @@ The plan can size batches by what a step costs (:mod:`wdsprep.loading.cost`): ``
 with ``t`` the subsampled frames and ``u`` the label tokens.  This module measures ``c`` on the
 model that will train: it builds the model from the user's factory, times forward + backward + an
 optimizer step on synthetic batches over a grid of shapes covering the corpus's lengths (from the
-shards' index), fits the five coefficients by non-negative least squares on relative error, checks
+shards' index), fits the six coefficients by non-negative least squares on relative error, checks
 the fit on shapes it did not fit, and writes the JSON file the loader takes (``cost=``).  On CUDA
 it also searches, per length, the largest batch that trains without running out of memory (as
 NeMo's OOMptimizer does) and turns that into the largest safe ``max_cost``.
 
-The grid: ``LENGTHS`` lengths from the 5th to the 99.9th percentile of the corpus's frames,
-spaced geometrically, two label lengths at each (the most tokens a label of that length is
-expected to hold, and a quarter of that, so the token terms are told apart from the frame terms),
-and a batch size that keeps ``B * T`` near one frame budget, as the plan's batches are; the budget
-is chosen from a pilot step so that the whole grid fits ``max_seconds``.  Every other length is
-held out of the fit and tells its error.  Shapes are timed in rounds, each round in a new random
-order, so a machine that slows down for a while slows every shape alike; a shape's time is the
-fastest of its rounds: other work on the machine only ever adds time to a step.
+The grid: ``costfit.LENGTHS`` lengths from the 5th to the 99.9th percentile of the corpus's frames,
+spaced geometrically, three label lengths at each (the most tokens a label of that length is
+expected to hold, a third and a ninth of that, so the token terms are told apart from the frame
+terms and from each other), and a batch size that keeps ``B * T`` near one frame budget, as the
+plan's batches are; the budget is chosen from a pilot step so that the whole grid fits
+``max_seconds``.  Every other length is held out of the fit and tells its error.  Shapes are
+timed in rounds, each round in a new random order, so a machine that slows down for a while slows
+every shape alike; a shape's time is the fastest of its rounds: other work on the machine only
+ever adds time to a step.  Given the ``max_frames`` a corpus would otherwise train with, the
+costliest batch of that plan under the fitted cost is the ``max_cost`` suggested (``costfit.
+frames_budget``).
+
+This module is the torch side (the model, the training step, the timing, the CUDA probes); the
+grid, the fit and the memory search are plain numbers in ``check/costfit.py``.
 """
 
 from __future__ import annotations
@@ -30,67 +36,51 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
+from wdsprep.check.costfit import (
+    FRAME_QUANTILES,
+    LABEL_DIVISORS,
+    TERMS,
+    FramesBudget,
+    MemorySearch,
+    Shape,
+    Timing,
+    bar_disabled,
+    fit_cost,
+    frames_budget,
+    grid_labels,
+    label_tokens,
+    length_grid,
+    search_memory,
+)
 from wdsprep.files import write_text
+from wdsprep.loading.compose import load_shards
 from wdsprep.loading.cost import COEFFICIENTS, CostModel
-from wdsprep.loading.source import load_shards
+from wdsprep.loading.rehearsal import out_of_memory
 from wdsprep.tokenizer import load_tokenizer
 
 # Label tokens per input frame the grid times at most, unless told (tokens_per_frame=): the 95th
 # percentile of the corpus's own labels, counted with the tokenizer (and kept beside the index for
 # the loader: loading/tokens.py).  On the bundled demo corpus a character tokenizer gives 0.10
 # tokens a frame overall and 0.19 at the 95th percentile, a 200-piece sentencepiece model 0.07 and
-# 0.13; the lower label length of the grid (a quarter) covers the shorter labels.
+# 0.13; the grid's shorter label lengths (a third, a ninth) cover the shorter labels.
 TOKENS_QUANTILE = 0.95
-LENGTHS = 9  # lengths of the timing grid; the odd ones are held out of the fit
-FRAME_QUANTILES = (0.05, 0.999)  # the corpus's length range the grid covers
-MIN_SPAN = 4  # the grid spans at least this ratio of lengths, or t and t^2 cannot be told apart
 MAX_BATCH_FRAMES = 50_000  # the frame budget of a timed batch is at most this (B * T)
 # Rounds of the grid: one warm-up, then at least MIN, as many as the budget allows up to MAX; the
 # batch size is chosen for TARGET rounds (more, smaller steps average a noisy machine out better).
 WARMUP, MIN_ROUNDS, TARGET_ROUNDS, MAX_ROUNDS = 1, 3, 7, 11
 OOM_BUCKETS = 5  # lengths the memory search runs at, up to the corpus's longest utterance
-OOM_REL_GAP = 0.05  # the search stops when the largest fitting and smallest failing batch are this close
-OOM_START, OOM_CAP = 16, 1 << 16
 OPTIMIZERS = ("adamw", "sgd")
 
 
 class ModelError(ValueError):
     """The user's model, factory or step cannot be used as given; the message says which and what to do."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A synthetic batch: ``size`` utterances of ``frames`` frames, labels of ``tokens`` tokens."""
-
-    size: int
-    frames: int
-    tokens: int
-
-
-@dataclass
-class Timing:
-    shape: Shape
-    seconds: float  # the fastest of the rounds
-    rounds: list[float] = field(default_factory=list)
-    held_out: bool = False
-
-
-@dataclass
-class MemorySearch:
-    """The CUDA memory search: per length bucket, the largest batch that trained."""
-
-    margin: float
-    buckets: list[tuple[Shape, float]]  # (largest batch that fit, its cost); size 0: one utterance is too much
-    max_cost: float | None
-    cap: int = OOM_CAP  # no batch larger than this was tried
 
 
 @dataclass
@@ -110,6 +100,7 @@ class Calibration:
     step: str | None
     optimizer: str
     memory: MemorySearch | None = None
+    budget: FramesBudget | None = None  # the costliest batch of the frames plan max_frames cuts
 
     def errors(self, held_out: bool) -> np.ndarray:
         """Relative error of the fitted cost against the measured time, on the held-out or the fitted shapes."""
@@ -121,7 +112,10 @@ class Calibration:
 
     @property
     def max_cost(self) -> float | None:
-        return None if self.memory is None else self.memory.max_cost
+        """The budget the file holds as a note: the memory search's on CUDA, else the frames plan's."""
+        if self.memory is not None and self.memory.max_cost is not None:
+            return self.memory.max_cost
+        return None if self.budget is None else self.budget.cost
 
     def to_json(self) -> dict[str, Any]:
         held, fitted = self.errors(True), self.errors(False)
@@ -138,6 +132,12 @@ class Calibration:
             fit["memory"] = {"margin": self.memory.margin,
                              "buckets": [{"frames": s.frames, "tokens": s.tokens, "max_batch": s.size, "cost": c}
                                          for s, c in self.memory.buckets]}
+        if self.budget is not None:
+            b = self.budget
+            fit["frames_budget"] = {"max_frames": b.max_frames, "seed": b.seed, "epoch": b.epoch,
+                                    "batches": b.batches, "cost": b.cost,
+                                    "costliest": {"batch": b.costliest.size, "frames": b.costliest.frames,
+                                                  "tokens": b.costliest.tokens}}
         doc: dict[str, Any] = self.cost.to_json()
         if self.max_cost is not None:
             doc["max_cost"] = self.max_cost
@@ -154,8 +154,7 @@ class Calibration:
                  f"{len(frames)} lengths {frames[0]}..{frames[-1]} frames, labels {tokens[0]}..{tokens[-1]} tokens, "
                  f"batches of about {self.batch_frames:,} frames",
                  f"cost of an utterance, seconds (t = frames / {c.subsampling}, u = tokens): "
-                 + " + ".join(f"{getattr(c, n):.4g}{term}" for n, term in
-                              zip(COEFFICIENTS, ("", "*t", "*t^2", "*u", "*u^2")))]
+                 + " + ".join(f"{getattr(c, n):.4g}{term}" for n, term in zip(COEFFICIENTS, TERMS, strict=True))]
         med = self.frames["median"]
         u = label_tokens(int(med), tokens_per_frame=self.tokens_per_frame, max_tokens=self.max_tokens,
                          subsampling=c.subsampling)
@@ -177,7 +176,28 @@ class Calibration:
                 lines.append(f"  {s.frames} frames, {s.tokens} tokens: {s.size}{capped}, cost {cost:.4g}")
             if m.max_cost is not None:
                 lines.append(f"max_cost {m.max_cost:.4g}: the smallest of those, less a margin of {m.margin:.0%}")
+        if self.budget is not None:
+            lines.append(self._budget_line())
         return "\n".join(lines)
+
+    def _budget_line(self) -> str:
+        b = self.budget
+        assert b is not None
+        s = b.costliest
+        line = (f"max_cost {b.cost:.4g} keeps the peak of the frames plan: the costliest of the {b.batches:,} batches "
+                f"max_frames {b.max_frames:,} cuts (epoch {b.epoch}, seed {b.seed}) holds {_utterances(s.size)} of up "
+                f"to {s.frames} frames and {s.tokens} tokens; batches cut by cost within it cost no more")
+        m = self.memory
+        if m is None:
+            return line + " (written as max_cost)"
+        if m.max_cost is not None and m.max_cost < b.cost:
+            return line + (f"; that is more than the memory search allows ({m.max_cost:.4g}): the frames plan "
+                           f"would run out of memory, so max_cost {m.max_cost:.4g} is written")
+        return line + " (the memory search's is written)"
+
+
+def _utterances(n: int) -> str:
+    return f"{n} utterance{'s' if n != 1 else ''}"
 
 
 def _summary(errors: np.ndarray) -> dict[str, float] | None:
@@ -191,7 +211,8 @@ def _shares(cost: CostModel, frames: float, tokens: float) -> dict[str, float]:
     """Each term's share of ``c(t, u)`` at one length."""
     t = frames / cost.subsampling
     terms = {"per utterance": cost.per_utt, "frames": cost.per_frame * t, "frames^2": cost.per_frame2 * t * t,
-             "tokens": cost.per_token * tokens, "tokens^2": cost.per_token2 * tokens * tokens}
+             "tokens": cost.per_token * tokens, "tokens^2": cost.per_token2 * tokens * tokens,
+             "frames x tokens": cost.per_frame_token * t * tokens}
     total = sum(terms.values()) or 1.0
     return {k: v / total for k, v in terms.items()}
 
@@ -267,7 +288,8 @@ def build_model(factory: Callable, spec: str, *, feat_dim: int, vocab_size: int)
 
 class TrainStep:
     """One training step as a loop runs it: the forward call (or the user's step), backward, the
-    optimizer's step.  Raises :class:`ModelError` when the call does not return a scalar loss."""
+    optimizer's step.  Raises :class:`ModelError` when the call fails or does not return a scalar
+    loss; running out of memory (``loading.rehearsal.out_of_memory``) goes through as it is."""
 
     def __init__(self, model: torch.nn.Module, *, device: torch.device, optimizer: str, step: Callable | None,
                  model_spec: str, step_spec: str | None) -> None:
@@ -287,9 +309,9 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             loss = self.call(self.model, *batch)
-        except torch.cuda.OutOfMemoryError:
-            raise
         except Exception as e:
+            if out_of_memory(e):
+                raise
             feats = batch[0]
             raise ModelError(f"{self.what} raised {type(e).__name__}: {_first_line(e)} on a batch of "
                              f"feats {list(feats.shape)} and labels {list(batch[2].shape)} (the loader's batch: "
@@ -306,9 +328,9 @@ class TrainStep:
         try:
             loss.reshape(()).backward()
             self.optimizer.step()
-        except torch.cuda.OutOfMemoryError:
-            raise
         except Exception as e:
+            if out_of_memory(e):
+                raise
             raise ModelError(f"the backward pass of the loss {self.what} returned raised {type(e).__name__}: "
                              f"{_first_line(e)}") from e
 
@@ -337,25 +359,7 @@ def make_batch(shape: Shape, *, feat_dim: int, vocab_size: int, device: torch.de
     return tuple(x.to(device) for x in (feats, lens[0], labels, lens[1]))
 
 
-# --- the grid and the timing -------------------------------------------------------------------
-
-def length_grid(frames: np.ndarray, count: int = LENGTHS) -> np.ndarray:
-    """``count`` lengths spaced geometrically over the corpus's 5th..99.9th percentile of frames
-    (widened downwards to span ``MIN_SPAN``: a narrow range cannot tell t from t^2)."""
-    lo, hi = np.quantile(np.asarray(frames, np.float64), FRAME_QUANTILES)
-    hi = max(2.0, math.ceil(hi))
-    lo = max(1.0, min(math.floor(lo), hi / MIN_SPAN))
-    return np.round(np.geomspace(lo, hi, count)).astype(np.int64)
-
-
-def label_tokens(frames: int, *, tokens_per_frame: float, max_tokens: int | None, subsampling: int) -> int:
-    """The most tokens a label of an utterance of ``frames`` frames is taken to hold: the rate,
-    at most ``max_tokens``, and at most the subsampled frames (what CTC can align)."""
-    u = math.ceil(tokens_per_frame * frames)
-    if max_tokens is not None:
-        u = min(u, max_tokens)
-    return max(1, min(u, frames // subsampling))
-
+# --- the timing --------------------------------------------------------------------------------
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -406,46 +410,7 @@ def _time_shape(step: TrainStep, batch: Callable[[Shape], tuple], x: Timing,
         x.rounds.clear()
 
 
-def fit_cost(timings: Sequence[Timing], subsampling: int) -> CostModel:
-    """The coefficients >= 0 that minimise the squared relative error of ``B * c(t, u)`` against the
-    measured seconds: non-negative least squares on rows ``B * [1, t, t^2, u, u^2] / seconds``
-    with target 1.  Columns are scaled to unit size for the solver and the solution scaled back."""
-    b = np.array([x.shape.size for x in timings], np.float64)
-    t = np.array([x.shape.frames for x in timings], np.float64) / subsampling
-    u = np.array([x.shape.tokens for x in timings], np.float64)
-    secs = np.array([x.seconds for x in timings], np.float64)
-    rows = (b / secs)[:, None] * np.stack([np.ones_like(t), t, t * t, u, u * u], axis=1)
-    scale = np.linalg.norm(rows, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(rows / scale, np.ones(len(timings)))
-    coef = coef / scale
-    return CostModel(subsampling=subsampling, **{n: float(c) for n, c in zip(COEFFICIENTS, coef)})
-
-
-# --- the memory search ---------------------------------------------------------------------------
-
-def largest_batch(fits: Callable[[int], bool], *, start: int = OOM_START, rel_gap: float = OOM_REL_GAP,
-                  cap: int = OOM_CAP) -> int:
-    """The largest batch size ``fits`` accepts (0 if not even 1), assuming it accepts every smaller
-    one: doubling from ``start`` (halving while nothing fits) until one fits and one fails, then
-    bisection until they are within ``rel_gap`` of the failing one, or adjacent.  ``cap`` is
-    returned when it fits."""
-    ok, bad = 0, None  # largest size known to fit, smallest known to fail
-    b = max(1, min(start, cap))
-    while True:
-        if fits(b):
-            ok = b
-        else:
-            bad = b
-        if bad is None:
-            if b >= cap:
-                return ok
-            b = min(2 * b, cap)
-        elif bad - ok <= 1 or bad - ok <= rel_gap * bad:
-            return ok
-        else:
-            b = (ok + bad) // 2  # strictly between: they differ by 2 or more
-
+# --- the memory probe --------------------------------------------------------------------------
 
 def oom_guard(run: Callable[[Shape], None], on_oom: Callable[[], None]) -> Callable[[Shape], bool]:
     """``run`` as a probe: True when the step ran, False when it raised ``torch.cuda.OutOfMemoryError``
@@ -462,40 +427,13 @@ def oom_guard(run: Callable[[Shape], None], on_oom: Callable[[], None]) -> Calla
     return fits
 
 
-def search_memory(fits: Callable[[Shape], bool], buckets: Sequence[tuple[int, int]], cost: CostModel, *,
-                  margin: float, rel_gap: float = OOM_REL_GAP, cap: int = OOM_CAP,
-                  progress: bool | None = None) -> MemorySearch:
-    """Per (frames, tokens) bucket, the largest batch ``fits`` accepts, longest bucket first (a
-    shorter one starts its search at twice the batch the longer one took); ``max_cost`` is the
-    smallest ``B * c(t, u)`` of those, times ``1 - margin``.  A bucket where one utterance is too
-    much bounds nothing (such utterances cannot train at all: the caller warns)."""
-    from tqdm import tqdm
-
-    found: list[tuple[Shape, float]] = []
-    start = OOM_START
-    order = sorted(buckets, reverse=True)
-    for frames, tokens in tqdm(order, desc="memory search", unit="length", disable=_disable(progress)):
-        size = largest_batch(lambda b: fits(Shape(b, frames, tokens)), start=start, rel_gap=rel_gap, cap=cap)
-        found.append((Shape(size, frames, tokens), float(cost.batch(size, frames, tokens))))
-        start = max(OOM_START, 2 * size)
-    found.reverse()
-    bounds = [c for s, c in found if s.size > 0]
-    max_cost = (1 - margin) * min(bounds) if bounds else None
-    return MemorySearch(margin=margin, buckets=found, max_cost=max_cost, cap=cap)
-
-
-def _disable(progress: bool | None) -> bool | None:
-    """tqdm's ``disable``: None shows the bar on a terminal only."""
-    return None if progress is None else not progress
-
-
 # --- the whole calibration -----------------------------------------------------------------------
 
 def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLike, out: str | os.PathLike, *,
               device: str = "cpu", step: str | None = None, max_seconds: float = 120.0, subsampling: int = 4,
               seed: int = 0, tokens_per_frame: float | None = None, max_tokens: int | None = None,
-              optimizer: str = "adamw", oom_margin: float = 0.1, overwrite: bool = False,
-              progress: bool | None = None) -> Calibration:
+              optimizer: str = "adamw", oom_margin: float = 0.1, max_frames: int | None = None,
+              overwrite: bool = False, progress: bool | None = None) -> Calibration:
     """Fit the cost model of a training step of ``model`` and write it to ``out`` (JSON).
 
     Args:
@@ -516,6 +454,9 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
             rate of the corpus's own labels (their 95th percentile of tokens per frame).
         optimizer: ``adamw`` (its state counts in the memory search) or ``sgd``.
         oom_margin: the share of the largest batch that fit kept free (CUDA).
+        max_frames: the frame budget the corpus would otherwise train with: the costliest batch of
+            its plan (epoch 0, ``seed``), under the fitted cost, is the ``max_cost`` suggested, and
+            written as the file's ``max_cost`` where no memory search gives one (CPU).
         overwrite: replace ``out`` if it exists.
         progress: bars on stderr; None shows them on a terminal only.
 
@@ -523,17 +464,18 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     """
     t_start = time.perf_counter()
     _check_options(max_seconds=max_seconds, subsampling=subsampling, tokens_per_frame=tokens_per_frame,
-                   max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin)
+                   max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin, max_frames=max_frames)
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if not out.parent.is_dir():  # found now, not after minutes of timing
         raise FileNotFoundError(f"{out.parent}: no such folder for {out}; make it first")
-    dev = _device(device)
+    dev = device_of(device)
     factory = load_callable(model, "--model")
     step_func = load_callable(step, "--step") if step is not None else None
     tok = load_tokenizer(tokenizer)
-    shards = load_shards(trset, tokenizer=tok if tokens_per_frame is None else None)
+    # The labels' lengths: the grid's default rate, and the label of each batch of a frames plan.
+    shards = load_shards(trset, tokenizer=tok if tokens_per_frame is None or max_frames is not None else None)
     if shards.num_utts == 0:
         raise ValueError(f"{trset}: the shards hold no utterance to take lengths from")
     if shards.dims is None:
@@ -566,6 +508,7 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
         timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
                              budget=max_seconds - (time.perf_counter() - t_timing), progress=progress)
         cost = fit_cost([t for t in timings if not t.held_out], subsampling)
+        budget = None if max_frames is None else frames_budget(cost, shards, max_frames, seed=seed)
         memory = None
         if dev.type == "cuda":
             memory = _cuda_memory(train_step, batch, frames, tokens, cost, dev, margin=oom_margin,
@@ -573,18 +516,18 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     result = Calibration(cost=cost, device=str(dev), threads=torch.get_num_threads(), timings=timings,
                          seconds=time.perf_counter() - t_start, frames=_frame_summary(frames),
                          tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, batch_frames=batch_frames,
-                         model=model, step=step, optimizer=optimizer, memory=memory)
+                         model=model, step=step, optimizer=optimizer, memory=memory, budget=budget)
     held = np.abs(result.errors(True))
     if held.max() > 0.2:
         warnings.warn(f"the cost model misses {held.max():.0%} on a held-out shape (median {np.median(held):.0%}): "
                       f"timing noise (give more --max-seconds, run on an idle machine) or a cost that is not "
-                      f"a + b*t + c*t^2 + d*u + e*u^2", UserWarning, stacklevel=2)
+                      f"a + b*t + c*t^2 + d*u + e*u^2 + f*t*u", UserWarning, stacklevel=2)
     write_text(out, json.dumps(result.to_json(), indent=1) + "\n")
     return result
 
 
 def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float | None, max_tokens: int | None,
-                   optimizer: str, oom_margin: float) -> None:
+                   optimizer: str, oom_margin: float, max_frames: int | None) -> None:
     if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
         raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
     if isinstance(subsampling, bool) or not isinstance(subsampling, int) or subsampling < 1:
@@ -598,15 +541,18 @@ def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: fl
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not (isinstance(oom_margin, (int, float)) and 0 <= oom_margin < 1):
         raise ValueError(f"oom_margin must be in [0, 1), got {oom_margin!r}")
+    if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1):
+        raise ValueError(f"max_frames must be an integer >= 1, got {max_frames!r}")
 
 
-def _device(device: str) -> torch.device:
+def device_of(device: str) -> torch.device:
+    """The torch device ``--device`` names: cpu or cuda (an index filled in); ValueError naming what to give."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"--device {device!r}: not a device torch knows ({e}); give cpu, cuda or cuda:N") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: calibrate runs on cpu or cuda")
+        raise ValueError(f"--device {device!r}: the model runs on cpu or cuda")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: torch sees no GPU here (torch.cuda.is_available() is False): run on "
@@ -640,7 +586,7 @@ def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.
         per_frame.append(wall / (x.shape.size * t))
     slope = (per_frame[1] - per_frame[0]) / max(1, hi - lo)
     per_frame_at = np.maximum(per_frame[0] + slope * (lengths - lo), min(per_frame))
-    steps = 2 * (WARMUP + TARGET_ROUNDS)  # two label lengths per length
+    steps = len(LABEL_DIVISORS) * (WARMUP + TARGET_ROUNDS)  # label lengths per length
     left = budget - (time.perf_counter() - t0)
     frames = 0.9 * left / (steps * float(per_frame_at.sum()))
     if frames < hi:
@@ -661,12 +607,12 @@ def _time_grid(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.nda
     timings = []
     for i, t in enumerate(int(x) for x in lengths):
         u = tokens(t)
-        for tok in sorted({u, max(1, u // 4)}):
+        for tok in grid_labels(u):
             timings.append(Timing(Shape(max(1, round(batch_frames / t)), t, tok), 0.0, held_out=i % 2 == 1))
     t0 = time.perf_counter()
     rounds = 0
     with tqdm(total=(WARMUP + MIN_ROUNDS) * len(timings), desc="calibrate", unit="step",
-              disable=_disable(progress)) as bar:
+              disable=bar_disabled(progress)) as bar:
         while True:
             for k in rng.permutation(len(timings)):
                 x = timings[k]

@@ -1,0 +1,1 @@
+../../demo/local/check_data.py

@@ -1,0 +1,1 @@
+../../demo/local/parse_options.sh

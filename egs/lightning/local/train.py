@@ -1,0 +1,1 @@
+../../demo/local/train.py

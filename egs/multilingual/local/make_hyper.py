@@ -1,0 +1,1 @@
+../../demo/local/make_hyper.py

@@ -1,0 +1,282 @@
+"""make_loader's options, each in the group that uses it: the one home of every loader option.
+
+``LoaderOptions`` holds one value per group: the plan's (``plan.PlanOptions``), how named corpora
+mix, how a loader follows growing folders, how readers read and treat the data, how they fetch
+remote shards (``readahead.FetchOptions``) and the worker processes'.  Every field is an
+:func:`~wdsprep.options.option`, so the CLI's flags, ``hyper-p.json``'s ``ld`` keys and the
+options table of ``docs/loader.md`` follow from these classes; ``make_loader`` keeps its explicit
+signature (the public face) and hands its arguments to :meth:`LoaderOptions.of`.  Each group checks
+its own values when it is made; :meth:`LoaderOptions.of` the rules between groups.  Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
+
+from wdsprep.format.index import AudioIndex
+from wdsprep.format.keys import LANG, check_field_name
+from wdsprep.format.samples import ON_ERROR, check_on_error
+from wdsprep.loading.augment import Augment, parse_augment
+from wdsprep.loading.plan import PlanOptions
+from wdsprep.loading.readahead import FetchOptions
+from wdsprep.options import (
+    JSON_OBJECT,
+    JSON_OR_FILE,
+    LEVELS,
+    NAMES,
+    NUMBER,
+    PATH,
+    SCHEDULE,
+    SWITCH,
+    WEIGHTS,
+    choice,
+    option,
+    options_of,
+)
+from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.tokenizer import Normalizer, SubwordSampling, parse_normalize
+
+# Settings of the loader's fbank= that may differ from the index's (the audio's rate may not).
+FBANK_KEYS = ("num_mel_bins", "dither", "backend")
+
+
+def _sampling(alpha: float) -> SubwordSampling:
+    return SubwordSampling(alpha=alpha)
+
+
+def _checked_augment(spec: Any) -> Any:
+    """``spec`` as given, once it parses: a bad one is refused where it is written (the flag, the
+    ``ld`` key), naming the file."""
+    parse_augment(spec)
+    return spec
+
+
+def _temperature(value: Any) -> float | tuple[float, ...]:
+    """A temperature: one number, or one per level of the mixture (across corpora, then across the
+    parts ``mix_by`` makes of each)."""
+    levels = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not 1 <= len(levels) <= 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+                                            for t in levels):
+        raise ValueError(f"temperature must be a number > 0, or two (across corpora, then across the parts mix_by "
+                         f"makes of each), got {value!r}")
+    return float(levels[0]) if not isinstance(value, (list, tuple)) else tuple(float(t) for t in levels)
+
+
+@dataclass(frozen=True)
+class MixOptions:
+    """How named corpora mix in training: one way of weights, or their own sizes; and, with
+    ``mix_by``, how each corpus is split into parts that mix as corpora do."""
+
+    weights: Mapping[str, float] | None = option(
+        None, "each named corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes); with "
+              "--mix-by, each part's (CORPUS/VALUE, or VALUE for one unnamed corpus)", kind=WEIGHTS, plan=True,
+        common=True)
+    # A number applies at every level; two numbers are (across corpora, across each corpus's parts).
+    temperature: float | tuple[float, ...] | None = option(
+        None, "weights from hours: hours^(1/T), e.g. 5; with --mix-by, one T for every level or two: across corpora, "
+              "then across each corpus's parts", kind=LEVELS, to_value=_temperature, plan=True, common=True)
+    schedule: Sequence[tuple[int, Mapping[str, float]]] | None = option(
+        None, "weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1", kind=SCHEDULE,
+        plan=True, common=True)
+    steps_per_epoch: int | None = option(None, "steps of a mixed epoch (default: one pass's worth of batches)",
+                                         plan=True)
+    mix_by: str | None = option(None, "split each corpus by this index column (lang: each utterance's language, "
+                                      "pack --utt2lang) into parts mixed as named corpora are", kind=PATH,
+                                metavar="FIELD", plan=True, common=True)
+
+    def __post_init__(self) -> None:
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be >= 1, got {self.steps_per_epoch}")
+        if self.temperature is not None:
+            object.__setattr__(self, "temperature", _temperature(self.temperature))
+            if isinstance(self.temperature, tuple) and self.mix_by is None:
+                raise ValueError("a temperature per level needs mix_by (levels: across corpora, then across the parts "
+                                 "mix_by makes of each); give one number")
+        if self.mix_by is not None:
+            check_field_name(self.mix_by)
+
+    def given(self) -> dict[str, Any]:
+        """The mixing options set, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class GrowOptions:
+    """Following folders a pack is still writing."""
+
+    growing: bool = option(False, "plan every epoch over the shards published when it starts (pack and pack-audio "
+                                  "publish them one by one); without it such a folder is refused", kind=SWITCH,
+                           plan=True, common=True)
+    min_shards: int | None = option(None, "with --growing: wait for N shards before the first epoch")
+    min_hours: float | None = option(None, "with --growing: wait for H hours before the first epoch", kind=NUMBER,
+                                     metavar="H")
+    wait_timeout: float = option(3600.0, "with --growing: give up waiting for the first epoch's shards after this "
+                                         "long", kind=NUMBER, metavar="SECONDS")
+
+    def __post_init__(self) -> None:
+        if (self.min_shards is not None or self.min_hours is not None) and not self.growing:
+            raise ValueError("min_shards/min_hours wait for shards a pack is still publishing: pass growing=True too")
+        if self.min_shards is not None and self.min_shards < 0 or self.min_hours is not None and self.min_hours < 0:
+            raise ValueError(f"min_shards and min_hours must be >= 0, got {self.min_shards} and {self.min_hours}")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a reader makes of the rows it reads: labels, features, augmentation, errors."""
+
+    on_error: str = option("warn", "a damaged shard: warn and count, or stop", kind=choice(*ON_ERROR))
+    subword_sampling: SubwordSampling | None = option(None, "SentencePiece subword sampling with this alpha",
+                                                      kind=NUMBER, metavar="ALPHA", to_value=_sampling)
+    tokenize_group: int = option(256, "utterances per block when a shard is read")
+    augment: Augment | None = option(
+        None, "augmentation in training, e.g. '{\"speed\": {\"factors\": [0.9, 1.0, 1.1]}, \"specaugment\": {}}' "
+              "(also noise: {\"dir\": D, \"snr\": [10, 20]}, reverb: {\"dir\": D}), or a JSON file of it "
+              "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True)
+    fbank: Mapping[str, Any] | None = option(
+        None, "audio shards: fbank options in place of the index's, e.g. '{\"num_mel_bins\": 40}' (num_mel_bins, "
+              "dither, backend)", kind=JSON_OBJECT)
+    fields: Sequence[str] | None = option(
+        None, "fields of the samples to deliver as strings, batch.fields[NAME] (pack --field NAME=FILE; batch.lang "
+              "comes with any language)", kind=NAMES)
+    text_fields: Sequence[str] | None = option(
+        None, "fields delivered tokenized and padded like the labels too: batch.field_tokens[NAME], "
+              "batch.field_lens[NAME] (e.g. prev_text)", kind=NAMES)
+    normalize: Normalizer | None = option(
+        None, "the text treatment before tokenizing, steps in order: nfkc, nfc, lower, upper, strip_punct, "
+              "collapse_spaces, remove_spaces, strip, or MODULE:FUNC (as tokenizer train --normalize)", kind=NAMES,
+        to_value=parse_normalize)
+
+    @property
+    def read_fields(self) -> tuple[str, ...]:
+        """The fields read with each row, in order: ``fields`` then the other ``text_fields``."""
+        return tuple(dict.fromkeys([*(self.fields or ()), *(self.text_fields or ())]))
+
+    def fbank_for(self, audio: AudioIndex | None) -> FbankOptions | None:
+        """What the features of shards holding ``audio`` are computed with: their index's fbank
+        options, with this ``fbank``'s (``num_mel_bins``, ``dither``, ``backend``) in their place;
+        None for shards of features (``fbank`` must then be None).  A dither drawn by a backend's own
+        unseedable generator is refused: the features would differ run to run."""
+        given = dict(self.fbank or {})
+        if audio is None:
+            if given:
+                raise ValueError("fbank options apply to audio shards; these hold features computed at pack time")
+            return None
+        unknown = sorted(set(given) - set(FBANK_KEYS))
+        if unknown:
+            raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)} (the audio "
+                             f"stays at its {audio.sample_rate} Hz)")
+        opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins), sample_rate=audio.sample_rate,
+                            dither=given.get("dither", audio.dither), backend=given.get("backend", audio.backend))
+        if opts.dither and opts.backend != "numpy":
+            raise ValueError(f"fbank dither {opts.dither} with backend {opts.backend!r}: its dither comes from a "
+                             f"generator that cannot be seeded, so batches would differ run to run; use backend "
+                             f"'numpy' (seeded per utterance) or dither 0")
+        return opts
+
+    def __post_init__(self) -> None:
+        check_on_error(self.on_error)
+        object.__setattr__(self, "augment", parse_augment(self.augment))
+        object.__setattr__(self, "normalize", parse_normalize(self.normalize))
+        for what in ("fields", "text_fields"):
+            names = getattr(self, what)
+            if isinstance(names, str):
+                names = [names]
+            if names is not None:
+                for name in names:
+                    check_field_name(name)
+                if what == "text_fields" and LANG in names:
+                    raise ValueError("text_fields: lang is a language, not a text to tokenize")
+                object.__setattr__(self, what, tuple(names) or None)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The processes that read: DataLoader workers per rank, and the ranks' meetings."""
+
+    num_workers: int = option(0, "DataLoader worker processes per rank; the rank's streams are split among them",
+                              common=True)
+    prefetch_factor: int | None = option(None, "batches each worker prepares ahead (torch's default: 2)")
+    pin_memory: bool = option(False, "page-locked batches for asynchronous copies to the GPU (CUDA)", kind=SWITCH)
+    persistent_workers: bool = option(True, "start the workers anew every epoch", kind=SWITCH,
+                                      flag="--no-persistent-workers")
+    collective_timeout: float = option(300.0, "seconds a rank waits for the others before naming those that did "
+                                              "not come", kind=NUMBER, metavar="SECONDS")
+    rank: int | None = option(None, "this rank (default: torch.distributed's, else 0)", flag=False, ld=False)
+    world_size: int | None = option(None, "ranks (default: torch.distributed's, else 1)", flag=False, ld=False)
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.rank is not None and self.world_size is not None and not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+
+
+# The groups under LoaderOptions, by attribute, with the title the CLI's --help gives each.
+GROUPS: dict[str, tuple[type, str]] = {
+    "plan": (PlanOptions, "batches and the epoch plan"),
+    "read": (ReadOptions, "reading: labels, features, augmentation (docs/audio.md)"),
+    "workers": (WorkerOptions, "worker processes and ranks"),
+    "fetch": (FetchOptions, "remote shards: read-ahead, cache, retries (docs/remote.md)"),
+    "grow": (GrowOptions, "following folders a pack is still writing"),
+    "mix": (MixOptions, "mixing named corpora (given with --corpus; one of --weights, --temperature, --schedule)"),
+}
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every option of :func:`~wdsprep.make_loader`, in its group (:data:`GROUPS`)."""
+
+    seed: int = option(0, "with the epoch, decides every shuffle and draw, on any world size and workers",
+                       plan=True, common=True)
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    read: ReadOptions = field(default_factory=ReadOptions)
+    workers: WorkerOptions = field(default_factory=WorkerOptions)
+    fetch: FetchOptions = field(default_factory=FetchOptions)
+    grow: GrowOptions = field(default_factory=GrowOptions)
+    mix: MixOptions = field(default_factory=MixOptions)
+
+    @classmethod
+    def of(cls, **kwargs: Any) -> LoaderOptions:
+        """The options of make_loader's keyword arguments, each checked by its group (TypeError for a
+        name that is none of them, ValueError for a value its group refuses)."""
+        given: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+        top = {}
+        for key, value in kwargs.items():
+            group = OWNER.get(key)
+            if group is None:
+                raise TypeError(f"make_loader got an unexpected option {key!r}")
+            if group == "":
+                top[key] = value
+            else:
+                given[group][key] = value
+        read = ReadOptions(**given["read"])
+        if read.augment is not None and not given["plan"].get("train", True):
+            raise ValueError("augment is for training: a dev loader (train=False) reads the data as it is")
+        plan = PlanOptions(**given["plan"], speed=None if read.augment is None else read.augment.speed)
+        return cls(**top, plan=plan, read=read, **{g: GROUPS[g][0](**given[g]) for g in ("workers", "fetch", "grow",
+                                                                                       "mix")})
+
+    def with_topology(self, rank: int, world_size: int) -> LoaderOptions:
+        """These options on ``rank`` of ``world_size``."""
+        return replace(self, workers=replace(self.workers, rank=rank, world_size=world_size))
+
+    @property
+    def rank(self) -> int:
+        return self.workers.rank or 0
+
+    @property
+    def world_size(self) -> int:
+        return self.workers.world_size or 1
+
+
+def option_names() -> dict[str, str]:
+    """Every loader option's name -> its group's attribute ("" for the top level)."""
+    out = {f.name: "" for f, _ in options_of(LoaderOptions)}
+    for group, (cls, _) in GROUPS.items():
+        out.update({f.name: group for f, _ in options_of(cls)})
+    return out
+
+
+OWNER = option_names()
+

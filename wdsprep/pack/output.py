@@ -1,0 +1,564 @@
+"""A pack's output folder, from the lock to the commit: the transaction every pack runs.
+
+1. :func:`prepare_output` locks the folder for the pack (a second pack into it is refused while
+   the lock is held) and makes it ready: a new pack marks it as being packed
+   (:func:`wdsprep.format.commit.begin`) before it changes anything there (``overwrite``: it
+   removes an earlier pack's output); a resumed pack finds the plan of the pack it finishes.
+2. A resume with other inputs or options than that plan records is refused, naming what differs
+   (:func:`check_same`); a pack that is complete is only reported (:func:`resumed_report`).
+3. :func:`record_plan`: a new pack's whole plan goes into ``DIR/pack_plan.json`` before any shard
+   is written.  A resumed pack's plan must be the one it started with; the shards it published are
+   checked against their entries (size and mtime as indexed, utterances and frames as planned) and
+   kept untouched, and the rest is written again.
+4. :class:`Publisher`: each shard a worker wrote (:mod:`wdsprep.pack.sink`) is *published* in plan
+   order within its folder, as soon as it and every one before it are written: it gets its final
+   name (``fmt % k``, ``k`` its place among the folder's published shards), the folder is synced,
+   and its index entry is published (:func:`wdsprep.format.index.write_part`).  A loader with
+   ``growing=True`` follows the folders.
+5. :func:`finish`: each folder's ``index.json`` and ``pack_report.json`` from the published
+   entries, then the commit (the marker goes).
+6. :func:`stopped`, after an error or Ctrl-C: nothing partial stays, and the published shards stay
+   for ``--resume``; a new pack that published nothing removes what it wrote (:func:`abandon`).
+
+Shards and their names depend on the plan alone (the inputs and the seed), not on ``nj``, timing
+or interruptions: a resumed pack ends as a pack never interrupted ends.  The marker and the plan
+are :mod:`wdsprep.format.commit`'s, since readers look at them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from wdsprep.errors import DataError
+from wdsprep.files import TMP_SUFFIX, make_dir, sync
+from wdsprep.format.commit import (
+    PARTS_DIR,
+    PLAN_NAME,
+    PackPlan,
+    PlannedFolder,
+    abandon_marker,
+    begin,
+    commit,
+    marker,
+    published_count,
+    read_plan,
+    write_plan,
+)
+from wdsprep.format.index import (
+    FROM_UTT2SPK,
+    FolderIndex,
+    ShardInfo,
+    Speakers,
+    index_file_names,
+    is_index_file,
+    read_part_record,
+    read_parts,
+    stale_reason,
+    write_index,
+    write_part,
+)
+from wdsprep.format.keys import decode_key, encode_key, speaker_of
+from wdsprep.pack.options import PackOptions
+from wdsprep.pack.plan import ShardPlan
+from wdsprep.pack.sink import WrittenShard
+from wdsprep.report import Report
+from wdsprep.units import hours
+
+REPORT_NAME = "pack_report.json"
+
+
+# -- 1. the lock, and a folder ready for the pack -----------------------------------------------------
+
+
+@dataclass
+class LockedOutput:
+    """A pack's output folder, locked for it (no other pack may write there meanwhile), and the plan of
+    the stopped pack it resumes (None: a new pack).  The lock goes with :meth:`release`, or at the end
+    of a ``with`` block."""
+
+    d: Path
+    prior: PackPlan | None
+    _lock: int | None = None
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def __enter__(self) -> LockedOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_folder(d: Path) -> int:
+    """An exclusive lock on folder ``d`` while the returned descriptor is open (and a killed pack's
+    workers are gone): a second pack into ``d`` is refused instead of writing the same files."""
+    import fcntl
+
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) "
+                              f"first") from None
+    return fd
+
+
+def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> LockedOutput:
+    """Make ``d_out`` ready for a pack, and lock it: the folder and the plan of the stopped pack to
+    resume (None for a new pack).  The caller releases it when the pack ends.
+
+    A new pack: ``d_out`` is created and marked as being packed; a non-empty one is refused unless
+    ``overwrite``, which removes earlier pack output: ``*.tar``, partial and hidden worker shards,
+    indexes and published entries, ``pack_report.json`` and ``pack_plan.json``, in ``d_out`` and its
+    immediate sub-folders, then any sub-folder left empty; other files are kept.  The marker goes in
+    first, so a pack killed while it removes the old output leaves no folder that looks complete.
+
+    ``resume``: the pack whose plan ``d_out`` holds goes on (or, complete, is reported); without a
+    plan (a pack killed before it planned, or an empty folder) it starts anew.
+    """
+    d = Path(d_out)
+    if d.exists() and not d.is_dir():
+        raise FileExistsError(f"{d} exists and is not a directory")
+    if resume and overwrite:
+        raise ValueError("--resume keeps what a stopped pack published, --overwrite replaces it: give one")
+    lock = lock_folder(make_dir(d))
+    try:
+        return LockedOutput(d, _prepare(d, overwrite, resume), lock)
+    except BaseException:
+        os.close(lock)
+        raise
+
+
+def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
+    """The plan of the pack to resume, or None when a new pack starts (the folder marked, and cleared
+    of an earlier pack's output)."""
+    plan = read_plan(d)
+    if resume and plan is not None:
+        return plan
+    if d.is_dir() and any(d.iterdir()):
+        unfinished = os.path.lexists(marker(d))
+        if resume and not unfinished:
+            raise FileExistsError(f"{d} holds no pack to resume (no {PLAN_NAME}); pick a new output directory or pass "
+                                  f"--overwrite (overwrite=True) to replace the shards, indexes and report there")
+        if not overwrite and not resume:
+            raise FileExistsError(
+                f"{d} holds a pack that did not finish; pass --resume to finish it (keeping the shards it published), "
+                f"or --overwrite (overwrite=True) to redo it"
+                if unfinished and plan is not None else
+                f"{d} holds a pack that did not finish; pass --overwrite (overwrite=True) to redo it"
+                if unfinished else
+                f"{d} is not empty; pick a new output directory or pass --overwrite (overwrite=True) "
+                f"to replace the shards, indexes and report an earlier pack wrote there"
+            )
+        overwrite = True  # resume without a plan: nothing was published in order, so it starts anew
+    begin(d)
+    if overwrite:
+        for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
+            shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
+            shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
+            for p in folder.iterdir():
+                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX))
+                                    or is_index_file(p.name) or p.name == REPORT_NAME
+                                    or (folder == d and p.name == PLAN_NAME)):
+                    p.unlink()
+            if folder != d and not any(folder.iterdir()):
+                folder.rmdir()
+        remove_partial(d)
+    return None
+
+
+def remove_partial(d_out: str | os.PathLike) -> None:
+    """Remove hidden worker shards, so nothing partial is mistaken for output."""
+    d = Path(d_out)
+    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
+    for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
+        if p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+
+
+# -- 2. what a pack was made from, and a resume held against it -----------------------------------------
+
+
+def file_digests(paths: Sequence[str | os.PathLike]) -> list[list[str]]:
+    """``[[path, sha256], ...]`` of input files (Kaldi text files: read once, fast)."""
+    out = []
+    for p in paths:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out.append([str(p), h.hexdigest()])
+    return out
+
+
+def stat_digest(paths: Sequence[str]) -> dict[str, Any]:
+    """A digest of files' paths, sizes and modification times: the arks or audio files a pack reads
+    (too large to hash; a file rewritten since shows in its size or time).  Missing files count too."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in sorted(set(paths)):
+        try:
+            st = os.stat(p)
+            h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+        except OSError:
+            h.update(f"{p}\0-\n".encode("utf-8", "surrogateescape"))
+    return {"files": len(set(paths)), "digest": h.hexdigest()}
+
+
+def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """What a resume would change: input by input, option by option, for the message."""
+    out = []
+    if prior.command != command:
+        out.append(f"it was packed by `wdsprep {prior.command}`, not `wdsprep {command}`")
+    for name in dict.fromkeys([*prior.inputs, *inputs]):
+        was, now = prior.inputs.get(name), inputs.get(name)
+        if was == now:
+            continue
+        if isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+            files = [n[0] for w, n in zip(was, now) if w[1] != n[1]]
+            if files:
+                out.append(f"{name} {files[0]} differs from the one the pack started with (sha256)")
+                continue
+        if isinstance(was, dict) and isinstance(now, dict) and "digest" in was and "digest" in now:
+            out.append(f"the {name} ({now.get('files', '?'):,} files) differ in size or modification time from "
+                       f"when the pack started ({was.get('files', '?'):,} files)")
+            continue
+        if isinstance(was, dict) and isinstance(now, dict):  # how the input was read (an import's columns)
+            out += [f"{k}={now.get(k)!r} (the pack started with {was.get(k)!r})" for k in dict.fromkeys([*was, *now])
+                    if was.get(k) != now.get(k)]
+            continue
+        out.append(f"{name} is {_brief(now)}, the pack started with {_brief(was)}")
+    for name in dict.fromkeys([*prior.options, *options]):
+        if prior.options.get(name) != options.get(name):
+            out.append(f"{name}={options.get(name)!r} (the pack started with {prior.options.get(name)!r})")
+    return out
+
+
+def _brief(value: Any) -> str:
+    if value is None:
+        return "not given"
+    if isinstance(value, list):
+        return ", ".join(str(v[0]) if isinstance(v, list) and v else str(v) for v in value) or "none"
+    return repr(value)
+
+
+def check_same(d: Path, prior: PackPlan, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> None:
+    """Refuse to resume ``d`` with other inputs or options than its plan records, naming the first
+    difference (and how many more)."""
+    diffs = _differences(prior, command, inputs, options)
+    if diffs:
+        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
+        raise DataError(f"{d}: cannot resume this pack: {diffs[0]}{more}. Resume it with the inputs and options it "
+                        f"started with (see {d / PLAN_NAME}), or pack again with --overwrite")
+
+
+def resumed_report(out: LockedOutput, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> Report | None:
+    """A ``--resume`` (``out.prior``: the plan of the pack it finishes), refused unless the inputs and
+    options are the same.  Of a pack that already committed: its report; of one killed after it wrote
+    its report, before the commit: commits it (every shard and index is written and synced by then).
+    None when there is more to do."""
+    d, prior = out.d, out.prior
+    assert prior is not None
+    check_same(d, prior, command, inputs, options)
+    if os.path.lexists(marker(d)):
+        # The report is written after every folder's index.json, and before the entries go.
+        if not (d / REPORT_NAME).is_file():
+            return None
+        for f in prior.folders:
+            drop_parts(d / f)
+        sync(d)
+        commit(d)
+    report = Report.read(d / REPORT_NAME)
+    print(report.summary(f"{command}: {d} is complete"))
+    return report
+
+
+# -- 3. the plan, recorded before any shard is written ---------------------------------------------------
+
+
+def plan_record(plan: ShardPlan, *, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> PackPlan:
+    """What ``pack_plan.json`` keeps of a plan: per folder its shards, utterances and frames, and the
+    plan's digest; with the command, the inputs' digests and the options' record."""
+    folders: dict[str, PlannedFolder] = {}
+    for f in plan.folders:
+        mine = [s for s in plan.shards if s.folder == f]
+        if mine:
+            folders[f] = PlannedFolder(len(mine), sum(len(s.items) for s in mine), sum(s.frames for s in mine))
+    return PackPlan(command, inputs, options, plan.digest(), folders)
+
+
+@dataclass
+class Published:
+    """What a pack published before it was stopped: per folder the shards' count, and every planned
+    shard it has dealt with (published, or written empty), with what each dropped."""
+
+    count: dict[str, int]
+    done: set[int]
+
+
+def record_plan(out: LockedOutput, plan: ShardPlan, record: PackPlan, fmt: str) -> Published:
+    """Before any shard is written: a new pack's plan goes beside the marker.  A resumed pack's must be
+    the one it started with; what it published is checked and gathered, and what it left unpublished
+    removed."""
+    d = out.d
+    if out.prior is None:
+        write_plan(d, record)
+        return Published({f: 0 for f in plan.folders}, set())
+    if record.digest != out.prior.digest or record.folders != out.prior.folders:
+        raise DataError(f"{d}: cannot resume this pack: the shard plan differs from the one it started with "
+                        f"(the features' frame counts, or which utterances can be packed, changed); pack "
+                        f"again with --overwrite")
+    done = published_so_far(d, plan, fmt)
+    _remove_unpublished(d, plan, done.count, fmt)
+    return done
+
+
+def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
+    """Check every published shard against its entry and the plan, and gather what they hold.
+
+    A published shard is never rewritten: one missing, changed since it was published or not what
+    the plan puts there is an error (the folder was changed by hand, or the inputs changed in a way
+    their digests do not show): pack again with ``--overwrite``.
+    """
+    by_folder: dict[str, list[int]] = defaultdict(list)
+    for j, s in enumerate(plan.shards):
+        by_folder[s.folder].append(j)
+    out = Published({}, set())
+    for folder, shard_ids in by_folder.items():
+        where = d / folder
+        k_count = published_count(where)
+        out.count[folder] = k_count
+        if not k_count:
+            continue
+        index = read_parts(where)
+        assert len(index.names) == k_count
+        position = {j: n for n, j in enumerate(shard_ids)}
+        last = -1
+        for k in range(k_count):
+            name = fmt % k
+            path = where / name
+
+            def refuse(why: str) -> DataError:
+                return DataError(f"{path}: published by the pack being resumed, but {why}; a published shard is "
+                                 f"never rewritten: pack again with --overwrite")
+
+            if index.names[k] != name:
+                raise refuse(f"its entry names {index.names[k]!r}")
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise refuse("it is missing") from None
+            why = stale_reason(index, k, st)
+            if why is not None:
+                raise refuse(f"it changed since ({why})")
+            record = read_part_record(where, k)
+            j = record.get("plan_shard")
+            if type(j) is not int or j not in position or position[j] <= last:
+                raise refuse(f"its entry names planned shard {j!r}, not one after the last in {folder or '.'}")
+            last = position[j]
+            info = index.shard(k)
+            planned_keys = [encode_key(plan.uttids[i]) for i in plan.shards[j].items.tolist()]
+            planned_frames = dict(zip(planned_keys, plan.frames[plan.shards[j].items].tolist()))
+            it = iter(planned_keys)
+            if not all(key in it for key in info.keys) or any(planned_frames[key] != f
+                                                              for key, f in zip(info.keys, info.frames)):
+                raise refuse("its utterances are not the ones the plan puts there (did the features change?)")
+            out.done.add(j)
+            out.done.update(s for s, _ in _entry_reports(record, where))
+    return out
+
+
+def _entry_reports(record: dict[str, Any], where: Path) -> list[tuple[int, Report]]:
+    """(planned shard, what it dropped) of a published entry's shard and of the shards written empty
+    just before it."""
+    at = str(where / PARTS_DIR)
+    skipped = record.get("skipped", [])
+    if not isinstance(skipped, list) or not all(isinstance(x, dict) and type(x.get("plan_shard")) is int
+                                                 for x in skipped):
+        raise DataError(f"{at}: a published shard's entry is damaged (skipped); pack again with --overwrite")
+    return [(record["plan_shard"], Report.from_fragment(record.get("report"), where=at)),
+            *((x["plan_shard"], Report.from_fragment(x.get("report"), where=at)) for x in skipped)]
+
+
+def _remove_unpublished(d: Path, plan: ShardPlan, count: dict[str, int], fmt: str) -> None:
+    """Shards of a stopped pack that got their final names but were not published (a kill between
+    the rename and the entry), and hidden leftovers: they are written again, byte for byte."""
+    remove_partial(d)
+    for folder in plan.folders:
+        where = d / folder
+        for p in where.glob(f"{PARTS_DIR}/.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        planned_here = sum(1 for s in plan.shards if s.folder == folder)
+        for k in range(count.get(folder, 0), planned_here):
+            (where / (fmt % k)).unlink(missing_ok=True)
+
+
+# -- 4. publishing the shards as they are written ------------------------------------------------------
+
+
+class Publisher:
+    """Publishes each written shard in turn: its final name, the folder synced, its index entry.
+
+    A shard written empty (none of its utterances could be packed) is named in its folder's next
+    published entry (``skipped``), with what it dropped; the reports of those after a folder's last
+    published shard are kept nowhere else: :meth:`unlisted_reports`.
+    """
+
+    def __init__(self, d: Path, count: dict[str, int], options: PackOptions, utt2spk: dict[str, str] | None,
+                 indexed: dict[str, dict[str, str]] | None = None):
+        self.d, self.count, self.utt2spk = d, dict(count), utt2spk
+        self.fields, self.indexed = options.fields, indexed or {}  # indexed: field -> uttid -> value
+        self.fmt, self.layout, self.dtype, self.audio = options.fmt, options.layout, options.dtype, options.audio_index
+        self.skipped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.empty_reports: dict[str, list[Report]] = defaultdict(list)
+
+    def publish(self, w: WrittenShard) -> None:
+        where = self.d / w.folder
+        if w.info is None:
+            self.skipped[w.folder].append({"plan_shard": w.shard, "report": w.report.fragment()})
+            self.empty_reports[w.folder].append(w.report)
+            return
+        k = self.count.get(w.folder, 0)
+        final = where / (self.fmt % k)
+        os.replace(where / w.info.name, final)
+        try:
+            sync(where)  # the shard's name is on disk before its entry says it is there
+            st = os.stat(final)
+            uttids = [decode_key(k) for k in w.info.keys]
+            info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples,
+                             {n: [values[u] for u in uttids] for n, values in self.indexed.items()})
+            speakers = None if self.utt2spk is None else given_speakers([info], self.utt2spk, w.report)
+            dims = w.dims if self.audio is None else self.audio.num_mel_bins
+            entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[st.st_size],
+                                            mtimes=[st.st_mtime_ns], speakers=speakers, audio=self.audio,
+                                            fields=self.fields)
+            write_part(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
+                                         "skipped": self.skipped.pop(w.folder, [])})
+        except BaseException:
+            final.unlink(missing_ok=True)  # named but not published (its entry did not fit): written again
+            raise
+        self.empty_reports.pop(w.folder, None)
+        self.count[w.folder] = k + 1
+
+    def unlisted_reports(self) -> list[Report]:
+        """What the shards written empty after their folder's last published shard dropped."""
+        return [r for reports in self.empty_reports.values() for r in reports]
+
+
+def given_speakers(infos: Sequence[ShardInfo], utt2spk: dict[str, str], report: Report) -> Speakers:
+    """The speakers ``utt2spk`` gives the shards' utterances; one it lacks is flagged ``no_speaker``
+    and gets the speaker its id names (the key rule)."""
+    names = []
+    for key in (k for i in infos for k in i.keys):
+        uttid = decode_key(key)
+        name = utt2spk.get(uttid)
+        if name is None:
+            report.note("no_speaker", uttid)
+            name = speaker_of(uttid)
+        names.append(name)
+    return Speakers.of(names, FROM_UTT2SPK)
+
+
+# -- 5. the end: indexes, report, commit ---------------------------------------------------------------
+
+
+def finish(d: Path, folders: Sequence[str], report: Report, *, languages: dict[str, str] | None = None) -> Report:
+    """Every folder's ``index.json`` from its published entries, the report, then the entries go and
+    the pack commits.  The entries go only once the report is on disk: a pack killed in between
+    resumes from them.  ``languages`` (each utterance's): the report counts the written utterances of
+    each."""
+    summary: dict[str, dict[str, Any]] = {}
+    written: list[Path] = []
+    folders_with_shards = []
+    for folder in folders:
+        where = d / folder
+        index = read_parts(where) if (where / PARTS_DIR).is_dir() else None
+        infos = len(index.names) if index is not None else 0
+        for k in range(infos):
+            for _, r in _entry_reports(read_part_record(where, k), where):
+                report.merge(r)
+        if index is not None and infos:
+            write_index(where, index)
+            written.extend(where / name for name in index_file_names(index))
+            folders_with_shards.append(where)
+        if index is not None and languages is not None:
+            for key in index.keys():
+                language = languages.get(decode_key(key))
+                if language is not None:
+                    report.languages[language] = report.languages.get(language, 0) + 1
+        frames = index.num_frames if index is not None else 0
+        summary[folder or "."] = {"utterances": index.num_utts if index is not None else 0, "frames": frames,
+                                  "hours": round(hours(frames), 4), "shards": infos}
+    report.groups = summary
+    written.append(report.write(d / REPORT_NAME))
+    for p in written:
+        sync(p)
+    for where in folders_with_shards:
+        sync(where)
+    for folder in folders:
+        where = d / folder
+        drop_parts(where)
+        if where != d and where.is_dir() and not any(where.iterdir()):
+            where.rmdir()  # a group whose every utterance failed
+    sync(d)
+    commit(d)
+    return report
+
+
+def drop_parts(folder: Path) -> None:
+    """Remove a folder's published entries once its ``index.json`` holds them: moved away in one
+    rename first, so a reader listing them finds all or none (and then the index)."""
+    parts = folder / PARTS_DIR
+    gone = folder / f"{PARTS_DIR}.done"
+    shutil.rmtree(gone, ignore_errors=True)
+    if parts.is_dir():
+        os.rename(parts, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+# -- 6. a pack that stopped -------------------------------------------------------------------------------
+
+
+def stopped(out: LockedOutput, shards_total: int) -> str | None:
+    """After an error or Ctrl-C: nothing partial stays; published shards stay for ``--resume`` (a
+    new pack that published nothing removes what it wrote, marker and plan too).  What to tell."""
+    d = out.d
+    try:
+        remove_partial(d)
+        for parts in d.glob(f"**/{PARTS_DIR}/.tmp-*"):
+            shutil.rmtree(parts, ignore_errors=True)
+        published = sum(published_count(p.parent) for p in [*d.glob(PARTS_DIR), *d.glob(f"*/{PARTS_DIR}")])
+    except OSError:
+        return None
+    if published == 0 and out.prior is None:
+        abandon(d)
+        return None
+    of = f" of {shards_total:,}" if shards_total else ""
+    return (f"the pack stopped with {published:,}{of} shards published in {d}, which are kept (growing=True reads "
+            f"them): run the same command with --resume to finish it")
+
+
+def abandon(d_out: Path) -> None:
+    """After a pack that published nothing failed: remove what it wrote, marker and plan last."""
+    try:
+        remove_partial(d_out)
+        for p in [d_out, *(q for q in d_out.iterdir() if q.is_dir())]:
+            shutil.rmtree(p / PARTS_DIR, ignore_errors=True)
+        (d_out / REPORT_NAME).unlink(missing_ok=True)
+        for p in d_out.iterdir():
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    except OSError:
+        return
+    abandon_marker(d_out)

@@ -1,0 +1,185 @@
+"""Hugging Face audio datasets (``--from hf``): a ``Dataset`` that ``save_to_disk`` wrote, or its parquet files.
+
+PATH is a folder ``save_to_disk`` wrote (one split: a ``DatasetDict``'s split folder), or a parquet
+file or a folder of them (one split's, e.g. a Hub repository's ``data/train-*.parquet``).  The
+dataset is found with ``datasets`` (``load_from_disk``) and read with ``pyarrow``: each row's audio
+cell is ``{bytes, path}`` (an ``Audio`` column read undecoded), decoded here with soundfile (so no
+torchcodec is needed), or the file ``path`` names when the cell has no bytes.
+
+Which columns hold what: ``audio_column`` (default: the ``Audio`` column), ``text_column`` (default:
+the first of text, sentence, transcription, transcript, normalized_text), ``lang_column`` (language,
+lang, locale), ``speaker_column`` (speaker_id, speaker, client_id) and ``id_column`` (id,
+segment_id, utt_id, key; else the audio file's name without its extension, else the row number).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wdsprep.errors import DataError
+from wdsprep.pack.sources.items import Blob, Imported, Item
+from wdsprep.report import Report
+
+TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text")
+LANG_COLUMNS = ("language", "lang", "locale")
+SPEAKER_COLUMNS = ("speaker_id", "speaker", "client_id")
+ID_COLUMNS = ("id", "segment_id", "utt_id", "key")
+
+
+@dataclass(frozen=True)
+class ArrowCell(Blob):
+    """The audio bytes in one row of an Arrow file ``save_to_disk`` wrote, or of a parquet row group."""
+
+    file: str
+    group: int  # the parquet row group; -1 for an Arrow file
+    row: int  # in the file, or in the row group
+    column: str
+
+    @property
+    def key(self) -> str:  # type: ignore[override]
+        return f"{self.file}[{self.row if self.group < 0 else f'{self.group}:{self.row}'}]"
+
+    def read(self) -> bytes:
+        cell = _table(self.file, self.group).column(self.column)[self.row].as_py()
+        data = cell.get("bytes") if isinstance(cell, dict) else None
+        if not data:
+            raise DataError(f"{self.key}: the {self.column} cell has no bytes (the dataset changed since it was read?)")
+        return data
+
+
+# Tables of the files being read, in this process: Arrow files memory-mapped, parquet row groups decoded.
+_TABLES: OrderedDict[tuple[str, int], Any] = OrderedDict()
+_KEEP = 4
+
+
+def _table(file: str, group: int) -> Any:
+    key = (file, group)
+    table = _TABLES.get(key)
+    if table is None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if group < 0:
+            with pa.memory_map(file) as source:
+                table = pa.ipc.open_stream(source).read_all()
+        else:
+            table = pq.ParquetFile(file).read_row_group(group)
+        _TABLES[key] = table
+        while len(_TABLES) > _KEEP:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    return table
+
+
+def _parts(path: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The dataset's (file, row group) parts in row order (row group -1: a whole Arrow file), and its
+    features as JSON."""
+    p = Path(path)
+    if p.is_dir() and (p / "dataset_dict.json").is_file():
+        splits = json.loads((p / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
+        raise ValueError(f"{path} holds a DatasetDict (splits: {', '.join(splits)}); give one split's folder, e.g. "
+                         f"{p / (splits[0] if splits else 'train')}")
+    if p.is_dir() and (p / "state.json").is_file():
+        import datasets
+
+        ds = datasets.load_from_disk(str(p))
+        if getattr(ds, "_indices", None) is not None:
+            raise DataError(f"{path}: the dataset keeps an indices mapping; save it again after "
+                            f"dataset.flatten_indices()")
+        return [(f["filename"], -1) for f in ds.cache_files], ds.features.to_dict()
+    files = sorted(str(f) for f in p.rglob("*.parquet")) if p.is_dir() else [str(p)]
+    if not files:
+        raise FileNotFoundError(f"{path}: neither a dataset save_to_disk wrote (state.json) nor parquet files")
+    import pyarrow.parquet as pq
+
+    parts, features = [], {}
+    for f in files:
+        meta = pq.ParquetFile(f)
+        parts += [(f, g) for g in range(meta.num_row_groups)]
+        hf = (meta.schema_arrow.metadata or {}).get(b"huggingface")
+        if hf and not features:
+            features = json.loads(hf).get("info", {}).get("features", {})
+    return parts, features
+
+
+def _pick(given: str | None, defaults: tuple[str, ...], names: list[str], what: str, flag: str,
+          required: bool = False) -> str | None:
+    if given is not None:
+        if given not in names:
+            raise ValueError(f"{flag} {given}: no such column (the columns: {', '.join(names)})")
+        return given
+    found = next((c for c in defaults if c in names), None)
+    if found is None and required:
+        raise ValueError(f"no {what} column among {', '.join(names)}; name it with {flag}")
+    return found
+
+
+def read_dataset(path: str, *, audio_column: str | None = None, text_column: str | None = None,
+                 lang_column: str | None = None, id_column: str | None = None,
+                 speaker_column: str | None = None) -> Imported:
+    """The utterances of a Hugging Face audio dataset (see the module's doc)."""
+    parts, features = _parts(path)
+    names = list(features) if features else [f.name for f in _table(*parts[0]).schema] if parts else []
+    if audio_column is None:
+        audio = [c for c, f in features.items() if isinstance(f, dict) and f.get("_type") == "Audio"]
+        if len(audio) != 1:
+            raise ValueError(f"{path}: {'no' if not audio else len(audio)} Audio column(s) ({', '.join(audio)}); "
+                             f"name the audio column with --audio-column")
+        audio_column = audio[0]
+    audio_column = _pick(audio_column, (), names, "audio", "--audio-column", True)
+    text_column = _pick(text_column, TEXT_COLUMNS, names, "transcript", "--text-column", True)
+    lang_column = _pick(lang_column, LANG_COLUMNS, names, "language", "--lang-column")
+    speaker_column = _pick(speaker_column, SPEAKER_COLUMNS, names, "speaker", "--speaker-column")
+    id_column = _pick(id_column, ID_COLUMNS, names, "id", "--id-column")
+    assert audio_column is not None and text_column is not None
+    report = Report()
+    items: list[Item] = []
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    seen: dict[str, int] = {}  # rows of each file before the part being read
+    for file, group in parts:
+        table = _table(file, group)
+        first = seen.get(file, 0)
+        seen[file] = first + table.num_rows
+        has_bytes, named = _audio_cells(table, audio_column)
+        values = [table.column(c).to_pylist() if c is not None else [None] * table.num_rows
+                  for c in (text_column, lang_column, speaker_column, id_column)]
+        for row, (there, name, text, lang, speaker, uid) in enumerate(zip(has_bytes, named, *values)):
+            cell = ArrowCell(file, group, row, audio_column)
+            source: str | Blob
+            if there:
+                source = cell
+            elif name:
+                beside = os.path.join(folder, name)
+                source = name if os.path.isabs(name) or not os.path.isfile(beside) else beside
+            else:
+                report.drop("missing_file", str(uid) if uid is not None else f"{first + row:08d}",
+                            f"{cell.key}: the {audio_column} cell has neither bytes nor a path")
+                continue
+            if uid is None:
+                uid = os.path.splitext(os.path.basename(name))[0] if name else f"{first + row:08d}"
+            items.append(Item(str(uid), file, first + row + 1, source, "" if text is None else str(text),
+                              speaker=None if speaker is None else str(speaker),
+                              language=None if lang is None else str(lang)))
+    given = {"audio_column": audio_column, "text_column": text_column, "lang_column": lang_column,
+             "speaker_column": speaker_column, "id_column": id_column}
+    data = sorted({f for f, _ in parts}) + [it.audio for it in items if isinstance(it.audio, str)]
+    return Imported("hf", items, report, data=data, given=given)
+
+
+def _audio_cells(table: Any, column: str) -> tuple[list[bool], list[str | None]]:
+    """Per row of an audio column (``{bytes, path}`` cells): whether the cell holds bytes, and its path;
+    the bytes themselves are not read."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = table.column(column)
+    if not pa.types.is_struct(col.type) or {f.name for f in col.type} < {"bytes", "path"}:
+        raise ValueError(f"column {column} holds {col.type}, not audio cells {{bytes, path}}; name the audio column "
+                         f"with --audio-column")
+    return (pc.is_valid(pc.struct_field(col, "bytes")).to_pylist(), pc.struct_field(col, "path").to_pylist())
