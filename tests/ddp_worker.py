@@ -116,7 +116,8 @@ def run_also(spec: dict, num_workers: int) -> dict:
         loader.load_state_dict(state)
         epoch = state["epoch"]
     loader.set_epoch(epoch)
-    out: dict = {"len": len(loader), "batches": [], "langs": [], "fields": [], "labels": [], "corpora": [],
+    # What this run yields: a resumed epoch's rest (len counts from the epoch's start).
+    out: dict = {"len": len(loader) - loader.position().step, "batches": [], "langs": [], "fields": [], "labels": [], "corpora": [],
                  "saved": None}
     for b in loader:
         out["batches"].append(list(b.keys))
