@@ -117,8 +117,8 @@ def run_also(spec: dict, num_workers: int) -> dict:
         epoch = state["epoch"]
     loader.set_epoch(epoch)
     # What this run yields: a resumed epoch's rest (len counts from the epoch's start).
-    out: dict = {"len": len(loader) - loader.position().step, "batches": [], "langs": [], "fields": [], "labels": [], "corpora": [],
-                 "saved": None}
+    out: dict = {"len": len(loader) - loader.position().step, "batches": [], "langs": [], "fields": [], "labels": [],
+                 "corpora": [], "saved": None}
     for b in loader:
         out["batches"].append(list(b.keys))
         out["langs"].append(b.lang)

@@ -146,7 +146,7 @@ def test_a_missing_language_or_field_is_reported_by_name_never_packed_empty(tmp_
     no_prev = prev[7].split()[0]
     (kd / "text.prev").write_text("\n".join(prev[:7] + prev[8:]) + "\n")
     report = pack_data(kd / "feats.scp", kd / "text", tmp_path / "out", utt2lang=kd / "utt2lang",
-                       fields={"prev_text": kd / "text.prev"}, progress=False)
+                       fields={"prev_text": kd / "text.prev"}, progress=False, max_lost=1)
     doc = json.loads((tmp_path / "out" / "pack_report.json").read_text())["not_written"]
     assert [d["uttid"] for d in doc["missing_lang"]] == [no_lang] and "utt2lang" in doc["missing_lang"][0]["why"]
     assert [d["uttid"] for d in doc["missing_field"]] == [no_prev]

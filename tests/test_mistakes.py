@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -233,3 +234,40 @@ def test_small_things_a_new_user_meets(data, tmp_path):
     short, full = _cli("dry-run", "--help").stdout, _cli("dry-run", "--help-all").stdout
     assert len(short.splitlines()) < 100 < len(full.splitlines()) and "--max-frames" in short
     assert "--prefetch-factor" not in short and "--prefetch-factor" in full and "--help-all" in short
+
+
+def test_a_pack_that_writes_nothing_or_loses_too_much_exits_1_and_a_growing_loader_stops_waiting(tmp_path):
+    """pack-audio run from the wrong folder (the demo's wav.scp paths are relative to egs/demo) packs
+    none of the utterances: exit 1 naming the reason and the report; a growing loader on its folder
+    says so at once instead of waiting out wait_timeout.  A pack losing more than max_lost fails too,
+    and passes when the share is allowed."""
+    from shardsets import make_kaldi_dir
+
+    from wdsprep.errors import DataError, LostError
+    from wdsprep.pack import pack_data
+
+    demo = Path(__file__).resolve().parent.parent / "egs" / "demo" / "data" / "train"
+    n = len((demo / "wav.scp").read_text().splitlines())
+    out = tmp_path / "audio"
+    r = _cli("pack-audio", "--wav-scp", str(demo / "wav.scp"), "--text", str(demo / "text"), "--out", str(out),
+             "--store", "flac", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"wrote none of its {n} utterances: " in r.stderr and str(out / "pack_report.json") in r.stderr, r.stderr
+    assert (out / "pack_report.json").is_file() and not (out / "PACK_INCOMPLETE").exists()
+    tok = train_char_tokenizer(tmp_path, demo / "text")
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=r"ended with no shards.*pack_report.json"):
+        make_loader(f"{out}/*/data-*.tar", tok, growing=True, wait_timeout=300, max_frames=3000)
+    assert time.monotonic() - t0 < 60
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 50, seed=3)
+    lines = (kd / "text").read_text().splitlines()
+    (kd / "text").write_text("\n".join(lines[3:]) + "\n")  # 3 of 50 (6%) without a transcript
+    with pytest.raises(LostError, match=r"lost 3 of 50 utterances \(6.0%\), more than max_lost=0.01.*missing_label 3"):
+        pack_data(kd / "feats.scp", kd / "text", tmp_path / "lossy", progress=False)
+    assert (tmp_path / "lossy" / "pack_report.json").is_file()  # committed, every loss named
+    report = pack_data(kd / "feats.scp", kd / "text", tmp_path / "allowed", max_lost=0.1, progress=False)
+    assert len(report.dropped["missing_label"]) == 3
+    with pytest.raises(ValueError, match="max_lost=nan"):
+        pack_data(kd / "feats.scp", kd / "text", tmp_path / "nan", max_lost=float("nan"), progress=False)

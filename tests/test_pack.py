@@ -173,7 +173,7 @@ def test_missing_labels_features_and_empty_text_are_reported(corpus):
     tmp, scps, txts, feats, texts = corpus
     text = write_text(tmp / "partial", {**{u: texts[u] for u in IDS[5:]}, "ghost-utt": "no features", IDS[6]: ""})
     out = tmp / "out"
-    report = pack_data(scps, [text], out)
+    report = pack_data(scps, [text], out, max_lost=1)
     got = json.loads((out / "pack_report.json").read_text())
     assert {d["uttid"] for d in got["not_written"]["missing_label"]} == set(IDS[:5])
     assert [d["uttid"] for d in got["not_written"]["missing_features"]] == ["ghost-utt"]
@@ -196,7 +196,7 @@ def test_bad_features_are_reported_not_packed(tmp_path):
     with open(scp, "a") as f:
         f.write(f"cut {tmp_path / 'a.ark'}:999999\n")
     text = write_text(tmp_path / "text", {u: "x" for u in ["good", "nan", "vector", "inf", "cut"]})
-    report = pack_data([scp], [text], tmp_path / "out")
+    report = pack_data([scp], [text], tmp_path / "out", max_lost=1)
     bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
     assert set(bad) == {"nan", "vector", "inf", "cut"}
     assert "2-D" in bad["vector"] and "NaN" in bad["nan"]
@@ -219,7 +219,7 @@ def test_features_that_change_after_the_headers_pass_are_reported_not_packed(cor
         return {1: m[:-1], 2: m[:, :-1]}.get(len(calls), m)
 
     monkeypatch.setattr(ArkReader, "load", load)
-    report = pack_data(scps, txts, tmp_path / "out", shuffle=False, utts_per_shard=100, progress=False)
+    report = pack_data(scps, txts, tmp_path / "out", shuffle=False, utts_per_shard=100, progress=False, max_lost=1)
     bad = report.dropped["bad_features"]
     assert [d["uttid"] for d in bad] == IDS[:2]  # the first two read (input order)
     assert f"{len(feats[IDS[0]]) - 1} frames, {len(feats[IDS[0]])} when the pack measured it: {calls[0]} " \
@@ -389,7 +389,7 @@ def test_truncated_ark_is_reported_with_ark_offset_and_utterance(tmp_path):
     ark = tmp_path / "a.ark"
     cut = entries[3][1] + 40  # inside the 4th matrix's data
     ark.write_bytes(ark.read_bytes()[:cut])
-    report = pack_data([scp], [text], tmp_path / "out")
+    report = pack_data([scp], [text], tmp_path / "out", max_lost=1)
     bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
     assert set(bad) == {"u3", "u4", "u5"}
     assert bad["u3"].startswith(f"{ark}: the 33 x 5 FM matrix at byte {entries[3][1]:,} ends at byte")
@@ -414,7 +414,7 @@ def test_offsets_that_do_not_fit_the_ark_are_named(tmp_path):
     lines[1] = f"u1 {ark}:{entries[1][1] + 7}"  # off by a few bytes: inside the header
     lines[2] = f"u2 {ark}:{evil_at}"
     scp.write_text("\n".join(lines) + "\n")
-    report = pack_data([scp], [text], tmp_path / "out")
+    report = pack_data([scp], [text], tmp_path / "out", max_lost=1)
     bad = {d["uttid"]: d["why"] for d in report.dropped["bad_features"]}
     assert set(bad) == {"u1", "u2"}
     assert f"{ark}: no Kaldi matrix at byte {entries[1][1] + 7:,}" in bad["u1"]
@@ -450,7 +450,7 @@ def test_mixed_dims_fail_by_default_naming_each_dimension(mixed_dims, nj):
 def test_dims_keeps_one_dimension_and_reports_the_others(mixed_dims, nj):
     tmp, scp, text, feats = mixed_dims
     out = tmp / f"out{nj}"
-    report = pack_data([scp], [text], out, dims=80, nj=nj, progress=False)
+    report = pack_data([scp], [text], out, dims=80, nj=nj, progress=False, max_lost=1)
     assert set(all_samples(out)) == {u for u, f in feats.items() if f.shape[1] == 80}
     got = json.loads((out / "pack_report.json").read_text())
     assert got["not_written"]["other_dims"] == [{"uttid": "a-first", "why": "40 feature dims; only 80-dim "

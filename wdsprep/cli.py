@@ -59,6 +59,9 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
                         "the language always is)")
     p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
+    p.add_argument("--max-lost", type=float, default=0.01, metavar="SHARE",
+                   help="exit 1 if a larger share of the utterances is not packed (the report names each), or if "
+                        "none is packed (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the shards, indexes and report of an earlier pack in --out")
     p.add_argument("--resume", action="store_true",
@@ -137,7 +140,8 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
                num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
-               nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, store=args.store,
+               nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite, resume=args.resume,
+               store=args.store,
                progress=args.progress, **_field_args(args))
 
 
@@ -147,7 +151,8 @@ def _cmd_pack(args: argparse.Namespace) -> None:
     pack_data(_input(args, "scp"), args.text, args.out, args.fmt, args.filter_group,
               utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
-              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
+              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite,
+              resume=args.resume,
               progress=args.progress, **_field_args(args))
 
 

@@ -24,6 +24,11 @@ class StrictError(RuntimeError):
     """Raised under ``strict=True`` when a job dropped or flagged utterances; the report is written."""
 
 
+class LostError(StrictError):
+    """Raised when a pack wrote none of its utterances, or lost a larger share of them than its
+    ``max_lost``; the pack is committed and its report written, naming every one by reason."""
+
+
 class OverLimit(Exception):
     """A download passed the bound its caller set (``remote.fetch.TooLargeError`` is one): the
     layers that set bounds catch it without importing what fetches."""

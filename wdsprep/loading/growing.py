@@ -94,6 +94,26 @@ def planned_folders(patterns: Sequence[str]) -> list[str]:
     return out
 
 
+def packs_without_shards(patterns: Sequence[str]) -> list[str]:
+    """The pack folders local ``patterns`` name whose pack plans no shard, or has ended without one
+    (committed, nothing published): a loader waiting on them would wait for nothing."""
+    out = []
+    for pattern in patterns:
+        for p in braceexpand(pattern):
+            where = os.path.dirname(os.path.abspath(p))
+            for d in (where, os.path.dirname(where)):
+                if is_url(p) or glob.has_magic(d):
+                    continue
+                plan = read_plan(d)
+                if plan is None:
+                    continue
+                shards = glob.glob(os.path.join(glob.escape(d), "**", "*.tar"), recursive=True)
+                if plan.shards == 0 or (pending(d) is None and not shards):
+                    out.append(d)
+                    break
+    return list(dict.fromkeys(out))
+
+
 def published_shards(urls: Sequence[str], view: View, *,
                      wait: float = 0.0) -> tuple[list[str], dict[str, FolderIndex]]:
     """The shards of ``urls`` the view counts as published, and the indexes of the folders it holds
@@ -201,6 +221,10 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
             view = observe(trset)
             shards = load(view)
         except FileNotFoundError as e:  # nothing there yet: the pack may not have begun
+            empty = packs_without_shards(patterns)
+            if empty:
+                raise DataError(f"growing loader: the pack of {empty[0]} has ended with no shards, so {patterns} will "
+                                f"never have one: see why in {os.path.join(empty[0], 'pack_report.json')}") from None
             if time.monotonic() - start >= timeout:
                 raise TimeoutError(f"growing loader: after {timeout:g} s there are still no shards: {e}. Is the "
                                    f"pack running, into the folder the pattern names?") from None

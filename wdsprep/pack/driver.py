@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from wdsprep.errors import StrictError
+from wdsprep.errors import LostError, StrictError
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
@@ -133,11 +134,13 @@ class PackSource(ABC):
 
 def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, *, nj: int,
              strict: bool, overwrite: bool, resume: bool, progress: bool | None,
-             fields: Mapping[str, list[str]] | None = None) -> Report:
+             fields: Mapping[str, list[str]] | None = None, max_lost: float = 0.01) -> Report:
     """Pack ``source``'s utterances with their ``labels`` into ``d_out``; the arguments are
     :func:`wdsprep.pack_data`'s.  ``fields``: each field's tables by name
     (:func:`wdsprep.pack.fields.field_files`), besides the source's own ``fields``; the labels'
     languages are the field ``lang``."""
+    if not 0 <= max_lost <= 1:  # NaN too
+        raise ValueError(f"max_lost={max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
     own = {**source.fields, **({LANG: labels.languages} if labels.languages else {})}
     item_fields = ItemFields(fields or {}, own)
     options = replace(options, fields=item_fields.names)
@@ -151,12 +154,13 @@ def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, optio
         if out.prior is not None:
             done = resumed_report(out, source.command, inputs, record)
             if done is not None:
+                check_lost(done, source.command, out.d, max_lost)
                 return done
         report = source.report
         items, values = _labelled(source, labels.texts, item_fields, report)
         return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
                      strict=strict, progress=progress, values=values,
-                     indexed=item_fields.indexed(options.index_fields))
+                     indexed=item_fields.indexed(options.index_fields), max_lost=max_lost)
 
 
 def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
@@ -186,10 +190,11 @@ def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
 def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Report, options: PackOptions,
           inputs: dict[str, Any], record: dict[str, Any], *, speakers: dict[str, str] | None, nj: int,
           strict: bool, progress: bool | None, values: list[dict[str, str]] | None,
-          indexed: dict[str, dict[str, str]]) -> Report:
+          indexed: dict[str, dict[str, str]], max_lost: float) -> Report:
     """Plan, record the plan, write and publish every planned shard not published yet, finish and
     commit; on an error or Ctrl-C, keep what was published (:func:`~wdsprep.pack.output.stopped`).
-    ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or flagged."""
+    ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or
+    flagged; :func:`check_lost` then holds the pack to ``max_lost``."""
     d, command = out.d, source.command
     shards_total = 0
     try:
@@ -218,4 +223,30 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
     print(report.summary(f"{command}: wrote {d}"))
     if strict and (report.num_dropped or report.num_flagged):
         raise StrictError(f"{command}: {report.counts()} (strict); see {d / REPORT_NAME}")
+    check_lost(report, command, d, max_lost)
     return report
+
+
+# Reasons that are the options' choice, not a loss: utterances outside the length groups asked for.
+LEFT_OUT = frozenset({"outside_groups"})
+
+
+def check_lost(report: Report, command: str, d: Path, max_lost: float) -> None:
+    """:class:`LostError` when the pack wrote no utterance, or lost more than ``max_lost`` of them
+    (a share): a pack run from the wrong folder, or with the wrong transcripts, must not pass as done."""
+    written = sum(int(g.get("utterances", 0)) for g in report.groups.values())
+    lost = sum(len(items) for reason, items in report.dropped.items() if reason not in LEFT_OUT)
+    if written and lost <= max_lost * (written + lost):
+        return
+    top = sorted(report.dropped.items(), key=lambda kv: -len(kv[1]))[:3]
+    lost = lost if written else report.num_dropped
+    reasons = ", ".join(f"{reason} {len(items):,} (e.g. {_example(items[0])})" for reason, items in top)
+    head = (f"wrote none of its {lost:,} utterances" if not written
+            else f"lost {lost:,} of {written + lost:,} utterances ({lost / (written + lost):.1%}), more than "
+                 f"max_lost={max_lost:g} allows")
+    raise LostError(f"{command}: {head}: {reasons}; every one is named in {d / REPORT_NAME}"
+                    + ("" if not written else "; if that is expected, raise --max-lost"))
+
+
+def _example(item: dict) -> str:
+    return f"{item['uttid']}: {item['why']}" if item.get("why") else item["uttid"]

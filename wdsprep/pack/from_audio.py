@@ -81,6 +81,7 @@ def pack_audio(
     seed: int = 0,
     nj: int = 1,
     strict: bool = False,
+    max_lost: float = 0.01,
     overwrite: bool = False,
     resume: bool = False,
     store: str = "features",
@@ -129,7 +130,7 @@ def pack_audio(
             raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields))
+                    progress=progress, fields=field_files(utt2lang, fields), max_lost=max_lost)
 
 
 class AudioSource(PackSource):

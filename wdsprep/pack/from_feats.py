@@ -61,6 +61,7 @@ def pack_data(
     index_fields: Sequence[str] = (),
     nj: int = 1,
     strict: bool = False,
+    max_lost: float = 0.01,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool | None = None,
@@ -102,6 +103,9 @@ def pack_data(
         nj: worker processes.
         strict: raise :class:`StrictError` (after writing the report) if any utterance was not
             packed, has an empty transcript or no speaker in ``utt2spk``.
+        max_lost: the share of the utterances that may go unpacked (counted in the report) before
+            the pack fails with :class:`~wdsprep.errors.LostError` (after writing the report and
+            committing what it wrote); a pack that writes none fails whatever its value.
         overwrite: replace an earlier pack's output in ``d_out`` instead of refusing.
         resume: finish the pack that was stopped in ``d_out`` (killed, out of disk, Ctrl-C): the
             shards it published are checked and kept, the rest is written; the result is the one
@@ -130,7 +134,7 @@ def pack_data(
             raise ValueError("a feats.scp needs its transcripts: give f_labels (--text)")
         source, labels = FeatsSource(as_list(f_scps), options.dims), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields))
+                    progress=progress, fields=field_files(utt2lang, fields), max_lost=max_lost)
 
 
 class FeatsSource(PackSource):
