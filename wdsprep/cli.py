@@ -21,6 +21,7 @@ from pathlib import Path
 
 from wdsprep.errors import DataError, MissingExtra, StrictError
 from wdsprep.options import add_flags, given
+from wdsprep.pack.options import Spread
 from wdsprep.prep.fbank import BackendUnavailable
 from wdsprep.tokenizer.base import trainable_kinds
 from wdsprep.tokenizer.spm import SPM_MODEL_TYPES
@@ -64,6 +65,7 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="finish a pack stopped in --out (killed, out of disk, Ctrl-C): keep the shards it published, "
                         "write the rest; refused unless the inputs and options are those it started with")
+    add_flags(p.add_argument_group("a pack spread over machines (a job array; docs/fbank.md)"), Spread)
     _add_progress(p)
 
 
@@ -138,7 +140,7 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
                backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
                nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume, store=args.store,
-               progress=args.progress, **_field_args(args))
+               progress=args.progress, **_field_args(args), **given(args, Spread))
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -148,7 +150,7 @@ def _cmd_pack(args: argparse.Namespace) -> None:
               utts_per_shard=args.utts_per_shard,
               layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
               utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
-              progress=args.progress, **_field_args(args))
+              progress=args.progress, **_field_args(args), **given(args, Spread))
 
 
 def _field_args(args: argparse.Namespace) -> dict:

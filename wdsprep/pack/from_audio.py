@@ -30,7 +30,7 @@ import numpy as np
 
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import AudioOptions, PackOptions, PathOrPaths
+from wdsprep.pack.options import AudioOptions, PackOptions, Part, PathOrPaths, Spread
 from wdsprep.pack.sink import ShardSink
 from wdsprep.prep.audio import (
     AudioProblem,
@@ -83,6 +83,8 @@ def pack_audio(
     strict: bool = False,
     overwrite: bool = False,
     resume: bool = False,
+    plan_only: bool = False,
+    part: Part | str | tuple[int, int] | None = None,
     store: str = "features",
     progress: bool | None = None,
 ) -> Report:
@@ -129,7 +131,7 @@ def pack_audio(
             raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields))
+                    progress=progress, fields=field_files(utt2lang, fields), spread=Spread(plan_only, part))
 
 
 class AudioSource(PackSource):
