@@ -133,7 +133,7 @@ def plan_lock(d: Path) -> Iterator[None]:
     reaches over NFS v4 and Lustre; a file system without it serializes nothing: see docs)."""
     import fcntl
 
-    fd = os.open(d / PLAN_NAME, os.O_RDONLY)
+    fd = os.open(d / PLAN_NAME, os.O_RDWR)  # opened for writing (never written): NFS's flock, a POSIX lock, needs it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
