@@ -263,13 +263,12 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         shards_total = pack_plan.shards
         work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
                          values)
-        publisher = Publisher(d, {}, options, speakers, indexed)
         if spread.plan_only:
             return _plan_only(out, plan, pack_plan, report, command)
         if spread.part is not None:
             part = (spread.part, plan)
-            return _pack_part(out, plan, pack_plan, spread.part, report, options, work, publisher, command, nj=nj,
-                              progress=progress)
+            return _pack_part(out, plan, pack_plan, spread.part, report, options, work,
+                              Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress)
         done = record_plan(out, plan, pack_plan, options.fmt)
         tasks = [j for j in write_order(plan) if j not in done.done]
         ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
@@ -277,11 +276,12 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         if ready and len(ready) < len(tasks):
             print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
                   f"part (--part): writing them here")
-        publisher.count = dict(done.count)
+        publisher = Publisher(d, done.count, options, speakers, indexed)
         for j in tasks:
             w = ready.pop(j) if j in ready else next(written)
             assert w.shard == j
             publisher.publish(w)
+        assert next(written, None) is None  # run to its end: the workers are closed now
         for r in publisher.unlisted_reports():
             report.merge(r)
         drop_staged(d, plan.folders)
