@@ -262,7 +262,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         pack_plan = plan_record(plan, command=command, inputs=inputs, options=record)
         shards_total = pack_plan.shards
         work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
-                         values)
+                         values, bitrate=options.audio_bitrate)
         if spread.plan_only:
             return _plan_only(out, plan, pack_plan, report, command)
         if spread.part is not None:

@@ -86,11 +86,14 @@ def pack_audio(
     plan_only: bool = False,
     part: Part | str | tuple[int, int] | None = None,
     store: str = "features",
+    bitrate: int | None = None,
     progress: bool | None = None,
 ) -> Report:
     """Compute fbank features and pack them with their transcripts into length-grouped shards; or,
-    with ``store`` ``"flac"`` or ``"wav"``, pack the audio itself (16-bit, at ``sample_rate``) for
-    the loader to compute the features while training (docs/audio.md).
+    with ``store`` ``"flac"``, ``"wav"`` or ``"opus"``, pack the audio itself (16-bit, at
+    ``sample_rate``) for the loader to compute the features while training (docs/audio.md).
+    ``bitrate``: Opus's, in bit/s (default 32000; 8, 12, 16, 24 or 48 kHz audio only); the index
+    records each utterance's decoded sample count, so the plan stays exact.
 
     ``wav_scp`` is a Kaldi ``wav.scp`` (with ``f_labels``, and ``segments`` and ``utt2spk`` if any),
     or a :class:`~wdsprep.Manifest` of another project's format (``--from KIND PATH``: Lhotse, NeMo,
@@ -99,7 +102,7 @@ def pack_audio(
 
     Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
     ``filter_group``, the fields (``utt2lang``, ``fields``, ``index_fields``) and the packing options
-    (``resume`` too) those of :func:`wdsprep.pack_data`.
+    (``resume``, ``plan_only`` and ``part`` too) those of :func:`wdsprep.pack_data`.
     The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
     they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
     corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
@@ -113,7 +116,7 @@ def pack_audio(
         (``bad_audio``, ``bad_segment``, ``too_short``, ``missing_recording``, ``missing_audio``,
         ``missing_label``, ``outside_groups``, ...).
     """
-    audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store)
+    audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store, bitrate)
     if audio.stores_audio:
         layout, dtype = store, "float32"
     options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, None, shuffle, seed, audio,

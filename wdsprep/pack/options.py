@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
+from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
 from wdsprep.options import SWITCH, Kind, option
@@ -23,7 +24,7 @@ from wdsprep.prep.fbank_options import FbankOptions
 
 DTYPES = ("float32", "float16")
 # What pack-audio stores: fbank features, or the audio itself (its features made while training).
-STORES = ("features", "flac", "wav")
+STORES = ("features", "flac", "wav", "opus")
 
 PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -36,10 +37,12 @@ def as_list(p: PathOrPaths) -> list[str]:
 @dataclass(frozen=True)
 class AudioOptions:
     """``pack-audio``'s: the fbank options as given, and what the shards store (``store``: the
-    features, or the audio itself for the loader to compute them with these options)."""
+    features, or the audio itself for the loader to compute them with these options; ``bitrate``:
+    a lossy store's, bit/s, None: its default)."""
 
     fbank: FbankOptions
     store: str = "features"
+    bitrate: int | None = None
     # Made, and so checked, with the options: the fbank options with the backend that computes the
     # features here, and what the index of audio shards says (the audio's format and the options the
     # loader computes the features with, backend auto: its numpy; None for feature shards).
@@ -50,6 +53,14 @@ class AudioOptions:
         if self.store not in STORES:
             raise ValueError(f"store must be one of {', '.join(STORES)}, got {self.store!r}")
         f = self.fbank
+        if self.store in LOSSY_FORMATS:
+            if f.sample_rate not in OPUS_RATES:
+                raise ValueError(f"store {self.store}: Opus codes audio at {', '.join(map(str, OPUS_RATES))} Hz, not "
+                                 f"{f.sample_rate}: give one of them as sample_rate (--sample-rate)")
+            object.__setattr__(self, "bitrate", check_bitrate(OPUS_BITRATE if self.bitrate is None else self.bitrate))
+        elif self.bitrate is not None:
+            raise ValueError(f"bitrate applies to a lossy store ({', '.join(LOSSY_FORMATS)}), not to store "
+                             f"{self.store!r}")
         object.__setattr__(self, "index", None if not self.stores_audio else AudioIndex(
             self.store, f.sample_rate, f.num_mel_bins, f.dither, "numpy" if f.backend == "auto" else f.backend))
         object.__setattr__(self, "resolved", resolve_options(f))
@@ -59,8 +70,10 @@ class AudioOptions:
         return self.store != "features"
 
     def record(self) -> dict[str, Any]:
-        """The fbank options (the backend resolved), and ``store`` when the shards hold audio."""
-        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {})}
+        """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
+        lossy store's ``bitrate``."""
+        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
+                **({"bitrate": self.bitrate} if self.bitrate is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,11 @@ class PackOptions:
         """The sample rate of the audio the shards hold; None when they hold features."""
         a = self.audio
         return a.fbank.sample_rate if a is not None and a.stores_audio else None
+
+    @property
+    def audio_bitrate(self) -> int | None:
+        """A lossy audio store's bit/s (None: lossless, or features)."""
+        return None if self.audio is None else self.audio.bitrate
 
     @property
     def audio_index(self) -> AudioIndex | None:
