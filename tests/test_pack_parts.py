@@ -123,6 +123,18 @@ def test_parts_at_once_and_a_part_never_run_are_committed_to_the_same_bytes(corp
     assert digests(short) == digests(whole)
 
 
+def test_a_part_that_fails_keeps_what_it_staged_and_removes_only_its_half_written_shard(corpus, tmp_path):
+    spread = tmp_path / "spread"
+    out = [*corpus, "--out", str(spread)]
+    wdsprep([*out, "--plan-only"])
+    failing = KILLED.replace("os.kill(os.getpid(), signal.SIGKILL)", "raise OSError(28, 'No space left on device')")
+    failed = wdsprep([*out, "--part", "1/3"], script=failing, check=False)
+    assert failed.returncode == 1 and "part 1/3 stopped" in failed.stderr and "--part 1/3" in failed.stderr
+    assert (spread / "0_200" / STAGED_DIR / "00000001.json").is_file() and (spread / "PACK_INCOMPLETE").exists()
+    assert not list(spread.glob("*/.w*")) and not list(spread.glob("*/..w*"))
+    assert "wrote 3 of its 4 shards" in wdsprep([*out, "--part", "1/3"]).stdout
+
+
 def test_parts_share_the_folder_lock_and_a_whole_run_is_refused_meanwhile(tmp_path):
     a, b = lock_folder(tmp_path, shared=True), lock_folder(tmp_path, shared=True)
     try:
