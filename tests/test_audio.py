@@ -572,13 +572,13 @@ def test_todays_parts_read_fixed_slots_whatever_else_is_on():
 
 
 @dataclass(frozen=True)
-class Clip(Part):
+class PeakClip(Part):
     """A part as a coming issue would add one: clips the waveform at ``level`` of its peak, with
     probability ``prob`` (its two uniforms: whether, and a level jitter)."""
 
-    name = "clip"
+    name = "peak"
     on_audio = True
-    order = 40
+    order = 90
     uniforms = 2
 
     level: float = 0.5
@@ -593,7 +593,7 @@ class Clip(Part):
 
 @pytest.fixture
 def with_clip(monkeypatch):
-    monkeypatch.setattr(augment_module, "PARTS", (*augment_module.PARTS, Clip))
+    monkeypatch.setattr(augment_module, "PARTS", (*augment_module.PARTS, PeakClip))
 
 
 def test_a_part_appended_moves_no_draw_and_needs_nothing_else(corpus, with_clip):
@@ -605,24 +605,25 @@ def test_a_part_appended_moves_no_draw_and_needs_nothing_else(corpus, with_clip)
     today = {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": spec}
     before = parse_augment(today).layout()
     for other in ({"freq_masks": 1}, {"time_masks": 5}):
-        after = parse_augment({**today, "specaugment": other, "clip": {}}).layout()
+        after = parse_augment({**today, "specaugment": other, "peak": {}}).layout()
         fixed = ("speed", "noise", "reverb")
         assert {k: after[k] for k in fixed} == {k: before[k] for k in fixed}
         assert after["specaugment"].start == before["specaugment"].start
         u = Draws(7, 2).read(41, after)
-        np.testing.assert_array_equal(u["clip"], _philox(7, 2, 41, 2, 101))
-    assert parse_augment({"clip": {}}).layout()["clip"] == parse_augment(today | {"clip": {}}).layout()["clip"]
+        # after the parts of stream 1 (lowpass 0-1, clip 2-3, codec 4-6), whether they are on or not
+        np.testing.assert_array_equal(u["peak"], _philox(7, 2, 41, 9, 101)[7:])
+    assert parse_augment({"peak": {}}).layout()["peak"] == parse_augment(today | {"peak": {}}).layout()["peak"]
     # the loader: same plan (speed's draws), the clipped audio's features, refused on feature shards
     plain = epoch(make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment=SPEED))
-    clipped = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "clip": {"level": 0.1}})
+    clipped = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "peak": {"level": 0.1}})
     got = epoch(clipped)
     assert [b.keys for b in got] == [b.keys for b in plain]
     assert all(not a.feats.equal(b.feats) for a, b in zip(plain, got))
-    loose = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "clip": {"level": 2.0}})
+    loose = make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=5, augment={**SPEED, "peak": {"level": 2.0}})
     assert all(a.feats.equal(b.feats) for a, b in zip(plain, epoch(loose)))  # above the peak: nothing clipped
     assert loose.dataset.fingerprint() != clipped.dataset.fingerprint()  # a resume knows its options
-    with pytest.raises(ValueError, match="augment clip act on audio"):
-        make_loader(pattern(feats), tok, max_frames=MAX_FRAMES, augment={"clip": {}})
+    with pytest.raises(ValueError, match="augment peak act on audio"):
+        make_loader(pattern(feats), tok, max_frames=MAX_FRAMES, augment={"peak": {}})
 
 
 def test_named_corpora_augment_from_their_own_draws(corpus):
@@ -696,6 +697,104 @@ def test_workers_make_the_same_augmented_batches(corpus, tmp_path):
     assert by_key[0].keys() == by_key[1].keys()
     for k, (f, n) in by_key[0].items():
         assert f.equal(by_key[1][k][0]) and n.equal(by_key[1][k][1])
+
+
+# ---------------------------------------------------------------- band limit, clipping, codecs
+
+CHANNEL = {"lowpass": {"cutoff": [2500, 3500], "prob": 0.7}, "clip": {"gain": [6, 20], "prob": 0.5},
+           "codec": {"formats": ["mulaw", "opus", "mp3"], "prob": 0.8, "bitrate": [8000, 16000]}}
+
+
+def test_channel_parts_take_stream_one_after_todays_parts_and_move_none_of_their_draws():
+    """lowpass, clip and codec are appended: they read uniforms 0-1, 2-3 and 4-6 of stream 1, on or
+    off, whatever SpecAugment's options; the parts before keep their slots."""
+    assert [k.name for k in augment_module.PARTS] == ["speed", "noise", "reverb", "specaugment", "lowpass", "clip",
+                                                      "codec"]
+    today = {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": {"freq_masks": 3}}
+    raw = _philox(7, 2, 41, 7, 101)
+    for on in (CHANNEL, {"codec": CHANNEL["codec"]}, {**today, "clip": {}}, {**today, **CHANNEL}):
+        aug = parse_augment(on)
+        u = Draws(7, 2).read(41, aug.layout())
+        want = {"lowpass": raw[0:2], "clip": raw[2:4], "codec": raw[4:7]}
+        for name in set(on) & set(want):
+            np.testing.assert_array_equal(u[name], want[name])
+        before = parse_augment(today).layout()
+        assert all(slots == before[k] for k, slots in aug.layout().items() if k in today)
+
+
+def _speechlike(n: int = 16000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / 16000
+    tones = sum(np.sin(2 * np.pi * f * t) * a for f, a in ((220, 6000), (1200, 2000), (5000, 1500)))
+    return (tones + rng.standard_normal(n) * 300).astype(np.float32)
+
+
+def test_channel_transforms_do_what_they_say_and_are_functions_of_their_uniforms():
+    from wdsprep.loading.augment import Clip, Codec, Lowpass, clip, codec, lowpass, mulaw
+
+    x = _speechlike()
+    spectrum = lambda w: np.abs(np.fft.rfft(w.astype(np.float64)))  # noqa: E731 -- 1 Hz bins
+    # lowpass at a drawn cutoff in [2500, 3500]: 5 kHz is gone, 220 Hz stays, nothing moves in time
+    part = Lowpass(cutoff=(2500, 3500))
+    y = lowpass(x, 16000, part, np.array([0.5, 0.0]))
+    assert len(y) == len(x) and y.dtype == np.float32
+    assert spectrum(y)[5000] < 1e-3 * spectrum(x)[5000] and abs(spectrum(y)[220] / spectrum(x)[220] - 1) < 0.01
+    assert np.array_equal(lowpass(x, 16000, part, np.array([0.5, 0.99])), y)  # prob 1 > 0.99: filtered ...
+    assert lowpass(x, 16000, Lowpass(prob=0.5), np.array([0.5, 0.7])) is x  # ... 0.7 >= prob 0.5: not
+    assert lowpass(x, 8000, Lowpass(cutoff=(5000, 6000)), np.array([0.0, 0.0])) is x  # above Nyquist
+    # clip: gain then full scale
+    y = clip(x, Clip(gain=(20, 20)), np.array([0.3, 0.0]))
+    assert np.abs(y).max() == 32767 and np.allclose(y[np.abs(y) < 32767], 10 * x[np.abs(y) < 32767], rtol=1e-5)
+    # mu-law: 8 bits (at most 256 values), about 38 dB SNR on speech-like audio
+    y = mulaw(x)
+    err = 10 * np.log10(np.mean(x.astype(np.float64) ** 2) / np.mean((y - x).astype(np.float64) ** 2))
+    assert len(np.unique(y)) <= 256 and 30 < err < 45
+    for fmt in ("opus", "mp3"):
+        y = codec(x, 16000, Codec(formats=(fmt,)), np.array([0.0, 0.0, 0.5]))
+        assert len(y) == len(x) and np.corrcoef(x, y)[0, 1] > 0.9 and not np.array_equal(np.rint(x), y)
+    # Each is a function of its input and uniforms: the same draws give the same bits, others others.
+    u = np.random.default_rng(3).random(3)
+    for fmt in CODECS_ALL:
+        part = Codec(formats=(fmt,))
+        a, b = codec(x, 16000, part, u), codec(x.copy(), 16000, part, u.copy())
+        assert np.array_equal(a, b), fmt
+    assert not np.array_equal(codec(x, 16000, Codec(formats=("opus",)), np.array([0.0, 0.0, 0.0])),
+                              codec(x, 16000, Codec(formats=("opus",)), np.array([0.0, 0.0, 1.0])))
+    with pytest.raises(ValueError, match="opus codes audio at"):
+        codec(x, 22050, Codec(formats=("opus",)), np.zeros(3))
+    with pytest.raises(ValueError, match="codec formats must be some of"):
+        parse_augment({"codec": {"formats": ["gsm"]}})
+    with pytest.raises(ValueError, match="lowpass cutoff"):
+        parse_augment({"lowpass": {"cutoff": [4000, 3000]}})
+
+
+CODECS_ALL = ("mulaw", "opus", "mp3")
+
+
+def test_channel_augmentation_is_the_same_on_any_topology_and_for_the_same_seed(corpus):
+    """lowpass + clip + codec (mu-law, Opus, MP3) with speed: (1 rank, 0 workers) and (2 ranks, 2
+    workers each) make bit-identical batches, as does a second run with the same seed; another seed
+    other features, and the batches are those of speed alone (the channel keeps every length)."""
+    root, feats, flac, wav, tok = corpus
+    aug = {**SPEED, **CHANNEL}
+
+    def batches(seed: int, world_size: int = 1, workers: int = 0) -> dict[tuple, torch.Tensor]:
+        out = {}
+        for r in range(world_size):
+            for b in epoch(make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=seed, augment=aug, streams=4,
+                                       rank=r, world_size=world_size, num_workers=workers)):
+                out[tuple(b.keys)] = b.feats.clone()
+        return out
+
+    one = batches(4)
+    two = batches(4, world_size=2, workers=2)
+    assert set(two) <= set(one) and len(two) >= len(one) - 2
+    assert all(two[k].equal(one[k]) for k in two)
+    again = batches(4)
+    assert again.keys() == one.keys() and all(again[k].equal(one[k]) for k in one)
+    plain = {tuple(b.keys): b.feats for b in epoch(make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, seed=4,
+                                                               augment=SPEED, streams=4))}
+    assert plain.keys() == one.keys() and sum(not plain[k].equal(one[k]) for k in one) >= len(one) - 1
 
 
 def test_pack_audio_stores_the_audio_the_loader_makes_the_features_of(corpus, tmp_path, monkeypatch):

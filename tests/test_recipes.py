@@ -356,6 +356,25 @@ def test_large_recipe_on_the_bundled_corpus_up_to_the_dry_run(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_large_recipe_packs_in_parts_as_a_job_array_to_the_bytes_of_one_pack(tmp_path: Path) -> None:
+    """Stage 2 with PARTS=3 (plan, 3 background parts, commit) and with one pack, over the same
+    features: the same files, byte for byte (each index.json less its shards' mtimes)."""
+    from test_pack_parts import digests
+
+    exp = tmp_path / "exp"
+    env = dict(DATA=str(CORPUS / "train"), EXP=str(exp), NJ="1", LEN_GROUPS="10:500 500:1000", UTTS_PER_SHARD="20")
+    run(["bash", str(LARGE / "run.sh"), "--stage", "1", "--stop-stage", "1"], timeout=300, **env)
+    p = run(["bash", str(LARGE / "run.sh"), "--stage", "2", "--stop-stage", "2"], timeout=300, PARTS="3", **env)
+    assert "a pack in 3 parts" in p.stdout and "wrote" in p.stdout
+    assert all("part" in (exp / "shards" / f"pack_part{i}.log").read_text() for i in range(3))
+    spread = exp / "shards" / "train"
+    spread.rename(tmp_path / "spread")
+    run(["bash", str(LARGE / "run.sh"), "--stage", "2", "--stop-stage", "2"], timeout=300, **env)
+    want = digests(spread)
+    assert sum(n.endswith(".tar") for n in want) >= 6 and digests(tmp_path / "spread") == want
+
+
+@pytest.mark.slow
 def test_multinode_launcher_trains_through_a_c10d_rendezvous(demo_exp: Path, tmp_path: Path) -> None:
     """local/launch_multinode.sh as one node of one: the c10d rendezvous path, 2 ranks, 2 steps."""
     with socket.socket() as s:  # a free port, so parallel test runs never share a rendezvous

@@ -11,7 +11,7 @@ from wdsprep.format.index import read_index
 from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.format.reindex import index_shards
 from wdsprep.format.shardlist import shard_pattern
-from wdsprep.loading.augment import Augment, Noise, Reverb, SpecAugment, Speed
+from wdsprep.loading.augment import Augment, Clip, Codec, Lowpass, Noise, Reverb, SpecAugment, Speed
 from wdsprep.pack import Manifest, pack_audio, pack_data
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report
@@ -31,7 +31,7 @@ __all__ = ["compute_fbank", "pack_data", "pack_audio", "Manifest", "Report", "St
            "encode_key", "decode_key", "read_index", "shard_pattern", "index_shards", "SubwordSampling", "Tokenizer",
            "load_tokenizer", "train_tokenizer", "import_cat_tokenizer", "AggregateTokenizer", "aggregate_tokenizers",
            "inspect_shards", "InspectResult", "verify_shards", "VerifyResult",
-           "Augment", "Speed", "Noise", "Reverb", "SpecAugment"]
+           "Augment", "Speed", "Noise", "Reverb", "SpecAugment", "Lowpass", "Clip", "Codec"]
 
 # The loader and the device modules import torch; resolve these names on first use so ``import
 # wdsprep`` stays cheap.

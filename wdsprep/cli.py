@@ -21,6 +21,7 @@ from pathlib import Path
 
 from wdsprep.errors import DataError, MissingExtra, StrictError
 from wdsprep.options import add_flags, given
+from wdsprep.pack.options import Spread
 from wdsprep.prep.fbank import BackendUnavailable
 from wdsprep.tokenizer.base import trainable_kinds
 from wdsprep.tokenizer.spm import SPM_MODEL_TYPES
@@ -67,6 +68,7 @@ def _add_pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="finish a pack stopped in --out (killed, out of disk, Ctrl-C): keep the shards it published, "
                         "write the rest; refused unless the inputs and options are those it started with")
+    add_flags(p.add_argument_group("a pack spread over machines (a job array; docs/fbank.md)"), Spread)
     _add_progress(p)
 
 
@@ -142,7 +144,7 @@ def _cmd_pack_audio(args: argparse.Namespace) -> None:
                layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
                nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite, resume=args.resume,
                store=args.store,
-               progress=args.progress, **_field_args(args))
+               bitrate=args.bitrate, progress=args.progress, **_field_args(args), **given(args, Spread))
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
@@ -153,7 +155,17 @@ def _cmd_pack(args: argparse.Namespace) -> None:
               layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
               utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite,
               resume=args.resume,
-              progress=args.progress, **_field_args(args))
+              progress=args.progress, **_field_args(args), **given(args, Spread))
+
+
+def _bitrate(text: str) -> int:
+    """``--bitrate``: bit/s, or kbit/s with a ``k`` (``32k``)."""
+    t = text.strip().lower()
+    scale = 1000 if t.endswith("k") else 1
+    try:
+        return int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bitrate in bit/s (e.g. 32000, or 32k)") from None
 
 
 def _field_args(args: argparse.Namespace) -> dict:
@@ -595,10 +607,12 @@ def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
     _add_from(p, source, AUDIO_KINDS)
     _add_audio_options(p, wav_scp=False)
     _add_pack_options(p)
-    p.add_argument("--store", choices=["features", "flac", "wav"], default="features",
-                   help="features: fbank computed now; flac or wav: the audio itself (16-bit, at --sample-rate), the "
-                        "loader computes the features with these fbank options while training (docs/audio.md) "
+    p.add_argument("--store", choices=["features", "flac", "wav", "opus"], default="features",
+                   help="features: fbank computed now; flac, wav or opus: the audio itself (16-bit, at --sample-rate), "
+                        "the loader computes the features with these fbank options while training (docs/audio.md) "
                         "(default: %(default)s)")
+    p.add_argument("--bitrate", type=_bitrate, metavar="BITS",
+                   help="--store opus: bit/s, e.g. 32000 or 32k (default: 32k, ~14 MB per hour of speech)")
     p.set_defaults(func=_cmd_pack_audio)
 
 

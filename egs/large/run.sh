@@ -10,7 +10,8 @@
 # Stages:
 #   0  check the data dirs, print counts
 #   1  fbank for train/dev, unless a feats.scp exists (FEATS, or DATA/feats.scp)
-#   2  pack train into length groups ($groups), dev into one folder
+#   2  pack train into length groups ($groups), dev into one folder; with --parts N, train as a
+#      pack spread over N jobs (a job array: plan, N parts at once, commit)
 #   3  train the tokenizer on the train transcripts
 #   4  write $exp/hyper-p.json; `ld` is a brace pattern over the filled group folders
 #   5  dry run: every rank of a torchrun job builds the loader and reads one epoch's batches
@@ -24,6 +25,8 @@
 #                  (ROOT; default: two levels above DATA, i.e. the Kaldi recipe dir)
 #   --exp DIR      output dir (EXP, default egs/large/exp/large)
 #   --nj N         parallel jobs for fbank and pack (NJ, default 8)
+#   --parts N      stage 2: pack train in N parts, each with NJ workers (PARTS, default 1: one pack);
+#                  here N background processes stand in for the tasks of a SLURM job array
 #   --nproc N      ranks per node for dry run and training (NPROC, default 2)
 #   --kind K --vocab-size N   tokenizer (KIND default sentencepiece, VOCAB default 5000)
 #   --groups "LO:HI ..."      length groups in frames (LEN_GROUPS; bash reserves GROUPS)
@@ -41,6 +44,7 @@ feats=${FEATS:-}
 root=${ROOT:-}
 exp=${EXP:-}  # default: egs/large/exp/large
 nj=${NJ:-8}
+parts=${PARTS:-1}
 nproc=${NPROC:-2}
 kind=${KIND:-sentencepiece}
 vocab_size=${VOCAB:-5000}
@@ -74,7 +78,8 @@ root=$(realpath "$root")
 if [ -n "$exp" ]; then exp=$(realpath -m "$exp"); else exp="$recipe_dir/exp/large"; fi
 cd "$recipe_dir"
 mkdir -p "$exp"
-parts=(train); [ -n "$dev" ] && parts+=(dev)
+[[ "$parts" =~ ^[1-9][0-9]*$ ]] || die "PARTS=$parts (--parts) must be a whole number >= 1"
+sets=(train); [ -n "$dev" ] && sets+=(dev)
 dir_of() { if [ "$1" = train ]; then echo "$data"; else echo "$dev"; fi; }
 # Use existing features when there are some: FEATS for train, DIR/feats.scp otherwise.
 feats_of() {
@@ -85,14 +90,14 @@ feats_of() {
 }
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
-  log 0 "checking ${parts[*]} data dirs (relative paths from $root)"
-  for part in "${parts[@]}"; do
+  log 0 "checking ${sets[*]} data dirs (relative paths from $root)"
+  for part in "${sets[@]}"; do
     (cd "$root" && python "$recipe_dir/local/check_data.py" "$(dir_of "$part")")
   done
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  for part in "${parts[@]}"; do
+  for part in "${sets[@]}"; do
     d=$(dir_of "$part"); f=$(feats_of "$part")
     if [ "$f" != "$exp/fbank/$part/feats.scp" ]; then
       log 1 "$part: using existing features $f"
@@ -109,9 +114,31 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log 2 "packing train into length groups [$groups] -> $exp/shards/train (nj=$nj)"
   # utt2spk, when the data dir has one, goes into the index: the loader's shuffle report uses it.
   spk=(); [ -f "$data/utt2spk" ] && spk=(--utt2spk "$data/utt2spk")
-  # shellcheck disable=SC2086  # $groups is a list of words on purpose
-  (cd "$root" && wdsprep pack --scp "$(feats_of train)" --text "$data/text" --out "$exp/shards/train" \
-    --filter-group $groups --utts-per-shard "$utts_per_shard" "${spk[@]}" --nj "$nj" --overwrite)
+  # shellcheck disable=SC2206  # $groups is a list of words on purpose
+  pack=(wdsprep pack --scp "$(feats_of train)" --text "$data/text" --out "$exp/shards/train"
+        --filter-group $groups --utts-per-shard "$utts_per_shard" "${spk[@]}" --nj "$nj")
+  if [ "$parts" -eq 1 ]; then
+    (cd "$root" && "${pack[@]}" --overwrite)
+  else
+    # A pack spread over a job array: the plan first, then the parts (any order, at once, on any
+    # machine that sees the output folder; each resumable by running it again), then the commit.
+    # Under SLURM the loop is `sbatch --array=0-$((parts - 1))` of a script that runs
+    #   "${pack[@]}" --part "$SLURM_ARRAY_TASK_ID/$parts"
+    # and the commit an `sbatch --dependency=afterok:ARRAY_JOB_ID` job (Kubernetes: an indexed
+    # Job, $JOB_COMPLETION_INDEX).  The shards are the bytes one pack gives.
+    log 2 "train: a pack in $parts parts: plan, $parts background jobs (a job array's tasks), commit"
+    (cd "$root" && "${pack[@]}" --overwrite --plan-only)
+    pids=()
+    for ((i = 0; i < parts; i++)); do
+      (cd "$root" && "${pack[@]}" --part "$i/$parts" > "$exp/shards/pack_part$i.log" 2>&1) &
+      pids+=($!)
+    done
+    for ((i = 0; i < parts; i++)); do
+      wait "${pids[$i]}" || die "pack part $i/$parts failed (see $exp/shards/pack_part$i.log); run stage 2's" \
+        "command with --part $i/$parts again to finish it, then with --resume to commit"
+    done
+    (cd "$root" && "${pack[@]}" --resume)
+  fi
   if [ -n "$dev" ]; then
     log 2 "packing dev -> $exp/shards/dev"
     (cd "$root" && wdsprep pack --scp "$(feats_of dev)" --text "$dev/text" --out "$exp/shards/dev" \

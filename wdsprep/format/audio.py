@@ -218,12 +218,19 @@ def _codec(fmt: str) -> Codec:
         raise ValueError(f"unknown audio format {fmt!r}; audio shards hold {', '.join(AUDIO_FORMATS)}") from None
 
 
-def _compression_level(bitrate: int) -> float:
-    """libsndfile's Opus compression level for ``bitrate`` bit/s: it sets int((1 - level) * 250000 + 6000)."""
+def check_bitrate(bitrate: int) -> int:
+    """``bitrate`` if libsndfile's Opus encoder takes it; else ValueError saying what it takes."""
     low, high = OPUS_BITRATES
     if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not low <= bitrate <= high:
         raise ValueError(f"Opus bitrate {bitrate!r} must be a whole number of bit/s in [{low}, {high}] "
                          f"(e.g. {OPUS_BITRATE} for speech)")
+    return bitrate
+
+
+def _compression_level(bitrate: int) -> float:
+    """libsndfile's Opus compression level for ``bitrate`` bit/s: it sets int((1 - level) * 250000 + 6000)."""
+    low, high = OPUS_BITRATES
+    check_bitrate(bitrate)
     return (high - bitrate - 0.5) / (high - low)  # the half: int() of the product lands on bitrate itself
 
 

@@ -9,7 +9,8 @@ are the same for any world size and worker count, and after a resume:
   (:func:`perturbed_frames`), so ``max_frames`` and ``max_cost`` hold for the audio the reader
   makes, which resamples by exactly that factor (:func:`speed_resample`, ``scipy.signal.resample_poly``)
   and names the utterance ``sp0.9-ID`` as Kaldi's speed-perturbed copies are named;
-- **noise** and **reverb** (audio shards) and **specaugment** (any shards): uniforms drawn per
+- **noise**, **reverb**, **clip**, **lowpass** and **codec** (audio shards) and **specaugment**
+  (any shards): uniforms drawn per
   utterance from a Philox generator keyed by (seed, corpus epoch) at a counter set by its row
   (:class:`Draws`): random access to any utterance's draws, no state carried from one to the next.
   Each part reads its own slots of them (:meth:`Augment.layout`).
@@ -20,8 +21,9 @@ acts on audio, how many uniforms it reads, its folder of recordings and its tran
 the shards (:meth:`Augment.check_shards`) from that list alone.
 
 Options come as a dict (``{"speed": {"factors": [0.9, 1.0, 1.1]}, "noise": {"dir": D, "snr":
-[10, 20]}, "reverb": {"dir": D}, "specaugment": {"freq_masks": 2, "time_masks": 2}}``), its JSON
-(text or a file), or the dataclasses below (:func:`parse_augment`).  numpy only: no torch here.
+[10, 20]}, "reverb": {"dir": D}, "specaugment": {"freq_masks": 2, "time_masks": 2}, "codec":
+{"formats": ["opus", "mulaw"], "prob": 0.3}}``), its JSON (text or a file), or the dataclasses
+below (:func:`parse_augment`).  numpy (and scipy, soundfile) only: no torch here.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ class Draw:
     u: np.ndarray  # its uniforms in [0, 1): its own slots of the utterance's draws
     bank: Sequence[np.ndarray] = ()  # the recordings of its folder, at the shards' sample rate
     choice: int | None = None  # a part the plan draws (speed): the row's choice
+    rate: int | None = None  # the waveform's sample rate (a waveform part's; what a filter's Hz refer to)
+
+    def sample_rate(self, what: str) -> int:
+        if self.rate is None:
+            raise ValueError(f"augment {what} needs the waveform's sample rate (Draw.rate)")
+        return self.rate
 
 
 class Part:
@@ -244,9 +252,102 @@ class SpecAugment(Part):
         return spec_augment(x, self, draw.u)
 
 
+def _range(value: Any, what: str, low: float, high: float) -> tuple[float, float]:
+    """``[lo, hi]`` (one number: both) within ``[low, high]``."""
+    r = _numbers(value, what)
+    if len(r) == 1:
+        r = (r[0], r[0])
+    if len(r) != 2 or r[0] > r[1] or r[0] < low or r[1] > high:
+        raise ValueError(f"augment {what} must be [lo, hi] with {low:g} <= lo <= hi <= {high:g}, got {list(r)}")
+    return r
+
+
+@dataclass(frozen=True)
+class Lowpass(Part):
+    """Band limiting: a Butterworth low-pass of order ``order`` at a cutoff drawn uniformly from
+    ``cutoff`` (Hz), applied forward and backward (zero phase: nothing moves in time), with
+    probability ``prob``; a cutoff at or above the Nyquist frequency leaves the audio as it is.
+    Telephone speech is cut near 3.4 kHz.  Audio shards only."""
+
+    name: ClassVar[str] = "lowpass"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 50  # after noise and clipping: the channel limits what the microphone took
+    uniforms: ClassVar[int | None] = 2  # cutoff, whether
+
+    cutoff: tuple[float, float] = (2000.0, 4000.0)
+    filter_order: int = 8
+    prob: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cutoff", _range(self.cutoff, "lowpass cutoff (Hz)", 50.0, 96000.0))
+        if isinstance(self.filter_order, bool) or not isinstance(self.filter_order, int) \
+                or not 1 <= self.filter_order <= 20:
+            raise ValueError(f"augment lowpass filter_order must be a whole number in [1, 20], "
+                             f"got {self.filter_order!r}")
+        _check_prob(self.prob, "lowpass")
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return lowpass(x, draw.sample_rate(self.name), self, draw.u)
+
+
+@dataclass(frozen=True)
+class Clip(Part):
+    """Clipping, as a recording made too loud: the waveform amplified by a gain drawn uniformly
+    from ``gain`` (dB), then cut at 16-bit full scale, with probability ``prob`` (the gain stays:
+    the features are those of the louder, clipped audio).  Audio shards only."""
+
+    name: ClassVar[str] = "clip"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 40  # after noise: the converter clips what reached it
+    uniforms: ClassVar[int | None] = 2  # gain, whether
+
+    gain: tuple[float, float] = (0.0, 20.0)
+    prob: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gain", _range(self.gain, "clip gain (dB)", -60.0, 60.0))
+        _check_prob(self.prob, "clip")
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return clip(x, self, draw.u)
+
+
+CODECS = ("mulaw", "opus", "mp3")  # what the codec part codes with: 8-bit mu-law (G.711), Ogg Opus, MP3
+
+
+@dataclass(frozen=True)
+class Codec(Part):
+    """Lossy coding: the waveform encoded and decoded again with one of ``formats`` (drawn with
+    equal chance), with probability ``prob``: ``mulaw`` (8-bit G.711 mu-law, as telephone
+    networks), ``opus`` (at a bitrate drawn from ``bitrate``, bit/s; audio at 8, 12, 16, 24 or 48
+    kHz) and ``mp3`` (libsndfile's default bitrate), through soundfile, in memory.  The length is
+    kept.  Audio shards only."""
+
+    name: ClassVar[str] = "codec"
+    on_audio: ClassVar[bool] = True
+    order: ClassVar[int] = 60  # last: what the model hears went through the channel's codec
+    uniforms: ClassVar[int | None] = 3  # whether, which format, bitrate
+
+    formats: tuple[str, ...] = ("mulaw", "opus")
+    prob: float = 1.0
+    bitrate: tuple[float, float] = (8000.0, 32000.0)
+
+    def __post_init__(self) -> None:
+        formats = (self.formats,) if isinstance(self.formats, str) else self.formats
+        if not isinstance(formats, (list, tuple)) or not formats or any(f not in CODECS for f in formats) \
+                or len(set(formats)) != len(formats):
+            raise ValueError(f"augment codec formats must be some of {list(CODECS)}, each once, got {self.formats!r}")
+        object.__setattr__(self, "formats", tuple(formats))
+        object.__setattr__(self, "bitrate", _range(self.bitrate, "codec bitrate (bit/s)", 6000.0, 256000.0))
+        _check_prob(self.prob, "codec")
+
+    def apply(self, x: np.ndarray, draw: Draw) -> np.ndarray:
+        return codec(x, draw.sample_rate(self.name), self, draw.u)
+
+
 # Every part, in the order their uniforms are laid out (Augment.layout).  Append only: a part
 # placed before another moves that one's draws, and every batch it augments changes.
-PARTS: tuple[type[Part], ...] = (Speed, Noise, Reverb, SpecAugment)
+PARTS: tuple[type[Part], ...] = (Speed, Noise, Reverb, SpecAugment, Lowpass, Clip, Codec)
 
 P = TypeVar("P", bound=Part)
 
@@ -539,3 +640,74 @@ def _warp(feats: np.ndarray, center: int, moved: int) -> np.ndarray:
     hi = np.minimum(lo + 1, t - 1)
     frac = (src - lo)[:, None]
     return ((1 - frac) * feats[lo] + frac * feats[hi]).astype(np.float32)
+
+
+def lowpass(wave: np.ndarray, rate: int, opts: Lowpass, u: np.ndarray) -> np.ndarray:
+    """``wave`` low-passed at the drawn cutoff (zero phase, the same length).  ``u``: the part's 2 uniforms."""
+    if u[1] >= opts.prob:
+        return wave
+    cutoff = opts.cutoff[0] + float(u[0]) * (opts.cutoff[1] - opts.cutoff[0])
+    if cutoff >= rate / 2:
+        return wave
+    from scipy.signal import butter, sosfiltfilt
+
+    sos = butter(opts.filter_order, cutoff, btype="low", fs=rate, output="sos")
+    if len(wave) <= 3 * (2 * len(sos) + 1):  # sosfiltfilt's padding needs more samples than an utterance this short
+        return wave
+    return sosfiltfilt(sos, wave.astype(np.float64)).astype(np.float32)
+
+
+FULL_SCALE = 32767.0  # of the 16-bit samples the waveforms are in
+
+
+def clip(wave: np.ndarray, opts: Clip, u: np.ndarray) -> np.ndarray:
+    """``wave`` times the drawn gain, cut at 16-bit full scale.  ``u``: the part's 2 uniforms."""
+    if u[1] >= opts.prob:
+        return wave
+    db = opts.gain[0] + float(u[0]) * (opts.gain[1] - opts.gain[0])
+    return np.clip(wave * np.float32(10.0 ** (db / 20.0)), -FULL_SCALE, FULL_SCALE).astype(np.float32)
+
+
+_MU = 255.0
+
+
+def mulaw(wave: np.ndarray) -> np.ndarray:
+    """``wave`` (16-bit units) through 8-bit mu-law (G.711's companding, mu = 255) and back."""
+    x = np.clip(wave.astype(np.float64) / 32768.0, -1.0, 1.0)
+    y = np.sign(x) * np.log1p(_MU * np.abs(x)) / math.log1p(_MU)
+    code = np.rint((y + 1.0) * 127.5)  # 0 .. 255: the 8 bits
+    y = code / 127.5 - 1.0
+    return (np.sign(y) * np.expm1(np.abs(y) * math.log1p(_MU)) / _MU * 32768.0).astype(np.float32)
+
+
+def codec(wave: np.ndarray, rate: int, opts: Codec, u: np.ndarray) -> np.ndarray:
+    """``wave`` coded with the drawn format and decoded again, at its length.  ``u``: the part's 3 uniforms."""
+    if u[0] >= opts.prob or not len(wave):
+        return wave
+    fmt = opts.formats[min(int(u[1] * len(opts.formats)), len(opts.formats) - 1)]
+    if fmt == "mulaw":
+        return mulaw(wave)
+    import io
+
+    import soundfile as sf
+
+    from wdsprep.format.audio import OPUS_RATES, audio_header, decode_audio, encode_audio
+
+    pcm = np.clip(np.rint(wave), -32768, 32767).astype(np.int16)
+    if fmt == "opus":
+        if rate not in OPUS_RATES:
+            raise ValueError(f"augment codec opus codes audio at {', '.join(map(str, OPUS_RATES))} Hz, not {rate}: "
+                             f"leave opus out of its formats for this corpus")
+        bitrate = int(round(opts.bitrate[0] + float(u[2]) * (opts.bitrate[1] - opts.bitrate[0])))
+        data, _ = encode_audio(pcm, rate, "opus", bitrate=bitrate)
+        out = decode_audio(data, audio_header("opus", data, len(data)))
+    else:
+        buf = io.BytesIO()
+        sf.write(buf, pcm, rate, format="MP3", subtype="MPEG_LAYER_III")
+        buf.seek(0)
+        out, _ = sf.read(buf, dtype="int16")
+        out = out if out.ndim == 1 else out[:, 0]
+    out = out[:len(wave)]
+    if len(out) < len(wave):  # the plan counted the utterance's length: keep it
+        out = np.concatenate([out, np.zeros(len(wave) - len(out), out.dtype)])
+    return out.astype(np.float32)

@@ -209,7 +209,7 @@ class FeatureMaker:
     def waveform(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray],
                  choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
         """The waveform an audio row's features are computed from: decoded, then each waveform part
-        applied in turn (speed, reverb, noise) as the row's draws say; and the prefix of its name.
+        applied in turn (speed, reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
         ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
         ``choices``: the corpus epoch's speed factors, as the plan drew them; ``chain``: the corpus's
         augmentation (the loader's when None)."""
@@ -221,7 +221,7 @@ class FeatureMaker:
         prefix = ""
         for part in (chain or self.chains[0]).on_wave:
             draw = Draw(u.get(part.name, NO_UNIFORMS), self._bank(part),
-                        int(choices[row]) if part.planned and choices is not None else None)
+                        int(choices[row]) if part.planned and choices is not None else None, fb.sample_rate)
             wave = part.apply(wave, draw)
             prefix = part.prefix(draw) + prefix
         return wave, prefix

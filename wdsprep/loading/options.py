@@ -131,7 +131,8 @@ class ReadOptions:
     tokenize_group: int = option(256, "utterances per block when a shard is read")
     augment: Augment | None = option(
         None, "augmentation in training, e.g. '{\"speed\": {\"factors\": [0.9, 1.0, 1.1]}, \"specaugment\": {}}' "
-              "(also noise: {\"dir\": D, \"snr\": [10, 20]}, reverb: {\"dir\": D}), or a JSON file of it "
+              "(also noise: {\"dir\": D, \"snr\": [10, 20]}, reverb: {\"dir\": D}, clip, lowpass, "
+              "codec: {\"formats\": [\"mulaw\", \"opus\"]}), or a JSON file of it "
               "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True)
     fbank: Mapping[str, Any] | None = option(
         None, "audio shards: fbank options in place of the index's, e.g. '{\"num_mel_bins\": 40}' (num_mel_bins, "

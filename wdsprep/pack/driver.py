@@ -16,6 +16,10 @@ as they are written, and a stopped pack resumes to the bytes an uninterrupted on
 5. the plan is recorded, workers write the shards (:mod:`wdsprep.pack.sink`, with the source's
    job), each is published as it is done, and the pack finishes and commits; a pack that stops
    keeps what it published, for ``--resume``.
+
+A pack spread over machines (:class:`~wdsprep.pack.options.Spread`) stops after step 5's plan
+(``plan_only``), or writes, stages and publishes only its part's shards (``part``), and is
+committed by a last ``resume`` run, which publishes what the parts staged: step 5 in pieces.
 """
 
 from __future__ import annotations
@@ -29,24 +33,34 @@ from typing import Any, Collection, Mapping
 import numpy as np
 
 from wdsprep.errors import LostError, StrictError
+from wdsprep.format.commit import marker
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
-from wdsprep.pack.options import PackOptions, PathOrPaths, as_list
+from wdsprep.pack.options import PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.output import (
     REPORT_NAME,
     LockedOutput,
     Publisher,
+    check_plan,
+    check_same,
+    drop_staged,
     file_digests,
     finish,
+    folder_shards,
+    plan_lock,
     plan_record,
     prepare_output,
+    published_so_far,
     record_plan,
+    remove_part_partial,
     resumed_report,
+    stage,
+    staged,
     stat_digest,
     stopped,
 )
-from wdsprep.pack.plan import plan_shards, write_order
+from wdsprep.pack.plan import ShardPlan, plan_shards, write_order
 from wdsprep.pack.sink import ShardJob, ShardWork, write_shards
 from wdsprep.prep.kaldi import Entry, read_text, read_utt2spk
 from wdsprep.report import Report
@@ -134,24 +148,33 @@ class PackSource(ABC):
 
 def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, *, nj: int,
              strict: bool, overwrite: bool, resume: bool, progress: bool | None,
-             fields: Mapping[str, list[str]] | None = None, max_lost: float = 0.01) -> Report:
+             fields: Mapping[str, list[str]] | None = None, spread: Spread = Spread(),
+             max_lost: float = 0.01) -> Report:
     """Pack ``source``'s utterances with their ``labels`` into ``d_out``; the arguments are
     :func:`wdsprep.pack_data`'s.  ``fields``: each field's tables by name
     (:func:`wdsprep.pack.fields.field_files`), besides the source's own ``fields``; the labels'
-    languages are the field ``lang``."""
+    languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines."""
     if not 0 <= max_lost <= 1:  # NaN too
         raise ValueError(f"max_lost={max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
     own = {**source.fields, **({LANG: labels.languages} if labels.languages else {})}
     item_fields = ItemFields(fields or {}, own)
     options = replace(options, fields=item_fields.names)
     item_fields.check_indexed(options.index_fields)
-    with prepare_output(d_out, overwrite, resume) as out:
+    with prepare_output(d_out, overwrite, resume, part=spread.part) as out:
         name, data = source.data
         inputs = {**{k: file_digests(paths) for k, paths in {**source.files, **labels.files}.items()},
                   name: stat_digest(data), **({"read": source.given} if source.given else {}),
                   **{k: file_digests(paths) for k, paths in item_fields.inputs().items()}}
         record = options.record()
-        if out.prior is not None:
+        if spread.part is not None:
+            assert out.prior is not None
+            check_same(out.d, out.prior, source.command, inputs, record)
+            if not os.path.lexists(marker(out.d)):
+                report = Report.read(out.d / REPORT_NAME)
+                print(report.summary(f"{source.command}: {out.d} is complete (committed): part {spread.part} has "
+                                     f"nothing to do"))
+                return report
+        elif out.prior is not None:
             done = resumed_report(out, source.command, inputs, record)
             if done is not None:
                 check_lost(done, source.command, out.d, max_lost)
@@ -160,7 +183,45 @@ def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, optio
         items, values = _labelled(source, labels.texts, item_fields, report)
         return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
                      strict=strict, progress=progress, values=values,
-                     indexed=item_fields.indexed(options.index_fields), max_lost=max_lost)
+                     indexed=item_fields.indexed(options.index_fields), spread=spread,
+                     max_lost=max_lost)
+
+
+def _plan_only(out: LockedOutput, plan: ShardPlan, pack_plan: Any, report: Report, command: str) -> Report:
+    """``--plan-only``: the plan recorded (or, resumed, found to be the one recorded), nothing written."""
+    if out.prior is None:
+        record_plan(out, plan, pack_plan, "")
+    else:
+        check_plan(out, pack_plan)
+    print(report.summary(f"{command}: planned {pack_plan.shards:,} shards in {out.d} ({out.d / 'pack_plan.json'}); "
+                         f"now run the same command with --part I/N for each I in 0..N-1 (any order, any machine), "
+                         f"then once with --resume to commit"))
+    return report
+
+
+def _pack_part(out: LockedOutput, plan: ShardPlan, pack_plan: Any, part: Part, report: Report, options: PackOptions,
+               work: ShardWork, publisher: Publisher, command: str, *, nj: int, progress: bool | None) -> Report:
+    """``--part I/N``: write this part's planned shards not yet staged or published (a part goes on
+    from what it did before it was stopped), staging each and publishing what comes next in every
+    folder; nothing is committed.  The report: what the shards it wrote dropped."""
+    d = out.d
+    check_plan(out, pack_plan)
+    by_folder = folder_shards(plan)
+    mine = [j for j in write_order(plan) if part.mine(j)]
+    with plan_lock(d):  # the entries are read whole: no part publishes meanwhile
+        done = published_so_far(d, plan, options.fmt).done
+    ready = staged(d, plan, [j for j in mine if j not in done])
+    tasks = [j for j in mine if j not in done and j not in ready]
+    remove_part_partial(d, plan, tasks)
+    for w in write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress):
+        report.merge(w.report)
+        stage(d, w)
+        with plan_lock(d):
+            publisher.advance(plan, w.folder, by_folder[w.folder])
+    print(report.summary(f"{command}: part {part} wrote {len(tasks):,} of its {len(mine):,} shards into {d} "
+                         f"({len(mine) - len(tasks):,} were there already); once every part is done, run the same "
+                         f"command without --part, with --resume, to commit"))
+    return report
 
 
 def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
@@ -190,13 +251,15 @@ def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
 def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Report, options: PackOptions,
           inputs: dict[str, Any], record: dict[str, Any], *, speakers: dict[str, str] | None, nj: int,
           strict: bool, progress: bool | None, values: list[dict[str, str]] | None,
-          indexed: dict[str, dict[str, str]], max_lost: float) -> Report:
+          indexed: dict[str, dict[str, str]], spread: Spread, max_lost: float) -> Report:
     """Plan, record the plan, write and publish every planned shard not published yet, finish and
     commit; on an error or Ctrl-C, keep what was published (:func:`~wdsprep.pack.output.stopped`).
     ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or
-    flagged; :func:`check_lost` then holds the pack to ``max_lost``."""
+    flagged; :func:`check_lost` then holds the pack to ``max_lost``.
+    ``spread``: stop once the plan is recorded, or write one part (:func:`_pack_part`)."""
     d, command = out.d, source.command
     shards_total = 0
+    part: tuple[Part, ShardPlan] | None = None
     try:
         headers = source.headers(items, report, nj=nj, progress=progress)
         uttids = [uttid for uttid, _, _ in items]
@@ -205,18 +268,33 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
                            shuffle=options.shuffle, seed=options.seed)
         pack_plan = plan_record(plan, command=command, inputs=inputs, options=record)
         shards_total = pack_plan.shards
+        work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
+                         values, bitrate=options.audio_bitrate)
+        if spread.plan_only:
+            return _plan_only(out, plan, pack_plan, report, command)
+        if spread.part is not None:
+            part = (spread.part, plan)
+            return _pack_part(out, plan, pack_plan, spread.part, report, options, work,
+                              Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress)
         done = record_plan(out, plan, pack_plan, options.fmt)
         tasks = [j for j in write_order(plan) if j not in done.done]
-        work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
-                         values)
+        ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
+        written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress)
+        if ready and len(ready) < len(tasks):
+            print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
+                  f"part (--part): writing them here")
         publisher = Publisher(d, done.count, options, speakers, indexed)
-        for written in write_shards(work, tasks, nj=nj, desc=command, progress=progress):
-            publisher.publish(written)
+        for j in tasks:
+            w = ready.pop(j) if j in ready else next(written)
+            assert w.shard == j
+            publisher.publish(w)
+        assert next(written, None) is None  # run to its end: the workers are closed now
         for r in publisher.unlisted_reports():
             report.merge(r)
+        drop_staged(d, plan.folders)
         report = finish(d, plan.folders, report, languages=indexed.get(LANG))
     except BaseException as e:
-        note = stopped(out, shards_total)
+        note = stopped(out, shards_total, part)
         if note:
             e.add_note(note)  # the CLI prints it on the error's line
         raise

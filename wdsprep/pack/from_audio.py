@@ -30,7 +30,7 @@ import numpy as np
 
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import AudioOptions, PackOptions, PathOrPaths
+from wdsprep.pack.options import AudioOptions, PackOptions, Part, PathOrPaths, Spread
 from wdsprep.pack.sink import ShardSink
 from wdsprep.prep.audio import (
     AudioProblem,
@@ -84,12 +84,17 @@ def pack_audio(
     max_lost: float = 0.01,
     overwrite: bool = False,
     resume: bool = False,
+    plan_only: bool = False,
+    part: Part | str | tuple[int, int] | None = None,
     store: str = "features",
+    bitrate: int | None = None,
     progress: bool | None = None,
 ) -> Report:
     """Compute fbank features and pack them with their transcripts into length-grouped shards; or,
-    with ``store`` ``"flac"`` or ``"wav"``, pack the audio itself (16-bit, at ``sample_rate``) for
-    the loader to compute the features while training (docs/audio.md).
+    with ``store`` ``"flac"``, ``"wav"`` or ``"opus"``, pack the audio itself (16-bit, at
+    ``sample_rate``) for the loader to compute the features while training (docs/audio.md).
+    ``bitrate``: Opus's, in bit/s (default 32000; 8, 12, 16, 24 or 48 kHz audio only); the index
+    records each utterance's decoded sample count, so the plan stays exact.
 
     ``wav_scp`` is a Kaldi ``wav.scp`` (with ``f_labels``, and ``segments`` and ``utt2spk`` if any),
     or a :class:`~wdsprep.Manifest` of another project's format (``--from KIND PATH``: Lhotse, NeMo,
@@ -98,7 +103,7 @@ def pack_audio(
 
     Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
     ``filter_group``, the fields (``utt2lang``, ``fields``, ``index_fields``) and the packing options
-    (``resume`` too) those of :func:`wdsprep.pack_data`.
+    (``resume``, ``plan_only`` and ``part`` too) those of :func:`wdsprep.pack_data`.
     The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
     they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
     corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
@@ -112,7 +117,7 @@ def pack_audio(
         (``bad_audio``, ``bad_segment``, ``too_short``, ``missing_recording``, ``missing_audio``,
         ``missing_label``, ``outside_groups``, ...).
     """
-    audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store)
+    audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store, bitrate)
     if audio.stores_audio:
         layout, dtype = store, "float32"
     options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, None, shuffle, seed, audio,
@@ -130,7 +135,8 @@ def pack_audio(
             raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields), max_lost=max_lost)
+                    progress=progress, fields=field_files(utt2lang, fields), spread=Spread(plan_only, part),
+                    max_lost=max_lost)
 
 
 class AudioSource(PackSource):

@@ -26,7 +26,7 @@ import numpy as np
 from wdsprep.errors import DataError
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import PackOptions, PathOrPaths, as_list
+from wdsprep.pack.options import PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.sink import ShardSink, feature_problem
 from wdsprep.prep.ark import ArkError, ArkReader
 from wdsprep.prep.kaldi import read_feats_scp
@@ -64,6 +64,8 @@ def pack_data(
     max_lost: float = 0.01,
     overwrite: bool = False,
     resume: bool = False,
+    plan_only: bool = False,
+    part: Part | str | tuple[int, int] | None = None,
     progress: bool | None = None,
 ) -> Report:
     """Pack Kaldi features and transcripts into tar shards, one folder per length group.
@@ -110,7 +112,15 @@ def pack_data(
         resume: finish the pack that was stopped in ``d_out`` (killed, out of disk, Ctrl-C): the
             shards it published are checked and kept, the rest is written; the result is the one
             an uninterrupted pack gives.  Refused, naming what differs, unless the inputs and
-            options are those it started with.  A complete pack is only reported.
+            options are those it started with.  A complete pack is only reported.  After a pack
+            spread over machines (``plan_only``, then each ``part``), this run commits it.
+        plan_only: write the plan (``d_out/pack_plan.json``, the folder marked incomplete) and stop:
+            the first step of a pack spread over machines (docs/fbank.md, "A pack spread over machines").
+        part: ``"I/N"``: write and publish only part I (from 0) of N of the planned shards (planned
+            shard ``j`` is part ``j % N``'s), given the plan ``plan_only`` wrote; parts run in any
+            order, at once on machines that share ``d_out``, and a stopped part goes on when run
+            again.  A last run without ``part``, with ``resume``, commits; the result is the bytes
+            one run gives.
         progress: tqdm bar; ``None`` shows it on a terminal only.
 
     Shards are published one by one while the pack runs (``make_loader(..., growing=True)`` trains
@@ -134,7 +144,8 @@ def pack_data(
             raise ValueError("a feats.scp needs its transcripts: give f_labels (--text)")
         source, labels = FeatsSource(as_list(f_scps), options.dims), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields), max_lost=max_lost)
+                    progress=progress, fields=field_files(utt2lang, fields), spread=Spread(plan_only, part),
+                    max_lost=max_lost)
 
 
 class FeatsSource(PackSource):

@@ -2,7 +2,8 @@
 is the resume record ``pack_plan.json`` keeps (:mod:`wdsprep.format.commit`).
 
 The options here are those that decide the shards.  How a pack runs (``nj``, ``progress``,
-``strict``, ``overwrite``, ``resume``) and what it reads are the caller's, not recorded.
+``strict``, ``overwrite``, ``resume``, and :class:`Spread`: which share of a pack spread over
+machines this run does) and what it reads are the caller's, not recorded.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
+from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
+from wdsprep.options import SWITCH, Kind, option
 from wdsprep.pack.groups import Groups
 from wdsprep.prep.fbank import resolve_options
 from wdsprep.prep.fbank_options import FbankOptions
 
 DTYPES = ("float32", "float16")
 # What pack-audio stores: fbank features, or the audio itself (its features made while training).
-STORES = ("features", "flac", "wav")
+STORES = ("features", "flac", "wav", "opus")
 
 PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -34,10 +37,12 @@ def as_list(p: PathOrPaths) -> list[str]:
 @dataclass(frozen=True)
 class AudioOptions:
     """``pack-audio``'s: the fbank options as given, and what the shards store (``store``: the
-    features, or the audio itself for the loader to compute them with these options)."""
+    features, or the audio itself for the loader to compute them with these options; ``bitrate``:
+    a lossy store's, bit/s, None: its default)."""
 
     fbank: FbankOptions
     store: str = "features"
+    bitrate: int | None = None
     # Made, and so checked, with the options: the fbank options with the backend that computes the
     # features here, and what the index of audio shards says (the audio's format and the options the
     # loader computes the features with, backend auto: its numpy; None for feature shards).
@@ -48,6 +53,14 @@ class AudioOptions:
         if self.store not in STORES:
             raise ValueError(f"store must be one of {', '.join(STORES)}, got {self.store!r}")
         f = self.fbank
+        if self.store in LOSSY_FORMATS:
+            if f.sample_rate not in OPUS_RATES:
+                raise ValueError(f"store {self.store}: Opus codes audio at {', '.join(map(str, OPUS_RATES))} Hz, not "
+                                 f"{f.sample_rate}: give one of them as sample_rate (--sample-rate)")
+            object.__setattr__(self, "bitrate", check_bitrate(OPUS_BITRATE if self.bitrate is None else self.bitrate))
+        elif self.bitrate is not None:
+            raise ValueError(f"bitrate applies to a lossy store ({', '.join(LOSSY_FORMATS)}), not to store "
+                             f"{self.store!r}")
         object.__setattr__(self, "index", None if not self.stores_audio else AudioIndex(
             self.store, f.sample_rate, f.num_mel_bins, f.dither, "numpy" if f.backend == "auto" else f.backend))
         object.__setattr__(self, "resolved", resolve_options(f))
@@ -57,8 +70,10 @@ class AudioOptions:
         return self.store != "features"
 
     def record(self) -> dict[str, Any]:
-        """The fbank options (the backend resolved), and ``store`` when the shards hold audio."""
-        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {})}
+        """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
+        lossy store's ``bitrate``."""
+        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
+                **({"bitrate": self.bitrate} if self.bitrate is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,11 @@ class PackOptions:
         return a.fbank.sample_rate if a is not None and a.stores_audio else None
 
     @property
+    def audio_bitrate(self) -> int | None:
+        """A lossy audio store's bit/s (None: lossless, or features)."""
+        return None if self.audio is None else self.audio.bitrate
+
+    @property
     def audio_index(self) -> AudioIndex | None:
         return None if self.audio is None else self.audio.index
 
@@ -163,3 +183,77 @@ def check_dtype(dtype: str, layout: str) -> None:
     if dtype == "float16":
         # stacklevel: the line that called pack_data (above check_dtype, __post_init__, __init__, pack_data).
         warnings.warn(f"{layout} layout with {FLOAT16_NOTE}", UserWarning, stacklevel=5)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` of a pack spread over machines: planned shard ``j`` is this
+    part's when ``j % count == index`` (fixed by the plan alone, so every machine agrees, and each
+    part gets shards of every length group)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1 \
+                or isinstance(self.index, bool) or not isinstance(self.index, int) or not 0 <= self.index < self.count:
+            raise ValueError(f"part {self.index}/{self.count}: give I/N with N >= 1 and 0 <= I < N (I counts from 0, "
+                             f"as SLURM_ARRAY_TASK_ID with --array=0-{{N-1}} does)")
+
+    def mine(self, shard: int) -> bool:
+        return shard % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def as_part(value: Part | str | tuple[int, int] | None) -> Part | None:
+    """``--part``'s value: ``"I/N"``, ``(I, N)`` or a :class:`Part` (None: the whole pack)."""
+    if value is None or isinstance(value, Part):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return Part(*value)
+    if isinstance(value, str):
+        i, slash, n = value.partition("/")
+        if slash and i.strip().isdigit() and n.strip().isdigit():
+            return Part(int(i), int(n))
+    raise ValueError(f"part {value!r}: give I/N, e.g. 0/3 (I counts from 0)")
+
+
+def _part_json(value: Any) -> Part:
+    part = as_part(value)
+    assert part is not None
+    return part
+
+
+def _part_text(text: str) -> Part:
+    """``--part``'s word; argparse shows the reason of an ArgumentTypeError, not of a ValueError."""
+    import argparse
+
+    try:
+        return _part_json(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+PART = Kind("I/N", _part_text, _part_json)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How one run takes part in a pack spread over machines (a job array): plan it, write one
+    part, or (neither, with ``resume``) commit it.  Not recorded in the plan: the shards are the
+    same however the pack is spread."""
+
+    plan_only: bool = option(False, "write the pack's plan (pack_plan.json, the folder marked incomplete) and stop; "
+                                    "then run each --part, then the same command with --resume to commit",
+                             kind=SWITCH, ld=False)
+    part: Part | None = option(None, "write and publish only part I of N of the planned shards (I from 0; planned "
+                                     "shard j is part j mod N's); parts run in any order, at once on machines that "
+                                     "share --out, each resumable; needs the plan (--plan-only) first",
+                               kind=PART, ld=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "part", as_part(self.part))
+        if self.plan_only and self.part is not None:
+            raise ValueError("--plan-only writes the plan, --part writes shards of it: give one")

@@ -20,6 +20,15 @@
 6. :func:`stopped`, after an error or Ctrl-C: nothing partial stays, and the published shards stay
    for ``--resume``; a new pack that published nothing removes what it wrote (:func:`abandon`).
 
+A pack spread over machines (``--plan-only``, then ``--part I/N`` on each, then ``--resume``)
+runs the same transaction in pieces.  The parts hold the folder's lock *shared* (the plan-only
+and the committing run hold it alone), so they run at once; each writes its planned shards,
+*stages* each (:func:`stage`: ``FOLDER/.pack.staged/J.tar`` and a record of what it holds, ``J``
+its place in the plan), and then, holding the plan file's lock (:func:`plan_lock`: one publisher
+at a time), publishes whatever staged shards come next in their folders' plan order
+(:meth:`Publisher.advance`), under the names a single run gives them.  The committing run
+publishes what is still staged (writing any shard no part wrote), then finishes as any pack does.
+
 Shards and their names depend on the plan alone (the inputs and the seed), not on ``nj``, timing
 or interruptions: a resumed pack ends as a pack never interrupted ends.  The marker and the plan
 are :mod:`wdsprep.format.commit`'s, since readers look at them too.
@@ -28,15 +37,17 @@ are :mod:`wdsprep.format.commit`'s, since readers look at them too.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import TMP_SUFFIX, make_dir, sync
+from wdsprep.files import TMP_SUFFIX, make_dir, sync, write_text
 from wdsprep.format.commit import (
     PARTS_DIR,
     PLAN_NAME,
@@ -64,7 +75,7 @@ from wdsprep.format.index import (
     write_part,
 )
 from wdsprep.format.keys import decode_key, encode_key, speaker_of
-from wdsprep.pack.options import PackOptions
+from wdsprep.pack.options import PackOptions, Part
 from wdsprep.pack.plan import ShardPlan
 from wdsprep.pack.sink import WrittenShard
 from wdsprep.report import Report
@@ -98,22 +109,40 @@ class LockedOutput:
         self.release()
 
 
-def lock_folder(d: Path) -> int:
+def lock_folder(d: Path, *, shared: bool = False) -> int:
     """An exclusive lock on folder ``d`` while the returned descriptor is open (and a killed pack's
-    workers are gone): a second pack into ``d`` is refused instead of writing the same files."""
+    workers are gone): a second pack into ``d`` is refused instead of writing the same files.
+    ``shared``: a part of a spread pack's, which other parts share and a whole pack is refused."""
     import fcntl
 
     fd = os.open(d, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) "
+        raise FileExistsError(f"{d}: another pack is writing there now (a whole pack, or while parts run "
+                              f"(--part), the run that plans or commits them); wait for it to end (or stop it) "
                               f"first") from None
     return fd
 
 
-def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> LockedOutput:
+@contextmanager
+def plan_lock(d: Path) -> Iterator[None]:
+    """The lock of ``d``'s plan file, held while a part publishes: publishing takes the folders'
+    next names and entries, so one publisher at a time, whichever machine it runs on (``flock``
+    reaches over NFS v4 and Lustre; a file system without it serializes nothing: see docs)."""
+    import fcntl
+
+    fd = os.open(d / PLAN_NAME, os.O_RDWR)  # opened for writing (never written): NFS's flock, a POSIX lock, needs it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False, *,
+                   part: Part | None = None) -> LockedOutput:
     """Make ``d_out`` ready for a pack, and lock it: the folder and the plan of the stopped pack to
     resume (None for a new pack).  The caller releases it when the pack ends.
 
@@ -125,12 +154,27 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
 
     ``resume``: the pack whose plan ``d_out`` holds goes on (or, complete, is reported); without a
     plan (a pack killed before it planned, or an empty folder) it starts anew.
+
+    ``part``: one part of a spread pack, which needs the plan a ``--plan-only`` run wrote (and
+    always goes on from what is there); the lock is shared with the other parts.
     """
     d = Path(d_out)
     if d.exists() and not d.is_dir():
         raise FileExistsError(f"{d} exists and is not a directory")
     if resume and overwrite:
         raise ValueError("--resume keeps what a stopped pack published, --overwrite replaces it: give one")
+    if part is not None:
+        if overwrite:
+            raise ValueError(f"--part {part} writes a share of the planned pack in {d}; --overwrite would remove "
+                             f"the other parts' shards: redo the plan with --plan-only --overwrite instead")
+        lock = lock_folder(d, shared=True) if d.is_dir() else None
+        prior = read_plan(d) if lock is not None else None
+        if prior is None:
+            if lock is not None:
+                os.close(lock)
+            raise FileExistsError(f"{d / PLAN_NAME}: missing; a part (--part {part}) writes shards of a planned "
+                                  f"pack: run the same command with --plan-only (and no --part) first")
+        return LockedOutput(d, prior, lock)
     lock = lock_folder(make_dir(d))
     try:
         return LockedOutput(d, _prepare(d, overwrite, resume), lock)
@@ -166,6 +210,7 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
         for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
             shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
             shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
+            shutil.rmtree(folder / STAGED_DIR, ignore_errors=True)
             for p in folder.iterdir():
                 if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX))
                                     or is_index_file(p.name) or p.name == REPORT_NAME
@@ -315,13 +360,27 @@ def record_plan(out: LockedOutput, plan: ShardPlan, record: PackPlan, fmt: str) 
     if out.prior is None:
         write_plan(d, record)
         return Published({f: 0 for f in plan.folders}, set())
-    if record.digest != out.prior.digest or record.folders != out.prior.folders:
-        raise DataError(f"{d}: cannot resume this pack: the shard plan differs from the one it started with "
-                        f"(the features' frame counts, or which utterances can be packed, changed); pack "
-                        f"again with --overwrite")
+    check_plan(out, record)
     done = published_so_far(d, plan, fmt)
     _remove_unpublished(d, plan, done.count, fmt)
     return done
+
+
+def check_plan(out: LockedOutput, record: PackPlan) -> None:
+    """Refuse to go on with a plan other than the one ``out``'s pack started with."""
+    assert out.prior is not None
+    if record.digest != out.prior.digest or record.folders != out.prior.folders:
+        raise DataError(f"{out.d}: cannot resume this pack: the shard plan differs from the one it started with "
+                        f"(the features' frame counts, or which utterances can be packed, changed); pack "
+                        f"again with --overwrite")
+
+
+def folder_shards(plan: ShardPlan) -> dict[str, list[int]]:
+    """Each folder's planned shards, in plan order (their published names follow it)."""
+    by_folder: dict[str, list[int]] = defaultdict(list)
+    for j, s in enumerate(plan.shards):
+        by_folder[s.folder].append(j)
+    return by_folder
 
 
 def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
@@ -331,11 +390,8 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
     the plan puts there is an error (the folder was changed by hand, or the inputs changed in a way
     their digests do not show): pack again with ``--overwrite``.
     """
-    by_folder: dict[str, list[int]] = defaultdict(list)
-    for j, s in enumerate(plan.shards):
-        by_folder[s.folder].append(j)
     out = Published({}, set())
-    for folder, shard_ids in by_folder.items():
+    for folder, shard_ids in folder_shards(plan).items():
         where = d / folder
         k_count = published_count(where)
         out.count[folder] = k_count
@@ -368,15 +424,21 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
                 raise refuse(f"its entry names planned shard {j!r}, not one after the last in {folder or '.'}")
             last = position[j]
             info = index.shard(k)
-            planned_keys = [encode_key(plan.uttids[i]) for i in plan.shards[j].items.tolist()]
-            planned_frames = dict(zip(planned_keys, plan.frames[plan.shards[j].items].tolist()))
-            it = iter(planned_keys)
-            if not all(key in it for key in info.keys) or any(planned_frames[key] != f
-                                                              for key, f in zip(info.keys, info.frames)):
+            if not _as_planned(plan, j, info.keys, info.frames):
                 raise refuse("its utterances are not the ones the plan puts there (did the features change?)")
             out.done.add(j)
             out.done.update(s for s, _ in _entry_reports(record, where))
     return out
+
+
+def _as_planned(plan: ShardPlan, j: int, keys: Sequence[str], frames: Sequence[int]) -> bool:
+    """Whether a written shard holds planned shard ``j``'s utterances (those it could pack), in plan
+    order, with their planned frames."""
+    planned_keys = [encode_key(plan.uttids[i]) for i in plan.shards[j].items.tolist()]
+    planned_frames = dict(zip(planned_keys, plan.frames[plan.shards[j].items].tolist()))
+    it = iter(planned_keys)
+    return len(keys) == len(frames) and all(key in it for key in keys) \
+        and all(planned_frames[key] == f for key, f in zip(keys, frames))
 
 
 def _entry_reports(record: dict[str, Any], where: Path) -> list[tuple[int, Report]]:
@@ -451,9 +513,110 @@ class Publisher:
         self.empty_reports.pop(w.folder, None)
         self.count[w.folder] = k + 1
 
+    def advance(self, plan: ShardPlan, folder: str, shard_ids: Sequence[int]) -> int:
+        """A part's, holding :func:`plan_lock`: publish ``folder``'s staged shards that come next in
+        plan order (``shard_ids``: the folder's planned shards), whichever part staged them, up to
+        the first not staged yet; how many.  What is published is read from the folder, not
+        remembered: other parts publish there too."""
+        where = self.d / folder
+        k = published_count(where)
+        start = 0
+        if k:
+            last = read_part_record(where, k - 1).get("plan_shard")
+            if last not in shard_ids:
+                raise DataError(f"{where / PARTS_DIR}: entry {k - 1} names planned shard {last!r}, none of this "
+                                f"folder's; pack again with --overwrite")
+            start = shard_ids.index(last) + 1
+        self.count[folder] = k
+        self.skipped.pop(folder, None)  # the empty shards before the next one are staged, and read again
+        self.empty_reports.pop(folder, None)
+        n = 0
+        for j in shard_ids[start:]:
+            w = read_staged(self.d, plan, j)
+            if w is None:
+                break
+            self.publish(w)
+            n += 1
+        return n
+
     def unlisted_reports(self) -> list[Report]:
         """What the shards written empty after their folder's last published shard dropped."""
         return [r for reports in self.empty_reports.values() for r in reports]
+
+
+STAGED_DIR = ".pack.staged"  # per shard folder, a spread pack's shards written but not published yet
+
+
+def staged_paths(d: Path, folder: str, shard: int) -> tuple[Path, Path]:
+    """Planned shard ``shard``'s staged file and its record (what it holds, what it dropped)."""
+    at = d / folder / STAGED_DIR
+    return at / f"{shard:08d}.tar", at / f"{shard:08d}.json"
+
+
+def stage(d: Path, w: WrittenShard) -> None:
+    """A part's written shard, kept under its place in the plan until its turn to be published:
+    the shard under its staged name, then its record (which makes it staged), both synced."""
+    tar, rec = staged_paths(d, w.folder, w.shard)
+    make_dir(tar.parent)
+    info = None
+    if w.info is not None:
+        os.replace(d / w.folder / w.info.name, tar)
+        sync(tar.parent)
+        info = {"keys": w.info.keys, "frames": w.info.frames, "text_lens": w.info.text_lens,
+                "sha256": w.info.sha256, "samples": w.info.samples, "size": os.stat(tar).st_size}
+    write_text(rec, json.dumps({"plan_shard": w.shard, "dims": w.dims, "report": w.report.fragment(), "info": info},
+                               ensure_ascii=False, separators=(",", ":")))
+    sync(rec)
+    sync(tar.parent)
+
+
+def read_staged(d: Path, plan: ShardPlan, j: int) -> WrittenShard | None:
+    """Planned shard ``j`` as a part staged it, or None when it is not staged whole (not written yet,
+    or a part was killed half-way staging or publishing it: it is written again).  A record that is
+    not what the plan puts there counts as not staged."""
+    folder = plan.shards[j].folder
+    tar, rec = staged_paths(d, folder, j)
+    try:
+        doc = json.loads(rec.read_bytes().decode("utf-8"))
+        if not isinstance(doc, dict) or doc.get("plan_shard") != j:
+            return None
+        report = Report.from_fragment(doc.get("report"), where=str(rec))
+        i = doc.get("info")
+        if i is None:
+            return WrittenShard(j, folder, None, doc.get("dims"), report)
+        if os.stat(tar).st_size != i["size"] or not _as_planned(plan, j, i["keys"], i["frames"]):
+            return None
+        info = ShardInfo(f"{STAGED_DIR}/{tar.name}", list(i["keys"]), list(i["frames"]), list(i["text_lens"]),
+                         i["sha256"], list(i["samples"]))
+        return WrittenShard(j, folder, info, doc.get("dims"), report)
+    except (OSError, ValueError, KeyError, TypeError, DataError):
+        return None
+
+
+def staged(d: Path, plan: ShardPlan, shards: Sequence[int]) -> dict[int, WrittenShard]:
+    """Those of ``shards`` that are staged whole."""
+    out = {}
+    for j in shards:
+        w = read_staged(d, plan, j)
+        if w is not None:
+            out[j] = w
+    return out
+
+
+def remove_part_partial(d: Path, plan: ShardPlan, shards: Sequence[int]) -> None:
+    """What a killed part left of ``shards`` (its own, neither published nor staged whole): the
+    workers' hidden files and staged halves.  Only these: other parts are writing beside it."""
+    for j in shards:
+        folder = plan.shards[j].folder
+        for p in [*(d / folder).glob(f".w{j:03d}-*"), *(d / folder).glob(f"..w{j:03d}-*"), *staged_paths(d, folder, j)]:
+            if p.is_file():
+                p.unlink()
+
+
+def drop_staged(d: Path, folders: Sequence[str]) -> None:
+    """Once every staged shard is published: the staging folders go (before the commit)."""
+    for folder in folders:
+        shutil.rmtree(d / folder / STAGED_DIR, ignore_errors=True)
 
 
 def given_speakers(infos: Sequence[ShardInfo], utt2spk: dict[str, str], report: Report) -> Speakers:
@@ -530,10 +693,21 @@ def drop_parts(folder: Path) -> None:
 # -- 6. a pack that stopped -------------------------------------------------------------------------------
 
 
-def stopped(out: LockedOutput, shards_total: int) -> str | None:
+def stopped(out: LockedOutput, shards_total: int, part: tuple[Part, ShardPlan] | None = None) -> str | None:
     """After an error or Ctrl-C: nothing partial stays; published shards stay for ``--resume`` (a
-    new pack that published nothing removes what it wrote, marker and plan too).  What to tell."""
+    new pack that published nothing removes what it wrote, marker and plan too).  What to tell.
+    ``part``: a part of a spread pack and its plan; only what it left half-written goes (the other
+    parts write beside it), and what it staged stays."""
     d = out.d
+    if part is not None:
+        p, plan = part
+        try:
+            remove_part_partial(d, plan, [j for j in range(len(plan.shards)) if p.mine(j)
+                                          and read_staged(d, plan, j) is None])
+        except OSError:
+            return None
+        return (f"part {p} stopped; what it staged or published in {d} is kept: run the same command (--part {p}) "
+                f"again to finish it")
     try:
         remove_partial(d)
         for parts in d.glob(f"**/{PARTS_DIR}/.tmp-*"):

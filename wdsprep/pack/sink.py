@@ -46,11 +46,12 @@ class ShardSink:
     """
 
     def __init__(self, d_out: Path, shard: int, folder: str, *, layout: str, dtype: str,
-                 sample_rate: int | None = None):
+                 sample_rate: int | None = None, bitrate: int | None = None):
         self.shard, self.folder, self.where = shard, folder, d_out / folder
         self.path = self.where / f".w{shard:03d}-00000.tar"
         self.layout, self.dtype = layout, np.dtype(dtype)
         self.sample_rate = sample_rate  # an audio layout's: the rate of the samples add_audio takes
+        self.bitrate = bitrate  # a lossy audio layout's, bit/s
         self.report = Report()
         self.dims: int | None = None
         self.fields: Mapping[str, str] | None = None
@@ -94,7 +95,8 @@ class ShardSink:
         if self._writer is None:
             self.where.mkdir(parents=True, exist_ok=True)
             # mtime 0: the same input gives byte-identical shards.
-            self._writer = ShardWriter(self.path, self.layout, mtime=0, sample_rate=self.sample_rate)
+            self._writer = ShardWriter(self.path, self.layout, mtime=0, sample_rate=self.sample_rate,
+                                       bitrate=self.bitrate)
         return self._writer
 
     def close(self) -> WrittenShard:
@@ -167,12 +169,13 @@ class ShardWork:
     frames: np.ndarray  # per item, as planned
     job: ShardJob
     fields: Sequence[Mapping[str, str]] | None = None  # per item, its fields' values (None: the pack has none)
+    bitrate: int | None = None  # a lossy audio layout's, bit/s
 
     def write(self, shard: int, tick: Callable[[int], None]) -> WrittenShard:
         """Write planned shard ``shard`` under its hidden name (synced); ``tick`` per utterance."""
         s = self.shards[shard]
         with ShardSink(self.d_out, shard, s.folder, layout=self.layout, dtype=self.dtype,
-                       sample_rate=self.sample_rate) as sink:
+                       sample_rate=self.sample_rate, bitrate=self.bitrate) as sink:
             for i, frames in zip(s.items.tolist(), self.frames[s.items].tolist()):
                 if self.fields is not None:
                     sink.fields = self.fields[i]
