@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from wdsprep.errors import StrictError
+from wdsprep.errors import StrictError, Unavailable
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, temp_path, write_text
 from wdsprep.format.audio import FBANK_BACKENDS as BACKENDS
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
@@ -45,7 +45,7 @@ from wdsprep.units import FRAME_LENGTH_MS, FRAME_SHIFT_MS, fbank_frames, frame_s
 REPORT_NAME = "fbank_report.json"
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(Unavailable):
     """The requested fbank backend cannot be imported here; the message says what to do."""
 
 
