@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from wdsprep.check.calibrate import ModelError, TrainStep, calibrate, make_batch
 from wdsprep.check.costfit import Shape, Timing
 from wdsprep.check.planreport import plan_report
 from wdsprep.cli import main
+from wdsprep.errors import MeasurementError
 from wdsprep.loading.compose import load_shards
 from wdsprep.loading.cost import CostModel, load_cost
 from wdsprep.tokenizer import load_tokenizer
@@ -67,7 +69,13 @@ def _calibrated(model: str, corpus, out: Path, max_seconds: float, good, **optio
     A fit that is wrong fails both."""
     _, trset, tok = corpus
     for seed in (0, 1):
-        cal = calibrate(model, trset, tok, out, max_seconds=max_seconds, seed=seed, overwrite=True, **options)
+        try:
+            cal = calibrate(model, trset, tok, out, max_seconds=max_seconds, seed=seed, overwrite=True, **options)
+        except MeasurementError as e:  # too noisy to write: the next seed, or the test fails on it
+            if seed:
+                raise
+            print(e)
+            continue
         print(cal.format())
         if good(cal):
             break
@@ -142,16 +150,51 @@ def test_a_transducer_gets_a_frames_times_tokens_term_and_a_max_cost_from_max_fr
 
 
 @pytest.mark.timeout(150)
-def test_convolutions_get_no_quadratic_term(corpus, one_thread):
+def _burn(stop) -> None:
+    a = np.random.default_rng(0).standard_normal(4_000_000)
+    while not stop.is_set():
+        a = a[::-1] * 1.0000001  # memory-bound: what slows a timed step most
+
+
+@pytest.fixture
+def busy_machine():
+    """Every other core busy with memory-bound work while the test runs."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_burn, args=(stop,), daemon=True) for _ in range(max(1, (os.cpu_count() or 2) - 1))]
+    for p in procs:
+        p.start()
+    yield
+    stop.set()
+    for p in procs:
+        p.join(10)
+
+
+def _quadratic_at(cal, frames: int = 750) -> float:
+    """The t^2 term as a share of the t term at ``frames`` frames."""
+    c = cal.cost
+    t = frames / c.subsampling
+    return c.per_frame2 * t / c.per_frame if c.per_frame else math.inf
+
+
+@pytest.mark.timeout(200)
+def test_convolutions_get_no_quadratic_term_on_a_busy_machine_and_attention_keeps_its(corpus, one_thread,
+                                                                                      busy_machine):
+    """With every other core busy, a convolution-only model's fit keeps t^2 under 10% of its t term at
+    750 frames (a busy machine slows long shapes more: fitted as cost, that was 47-120%); the
+    Transformer's self-attention is still found."""
     root, _, _ = corpus
     # Labels of a subword tokenizer's length (0.05 tokens a frame): CTC's lattice, t x u, is a real
-    # quadratic cost of the step (5% of it at the median length with 0.2 tokens a frame, 13% at the
-    # longest), not the encoder's.
-    cal = _calibrated("calibrate_models:conv", corpus, root / "conv.json", 20,
-                      lambda c: _quadratic_share(c) < 0.05 and _held_out_max(c) <= 0.30, tokens_per_frame=0.05)
-    # Self-attention in the Transformer above takes 26-43% at the median length.
-    assert _quadratic_share(cal) < 0.05, cal.format()
-    assert _held_out_max(cal) <= 0.30, cal.format()
+    # quadratic cost of the step, not the encoder's.
+    conv = _calibrated("calibrate_models:conv", corpus, root / "conv.json", 20,
+                       lambda c: _quadratic_at(c) < 0.1 and _held_out_max(c) <= 0.25, tokens_per_frame=0.05)
+    assert _quadratic_at(conv) < 0.1, conv.format()
+    assert _held_out_max(conv) <= 0.25, conv.format()
+    attention = _calibrated("calibrate_models:transformer", corpus, root / "transformer_busy.json", 20,
+                            lambda c: _quadratic_share(c) > 0.15, tokens_per_frame=0.2)
+    assert attention.cost.per_frame2 > 0 and _quadratic_share(attention) > 0.15, attention.format()
 
 
 def test_only_running_out_of_memory_counts_as_not_fitting():
@@ -215,6 +258,12 @@ def test_cli_writes_a_cost_model_the_loader_reads(corpus, one_thread, capsys):
     argv = ["calibrate", "--model", f"{MODELS}:conv", "--trset", trset, "--tokenizer", str(tok), "--out", str(out),
             "--max-seconds", "4", "--subsampling", "2", "--max-tokens", "12", "--optimizer", "sgd",
             "--max-frames", "2500"]
+    # A fit that misses a held-out shape by more than --max-error is not written, saying why.
+    assert main([*argv, "--max-error", "1e-6"]) == 1
+    err = capsys.readouterr().err
+    assert "over max_error=1e-06" in err and f"{out} not written" in err and "timing noise" in err, err
+    assert not out.exists()
+    argv += ["--max-error", "1"]  # a 4-second timing: judged by the fits above, not here
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "held-out shapes: median" in captured.out and f"wrote {out}" in captured.out

@@ -21,6 +21,7 @@ from wdsprep.check.costfit import (
     largest_batch,
     length_grid,
     search_memory,
+    timing_noise,
 )
 from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.cost import COEFFICIENTS, CostModel
@@ -50,6 +51,43 @@ def test_fit_recovers_known_coefficients_on_the_grid_s_shapes(true):
     fitted = fit_cost(timings, 4)
     for name in COEFFICIENTS:
         assert getattr(fitted, name) == pytest.approx(getattr(true, name), rel=1e-6, abs=1e-12), name
+
+
+def _noisy_timings(true: CostModel, rng: np.random.Generator, *, noise: float, bend: float) -> list[Timing]:
+    """The grid's shapes timed in 4 rounds each: the true cost, slowed by random noise and, as a busy
+    machine does, more at the longest shapes (``bend``: a share at 640 frames, growing with t^2)."""
+    out = []
+    for f in (40, 80, 160, 320, 640):
+        for u in grid_labels(label_tokens(f, tokens_per_frame=0.05, max_tokens=None, subsampling=4)):
+            b = max(1, 8000 // f)
+            base = float(true.batch(b, f, u)) * (1 + bend * (f / 640) ** 2)
+            rounds = [base * (1 + noise * float(rng.exponential())) for _ in range(4)]
+            out.append(Timing(Shape(b, f, u), min(rounds), rounds))
+    return out
+
+
+def test_a_quadratic_term_within_the_timing_noise_is_not_fitted_a_real_one_is(monkeypatch):
+    """A convolution's cost (no t^2), timed on a busy machine that slows the longest shapes by 12%
+    more than the shortest, looks quadratic: the plain least squares fit gives t^2 over 10% of the
+    linear term at 750 frames; the fit here leaves it out (it explains less than the timing noise).
+    Attention's t^2 stays."""
+    import wdsprep.check.costfit as costfit
+
+    conv = CostModel(subsampling=4, per_frame=4e-5, per_token=1e-6)
+    attention = CostModel(subsampling=4, per_frame=2e-5, per_frame2=3e-7, per_token=1e-6)
+    t = 750 / 4
+    for seed in range(4):
+        timings = _noisy_timings(conv, np.random.default_rng(seed), noise=0.2, bend=0.12)
+        assert 0.01 < timing_noise(timings) < 0.1
+        fitted = fit_cost(timings, 4)
+        assert fitted.per_frame2 * t < 0.1 * fitted.per_frame, fitted
+        with monkeypatch.context() as m:
+            m.setattr(costfit, "QUADRATIC", ())  # every term kept: the noise is fitted as cost
+            plain = fit_cost(timings, 4)
+        assert plain.per_frame2 * t > 0.1 * plain.per_frame, plain
+        kept = fit_cost(_noisy_timings(attention, np.random.default_rng(seed + 10), noise=0.2, bend=0.12), 4)
+        assert kept.per_frame2 * t > 2 * kept.per_frame, kept
+    assert timing_noise([Timing(Shape(1, 10, 1), 1.0, [1.0])]) == 0.0  # one round: no spread to measure
 
 
 def test_frames_budget_is_the_costliest_batch_of_the_frames_plan():

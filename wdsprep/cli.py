@@ -484,8 +484,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
     result = calibrate(args.model, args.trset, args.tokenizer, args.out, device=args.device, step=args.step,
                        max_seconds=args.max_seconds, subsampling=args.subsampling, seed=args.seed,
                        tokens_per_frame=args.tokens_per_frame, max_tokens=args.max_tokens, optimizer=args.optimizer,
-                       oom_margin=args.oom_margin, max_frames=args.max_frames, overwrite=args.overwrite,
-                       progress=args.progress)
+                       oom_margin=args.oom_margin, max_frames=args.max_frames, max_error=args.max_error,
+                       overwrite=args.overwrite, progress=args.progress)
     print(result.format())
     print(f"wrote {args.out}")
 
@@ -525,6 +525,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-frames", type=int, metavar="N",
                    help="the max_frames you would train with otherwise: the costliest batch of its plan, under the "
                         "fitted cost, is the max_cost suggested (and, on CPU, written to --out)")
+    p.add_argument("--max-error", type=float, default=0.25, metavar="SHARE",
+                   help="write no model that misses a held-out shape by more (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     _add_progress(p)
     p.set_defaults(func=_cmd_calibrate)

@@ -51,6 +51,11 @@ def need_packages(packages: Sequence[str], extra: str | None, what: str) -> None
                                f"pip install 'wdsprep[{extra}]'") from None
 
 
+class MeasurementError(RuntimeError):
+    """A measurement too noisy to trust (``calibrate``'s fit misses held-out shapes by more than
+    its bound): nothing was written; the message says what to do."""
+
+
 class Unavailable(RuntimeError):
     """What a command asks for cannot run in this install (an fbank backend that does not import):
     the command line must change, as for a bad option."""
@@ -96,6 +101,8 @@ def _failure(e: BaseException, command: str) -> tuple[int, str]:
         return 130, f"wdsprep {command}: interrupted"
     if isinstance(e, StrictError):
         return 1, f"wdsprep {command}: {e}"
+    if isinstance(e, MeasurementError):
+        return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, OSError):
         return (2 if isinstance(e, USAGE_OS_ERRORS) else 1), f"wdsprep {command}: error: {describe_os_error(e)}"
     if isinstance(e, MissingExtra):  # the command needs a package this install lacks

@@ -58,7 +58,9 @@ from wdsprep.check.costfit import (
     label_tokens,
     length_grid,
     search_memory,
+    timing_noise,
 )
+from wdsprep.errors import MeasurementError
 from wdsprep.files import write_text
 from wdsprep.loading.compose import load_shards
 from wdsprep.loading.cost import COEFFICIENTS, CostModel
@@ -102,6 +104,11 @@ class Calibration:
     memory: MemorySearch | None = None
     budget: FramesBudget | None = None  # the costliest batch of the frames plan max_frames cuts
 
+    @property
+    def noise(self) -> float:
+        """The timings' noise (:func:`~wdsprep.check.costfit.timing_noise`): terms that explain less are not fitted."""
+        return timing_noise(self.timings)
+
     def errors(self, held_out: bool) -> np.ndarray:
         """Relative error of the fitted cost against the measured time, on the held-out or the fitted shapes."""
         ts = [t for t in self.timings if t.held_out == held_out]
@@ -124,7 +131,7 @@ class Calibration:
             "step": self.step, "optimizer": self.optimizer, "seconds": round(self.seconds, 1),
             "frames": self.frames, "tokens_per_frame": self.tokens_per_frame,
             "max_tokens": self.max_tokens, "batch_frames": self.batch_frames,
-            "held_out_error": _summary(held), "fitted_error": _summary(fitted),
+            "held_out_error": _summary(held), "fitted_error": _summary(fitted), "noise": round(self.noise, 4),
             "shapes": [{"batch": t.shape.size, "frames": t.shape.frames, "tokens": t.shape.tokens,
                         "seconds": t.seconds, "held_out": t.held_out} for t in self.timings],
         }
@@ -164,7 +171,8 @@ class Calibration:
         held, fitted = self.errors(True), self.errors(False)
         lines.append(f"fit error on {len(held)} held-out shapes: median {np.median(np.abs(held)):.1%}, max "
                      f"{np.abs(held).max():.1%} (on the {len(fitted)} fitted: median {np.median(np.abs(fitted)):.1%}, "
-                     f"max {np.abs(fitted).max():.1%})")
+                     f"max {np.abs(fitted).max():.1%}); timing noise {self.noise:.1%} (a quadratic term that "
+                     f"explains less is left out)")
         if self.memory is not None:
             m = self.memory
             lines.append("memory search, the largest batch that trained at each length:")
@@ -433,7 +441,7 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
               device: str = "cpu", step: str | None = None, max_seconds: float = 120.0, subsampling: int = 4,
               seed: int = 0, tokens_per_frame: float | None = None, max_tokens: int | None = None,
               optimizer: str = "adamw", oom_margin: float = 0.1, max_frames: int | None = None,
-              overwrite: bool = False, progress: bool | None = None) -> Calibration:
+              max_error: float = 0.25, overwrite: bool = False, progress: bool | None = None) -> Calibration:
     """Fit the cost model of a training step of ``model`` and write it to ``out`` (JSON).
 
     Args:
@@ -457,6 +465,9 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
         max_frames: the frame budget the corpus would otherwise train with: the costliest batch of
             its plan (epoch 0, ``seed``), under the fitted cost, is the ``max_cost`` suggested, and
             written as the file's ``max_cost`` where no memory search gives one (CPU).
+        max_error: the largest relative error on a held-out shape a model may have and be written;
+            above it :class:`~wdsprep.errors.MeasurementError` says why and nothing is written (the
+            timings were too noisy to trust, or the step's cost is not of the model's form).
         overwrite: replace ``out`` if it exists.
         progress: bars on stderr; None shows them on a terminal only.
 
@@ -465,6 +476,8 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     t_start = time.perf_counter()
     _check_options(max_seconds=max_seconds, subsampling=subsampling, tokens_per_frame=tokens_per_frame,
                    max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin, max_frames=max_frames)
+    if not (isinstance(max_error, (int, float)) and max_error > 0):  # NaN too
+        raise ValueError(f"max_error must be > 0 (a share, e.g. 0.25), got {max_error!r}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
@@ -518,10 +531,12 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
                          tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, batch_frames=batch_frames,
                          model=model, step=step, optimizer=optimizer, memory=memory, budget=budget)
     held = np.abs(result.errors(True))
-    if held.max() > 0.2:
-        warnings.warn(f"the cost model misses {held.max():.0%} on a held-out shape (median {np.median(held):.0%}): "
-                      f"timing noise (give more --max-seconds, run on an idle machine) or a cost that is not "
-                      f"a + b*t + c*t^2 + d*u + e*u^2 + f*t*u", UserWarning, stacklevel=2)
+    if held.max() > max_error:
+        raise MeasurementError(
+            f"calibrate: the cost model misses {held.max():.0%} on a held-out shape (median {np.median(held):.0%}, "
+            f"timing noise {result.noise:.1%}), over max_error={max_error:g}: {out} not written. Timing noise (give "
+            f"more --max-seconds, run with the machine's other work stopped) or a step whose cost is not "
+            f"a + b*t + c*t^2 + d*u + e*u^2 + f*t*u")
     write_text(out, json.dumps(result.to_json(), indent=1) + "\n")
     return result
 

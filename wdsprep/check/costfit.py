@@ -96,10 +96,27 @@ def cost_terms(t: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.stack([np.ones_like(t), t, t * t, u, u * u, t * u], axis=-1)
 
 
+def timing_noise(timings: Sequence[Timing]) -> float:
+    """The timing noise of a grid: the median over shapes of how much slower a shape's second
+    fastest round was than its fastest (0 where no shape has two rounds).  Other work on the machine
+    only adds time, so the fastest rounds are the truest, and their spread is what is left of it."""
+    spreads = [(r[1] - r[0]) / r[0] for x in timings if len(r := sorted(x.rounds)) >= 2 and r[0] > 0]
+    return float(np.median(spreads)) if spreads else 0.0
+
+
+# The terms a fit keeps only when the timings need them beyond their noise (a busy machine slows
+# long sequences more than short ones: memory traffic, not the model, then looks quadratic).
+QUADRATIC = ("per_frame2", "per_token2", "per_frame_token")
+
+
 def fit_cost(timings: Sequence[Timing], subsampling: int) -> CostModel:
     """The coefficients >= 0 that minimise the squared relative error of ``B * c(t, u)`` against the
     measured seconds: non-negative least squares on rows ``B * [1, t, t^2, u, u^2, t*u] / seconds``
-    with target 1.  Columns are scaled to unit size for the solver and the solution scaled back."""
+    with target 1.  Columns are scaled to unit size for the solver and the solution scaled back.
+
+    A quadratic term is dropped, smallest first, while the fit without it misses the timings by no
+    more than their noise (:func:`timing_noise`) beyond the fit with it: a term that explains less
+    than the noise is the noise's."""
     b = np.array([x.shape.size for x in timings], np.float64)
     t = np.array([x.shape.frames for x in timings], np.float64) / subsampling
     u = np.array([x.shape.tokens for x in timings], np.float64)
@@ -107,7 +124,28 @@ def fit_cost(timings: Sequence[Timing], subsampling: int) -> CostModel:
     rows = (b / secs)[:, None] * cost_terms(t, u)
     scale = np.linalg.norm(rows, axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(rows / scale, np.ones(len(timings)))
+
+    def fit(keep: list[int]) -> tuple[np.ndarray, float]:
+        coef = np.zeros(len(COEFFICIENTS))
+        scaled = rows[:, keep] / scale[keep]
+        coef[keep], _ = nnls(scaled, np.ones(len(timings)))
+        return coef, float(np.sqrt(np.mean((scaled @ coef[keep] - 1.0) ** 2)))
+
+    keep = list(range(len(COEFFICIENTS)))
+    coef, err = fit(keep)
+    noise = timing_noise(timings)
+    while True:
+        # The quadratic terms still in, the one contributing least to the longest shapes first.
+        candidates = sorted((i for i in keep if COEFFICIENTS[i] in QUADRATIC and coef[i] > 0),
+                            key=lambda i: float(np.max(rows[:, i] * coef[i] / scale[i])))
+        for i in candidates:
+            fewer = [k for k in keep if k != i]
+            c2, e2 = fit(fewer)
+            if e2 <= err + noise:
+                keep, coef, err = fewer, c2, e2
+                break
+        else:
+            break
     coef = coef / scale
     return CostModel(subsampling=subsampling, **{n: float(c) for n, c in zip(COEFFICIENTS, coef, strict=True)})
 
