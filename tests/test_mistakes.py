@@ -271,3 +271,41 @@ def test_a_pack_that_writes_nothing_or_loses_too_much_exits_1_and_a_growing_load
     assert len(report.dropped["missing_label"]) == 3
     with pytest.raises(ValueError, match="max_lost=nan"):
         pack_data(kd / "feats.scp", kd / "text", tmp_path / "nan", max_lost=float("nan"), progress=False)
+
+
+def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_is_refused(data, tmp_path):
+    """cp -r (no -p) gives every shard a new modification time: the loader checks such shards
+    against the SHA-256 their index records and loads the copy, with the batches of the original,
+    saying how to skip the check; a byte changed in place (same size) is refused by content."""
+    import shutil
+
+    from wdsprep.loading.shardset import StaleIndexError
+
+    root, trset, utts, tok = data
+    folder = Path(trset).parent
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, copy_function=shutil.copy)  # as cp -r: contents, not times
+    first = sorted(copy.glob("*.tar"))[0]
+    assert first.stat().st_mtime_ns != (folder / first.name).stat().st_mtime_ns
+
+    def batches(pattern):
+        loader = make_loader(pattern, tok, max_frames=3000, seed=1)
+        loader.set_epoch(0)
+        return [tuple(b.keys) for b in loader]
+
+    said = _warnings(lambda: batches(f"{copy}/data-*.tar"))
+    assert any("matched the index's SHA-256" in w and f"--refresh '{copy}/*.tar'" in w for w in said), said
+    assert batches(f"{copy}/data-*.tar") == batches(trset)
+    assert subprocess.run([sys.executable, "-m", "wdsprep", "index", "--refresh", f"{copy}/*.tar"],
+                          capture_output=True, text=True, timeout=120).returncode == 0
+    assert not any("SHA-256" in w for w in _warnings(lambda: batches(f"{copy}/data-*.tar")))  # times recorded
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad, copy_function=shutil.copy)
+    shard = sorted(bad.glob("*.tar"))[1]
+    data_bytes = bytearray(shard.read_bytes())
+    data_bytes[2000] ^= 0x01  # inside the first member's payload: the same size, other bytes
+    shard.write_bytes(bytes(data_bytes))
+    with pytest.raises(StaleIndexError, match=rf"{shard.name} changed since it was indexed \(its bytes differ from "
+                                              r"the SHA-256"):
+        batches(f"{bad}/data-*.tar")

@@ -249,6 +249,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     checksums: list[str | None] = []
     frame_rows: list[np.ndarray] = []
     unlisted: list[int] = []
+    retimed: dict[str, int] = {}  # folder -> its shards whose times are not the index's, checked by content
+    started = time.perf_counter()
     dims: set[int] = set()
     lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
     speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
@@ -294,7 +296,10 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             why = (f"the store lists {listed:,} bytes, the index says {size:,}" if listed is not None and size >= 0
                    and listed != size else None)  # without a listing: checked when it is downloaded
         else:
-            why = stale_reason(index, i, os.stat(url))
+            st = os.stat(url)
+            if index.mtimes[i] >= 0 and st.st_mtime_ns != index.mtimes[i]:
+                retimed[folder] = retimed.get(folder, 0) + 1  # a copy's times: judged by content
+            why = stale_reason(index, i, st, url)
         if why is not None and remote:
             raise StaleIndexError(
                 f"shard {redact(url)} changed since it was indexed ({why}): its utterances may not be the ones "
@@ -303,9 +308,8 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         if why is not None:
             raise StaleIndexError(
                 f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
-                f"{Path(folder) / INDEX_NAME} lists. If the folder was copied without keeping file times, "
-                f"or the shard was replaced on purpose, re-index it (wdsprep index --refresh '{url}'); "
-                f"otherwise restore the shard or repack")
+                f"{Path(folder) / INDEX_NAME} lists. If it was replaced on purpose, re-index the folder (wdsprep "
+                f"index --refresh '{Path(folder)}/*.tar'); otherwise copy it again, restore it or repack")
         a, b = int(index.starts[i]), int(index.starts[i + 1])
         if speakers is not None and (index.has_speakers or derive_speakers):
             if not index.has_speakers and remote:  # the key rule needs the keys, not fetched for planning
@@ -328,6 +332,12 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         fields.append(set(index.fields))
         columns.append({name: c.rows(a, b) for name, c in index.columns.items()})
     lost = lost_in
+    if retimed:
+        folder, n = next(iter(retimed.items()))
+        warnings.warn(f"{sum(retimed.values())} shards (e.g. {n} in {redact(folder)}) have other modification times "
+                      f"than their index records (a copy that did not keep them?): their bytes matched the index's "
+                      f"SHA-256, checked at every start ({time.perf_counter() - started:.1f} s); `wdsprep index "
+                      f"--refresh '{Path(folder)}/*.tar'` records the new times once", UserWarning, stacklevel=3)
     if unlisted:
         t0 = time.perf_counter()
         for k in unlisted:

@@ -338,11 +338,21 @@ class FolderIndex:
         }
 
 
-def stale_reason(index: FolderIndex, i: int, st: os.stat_result) -> str | None:
-    """Why local shard ``i`` of ``index`` no longer is the shard indexed (``st`` its stat), or None."""
+def stale_reason(index: FolderIndex, i: int, st: os.stat_result, path: str | os.PathLike | None = None) -> str | None:
+    """Why local shard ``i`` of ``index`` no longer is the shard indexed (``st`` its stat), or None.
+
+    A shard of the indexed size whose modification time differs (a folder copied with ``cp -r``, or
+    synced without times) is judged by its content when ``path`` is given and the index holds its
+    SHA-256: the same bytes are the same shard."""
     size, mtime = int(index.sizes[i]), int(index.mtimes[i])
     if size >= 0 and st.st_size != size:
         return f"it has {st.st_size:,} bytes, the index says {size:,}"
     if mtime >= 0 and st.st_mtime_ns != mtime:
-        return "its modification time differs from the index's (same size)"
+        checksum = index.checksums[i]
+        if path is None or checksum is None:
+            return "its modification time differs from the index's (same size)"
+        from wdsprep.files import file_sha256
+
+        if file_sha256(path) != checksum:
+            return "its bytes differ from the SHA-256 its index records (same size, another modification time)"
     return None
