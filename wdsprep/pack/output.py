@@ -142,6 +142,7 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
 def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     """The plan of the pack to resume, or None when a new pack starts (the folder marked, and cleared
     of an earlier pack's output)."""
+    refuse_linked_folders(d, removable=not resume)
     plan = read_plan(d)
     if resume and plan is not None:
         return plan
@@ -163,11 +164,11 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
         overwrite = True  # resume without a plan: nothing was published in order, so it starts anew
     begin(d)
     if overwrite:
-        for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
-            shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
-            shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
+        for folder in [d, *own_folders(d)]:
+            remove_path(folder / PARTS_DIR)
+            remove_path(folder / f"{PARTS_DIR}.done")
             for p in folder.iterdir():
-                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX))
+                if (p.is_file() or p.is_symlink()) and (p.name.endswith((".tar", TMP_SUFFIX))
                                     or is_index_file(p.name) or p.name == REPORT_NAME
                                     or (folder == d and p.name == PLAN_NAME)):
                     p.unlink()
@@ -177,15 +178,49 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     return None
 
 
-def remove_partial(d_out: str | os.PathLike) -> None:
-    """Remove hidden worker shards, so nothing partial is mistaken for output."""
-    d = Path(d_out)
-    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
-    for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
-        if p.is_file():
+def own_folders(d: Path) -> list[Path]:
+    """``d``'s sub-folders that are folders of its own: a symbolic link is never followed, so
+    nothing is removed (or written) in the folder it points to."""
+    return [p for p in d.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def refuse_linked_folders(d: Path, removable: bool) -> None:
+    """A pack never removes or writes through a symbolic link to a folder inside ``--out`` (it would
+    change the files of the folder it points to): such a link is refused, named, before anything
+    changes.  ``removable``: links where a pack keeps hidden work (published entries, worker shards)
+    are not refused, since a new pack removes them, the links themselves."""
+    if not d.is_dir():
+        return
+    for p in sorted(d.iterdir()):
+        hidden_work = p.name in (PARTS_DIR, f"{PARTS_DIR}.done") or p.name.startswith((".w", "..w"))
+        if p.is_symlink() and p.is_dir() and not (removable and hidden_work):
+            raise FileExistsError(f"{p} is a symbolic link to the folder {os.path.realpath(p)}; a pack never "
+                                  f"removes or writes anything through a link inside its output folder: remove the "
+                                  f"link (rm {p}) or pick another output folder")
+
+
+def remove_path(p: Path) -> None:
+    """Remove ``p`` if it is there: a symbolic link itself (never what it points to), a file, or a
+    folder of its own with what it holds.  An error names ``p``."""
+    try:
+        if p.is_symlink() or (os.path.lexists(p) and not p.is_dir()):
             p.unlink()
         elif p.is_dir():
             shutil.rmtree(p)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise OSError(e.errno, f"cannot remove {p}: {e.strerror or e}", str(p)) from None
+
+
+def remove_partial(d_out: str | os.PathLike) -> None:
+    """Remove hidden worker shards, so nothing partial is mistaken for output (links removed
+    themselves, never followed)."""
+    d = Path(d_out)
+    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
+    for folder in [d, *own_folders(d)]:
+        for p in [*folder.glob(".w*"), *folder.glob("..w*")]:
+            remove_path(p)
 
 
 # -- 2. what a pack was made from, and a resume held against it -----------------------------------------
@@ -398,7 +433,7 @@ def _remove_unpublished(d: Path, plan: ShardPlan, count: dict[str, int], fmt: st
     for folder in plan.folders:
         where = d / folder
         for p in where.glob(f"{PARTS_DIR}/.tmp-*"):
-            shutil.rmtree(p, ignore_errors=True)
+            remove_path(p)
         planned_here = sum(1 for s in plan.shards if s.folder == folder)
         for k in range(count.get(folder, 0), planned_here):
             (where / (fmt % k)).unlink(missing_ok=True)
@@ -536,8 +571,8 @@ def stopped(out: LockedOutput, shards_total: int) -> str | None:
     d = out.d
     try:
         remove_partial(d)
-        for parts in d.glob(f"**/{PARTS_DIR}/.tmp-*"):
-            shutil.rmtree(parts, ignore_errors=True)
+        for parts in (p for folder in [d, *own_folders(d)] for p in folder.glob(f"{PARTS_DIR}/.tmp-*")):
+            remove_path(parts)
         published = sum(published_count(p.parent) for p in [*d.glob(PARTS_DIR), *d.glob(f"*/{PARTS_DIR}")])
     except OSError:
         return None
@@ -553,11 +588,11 @@ def abandon(d_out: Path) -> None:
     """After a pack that published nothing failed: remove what it wrote, marker and plan last."""
     try:
         remove_partial(d_out)
-        for p in [d_out, *(q for q in d_out.iterdir() if q.is_dir())]:
-            shutil.rmtree(p / PARTS_DIR, ignore_errors=True)
+        for p in [d_out, *own_folders(d_out)]:
+            remove_path(p / PARTS_DIR)
         (d_out / REPORT_NAME).unlink(missing_ok=True)
-        for p in d_out.iterdir():
-            if p.is_dir() and not any(p.iterdir()):
+        for p in own_folders(d_out):
+            if not any(p.iterdir()):
                 p.rmdir()
     except OSError:
         return
