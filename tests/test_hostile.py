@@ -5,6 +5,8 @@ One test per item (or sub-item); every input is built here, every hang bounded b
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,44 @@ def test_item19_a_planted_worker_shard_link_to_a_folder_is_removed_itself(tmp_pa
         pass
     assert all(f.read_bytes() == b"precious" for f in files)
     assert not os.path.lexists(out / ".w000-00000.tar")
+
+
+# -- item 7: verify on a pack that has not committed exits non-zero ----------------------------------------
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def small_pack(tmp_path_factory):
+    """A committed pack of 60 utterances in two length groups, 10 to a shard."""
+    from shardsets import build
+
+    root = tmp_path_factory.mktemp("hostile-pack")
+    out, utts = build(root, n=60, utts_per_shard=10, groups=["0:150", "150:"])
+    return out, utts
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _wdsprep(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "wdsprep", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env)
+
+
+def test_item7_verify_on_a_pack_that_did_not_commit_exits_nonzero_unless_growing(small_pack, tmp_path):
+    from wdsprep.format.commit import MARKER_NAME, begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    assert (out / "pack_plan.json").is_file()  # the plan stays after the commit: the folder can be followed
+    begin(out)  # a pack killed before its commit leaves the marker
+    r = _wdsprep("verify", f"{out}/*/data-*.tar")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "has not committed" in r.stdout and MARKER_NAME in r.stdout and "OK" not in r.stdout.splitlines()[-1]
+    r = _wdsprep("verify", "--growing", f"{out}/*/data-*.tar")
+    assert r.returncode == 0 and "OK so far" in r.stdout, r.stdout + r.stderr

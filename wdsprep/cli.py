@@ -310,7 +310,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    result = verify_shards(args.patterns, **_retry_options(args))
+    result = verify_shards(args.patterns, growing=args.growing, **_retry_options(args))
     print(result.format())
     return 0 if result.ok else 1
 
@@ -637,6 +637,9 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
     p.add_argument("patterns", nargs="+", metavar="PATTERN",
                    help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
+    p.add_argument("--growing", action="store_true",
+                   help="accept a folder a pack is still writing (check the shards it published); without it, a "
+                        "folder whose pack has not committed is a problem (exit 1)")
     _add_retry_options(p)
     p.set_defaults(func=_cmd_verify)
 

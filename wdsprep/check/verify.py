@@ -13,7 +13,8 @@ whitespace or occur twice across the given shards, and, where a folder has an in
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
 dims, dtype; an audio folder's sample counts and rate), shards it lists that are missing and
 shards it does not list.  A folder of a pack that did not finish (its marker is still there,
-:mod:`wdsprep.format.commit`) is a problem too: the loader refuses it; so are shards whose
+:mod:`wdsprep.format.commit`) is a problem too: the loader refuses it (``growing``: one still being
+written in plan order is not, and what it published is checked); so are shards whose
 features differ in dimension from the others given.
 
 Shards on S3 or a web server are downloaded one at a time, with the loader's retries, and checked
@@ -137,10 +138,14 @@ class _Sample:
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                   retries: int = FetchOptions.retries, retry_backoff: float = FetchOptions.retry_backoff,
-                  min_rate: float = FetchOptions.min_rate) -> VerifyResult:
+                  min_rate: float = FetchOptions.min_rate, growing: bool = False) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes.
 
     ``retries``, ``retry_backoff`` and ``min_rate``: as the loader's, for shards on S3 or a web server.
+    A folder whose pack has not committed is a problem (the pack may have been killed: a script that
+    takes verify's word must not take it as finished); ``growing``: one a pack is still writing, in
+    plan order, is not, and its published shards are checked (as a loader with ``growing=True`` reads
+    them).
     """
     policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
     paths = expand_shards(patterns, check_commit=False, list_glob=lister(policy))  # commits: reported below
@@ -149,7 +154,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
-    growing: dict[str, int] = {}  # folder -> its shards named but not published yet (skipped)
+    pending: dict[str, int] = {}  # folder of an uncommitted pack -> its shards named, not published yet (skipped)
     for path in paths:
         remote = is_url(path)
         folder, name = index_place(path)
@@ -159,7 +164,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             else:
                 g = commit.pending_folder(folder)
                 if g is not None and g.followable:
-                    growing[folder] = 0
+                    pending[folder] = 0
                 else:
                     unfinished = commit.problem(folder)
                     if unfinished is not None:
@@ -167,8 +172,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 indexes[folder] = _read_index(folder, result.problems)
         index = indexes[folder]
         i = None if index is None else index.position(name)
-        if folder in growing and i is None:  # written, not published yet: a growing loader does not read it
-            growing[folder] += 1
+        if folder in pending and i is None:  # written, not published yet: a growing loader does not read it
+            pending[folder] += 1
             continue
         if remote:
             listed = i is not None and index is not None
@@ -199,15 +204,23 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
-    for folder, skipped in growing.items():
+    for folder, skipped in pending.items():
         g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
         index = indexes[folder]
         n = 0 if index is None else len(index.names)
         of = "" if planned is None else f" of {planned.shards:,}"
-        result.notes.append(Problem(folder, f"still being packed: {n:,}{of} shards published and checked"
-                                            f"{f', {skipped} not published yet and skipped' if skipped else ''}; a "
-                                            f"loader reads them with growing=True"))
+        so_far = (f"{n:,}{of} shards published and checked"
+                  f"{f', {skipped} not published yet and skipped' if skipped else ''}")
+        if growing:
+            result.notes.append(Problem(folder, f"still being packed: {so_far}; a loader reads them with "
+                                                f"growing=True"))
+        else:
+            marker = g.marker if g is not None else commit.MARKER_NAME
+            result.problems.append(Problem(folder, f"the pack has not committed ({marker} is there): {so_far}; the "
+                                                   f"loader refuses it as a complete corpus. A stopped pack: run it "
+                                                   f"again with --resume; one still being written: verify --growing "
+                                                   f"checks what it published"))
     for folder, index in indexes.items():
         if is_url(folder):
             continue  # a web server cannot list: shards the patterns do not name are not looked for
