@@ -107,3 +107,58 @@ def test_item7_verify_on_a_pack_that_did_not_commit_exits_nonzero_unless_growing
     assert "has not committed" in r.stdout and MARKER_NAME in r.stdout and "OK" not in r.stdout.splitlines()[-1]
     r = _wdsprep("verify", "--growing", f"{out}/*/data-*.tar")
     assert r.returncode == 0 and "OK so far" in r.stdout, r.stdout + r.stderr
+
+
+# -- item 5: a local published shard changed in place (size and mtime kept) is found by its SHA-256 --------
+
+
+def _corrupt_in_place(shard: Path) -> None:
+    """Flip bytes in the middle of a member's data, keeping the size and the mtime (ns)."""
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    at = len(data) // 2
+    data[at:at + 4] = bytes(b ^ 0xFF for b in data[at:at + 4])
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert shard.stat().st_size == st.st_size and shard.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_item5_verify_finds_a_local_shard_changed_in_place(small_pack, tmp_path):
+    from wdsprep import verify_shards
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    shard = out / "0_150" / "data-00000.tar"
+    _corrupt_in_place(shard)
+    r = verify_shards(f"{out}/*/data-*.tar")
+    assert not r.ok and any(p.shard == str(shard) and "SHA-256" in p.what for p in r.problems), r.format()
+
+
+def test_item5_resume_refuses_a_published_shard_changed_in_place(tmp_path, monkeypatch):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.errors import DataError
+    from wdsprep.pack import output
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    args = dict(f_scps=str(kd / "feats.scp"), f_labels=str(kd / "text"), d_out=str(out), utts_per_shard=10,
+                progress=False)
+    real, calls = output.Publisher.publish, [0]
+
+    def stop_after_two(self, w):
+        if calls[0] == 2:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    monkeypatch.setattr(output.Publisher, "publish", stop_after_two)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        pack_data(**args)
+    monkeypatch.undo()
+    shard = out / "data-00001.tar"
+    assert shard.exists() and not (out / "data-00002.tar").exists()
+    _corrupt_in_place(shard)
+    with pytest.raises(DataError, match=r"data-00001.tar: published by the pack being resumed.*SHA-256"):
+        pack_data(**args, resume=True)

@@ -11,7 +11,8 @@ reading a shard at its first refused sample; verify goes on, names every problem
 the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
-dims, dtype; an audio folder's sample counts and rate), shards it lists that are missing and
+dims, dtype; an audio folder's sample counts and rate; the shard's SHA-256, so a shard changed in
+place with its size and mtime kept is found), shards it lists that are missing and
 shards it does not list.  A folder of a pack that did not finish (its marker is still there,
 :mod:`wdsprep.format.commit`) is a problem too: the loader refuses it (``growing``: one still being
 written in plan order is not, and what it published is checked); so are shards whose
@@ -34,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.files import naming
+from wdsprep.files import file_sha256, naming
 from wdsprep.format import commit
 from wdsprep.format.index import (
     INDEX_NAME,
@@ -200,6 +201,14 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 if why is not None:
                     result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
                                                          f"it; re-index it (wdsprep index --refresh) or repack"))
+                elif not remote and index.checksums[i] is not None:  # remote: checked by the fetch
+                    with naming(path):
+                        if file_sha256(path) != index.checksums[i]:
+                            why = "sha256"
+                            result.problems.append(Problem(path, "its bytes differ from the SHA-256 its index "
+                                                                 "records, with its size and mtime kept: it was "
+                                                                 "changed in place (a bad disk or copy?); copy it "
+                                                                 "again, or repack"))
                 _compare_index(path, index.shard(i), index, shard_samples, result.problems)
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)

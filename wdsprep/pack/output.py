@@ -8,7 +8,7 @@
    (:func:`check_same`); a pack that is complete is only reported (:func:`resumed_report`).
 3. :func:`record_plan`: a new pack's whole plan goes into ``DIR/pack_plan.json`` before any shard
    is written.  A resumed pack's plan must be the one it started with; the shards it published are
-   checked against their entries (size and mtime as indexed, utterances and frames as planned) and
+   checked against their entries (size, mtime and SHA-256 as indexed, utterances and frames as planned) and
    kept untouched, and the rest is written again.
 4. :class:`Publisher`: each shard a worker wrote (:mod:`wdsprep.pack.sink`) is *published* in plan
    order within its folder, as soon as it and every one before it are written: it gets its final
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import TMP_SUFFIX, make_dir, sync
+from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync
 from wdsprep.format.commit import (
     PARTS_DIR,
     PLAN_NAME,
@@ -395,6 +395,8 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
             except FileNotFoundError:
                 raise refuse("it is missing") from None
             why = stale_reason(index, k, st)
+            if why is None and index.checksums[k] is not None and file_sha256(path) != index.checksums[k]:
+                why = "its bytes differ from the SHA-256 its entry records: it was changed in place"
             if why is not None:
                 raise refuse(f"it changed since ({why})")
             record = read_part_record(where, k)
