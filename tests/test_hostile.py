@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from wdsprep.format.commit import PARTS_DIR
@@ -162,3 +163,92 @@ def test_item5_resume_refuses_a_published_shard_changed_in_place(tmp_path, monke
     _corrupt_in_place(shard)
     with pytest.raises(DataError, match=r"data-00001.tar: published by the pack being resumed.*SHA-256"):
         pack_data(**args, resume=True)
+
+
+# -- audio shards built here: 40 utterances of tones and noise, two shards ---------------------------------
+
+
+def _write_audio_pack(out: Path, waves: dict[str, np.ndarray], texts: dict[str, str], per_shard: int = 20) -> Path:
+    """One folder of FLAC shards with its index (as pack-audio --store flac writes it)."""
+    from wdsprep.format.index import AudioIndex, FolderIndex, write_index
+    from wdsprep.format.writer import write_audio_shard
+
+    out.mkdir(parents=True, exist_ok=True)
+    ids = sorted(waves)
+    infos, sizes, mtimes = [], [], []
+    for k in range(0, len(ids), per_shard):
+        path = out / f"data-{k // per_shard:05d}.tar"
+        infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids[k:k + per_shard]], fmt="flac",
+                                       sample_rate=16000, mtime=0))
+        st = os.stat(path)
+        sizes.append(st.st_size)
+        mtimes.append(st.st_mtime_ns)
+    audio = AudioIndex("flac", 16000, num_mel_bins=40, backend="numpy")
+    write_index(out, FolderIndex.from_shards("flac", 40, "float32", infos, sizes=sizes, mtimes=mtimes, audio=audio))
+    return out
+
+
+@pytest.fixture(scope="module")
+def audio_pack(tmp_path_factory):
+    """(shard pattern, tokenizer, {uttid: int16 samples}) of 40 utterances of 0.3-0.9 s."""
+    from wdsprep.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("hostile-audio")
+    rng = np.random.default_rng(7)
+    waves, texts = {}, {}
+    for i in range(40):
+        n = int(rng.integers(4800, 14400))
+        t = np.arange(n) / 16000
+        waves[f"spk{i % 4}-utt{i:03d}"] = (np.sin(2 * np.pi * (200 + 10 * i) * t) * 6000
+                                           + rng.standard_normal(n) * 300).astype(np.int16)
+        texts[f"spk{i % 4}-utt{i:03d}"] = " ".join(rng.choice(["ab", "cd", "ef", "gh"], size=int(rng.integers(1, 4))))
+    _write_audio_pack(root / "audio", waves, texts)
+    (root / "text").write_text("".join(f"{u} {t}\n" for u, t in texts.items()), encoding="utf-8")
+    tok = root / "char.tok.json"
+    train_tokenizer("char", [root / "text"], tok)
+    return f"{root / 'audio'}/data-*.tar", tok, waves, texts
+
+
+# -- item 2: banks and fbank options checked when the loader is built ---------------------------------------
+
+
+@pytest.mark.parametrize("part", ["noise", "reverb"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_item2_a_bank_file_holding_nan_or_inf_is_refused_when_the_loader_is_built(audio_pack, tmp_path, part, bad):
+    import soundfile as sf
+
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    sf.write(bank / "good.wav", (np.sin(np.arange(8000) / 5) * 0.3).astype(np.float32), 16000)
+    wave = (np.sin(np.arange(8000) / 7) * 0.3).astype(np.float32)
+    wave[100] = bad
+    sf.write(bank / "poisoned.wav", wave, 16000, subtype="FLOAT")
+    with pytest.raises(ValueError, match=rf"augment {part}: .*poisoned.wav holds NaN or Inf"):
+        make_loader(pattern, tok, max_frames=2000, augment={part: {"dir": str(bank)}})
+
+
+@pytest.mark.parametrize("fbank,match", [
+    ({"dither": float("nan")}, r"fbank dither must be a number .* got nan"),
+    ({"dither": 1e300}, r"fbank dither must be a number .* got 1e\+300"),
+    ({"dither": -1.0}, r"fbank dither must be a number"),
+    ({"backend": "foo"}, r"unknown fbank backend 'foo'"),
+])
+def test_item2_bad_fbank_options_are_refused_when_the_loader_is_built_naming_the_option(audio_pack, fbank, match):
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    with pytest.raises(ValueError, match=match):
+        make_loader(pattern, tok, max_frames=2000, fbank=fbank)
+
+
+def test_item2_the_audio_pack_loads_every_utterance(audio_pack):
+    """The control: the same shards and options, good ones, deliver all 40 utterances."""
+    from wdsprep import make_loader
+
+    pattern, tok, waves, _ = audio_pack
+    loader = make_loader(pattern, tok, max_frames=2000, fbank={"dither": 1.0, "backend": "numpy"})
+    loader.set_epoch(0)
+    assert sorted(k for b in loader for k in b.keys) == sorted(waves)

@@ -61,7 +61,12 @@ def load_bank(folder: str, sample_rate: int, what: str) -> list[np.ndarray]:
             data, rate = load_recording(str(p))
         except AudioReadError as e:
             raise ValueError(f"augment {what}: {e}") from None
+        if not np.isfinite(data[:, 0]).all():  # it would make every utterance it is drawn for NaN, each dropped
+            raise ValueError(f"augment {what}: {p} holds NaN or Inf samples; remove it from {folder}")
         wave = resample(np.ascontiguousarray(data[:, 0]), rate, sample_rate)
+        if not np.isfinite(wave).all():
+            raise ValueError(f"augment {what}: {p} holds samples too large to use (Inf once resampled); remove it "
+                             f"from {folder}")
         if not np.any(wave):
             raise ValueError(f"augment {what}: {p} is silent; remove it from {folder}")
         out.append(wave.astype(np.float32, copy=False))

@@ -121,6 +121,20 @@ class GrowOptions:
             raise ValueError(f"min_shards and min_hours must be >= 0, got {self.min_shards} and {self.min_hours}")
 
 
+def _check_fbank(given: Mapping[str, Any] | None) -> None:
+    """``fbank`` refused when the loader is built, naming the option, rather than each utterance's
+    features failing in the reader: a non-object, an option it does not take, a value of the wrong
+    type or out of range (a NaN dither, an unknown backend)."""
+    if given is None:
+        return
+    if not isinstance(given, Mapping):
+        raise ValueError(f"fbank must be an object of options such as {{\"num_mel_bins\": 40}}, got {given!r}")
+    unknown = sorted(set(given) - set(FBANK_KEYS))
+    if unknown:
+        raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)}")
+    FbankOptions(**{k: given[k] for k in FBANK_KEYS if k in given})  # each value checked, named
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """What a reader makes of the rows it reads: labels, features, augmentation, errors."""
@@ -176,6 +190,7 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         check_on_error(self.on_error)
+        _check_fbank(self.fbank)
         object.__setattr__(self, "augment", parse_augment(self.augment))
         object.__setattr__(self, "normalize", parse_normalize(self.normalize))
         for what in ("fields", "text_fields"):
