@@ -252,3 +252,61 @@ def test_item2_the_audio_pack_loads_every_utterance(audio_pack):
     loader = make_loader(pattern, tok, max_frames=2000, fbank={"dither": 1.0, "backend": "numpy"})
     loader.set_epoch(0)
     assert sorted(k for b in loader for k in b.keys) == sorted(waves)
+
+
+# -- item 3: one refused audio member is left out alone, counted; the shard is read on ---------------------
+
+
+def _tar_of(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A plain ustar shard of (name, bytes) members, in order (a crafted shard, as another tool writes)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _flac(wave: np.ndarray, rate: int = 16000, subtype: str = "PCM_16") -> bytes:
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, wave, rate, format="FLAC", subtype=subtype)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("bad", ["stereo", "24-bit"])
+def test_item3_a_refused_audio_member_is_dropped_alone_counted_and_the_shard_read_on(audio_pack, tmp_path, bad):
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:12]
+    members = []
+    for j, u in enumerate(ids):
+        wave = waves[u]
+        if j == 4:  # well-formed, but not what the readers use
+            data = _flac(np.stack([wave, wave], 1)) if bad == "stereo" else _flac(wave.astype(np.int32) << 8,
+                                                                                     subtype="PCM_24")
+        else:
+            data = _flac(wave)
+        members += [(f"{u}.flac", data), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    result = index_shards(f"{d}/data-*.tar", progress=False)
+    assert len(result.problems) == 1 and f"{ids[4]}.flac" in result.problems[0], result.format()
+    assert "leaves this sample out" in result.problems[0] and result.utterances == 11
+    loader = make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    loader.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match=rf"utterance '{ids[4]}': .*left out \(counted as unreadable\)"):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {ids[4]})  # the 7 after it too
+    assert loader.stats.dropped.get("unreadable") == 1, loader.stats.dropped
+    r = verify_shards(f"{d}/data-*.tar")
+    what = [p for p in r.problems if p.member == f"{ids[4]}.flac"]
+    assert len(r.problems) == 1 and "leaves this sample out" in what[0].what, r.format()

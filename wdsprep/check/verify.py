@@ -37,6 +37,7 @@ import numpy as np
 
 from wdsprep.files import file_sha256, naming
 from wdsprep.format import commit
+from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     INDEX_NAME,
     DamagedIndexError,
@@ -133,7 +134,8 @@ class _Sample:
     text_len: int | None = None
     samples: int | None = None  # an audio member's
     rate: int | None = None
-    refused: bool = False  # the loader refuses its members (and stops reading the shard here)
+    refused: bool = False  # the loader refuses its members (and stops reading the shard here, unless skipped)
+    skipped: bool = False  # refused alone: a well-formed audio member it does not use; it reads on
     fields: dict[str, str] = field(default_factory=dict)  # its field members' values (KEY.NAME), by name
 
 
@@ -311,7 +313,7 @@ def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str
         refused = s.refused = _check_sample(path, src, s, group, problems)
         if not refused:
             refused = _check_key(path, s, seen, result)
-        if refused and stop is None:
+        if refused and stop is None and not s.skipped:
             stop = key
         samples.append(s)
     if damage is not None:
@@ -388,6 +390,11 @@ def _check_audio(path: str, src: object, s: _Sample, m: Member, problems: list[P
     """An audio member: its header as the loader reads it, then every sample decoded; True when refused."""
     try:
         audio = read_audio(src, m, s.key)
+    except RefusedAudio as e:
+        problems.append(Problem(path, f"{e}; the loader leaves this sample out (counted as unreadable) and reads on; "
+                                      f"repack the shard from the audio", member=m[0]))
+        s.skipped = True
+        return True
     except ValueError as e:
         problems.append(Problem(path, f"{e}; repack the shard from the audio", member=m[0]))
         return True
@@ -430,10 +437,11 @@ def _compare_lost(path: str, lost: int, samples: list[_Sample], problems: list[P
     """The index's count of a shard's samples lost (from the first one the loader refuses on, as
     ``wdsprep index`` counts them) must not exceed the tar's: the loader reports them as unreadable
     drops.  (Fewer is a shard damaged since it was indexed: named above, sample by sample.)"""
-    first = next((j for j, s in enumerate(samples) if s.refused), len(samples))
-    if lost > len(samples) - first:
+    first = next((j for j, s in enumerate(samples) if s.refused and not s.skipped), len(samples))
+    tar_lost = sum(s.skipped for s in samples[:first]) + len(samples) - first
+    if lost > tar_lost:
         problems.append(Problem(path, f"{INDEX_NAME} of {os.path.dirname(path) or '.'} says {lost:,} samples of this "
-                                      f"shard are lost, the tar has {len(samples) - first:,}; the loader reports them "
+                                      f"shard are lost, the tar has {tar_lost:,}; the loader reports them "
                                       f"as unreadable drops: re-index the folder (wdsprep index --force)"))
 
 
@@ -441,6 +449,7 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
                    problems: list[Problem]) -> None:
     """The index's record of a shard must match the tar, key by key."""
     where = f"{INDEX_NAME} of {os.path.dirname(path) or '.'}"
+    samples = [s for s in samples if not s.skipped]  # left out alone, as the index leaves them out: named above
     if not len(info.keys) == len(info.frames) == len(info.text_lens):
         problems.append(Problem(path, f"{where} has {len(info.keys)} keys, {len(info.frames)} frame counts and "
                                       f"{len(info.text_lens)} text lengths; the index is damaged, repack the folder"))
