@@ -310,3 +310,69 @@ def test_item3_a_refused_audio_member_is_dropped_alone_counted_and_the_shard_rea
     r = verify_shards(f"{d}/data-*.tar")
     what = [p for p in r.problems if p.member == f"{ids[4]}.flac"]
     assert len(r.problems) == 1 and "leaves this sample out" in what[0].what, r.format()
+
+
+# -- item 14: header rates and sample counts no recording has; an SNR no float holds --------------------------
+
+
+def _wav_at(wave: np.ndarray, rate: int) -> bytes:
+    """A 16-bit mono WAV whose header says ``rate`` (patched: no writer makes 50 Hz speech)."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, wave, 16000, format="WAV", subtype="PCM_16")
+    data = bytearray(buf.getvalue())
+    assert data[12:16] == b"fmt "
+    data[24:28] = rate.to_bytes(4, "little")
+    data[28:32] = (rate * 2).to_bytes(4, "little")
+    return bytes(data)
+
+
+def _flac_claiming(wave: np.ndarray, samples: int) -> bytes:
+    """A FLAC whose STREAMINFO claims ``samples`` (36 bits) samples."""
+    data = bytearray(_flac(wave))
+    assert data[:4] == b"fLaC"
+    data[21] = (data[21] & 0xF0) | (samples >> 32)
+    data[22:26] = (samples & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize("fmt,make,why", [
+    ("wav", lambda w: _wav_at(w, 50), "sample rate of 50 Hz"),
+    ("wav", lambda w: _wav_at(w, 1), "sample rate of 1 Hz"),
+    ("flac", lambda w: _flac_claiming(w, 2**31), "2,147,483,648 samples"),
+    ("flac", lambda w: _flac_claiming(w, 2**36 - 1), "samples, more than an index counts"),
+])
+def test_item14_a_member_with_a_rate_or_sample_count_no_recording_has_is_left_out(audio_pack, tmp_path, fmt, make,
+                                                                                    why):
+    """index, verify and the loader gave ZeroDivisionError (rate < 100 Hz) or an int32 OverflowError."""
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    members = []
+    for j, u in enumerate(ids):
+        data = make(waves[u]) if j == 2 else (_wav_at(waves[u], 16000) if fmt == "wav" else _flac(waves[u]))
+        members += [(f"{u}.{fmt}", data), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    result = index_shards(f"{d}/data-*.tar", progress=False)
+    assert len(result.problems) == 1 and why in result.problems[0] and result.utterances == 5, result.format()
+    r = verify_shards(f"{d}/data-*.tar")
+    assert [p.member for p in r.problems] == [f"{ids[2]}.{fmt}"] and why in r.problems[0].what, r.format()
+    loader = make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    loader.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match=why):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {ids[2]})
+
+
+@pytest.mark.parametrize("snr", [[4000, 4000], [-4000, -4000], [1e308, 1e308], [-10, 1e308]])
+def test_item14_an_snr_no_float_holds_is_refused_naming_the_option(snr):
+    from wdsprep.loading.augment import parse_augment
+
+    with pytest.raises(ValueError, match=r"augment noise snr must be \[low, high\] in dB within"):
+        parse_augment({"noise": {"dir": "/nonexistent", "snr": snr}})

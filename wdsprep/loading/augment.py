@@ -39,6 +39,8 @@ import numpy as np
 
 from wdsprep.units import fbank_frames
 
+# The SNRs (dB) noise may be added at: far past any recording's, and 10 ** (snr / 10) stays finite.
+MAX_SNR = 120.0
 # Generators of one corpus epoch are independent per purpose.
 _SPEED, _UTTERANCE, _DITHER = 11, 12, 13
 # An utterance's uniforms of stream s > 0 come from purpose _STREAM + s (stream 0's from purpose 0).
@@ -166,8 +168,10 @@ class Noise(Part):
         snr = _numbers(self.snr, "noise snr")
         if len(snr) == 1:
             snr = (snr[0], snr[0])
-        if len(snr) != 2 or snr[0] > snr[1]:
-            raise ValueError(f"augment noise snr must be [low, high] in dB, got {list(snr)}")
+        if len(snr) != 2 or snr[0] > snr[1] or not -MAX_SNR <= snr[0] <= snr[1] <= MAX_SNR:
+            # beyond it 10 ** (snr / 10) overflows, or the noise's gain underflows to nothing
+            raise ValueError(f"augment noise snr must be [low, high] in dB within [-{MAX_SNR:g}, {MAX_SNR:g}], got "
+                             f"{list(snr)}")
         object.__setattr__(self, "snr", snr)
         object.__setattr__(self, "dir", os.fspath(self.dir))
         _check_prob(self.prob, "noise")
