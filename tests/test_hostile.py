@@ -376,3 +376,75 @@ def test_item14_an_snr_no_float_holds_is_refused_naming_the_option(snr):
 
     with pytest.raises(ValueError, match=r"augment noise snr must be \[low, high\] in dB within"):
         parse_augment({"noise": {"dir": "/nonexistent", "snr": snr}})
+
+
+# -- items 8, 11: a FIFO or a /dev/zero link where a plan, augment, cost or hyper file is read ---------------
+
+
+def _plant(path: Path, kind: str) -> Path:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    return path
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
+    err = r.stderr.strip()
+    assert r.returncode in (1, 2), (r.returncode, r.stdout[-2000:], err[-2000:])
+    assert err.count("\n") == 0 and "Traceback" not in err, err[-2000:]
+    assert all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("kind,says", [("fifo", "is a FIFO"), ("zero", "is a device")])
+def test_item8_11_a_fifo_or_dev_zero_at_pack_plan_json_fails_every_reader_at_once(small_pack, tmp_path, kind, says):
+    """--resume, the loader, inspect, verify, index and dry-run --plan hung on a FIFO, or read
+    /dev/zero until MemoryError."""
+    from wdsprep.format.commit import PLAN_NAME, begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    begin(out)  # a pack that did not commit: every reader looks at its plan
+    _plant(out / PLAN_NAME, kind)
+    pattern = f"{out}/*/data-*.tar"
+    kd = small_pack[0].parent / "kaldi-cat-0"
+    tok = tmp_path / "tok.json"
+    from wdsprep.tokenizer import train_tokenizer
+
+    train_tokenizer("char", [kd / "text"], tok)
+    for args in (["inspect", pattern], ["verify", pattern], ["index", pattern],
+                 ["dry-run", "--plan", "--trset", pattern, "--max-frames", "2000", "--growing"],
+                 ["dry-run", "--trset", pattern, "--tokenizer", str(tok), "--max-frames", "2000", "--growing"],
+                 ["pack", "--scp", str(kd / "feats.scp"), "--text", str(kd / "text"), "--out", str(out),
+                  "--resume", "--no-progress"]):
+        _one_line_error(_wdsprep(*args), str(out / PLAN_NAME), says)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,says", [("fifo", "is a FIFO"), ("zero", "is a device")])
+@pytest.mark.parametrize("what", ["augment", "cost", "hyper"])
+def test_item8_11_a_fifo_or_dev_zero_as_augment_cost_or_hyper_file_is_refused_unread(small_pack, tmp_path, kind, says,
+                                                                                   what):
+    from wdsprep import make_loader_from_hyper
+    from wdsprep.loading.augment import parse_augment
+    from wdsprep.loading.cost import load_cost
+
+    f = _plant(tmp_path / f"{what}.json", kind)
+    read = {"augment": parse_augment, "cost": load_cost, "hyper": make_loader_from_hyper}[what]
+    with pytest.raises(ValueError, match=rf"{f} {says}, not a regular file"):
+        read(str(f))
+    out = small_pack[0]
+    if what != "hyper":  # the CLI too: one line, at once
+        r = _wdsprep("dry-run", "--plan", "--trset", f"{out}/*/data-*.tar", "--max-frames", "2000",
+                     f"--{what}", str(f), *(["--max-cost", "100000"] if what == "cost" else []))
+        _one_line_error(r, str(f), says)
+
+
+def test_item11_a_huge_cost_file_is_refused_by_size(tmp_path):
+    from wdsprep.loading.cost import load_cost
+
+    f = tmp_path / "cost.json"
+    with open(f, "wb") as fh:
+        fh.truncate(3 << 30)  # sparse: 3 GB that would be read whole
+    with pytest.raises(ValueError, match=r"holds 3,221,225,472 bytes, more than a cost model can"):
+        load_cost(f)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -378,10 +377,9 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
     args.tokenizer = _tokenizer_arg(args.tokenizer)
     if args.plan:
         if args.hyper is not None:  # the shards and batching hyper-p.json names, resolved for --world-size
-            from wdsprep.hyper import loader_options
+            from wdsprep.hyper import loader_options, read_hyper
 
-            resolved = loader_options(json.loads(Path(args.hyper).read_text(encoding="utf-8")),
-                                      world_size=args.world_size, where=args.hyper)
+            resolved = loader_options(read_hyper(args.hyper), world_size=args.world_size, where=args.hyper)
             trset, opts = resolved.trset, {**resolved.loader_kwargs, **opts}
             tokenizer = args.tokenizer or resolved.tokenizer_file(args.hyper)
         else:

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from wdsprep.errors import DataError
-from wdsprep.files import sync, write_text
+from wdsprep.files import read_small, sync, write_text
 
 MARKER_NAME = "PACK_INCOMPLETE"
 PLAN_NAME = "pack_plan.json"
 PLAN_VERSION = 1
+PLAN_LIMIT = 64 << 20  # bytes: a plan records its inputs' digests and a few numbers per folder
 # Per shard folder: one sub-folder per published shard, holding that shard's index entry.
 PARTS_DIR = ".index.parts"
 _PART_RE = re.compile(r"[0-9]{8}")
@@ -115,11 +116,13 @@ def read_plan(d_out: str | os.PathLike) -> PackPlan | None:
     """The plan in ``d_out``, or None when there is none; a damaged one is a DataError naming the field."""
     path = Path(d_out) / PLAN_NAME
     try:
-        data = path.read_bytes()
+        data = read_small(path, PLAN_LIMIT, "a pack's plan")
     except FileNotFoundError:
         return None
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror}); pack again with --overwrite") from None
+    except ValueError as e:  # a FIFO, a device, a file far larger than any plan
+        raise DataError(f"{e}; pack again with --overwrite") from None
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:

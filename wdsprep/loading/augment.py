@@ -32,13 +32,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from wdsprep.files import read_small
 from wdsprep.units import fbank_frames
 
+SPEC_LIMIT = 1 << 20  # bytes of an augment spec's JSON file: a few options
 # The SNRs (dB) noise may be added at: far past any recording's, and 10 ** (snr / 10) stays finite.
 MAX_SNR = 120.0
 # Generators of one corpus epoch are independent per purpose.
@@ -354,13 +355,15 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
         text = str(spec)
         if not text.lstrip().startswith("{"):
             try:
-                text = Path(spec).read_text(encoding="utf-8")
+                text = read_small(spec, SPEC_LIMIT, "an augment spec").decode("utf-8")
             except OSError as e:
                 raise ValueError(f"augment: {spec!r} is neither JSON nor a readable file ({e.strerror})") from None
+            except ValueError as e:  # a FIFO, a device, a huge file; or not UTF-8
+                raise ValueError(f"augment: {e}") from None
         try:
             spec = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"augment: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"augment: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"augment must be a dict such as {{\"speed\": {{\"factors\": [0.9, 1.0, 1.1]}}}}, "
                          f"got {type(spec).__name__}")
