@@ -76,12 +76,12 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def small_pack(tmp_path_factory):
-    """A committed pack of 60 utterances in two length groups, 10 to a shard."""
-    from shardsets import build
+    """A committed pack of 60 utterances in two length groups, 10 to a shard, and a char tokenizer."""
+    from shardsets import build, train_char_tokenizer
 
     root = tmp_path_factory.mktemp("hostile-pack")
     out, utts = build(root, n=60, utts_per_shard=10, groups=["0:150", "150:"])
-    return out, utts
+    return out, utts, train_char_tokenizer(root, root / "kaldi-cat-0" / "text")
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -408,10 +408,7 @@ def test_item8_11_a_fifo_or_dev_zero_at_pack_plan_json_fails_every_reader_at_onc
     _plant(out / PLAN_NAME, kind)
     pattern = f"{out}/*/data-*.tar"
     kd = small_pack[0].parent / "kaldi-cat-0"
-    tok = tmp_path / "tok.json"
-    from wdsprep.tokenizer import train_tokenizer
-
-    train_tokenizer("char", [kd / "text"], tok)
+    tok = small_pack[2]
     for args in (["inspect", pattern], ["verify", pattern], ["index", pattern],
                  ["dry-run", "--plan", "--trset", pattern, "--max-frames", "2000", "--growing"],
                  ["dry-run", "--trset", pattern, "--tokenizer", str(tok), "--max-frames", "2000", "--growing"],
@@ -448,3 +445,36 @@ def test_item11_a_huge_cost_file_is_refused_by_size(tmp_path):
         fh.truncate(3 << 30)  # sparse: 3 GB that would be read whole
     with pytest.raises(ValueError, match=r"holds 3,221,225,472 bytes, more than a cost model can"):
         load_cost(f)
+
+
+# -- item 9: waits that cannot end ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "10", None])
+def test_item9_16_a_wait_timeout_that_is_no_finite_number_is_refused(small_pack, value):
+    """NaN compared false with every time waited: it waited forever; a string gave a raw TypeError."""
+    from wdsprep import make_loader
+
+    tok = small_pack[2]
+    with pytest.raises(ValueError, match=r"wait_timeout must be a finite number of seconds >= 0, got"):
+        make_loader(f"{small_pack[0]}/*/data-*.tar", tok, max_frames=2000, growing=True, wait_timeout=value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("option,match", [({"min_shards": 1000}, r"will publish \d+ shards in all .* min_shards=1,000"),
+                                          ({"min_hours": 500.0}, r"will publish [0-9.]+ h in all .* min_hours=500")])
+def test_item9_a_wait_beyond_what_the_pack_plans_is_refused_at_once(small_pack, tmp_path, option, match):
+    import time
+
+    from wdsprep import make_loader
+    from wdsprep.errors import DataError
+    from wdsprep.format.commit import begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    begin(out)  # a pack still being written, its plan beside it
+    tok = small_pack[2]
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=match):
+        make_loader(f"{out}/*/data-*.tar", tok, max_frames=2000, growing=True, wait_timeout=30, **option)
+    assert time.monotonic() - t0 < 15  # not the whole wait_timeout

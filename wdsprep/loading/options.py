@@ -11,6 +11,7 @@ its own values when it is made; :meth:`LoaderOptions.of` the rules between group
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
@@ -115,6 +116,16 @@ class GrowOptions:
                                          "long", kind=NUMBER, metavar="SECONDS")
 
     def __post_init__(self) -> None:
+        t = self.wait_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+            # NaN compares false with every time waited: it waited forever
+            raise ValueError(f"wait_timeout must be a finite number of seconds >= 0, got {t!r}")
+        m = self.min_shards
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int)):
+            raise ValueError(f"min_shards must be a whole number of shards, got {m!r}")
+        h = self.min_hours
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h < math.inf):
+            raise ValueError(f"min_hours must be a finite number of hours, got {h!r}")
         if (self.min_shards is not None or self.min_hours is not None) and not self.growing:
             raise ValueError("min_shards/min_hours wait for shards a pack is still publishing: pass growing=True too")
         if self.min_shards is not None and self.min_shards < 0 or self.min_hours is not None and self.min_hours < 0:
