@@ -478,3 +478,33 @@ def test_item9_a_wait_beyond_what_the_pack_plans_is_refused_at_once(small_pack, 
     with pytest.raises(DataError, match=match):
         make_loader(f"{out}/*/data-*.tar", tok, max_frames=2000, growing=True, wait_timeout=30, **option)
     assert time.monotonic() - t0 < 15  # not the whole wait_timeout
+
+
+# -- item 16: wrong-typed and deeply nested option files --------------------------------------------------------
+
+
+def test_item16_a_deeply_nested_cost_or_augment_file_is_one_error_not_a_recursion_error(tmp_path):
+    from wdsprep.loading.augment import parse_augment
+    from wdsprep.loading.cost import load_cost
+
+    deep = "[" * 200_000 + "]" * 200_000
+    f = tmp_path / "cost.json"
+    f.write_text(deep)
+    with pytest.raises(ValueError, match=r"cost.json: not a cost model in JSON \(RecursionError"):
+        load_cost(f)
+    g = tmp_path / "augment.json"
+    g.write_text('{"speed": ' + deep + "}")
+    with pytest.raises(ValueError, match=r"augment: not valid JSON \(RecursionError"):
+        parse_augment(str(g))
+
+
+@pytest.mark.parametrize("fbank,match", [({"num_mel_bins": "40"}, "fbank num_mel_bins must be a whole number"),
+                                         ({"dither": "1"}, "fbank dither must be a number"),
+                                         ({"backend": 3}, "unknown fbank backend 3"),
+                                         ([1, 2], "fbank must be an object of options")])
+def test_item16_wrong_typed_fbank_values_are_one_line_errors_naming_the_option(audio_pack, fbank, match):
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    with pytest.raises(ValueError, match=match):
+        make_loader(pattern, tok, max_frames=2000, fbank=fbank)
