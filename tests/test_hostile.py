@@ -508,3 +508,49 @@ def test_item16_wrong_typed_fbank_values_are_one_line_errors_naming_the_option(a
     pattern, tok, _, _ = audio_pack
     with pytest.raises(ValueError, match=match):
         make_loader(pattern, tok, max_frames=2000, fbank=fbank)
+
+
+# -- item 6: silently different data --------------------------------------------------------------------------
+
+
+def test_item6_speed_probs_whose_sum_no_float_holds_are_refused():
+    """[1e308] * 3 summed to inf, every prob became 0 and every utterance went to the last factor."""
+    from wdsprep.loading.augment import parse_augment
+
+    with pytest.raises(ValueError, match=r"augment speed probs must be >= 0 with a positive, finite sum"):
+        parse_augment({"speed": {"factors": [0.9, 1.0, 1.1], "probs": [1e308, 1e308, 1e308]}})
+    assert parse_augment({"speed": {"factors": [0.9, 1.0, 1.1], "probs": [1e300, 1e300, 1e300]}}).speed.probs == \
+        pytest.approx((1 / 3,) * 3)
+
+
+def test_item6_a_partial_folder_whose_marker_was_deleted_by_hand_is_refused(small_pack, tmp_path):
+    """A pack stopped after publishing some shards, PACK_INCOMPLETE then deleted: the plain loader
+    read the published part as if it were the corpus."""
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import make_loader, pack_data, verify_shards
+    from wdsprep.format.commit import MARKER_NAME, UncommittedPackError
+    from wdsprep.pack import output
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    real, calls = output.Publisher.publish, [0]
+
+    def stop_after_two(self, w):
+        if calls[0] == 2:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    output.Publisher.publish = stop_after_two
+    try:
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            pack_data(str(kd / "feats.scp"), str(kd / "text"), str(out), utts_per_shard=10, progress=False)
+    finally:
+        output.Publisher.publish = real
+    (out / MARKER_NAME).unlink()  # by hand
+    with pytest.raises(UncommittedPackError, match=r"published entries of a pack .* no PACK_INCOMPLETE.*--resume"):
+        make_loader(f"{out}/data-*.tar", small_pack[2], max_frames=2000)
+    r = verify_shards(f"{out}/data-*.tar")
+    assert not r.ok and any("removed by hand" in p.what for p in r.problems), r.format()

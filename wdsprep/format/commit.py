@@ -207,7 +207,7 @@ def problem(folder: str | os.PathLike) -> str | None:
     follow the folder's name."""
     g = pending_folder(folder)
     if g is None:
-        return None
+        return _unmarked_parts(Path(folder))
     if not g.followable:
         return (f"part of a pack that did not finish ({g.marker} is there): its shards may be a part of the corpus "
                 f"only; re-run the pack into {g.marker.parent} with --overwrite to complete it")
@@ -218,12 +218,25 @@ def problem(folder: str | os.PathLike) -> str | None:
             f"to finish a pack that was stopped, run it again with --resume (or --overwrite to redo it)")
 
 
+def _unmarked_parts(folder: Path) -> str | None:
+    """Why a folder without a marker is no complete pack's: published entries and no ``index.json``
+    (a pack commits only after its indexes are written, and drops the entries after that), so the
+    marker of a pack that did not finish was removed by hand; None for any other folder."""
+    if not os.path.isdir(folder / PARTS_DIR) or os.path.lexists(folder / "index.json"):  # the index's file name
+        return None
+    d = folder if os.path.lexists(folder / PLAN_NAME) else folder.parent
+    return (f"holds the published entries of a pack ({folder / PARTS_DIR}) but no index.json, and no {MARKER_NAME}: "
+            f"the pack did not finish and its marker was removed by hand, so its shards may be a part of the corpus "
+            f"only. Put the marker back (touch {d / MARKER_NAME}) and run the pack again with --resume, or pack "
+            f"again with --overwrite")
+
+
 def check_committed(folder: str | os.PathLike, *, growing: bool = False) -> None:
     """Raise :class:`UncommittedPackError` when ``folder``'s shards belong to an unfinished pack;
     with ``growing``, only when it cannot be followed (no plan: nothing is published in order)."""
     if growing:
         g = pending_folder(folder)
-        if g is None or g.followable:
+        if g is not None and g.followable:
             return
     why = problem(folder)
     if why is not None:

@@ -124,8 +124,9 @@ class Speed(Part):
         probs = _numbers(self.probs, "speed probs") if self.probs is not None else (1.0,) * len(factors)
         if len(probs) != len(factors):
             raise ValueError(f"augment speed: {len(factors)} factors but {len(probs)} probs")
-        if any(p < 0 for p in probs) or not sum(probs) > 0:
-            raise ValueError(f"augment speed probs must be >= 0 with a positive sum, got {list(probs)}")
+        if any(p < 0 for p in probs) or not 0 < sum(probs) < math.inf:
+            # a sum past the largest float made every prob 0: every utterance went to the last factor
+            raise ValueError(f"augment speed probs must be >= 0 with a positive, finite sum, got {list(probs)}")
         for f in factors:
             if not 0.5 <= f <= 2.0 or abs(float(Fraction(f).limit_denominator(100)) - f) > 1e-9:
                 raise ValueError(f"augment speed factor {f} must be in [0.5, 2] with at most two decimals "
