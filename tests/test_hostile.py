@@ -554,3 +554,32 @@ def test_item6_a_partial_folder_whose_marker_was_deleted_by_hand_is_refused(smal
         make_loader(f"{out}/data-*.tar", small_pack[2], max_frames=2000)
     r = verify_shards(f"{out}/data-*.tar")
     assert not r.ok and any("removed by hand" in p.what for p in r.problems), r.format()
+
+
+# -- item 17: one verdict on a member at another sample rate ------------------------------------------------
+
+
+def test_item17_verify_refuses_shards_of_two_sample_rates_as_index_and_the_loader_do(audio_pack, tmp_path):
+    import soundfile as sf
+
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    members = []
+    for j, u in enumerate(ids):
+        import io
+
+        buf = io.BytesIO()
+        rate = 8000 if j == 3 else 16000
+        sf.write(buf, waves[u] if j != 3 else waves[u][::2], rate, format="FLAC", subtype="PCM_16")
+        members += [(f"{u}.flac", buf.getvalue()), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "mixed"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    with pytest.raises(ValueError, match=r"\[8000, 16000\] Hz"):
+        make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    r = verify_shards(f"{d}/data-*.tar")
+    assert not r.ok and any("different sample rates" in p.what for p in r.problems), r.format()
+    with pytest.raises(ValueError, match="shards of different sample rates"):
+        index_shards(f"{d}/data-*.tar", progress=False)

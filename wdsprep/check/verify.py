@@ -157,6 +157,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
+    rates_seen: dict[int, tuple[int, str]] = {}  # audio sample rate -> (samples, first shard)
     pending: dict[str, int] = {}  # folder of an uncommitted pack -> its shards named, not published yet (skipped)
     for path in paths:
         remote = is_url(path)
@@ -193,6 +194,9 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             if sample.dims is not None:
                 n, first = dims_seen.get(sample.dims, (0, path))
                 dims_seen[sample.dims] = (n + 1, first)
+            if sample.rate is not None:
+                n, first = rates_seen.get(sample.rate, (0, path))
+                rates_seen[sample.rate] = (n + 1, first)
         if index is not None:
             where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
@@ -215,6 +219,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
+    _check_rates(rates_seen, result.problems)
     for folder, skipped in pending.items():
         g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
@@ -252,6 +257,18 @@ def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) 
     problems.append(Problem(dims_seen[ranked[1]][1], f"the shards hold features of different dimensions ({found}): "
                                                       f"the loader fails on the first batch that mixes them; give "
                                                       f"it (and verify) one feature set at a time"))
+
+
+def _check_rates(rates_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
+    """One loader reads audio of one sample rate: ``index`` refuses a folder of two, the loader a set
+    of shards of two (the same verdict here)."""
+    if len(rates_seen) < 2:
+        return
+    ranked = sorted(rates_seen, key=lambda r: (-rates_seen[r][0], r))
+    found = "; ".join(f"{r} Hz in {rates_seen[r][0]:,} sample(s), the first in {rates_seen[r][1]}" for r in ranked)
+    problems.append(Problem(rates_seen[ranked[1]][1], f"the shards hold audio at different sample rates ({found}): "
+                                                        f"the loader and wdsprep index refuse them; repack the audio "
+                                                        f"at one rate (pack-audio --sample-rate)"))
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
