@@ -583,3 +583,69 @@ def test_item17_verify_refuses_shards_of_two_sample_rates_as_index_and_the_loade
     assert not r.ok and any("different sample rates" in p.what for p in r.problems), r.format()
     with pytest.raises(ValueError, match="shards of different sample rates"):
         index_shards(f"{d}/data-*.tar", progress=False)
+
+
+# -- item 15: states a kill (or a hand) leaves that --resume must get out of ----------------------------------
+
+
+def _stopped_pack(kd: Path, out: Path, after: int) -> dict:
+    """A pack of ``kd`` into ``out`` stopped (an error) after publishing ``after`` shards; its arguments."""
+    from wdsprep import pack_data
+    from wdsprep.pack import output
+
+    args = dict(f_scps=str(kd / "feats.scp"), f_labels=str(kd / "text"), d_out=str(out), utts_per_shard=10,
+                progress=False)
+    real, calls = output.Publisher.publish, [0]
+
+    def stop(self, w):
+        if calls[0] == after:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    output.Publisher.publish = stop
+    try:
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            pack_data(**args)
+    finally:
+        output.Publisher.publish = real
+    return args
+
+
+def _tars(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("data-*.tar"))}
+
+
+def test_item15_a_gap_in_the_published_entries_no_longer_wedges_resume(tmp_path):
+    import shutil
+
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.format.index import part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=5)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=4)
+    shutil.rmtree(part_dir(out, 1))  # a gap: entries 2 and 3 stand after it
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole) and (out / "index.json").is_file()
+
+
+def test_item15_a_pack_killed_writing_its_marker_resumes(tmp_path):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.files import temp_path
+    from wdsprep.format.commit import MARKER_NAME
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 30, seed=6)
+    out = tmp_path / "out"
+    out.mkdir()
+    temp_path(out / MARKER_NAME).write_text("half")  # the kill came before the rename
+    pack_data(kd / "feats.scp", kd / "text", out, utts_per_shard=10, progress=False, resume=True)
+    assert (out / "index.json").is_file() and not list(out.glob(".*.tmp")) and not (out / MARKER_NAME).exists()

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync
+from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync, temp_path
 from wdsprep.format.commit import (
     PARTS_DIR,
     PLAN_NAME,
@@ -143,6 +143,8 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     """The plan of the pack to resume, or None when a new pack starts (the folder marked, and cleared
     of an earlier pack's output)."""
     refuse_linked_folders(d, removable=not resume)
+    # A pack killed while it wrote its marker left only the marker's temporary file: it changed nothing.
+    temp_path(marker(d)).unlink(missing_ok=True)
     plan = read_plan(d)
     if resume and plan is not None:
         return plan
@@ -436,6 +438,12 @@ def _remove_unpublished(d: Path, plan: ShardPlan, count: dict[str, int], fmt: st
         where = d / folder
         for p in where.glob(f"{PARTS_DIR}/.tmp-*"):
             remove_path(p)
+        published = count.get(folder, 0)
+        for p in where.glob(f"{PARTS_DIR}/[0-9]*"):
+            # entries past a gap (one removed by hand) publish nothing: their shards are written
+            # again, and a stale entry in a new one's place would stop its publication for good
+            if p.name.isdigit() and len(p.name) == 8 and int(p.name) >= published:
+                remove_path(p)
         planned_here = sum(1 for s in plan.shards if s.folder == folder)
         for k in range(count.get(folder, 0), planned_here):
             (where / (fmt % k)).unlink(missing_ok=True)
