@@ -649,3 +649,50 @@ def test_item15_a_pack_killed_writing_its_marker_resumes(tmp_path):
     temp_path(out / MARKER_NAME).write_text("half")  # the kill came before the rename
     pack_data(kd / "feats.scp", kd / "text", out, utts_per_shard=10, progress=False, resume=True)
     assert (out / "index.json").is_file() and not list(out.glob(".*.tmp")) and not (out / MARKER_NAME).exists()
+
+
+# -- item 18: recovery advice that does not loop ----------------------------------------------------------------
+
+
+def test_item18_a_refused_resume_does_not_end_with_run_resume(tmp_path):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.errors import DataError
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=2)
+    (out / "data-00001.tar").unlink()  # a published shard gone: the resume is refused
+    with pytest.raises(DataError, match=r"data-00001.tar: published by the pack being resumed, but it is missing") \
+            as e:
+        pack_data(**args, resume=True)
+    said = str(e.value) + " ".join(getattr(e.value, "__notes__", []))
+    assert "--overwrite" in said and "--resume to finish it" not in said
+
+
+def test_item18_a_damaged_published_entry_advises_what_works_and_it_does(tmp_path):
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader, pack_data
+    from wdsprep.format.index import DamagedIndexError, part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=8)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=3)
+    bad = part_dir(out, 1) / "index.frames.npy"
+    bad.write_bytes(bad.read_bytes()[:-4])
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    with pytest.raises(DamagedIndexError, match=rf"remove {part_dir(out, 1)} and run the pack again with --resume") \
+            as e:
+        make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+    assert "index --force" not in str(e.value)
+    import shutil
+
+    shutil.rmtree(part_dir(out, 1))  # as it says
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole)

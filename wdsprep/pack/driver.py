@@ -27,7 +27,7 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from wdsprep.errors import StrictError
+from wdsprep.errors import DataError, StrictError
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
@@ -192,6 +192,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
     ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or flagged."""
     d, command = out.d, source.command
     shards_total = 0
+    resumable = True
     try:
         headers = source.headers(items, report, nj=nj, progress=progress)
         uttids = [uttid for uttid, _, _ in items]
@@ -200,7 +201,11 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
                            shuffle=options.shuffle, seed=options.seed)
         pack_plan = plan_record(plan, command=command, inputs=inputs, options=record)
         shards_total = pack_plan.shards
-        done = record_plan(out, plan, pack_plan, options.fmt)
+        try:
+            done = record_plan(out, plan, pack_plan, options.fmt)
+        except DataError:
+            resumable = False  # the resume itself was refused: "run it with --resume" would send the user round
+            raise
         tasks = [j for j in write_order(plan) if j not in done.done]
         work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
                          values)
@@ -212,7 +217,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         report = finish(d, plan.folders, report, languages=indexed.get(LANG))
     except BaseException as e:
         note = stopped(out, shards_total)
-        if note:
+        if note and resumable:
             e.add_note(note)  # the CLI prints it on the error's line
         raise
     print(report.summary(f"{command}: wrote {d}"))
