@@ -696,3 +696,24 @@ def test_item18_a_damaged_published_entry_advises_what_works_and_it_does(tmp_pat
     shutil.rmtree(part_dir(out, 1))  # as it says
     pack_data(**args, resume=True)
     assert _tars(out) == _tars(whole)
+
+
+# -- item 19: smaller ------------------------------------------------------------------------------------------
+
+
+def test_item19_a_resume_is_not_refused_when_only_the_spelling_of_an_input_path_differs(tmp_path, monkeypatch):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=4)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    args = _stopped_pack(Path("./kaldi"), out, after=2)
+    assert args["f_scps"] == "kaldi/feats.scp"
+    args.update(f_scps="./kaldi/feats.scp", f_labels="./kaldi/../kaldi/text")  # the same files
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole)

@@ -267,6 +267,8 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
             if files:
                 out.append(f"{name} {files[0]} differs from the one the pack started with (sha256)")
                 continue
+            if all(_same_path(w[0], n[0]) for w, n in zip(was, now)):
+                continue  # the same files, spelled another way (./a for a)
         if isinstance(was, dict) and isinstance(now, dict) and "digest" in was and "digest" in now:
             out.append(f"the {name} ({now.get('files', '?'):,} files) differ in size or modification time from "
                        f"when the pack started ({was.get('files', '?'):,} files)")
@@ -280,6 +282,11 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
         if prior.options.get(name) != options.get(name):
             out.append(f"{name}={options.get(name)!r} (the pack started with {prior.options.get(name)!r})")
     return out
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    """Whether two recorded paths name one file however spelled (``./a``, ``a``, ``x/../a``)."""
+    return isinstance(a, str) and isinstance(b, str) and os.path.normpath(a) == os.path.normpath(b)
 
 
 def _brief(value: Any) -> str:
