@@ -717,3 +717,39 @@ def test_item19_a_resume_is_not_refused_when_only_the_spelling_of_an_input_path_
     args.update(f_scps="./kaldi/feats.scp", f_labels="./kaldi/../kaldi/text")  # the same files
     pack_data(**args, resume=True)
     assert _tars(out) == _tars(whole)
+
+
+# -- item 13: a header of 1 Hz is not resampled to 16 kHz ----------------------------------------------------
+
+
+def test_item13_a_noise_file_whose_header_says_1_hz_is_refused_naming_it(audio_pack, tmp_path):
+    import soundfile as sf
+
+    from wdsprep import make_loader
+
+    pattern, tok, waves, _ = audio_pack
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    sf.write(bank / "good.wav", (np.sin(np.arange(8000) / 5) * 3000).astype(np.int16), 16000)
+    (bank / "one_hz.wav").write_bytes(_wav_at(next(iter(waves.values())), 1))  # 60 KB would become 2 GB
+    with pytest.raises(ValueError, match=r"augment noise: .*one_hz.wav' says 1 Hz, which no speech recording"):
+        make_loader(pattern, tok, max_frames=2000, augment={"noise": {"dir": str(bank)}})
+
+
+@pytest.mark.timeout(120)
+def test_item13_a_pack_audio_input_whose_header_says_1_hz_is_a_counted_drop(audio_pack, tmp_path):
+    from wdsprep import pack_audio
+
+    _, _, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    wavs = tmp_path / "wavs"
+    wavs.mkdir()
+    for j, u in enumerate(ids):
+        (wavs / f"{u}.wav").write_bytes(_wav_at(waves[u], 1 if j == 2 else 16000))
+    (tmp_path / "wav.scp").write_text("".join(f"{u} {wavs / u}.wav\n" for u in ids))
+    (tmp_path / "text").write_text("".join(f"{u} {texts[u]}\n" for u in ids))
+    report = pack_audio(tmp_path / "wav.scp", tmp_path / "text", tmp_path / "out", utts_per_shard=10, progress=False,
+                        nj=1)
+    assert report.counts().get("bad_audio") == 1 and report.num_dropped == 1, report.counts()
+    assert "1 Hz" in str(report.dropped["bad_audio"][0])
+    assert sum(g["utterances"] for g in report.groups.values()) == 5
