@@ -782,3 +782,15 @@ def test_item12_audio_longer_than_the_reader_decodes_is_dropped_counted_before_d
         got = sorted(k for b in loader for k in b.keys)
     assert got == sorted(set(ids) - {ids[1]}) and loader.stats.dropped.get("bad_audio") == 1
     assert ids[1] not in decoded  # refused from the header
+
+
+@pytest.mark.parametrize("kw,match", [({"seed": 10**30}, r"seed must be a whole number in \[0, 2\^63\)"),
+                                      ({"seed": -1}, r"seed must be a whole number"),
+                                      ({"max_seconds": float("inf")}, r"max_seconds must be a finite number > 0")])
+def test_item16_a_calibrate_seed_or_time_no_generator_takes_is_refused_before_anything_runs(small_pack, tmp_path, kw,
+                                                                                          match):
+    """A huge seed gave a raw ValueError ("Overflow when unpacking long long") after the model was built."""
+    from wdsprep.check.calibrate import calibrate
+
+    with pytest.raises(ValueError, match=match):
+        calibrate("nowhere:build", f"{small_pack[0]}/*/data-*.tar", small_pack[2], tmp_path / "cost.json", **kw)
