@@ -794,3 +794,21 @@ def test_item16_a_calibrate_seed_or_time_no_generator_takes_is_refused_before_an
 
     with pytest.raises(ValueError, match=match):
         calibrate("nowhere:build", f"{small_pack[0]}/*/data-*.tar", small_pack[2], tmp_path / "cost.json", **kw)
+
+
+def test_item6_a_growing_entry_naming_another_shard_is_refused_not_hiding_the_published_one(tmp_path):
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader
+    from wdsprep.format.index import DamagedIndexError, part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=9)
+    out = tmp_path / "out"
+    _stopped_pack(kd, out, after=3)
+    entry = part_dir(out, 1) / "index.json"
+    entry.write_text(entry.read_text().replace('"data-00001.tar"', '"data-00005.tar"'))
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    with pytest.raises(DamagedIndexError, match=rf"{entry}: names shard 'data-00005.tar', but the pack names its "
+                                                rf"published shard 1 'data-00001.tar'.*--resume"):
+        make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
