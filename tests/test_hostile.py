@@ -812,3 +812,31 @@ def test_item6_a_growing_entry_naming_another_shard_is_refused_not_hiding_the_pu
     with pytest.raises(DamagedIndexError, match=rf"{entry}: names shard 'data-00005.tar', but the pack names its "
                                                 rf"published shard 1 'data-00001.tar'.*--resume"):
         make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+
+
+def test_item6_a_growing_loader_warns_once_when_the_pack_it_follows_has_stopped(tmp_path):
+    import warnings
+
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader
+    from wdsprep.pack.output import lock_folder
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=10)
+    out = tmp_path / "out"
+    _stopped_pack(kd, out, after=1)
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    loader = make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+    fd = lock_folder(out)  # a pack writing it: no warning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            loader.set_epoch(0)
+    finally:
+        os.close(fd)
+    with pytest.warns(RuntimeWarning, match=rf"no pack is writing {out} .*1 of 6 shards.*--resume"):
+        loader.set_epoch(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loader.set_epoch(2)  # said once

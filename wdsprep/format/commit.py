@@ -243,6 +243,25 @@ def check_committed(folder: str | os.PathLike, *, growing: bool = False) -> None
         raise UncommittedPackError(f"shards in {folder}: {why}")
 
 
+def pack_running(d_out: str | os.PathLike) -> bool:
+    """Whether a pack holds ``d_out``'s lock now (the pack's, ``wdsprep.pack.output.lock_folder``):
+    a folder still marked unfinished whose lock is free is a pack that stopped.  The probe takes a
+    shared lock for an instant (a pack starting then tries its lock again before it refuses)."""
+    import fcntl
+
+    try:
+        fd = os.open(d_out, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
+
+
 def begin(d_out: str | os.PathLike) -> Path:
     """Mark ``d_out`` as being packed; call before anything there is changed."""
     m = write_text(marker(d_out), _MARKER_TEXT)

@@ -102,15 +102,18 @@ def lock_folder(d: Path) -> int:
     """An exclusive lock on folder ``d`` while the returned descriptor is open (and a killed pack's
     workers are gone): a second pack into ``d`` is refused instead of writing the same files."""
     import fcntl
+    import time
 
     fd = os.open(d, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) "
-                              f"first") from None
-    return fd
+    for attempt in range(5):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if attempt < 4:  # a growing loader's probe (commit.pack_running) holds it for an instant
+                time.sleep(0.05)
+    os.close(fd)
+    raise FileExistsError(f"{d}: another pack is writing there now; wait for it to end (or stop it) first")
 
 
 def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = False) -> LockedOutput:
