@@ -840,3 +840,16 @@ def test_item6_a_growing_loader_warns_once_when_the_pack_it_follows_has_stopped(
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         loader.set_epoch(2)  # said once
+
+
+def test_item19_a_refused_resume_shows_the_cost_models_values_not_dict(small_pack):
+    from wdsprep import make_loader
+    from wdsprep.loading.state import StateError
+
+    pattern, tok = f"{small_pack[0]}/*/data-*.tar", small_pack[2]
+    a = make_loader(pattern, tok, cost={"per_frame": 1.0}, max_cost=2000.0)
+    a.set_epoch(0)
+    state = a.state_dict()
+    b = make_loader(pattern, tok, cost={"per_frame": 2.0}, max_cost=2000.0)
+    with pytest.raises(StateError, match=r'cost=\{.*"per_frame": 1\.0.*\} \(this loader: \{.*"per_frame": 2\.0'):
+        b.load_state_dict(state)
