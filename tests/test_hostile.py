@@ -853,3 +853,18 @@ def test_item19_a_refused_resume_shows_the_cost_models_values_not_dict(small_pac
     b = make_loader(pattern, tok, cost={"per_frame": 2.0}, max_cost=2000.0)
     with pytest.raises(StateError, match=r'cost=\{.*"per_frame": 1\.0.*\} \(this loader: \{.*"per_frame": 2\.0'):
         b.load_state_dict(state)
+
+
+@pytest.mark.parametrize("value", [0, 2**31 - 1])
+def test_item6_a_token_column_rewritten_with_impossible_counts_is_refused(small_pack, tmp_path, value):
+    from wdsprep import make_loader
+    from wdsprep.errors import DataError
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    kw = dict(cost={"per_frame": 1.0, "per_token": 1.0}, max_cost=5000.0)
+    make_loader(f"{out}/*/data-*.tar", small_pack[2], **kw)  # counts the tokens, keeps them beside the index
+    columns = sorted(out.glob("*/index.tokens.*.npy"))
+    assert len(columns) == 2
+    np.save(columns[0], np.full(len(np.load(columns[0])), value, np.int32), allow_pickle=False)
+    with pytest.raises(DataError, match=rf"{columns[0]}: .*no tokenizer counts so.*delete it"):
+        make_loader(f"{out}/*/data-*.tar", small_pack[2], **kw)
