@@ -81,8 +81,10 @@ def assert_refused(out: Path, tok: Path) -> None:
     if (out / "pack_plan.json").exists():  # shards published in order: a growing loader could follow them
         assert "growing=True" in str(e.value) and "--resume" in str(e.value)
         assert any("still being packed" in n for n in inspect_shards(pattern).notes)
-        r = verify_shards(pattern)
+        r = verify_shards(pattern, growing=True)
         assert r.ok and any("still being packed" in n.what for n in r.notes), r.format()
+        r = verify_shards(pattern)  # not committed: a script taking verify's word must not take it as finished
+        assert not r.ok and any("has not committed" in p.what for p in r.problems), r.format()
         return
     with pytest.raises(UncommittedPackError, match=MARKER_NAME):
         inspect_shards(pattern)

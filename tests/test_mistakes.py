@@ -279,6 +279,7 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
     saying how to skip the check; a byte changed in place (same size) is refused by content."""
     import shutil
 
+    from wdsprep import verify_shards
     from wdsprep.loading.shardset import StaleIndexError
 
     root, trset, utts, tok = data
@@ -296,6 +297,7 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
     said = _warnings(lambda: batches(f"{copy}/data-*.tar"))
     assert any("matched the index's SHA-256" in w and f"--refresh '{copy}/*.tar'" in w for w in said), said
     assert batches(f"{copy}/data-*.tar") == batches(trset)
+    assert verify_shards(f"{copy}/data-*.tar").ok  # verify judges it alike
     assert subprocess.run([sys.executable, "-m", "wdsprep", "index", "--refresh", f"{copy}/*.tar"],
                           capture_output=True, text=True, timeout=120).returncode == 0
     assert not any("SHA-256" in w for w in _warnings(lambda: batches(f"{copy}/data-*.tar")))  # times recorded
@@ -309,3 +311,5 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
     with pytest.raises(StaleIndexError, match=rf"{shard.name} changed since it was indexed \(its bytes differ from "
                                               r"the SHA-256"):
         batches(f"{bad}/data-*.tar")
+    result = verify_shards(f"{bad}/data-*.tar")
+    assert not result.ok and "SHA-256" in result.format() and shard.name in result.format()

@@ -11,7 +11,6 @@ shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -325,7 +324,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    result = verify_shards(args.patterns, **_retry_options(args))
+    result = verify_shards(args.patterns, growing=args.growing, **_retry_options(args))
     print(result.format())
     return 0 if result.ok else 1
 
@@ -393,10 +392,9 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
     args.tokenizer = _tokenizer_arg(args.tokenizer)
     if args.plan:
         if args.hyper is not None:  # the shards and batching hyper-p.json names, resolved for --world-size
-            from wdsprep.hyper import loader_options
+            from wdsprep.hyper import loader_options, read_hyper
 
-            resolved = loader_options(json.loads(Path(args.hyper).read_text(encoding="utf-8")),
-                                      world_size=args.world_size, where=args.hyper)
+            resolved = loader_options(read_hyper(args.hyper), world_size=args.world_size, where=args.hyper)
             trset, opts = resolved.trset, {**resolved.loader_kwargs, **opts}
             tokenizer = args.tokenizer or resolved.tokenizer_file(args.hyper)
         else:
@@ -656,6 +654,9 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
     p.add_argument("patterns", nargs="+", metavar="PATTERN",
                    help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
+    p.add_argument("--growing", action="store_true",
+                   help="accept a folder a pack is still writing (check the shards it published); without it, a "
+                        "folder whose pack has not committed is a problem (exit 1)")
     _add_retry_options(p)
     p.set_defaults(func=_cmd_verify)
 

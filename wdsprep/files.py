@@ -113,3 +113,33 @@ def file_sha256(file: str | os.PathLike | int) -> str:
         if not isinstance(file, int):
             os.close(fd)
     return h.hexdigest()
+
+
+def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """The bytes of a small file (a pack's plan, an option's JSON file), refused before it is read
+    unless it is a regular file of at most ``limit`` bytes: a FIFO there would wait for a writer
+    forever, a device (a link to ``/dev/zero``) has no end.  ValueError naming ``path`` and
+    ``what`` it should be; FileNotFoundError (and other OSErrors) as ``open`` raises them."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without a writer
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
+                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
+                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise ValueError(f"{path} is {kind}, not a regular file ({what} must be one)")
+        if st.st_size > limit:
+            raise ValueError(f"{path} holds {st.st_size:,} bytes, more than {what} can ({limit:,}); is it the "
+                             f"right file?")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # it grew while read
+                raise ValueError(f"{path} holds more than {limit:,} bytes, more than {what} can; is it the right "
+                                 f"file?")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

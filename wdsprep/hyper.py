@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from wdsprep.files import read_small
 from wdsprep.loading.options import GROUPS, OWNER, LoaderOptions, MixOptions
 from wdsprep.options import from_ld, ld_keys
 from wdsprep.options import parse_bool as _parse_bool
@@ -44,6 +45,7 @@ _KNOWN = {"ld", "trset", "large_dataset", "tokenizer", "batch_size", "batching_m
           "ld_shuffle_buffer", "ld_bucket_count_padding", "seed", "batching_uneven", "dynamic_batch_mode"}
 # batching_mode=batch without bucket_size: no frame bound, only the utterance count.
 NO_FRAME_BOUND = 2**62
+HYPER_LIMIT = 16 << 20  # bytes of a hyper-p.json: options and a few paths
 # make_loader's options that CAT's own keys set (theirs global, divided over the ranks where a bound).
 CAT_KEYS = {"max_frames": "bucket_size", "max_batch_size": "batch_size", "shuffle_buffer": "ld_shuffle_buffer",
             "seed": "seed"}
@@ -290,6 +292,18 @@ def _say_near_miss(key: str, where: str) -> None:
                       f"did you mean {close[0]!r}?", UserWarning, stacklevel=3)
 
 
+def read_hyper(path: str | os.PathLike) -> Any:
+    """The JSON a ``hyper-p.json`` holds; a FIFO, a device or a huge file there is refused unread,
+    and an error names the file."""
+    p = Path(path)
+    try:
+        return json.loads(read_small(p, HYPER_LIMIT, "a hyper-p.json").decode("utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: no such hyper-p.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{p}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+
+
 def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = None,
                            tokenizer: Tokenizer | str | os.PathLike | None = None, **overrides: Any):
     """The training loader a CAT ``hyper-p.json`` describes; ``overrides`` go to :func:`make_loader`.
@@ -304,12 +318,7 @@ def make_loader_from_hyper(path: str | os.PathLike, *, world_size: int | None = 
     from wdsprep.tokenizer import as_tokenizer
 
     p = Path(path)
-    try:
-        hyper = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{p}: no such hyper-p.json") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    hyper = read_hyper(p)
     if world_size is None:
         world_size = dist_info()[1]
     o = loader_options(hyper, world_size=world_size, where=str(p))

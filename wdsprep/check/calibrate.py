@@ -475,7 +475,8 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     """
     t_start = time.perf_counter()
     _check_options(max_seconds=max_seconds, subsampling=subsampling, tokens_per_frame=tokens_per_frame,
-                   max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin, max_frames=max_frames)
+                   max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin, max_frames=max_frames,
+                   seed=seed)
     if not (isinstance(max_error, (int, float)) and max_error > 0):  # NaN too
         raise ValueError(f"max_error must be > 0 (a share, e.g. 0.25), got {max_error!r}")
     out = Path(out)
@@ -542,9 +543,11 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
 
 
 def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float | None, max_tokens: int | None,
-                   optimizer: str, oom_margin: float, max_frames: int | None) -> None:
-    if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
-        raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
+                   optimizer: str, oom_margin: float, max_frames: int | None, seed: int = 0) -> None:
+    if not (isinstance(max_seconds, (int, float)) and 0 < max_seconds < math.inf):
+        raise ValueError(f"max_seconds must be a finite number > 0, got {max_seconds!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:  # what torch's seeds hold
+        raise ValueError(f"seed must be a whole number in [0, 2^63), got {seed!r}")
     if isinstance(subsampling, bool) or not isinstance(subsampling, int) or subsampling < 1:
         raise ValueError(f"subsampling must be an integer >= 1, got {subsampling!r}")
     if tokens_per_frame is not None and not (isinstance(tokens_per_frame, (int, float)) and tokens_per_frame > 0

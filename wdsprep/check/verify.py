@@ -11,9 +11,11 @@ reading a shard at its first refused sample; verify goes on, names every problem
 the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
-dims, dtype; an audio folder's sample counts and rate), shards it lists that are missing and
+dims, dtype; an audio folder's sample counts and rate; the shard's SHA-256, so a shard changed in
+place with its size and mtime kept is found), shards it lists that are missing and
 shards it does not list.  A folder of a pack that did not finish (its marker is still there,
-:mod:`wdsprep.format.commit`) is a problem too: the loader refuses it; so are shards whose
+:mod:`wdsprep.format.commit`) is a problem too: the loader refuses it (``growing``: one still being
+written in plan order is not, and what it published is checked); so are shards whose
 features differ in dimension from the others given.
 
 Shards on S3 or a web server are downloaded one at a time, with the loader's retries, and checked
@@ -33,8 +35,9 @@ from typing import Sequence
 
 import numpy as np
 
-from wdsprep.files import naming
+from wdsprep.files import file_sha256, naming
 from wdsprep.format import commit
+from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     INDEX_NAME,
     DamagedIndexError,
@@ -131,16 +134,21 @@ class _Sample:
     text_len: int | None = None
     samples: int | None = None  # an audio member's
     rate: int | None = None
-    refused: bool = False  # the loader refuses its members (and stops reading the shard here)
+    refused: bool = False  # the loader refuses its members (and stops reading the shard here, unless skipped)
+    skipped: bool = False  # refused alone: a well-formed audio member it does not use; it reads on
     fields: dict[str, str] = field(default_factory=dict)  # its field members' values (KEY.NAME), by name
 
 
 def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                   retries: int = FetchOptions.retries, retry_backoff: float = FetchOptions.retry_backoff,
-                  min_rate: float = FetchOptions.min_rate) -> VerifyResult:
+                  min_rate: float = FetchOptions.min_rate, growing: bool = False) -> VerifyResult:
     """Read every member of every shard the pattern(s) name and check them and their folders' indexes.
 
     ``retries``, ``retry_backoff`` and ``min_rate``: as the loader's, for shards on S3 or a web server.
+    A folder whose pack has not committed is a problem (the pack may have been killed: a script that
+    takes verify's word must not take it as finished); ``growing``: one a pack is still writing, in
+    plan order, is not, and its published shards are checked (as a loader with ``growing=True`` reads
+    them).
     """
     policy = RetryPolicy(retries=retries, backoff=retry_backoff, min_rate=min_rate)
     paths = expand_shards(patterns, check_commit=False, list_glob=lister(policy))  # commits: reported below
@@ -149,7 +157,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
-    growing: dict[str, int] = {}  # folder -> its shards named but not published yet (skipped)
+    rates_seen: dict[int, tuple[int, str]] = {}  # audio sample rate -> (samples, first shard)
+    pending: dict[str, int] = {}  # folder of an uncommitted pack -> its shards named, not published yet (skipped)
     for path in paths:
         remote = is_url(path)
         folder, name = index_place(path)
@@ -159,7 +168,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             else:
                 g = commit.pending_folder(folder)
                 if g is not None and g.followable:
-                    growing[folder] = 0
+                    pending[folder] = 0
                 else:
                     unfinished = commit.problem(folder)
                     if unfinished is not None:
@@ -167,8 +176,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 indexes[folder] = _read_index(folder, result.problems)
         index = indexes[folder]
         i = None if index is None else index.position(name)
-        if folder in growing and i is None:  # written, not published yet: a growing loader does not read it
-            growing[folder] += 1
+        if folder in pending and i is None:  # written, not published yet: a growing loader does not read it
+            pending[folder] += 1
             continue
         if remote:
             listed = i is not None and index is not None
@@ -185,29 +194,52 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             if sample.dims is not None:
                 n, first = dims_seen.get(sample.dims, (0, path))
                 dims_seen[sample.dims] = (n + 1, first)
+            if sample.rate is not None:
+                n, first = rates_seen.get(sample.rate, (0, path))
+                rates_seen[sample.rate] = (n + 1, first)
         if index is not None:
             where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
                 result.problems.append(Problem(path, f"not listed in {where}: the index is stale; "
                                                      f"repack the folder, or re-index it (wdsprep index --refresh)"))
             else:
-                why = None if remote else stale_reason(index, i, os.stat(path))  # remote: the size, checked above
+                st = None if remote else os.stat(path)
+                # A copy's new times: stale_reason judges the shard by its SHA-256 (remote: the size, checked above).
+                why = None if st is None else stale_reason(index, i, st, path)
+                hashed = st is not None and index.checksums[i] is not None and st.st_mtime_ns != index.mtimes[i]
                 if why is not None:
                     result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
                                                          f"it; re-index it (wdsprep index --refresh) or repack"))
+                elif not remote and index.checksums[i] is not None and not hashed:  # remote: checked by the fetch
+                    with naming(path):
+                        if file_sha256(path) != index.checksums[i]:
+                            why = "sha256"
+                            result.problems.append(Problem(path, "its bytes differ from the SHA-256 its index "
+                                                                 "records, with its size and mtime kept: it was "
+                                                                 "changed in place (a bad disk or copy?); copy it "
+                                                                 "again, or repack"))
                 _compare_index(path, index.shard(i), index, shard_samples, result.problems)
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
-    for folder, skipped in growing.items():
+    _check_rates(rates_seen, result.problems)
+    for folder, skipped in pending.items():
         g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
         index = indexes[folder]
         n = 0 if index is None else len(index.names)
         of = "" if planned is None else f" of {planned.shards:,}"
-        result.notes.append(Problem(folder, f"still being packed: {n:,}{of} shards published and checked"
-                                            f"{f', {skipped} not published yet and skipped' if skipped else ''}; a "
-                                            f"loader reads them with growing=True"))
+        so_far = (f"{n:,}{of} shards published and checked"
+                  f"{f', {skipped} not published yet and skipped' if skipped else ''}")
+        if growing:
+            result.notes.append(Problem(folder, f"still being packed: {so_far}; a loader reads them with "
+                                                f"growing=True"))
+        else:
+            marker = g.marker if g is not None else commit.MARKER_NAME
+            result.problems.append(Problem(folder, f"the pack has not committed ({marker} is there): {so_far}; the "
+                                                   f"loader refuses it as a complete corpus. A stopped pack: run it "
+                                                   f"again with --resume; one still being written: verify --growing "
+                                                   f"checks what it published"))
     for folder, index in indexes.items():
         if is_url(folder):
             continue  # a web server cannot list: shards the patterns do not name are not looked for
@@ -228,6 +260,18 @@ def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) 
     problems.append(Problem(dims_seen[ranked[1]][1], f"the shards hold features of different dimensions ({found}): "
                                                       f"the loader fails on the first batch that mixes them; give "
                                                       f"it (and verify) one feature set at a time"))
+
+
+def _check_rates(rates_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
+    """One loader reads audio of one sample rate: ``index`` refuses a folder of two, the loader a set
+    of shards of two (the same verdict here)."""
+    if len(rates_seen) < 2:
+        return
+    ranked = sorted(rates_seen, key=lambda r: (-rates_seen[r][0], r))
+    found = "; ".join(f"{r} Hz in {rates_seen[r][0]:,} sample(s), the first in {rates_seen[r][1]}" for r in ranked)
+    problems.append(Problem(rates_seen[ranked[1]][1], f"the shards hold audio at different sample rates ({found}): "
+                                                        f"the loader and wdsprep index refuse them; repack the audio "
+                                                        f"at one rate (pack-audio --sample-rate)"))
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
@@ -289,7 +333,7 @@ def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str
         refused = s.refused = _check_sample(path, src, s, group, problems)
         if not refused:
             refused = _check_key(path, s, seen, result)
-        if refused and stop is None:
+        if refused and stop is None and not s.skipped:
             stop = key
         samples.append(s)
     if damage is not None:
@@ -366,6 +410,11 @@ def _check_audio(path: str, src: object, s: _Sample, m: Member, problems: list[P
     """An audio member: its header as the loader reads it, then every sample decoded; True when refused."""
     try:
         audio = read_audio(src, m, s.key)
+    except RefusedAudio as e:
+        problems.append(Problem(path, f"{e}; the loader leaves this sample out (counted as unreadable) and reads on; "
+                                      f"repack the shard from the audio", member=m[0]))
+        s.skipped = True
+        return True
     except ValueError as e:
         problems.append(Problem(path, f"{e}; repack the shard from the audio", member=m[0]))
         return True
@@ -408,10 +457,11 @@ def _compare_lost(path: str, lost: int, samples: list[_Sample], problems: list[P
     """The index's count of a shard's samples lost (from the first one the loader refuses on, as
     ``wdsprep index`` counts them) must not exceed the tar's: the loader reports them as unreadable
     drops.  (Fewer is a shard damaged since it was indexed: named above, sample by sample.)"""
-    first = next((j for j, s in enumerate(samples) if s.refused), len(samples))
-    if lost > len(samples) - first:
+    first = next((j for j, s in enumerate(samples) if s.refused and not s.skipped), len(samples))
+    tar_lost = sum(s.skipped for s in samples[:first]) + len(samples) - first
+    if lost > tar_lost:
         problems.append(Problem(path, f"{INDEX_NAME} of {os.path.dirname(path) or '.'} says {lost:,} samples of this "
-                                      f"shard are lost, the tar has {len(samples) - first:,}; the loader reports them "
+                                      f"shard are lost, the tar has {tar_lost:,}; the loader reports them "
                                       f"as unreadable drops: re-index the folder (wdsprep index --force)"))
 
 
@@ -419,6 +469,7 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
                    problems: list[Problem]) -> None:
     """The index's record of a shard must match the tar, key by key."""
     where = f"{INDEX_NAME} of {os.path.dirname(path) or '.'}"
+    samples = [s for s in samples if not s.skipped]  # left out alone, as the index leaves them out: named above
     if not len(info.keys) == len(info.frames) == len(info.text_lens):
         problems.append(Problem(path, f"{where} has {len(info.keys)} keys, {len(info.frames)} frame counts and "
                                       f"{len(info.text_lens)} text lengths; the index is damaged, repack the folder"))

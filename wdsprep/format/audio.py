@@ -5,9 +5,10 @@ or ``KEY.opus`` beside ``KEY.txt``); the loader computes the features while trai
 plan needs of an utterance, its sample count (and so its frame count), comes from the member's
 header alone: FLAC's STREAMINFO block, WAV's ``fmt `` and ``data`` chunks, or an Opus stream's
 identification header and last granule position, parsed here without a decoder.  A member is
-usable when that header parses, says one channel, 16-bit samples (Opus: decoded as 16-bit) and at
-least one sample, and its data is all there; decoding it (:meth:`FileAudio.pcm`) must then give
-exactly the samples the header says.
+usable when that header parses, says one channel, 16-bit samples (Opus: decoded as 16-bit), a
+speech sample rate and at least one sample, and its data is all there (a member whose header
+parses but says otherwise is :class:`RefusedAudio`: left out alone, the shard read on); decoding
+it (:meth:`FileAudio.pcm`) must then give exactly the samples the header says.
 
 FLAC and WAV are lossless: the features of a stored utterance equal those of the original audio.
 Opus is lossy, and a decoder may give back another number of samples than were encoded; the
@@ -32,6 +33,9 @@ from wdsprep.format.shardfile import ShardError, ShardFile, Source
 AUDIO_BITS = 16  # what the writer stores and the readers accept (Opus: what it is decoded to)
 # The fbank backends an audio folder's index may name for the loader (wdsprep.prep.fbank implements them).
 FBANK_BACKENDS = ("torchaudio", "kaldi-native-fbank", "numpy")
+# The sample rates an audio member may have: below 100 Hz a 10 ms frame shift is no sample at all.
+MIN_RATE, MAX_RATE = 1000, 768_000
+MAX_SAMPLES = 2**31 - 1  # an index counts an utterance's samples in int32
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the rates Opus codes at
 OPUS_BITRATE = 32000  # bit/s of speech: ~14 MB per hour of audio
 OPUS_BITRATES = (6000, 256000)  # what libsndfile's Opus encoder takes (per channel)
@@ -71,12 +75,23 @@ def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> 
 
     header = codec.header(more, size)
     if header.channels != 1:
-        raise ValueError(f"{header.channels} channels; audio shards hold one channel (pack picks it)")
+        raise RefusedAudio(f"{header.channels} channels; audio shards hold one channel (pack picks it)")
     if header.bits != AUDIO_BITS:
-        raise ValueError(f"{header.bits}-bit samples; audio shards hold {AUDIO_BITS}-bit PCM")
+        raise RefusedAudio(f"{header.bits}-bit samples; audio shards hold {AUDIO_BITS}-bit PCM")
+    if not MIN_RATE <= header.sample_rate <= MAX_RATE:
+        raise RefusedAudio(f"a sample rate of {header.sample_rate} Hz, which no speech recording has (audio shards "
+                           f"hold {MIN_RATE:,} to {MAX_RATE:,} Hz)")
     if header.samples < 1:
-        raise ValueError("no samples")
+        raise RefusedAudio("no samples")
+    if header.samples > MAX_SAMPLES:
+        raise RefusedAudio(f"{header.samples:,} samples, more than an index counts (at most {MAX_SAMPLES:,})")
     return header
+
+
+class RefusedAudio(ValueError):
+    """A well-formed audio member the readers do not use (not 16-bit mono, a rate no speech has, no
+    samples, more than an index counts): its sample alone is left out, counted as unreadable, and
+    the shard is read on; the members around it were written whole."""
 
 
 def _flac_header(more: Read, size: int) -> AudioHeader:

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from wdsprep.errors import DataError
-from wdsprep.files import sync, write_text
+from wdsprep.files import read_small, sync, write_text
 
 MARKER_NAME = "PACK_INCOMPLETE"
 PLAN_NAME = "pack_plan.json"
 PLAN_VERSION = 1
+PLAN_LIMIT = 64 << 20  # bytes: a plan records its inputs' digests and a few numbers per folder
 # Per shard folder: one sub-folder per published shard, holding that shard's index entry.
 PARTS_DIR = ".index.parts"
 _PART_RE = re.compile(r"[0-9]{8}")
@@ -115,11 +116,13 @@ def read_plan(d_out: str | os.PathLike) -> PackPlan | None:
     """The plan in ``d_out``, or None when there is none; a damaged one is a DataError naming the field."""
     path = Path(d_out) / PLAN_NAME
     try:
-        data = path.read_bytes()
+        data = read_small(path, PLAN_LIMIT, "a pack's plan")
     except FileNotFoundError:
         return None
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror}); pack again with --overwrite") from None
+    except ValueError as e:  # a FIFO, a device, a file far larger than any plan
+        raise DataError(f"{e}; pack again with --overwrite") from None
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:
@@ -204,7 +207,7 @@ def problem(folder: str | os.PathLike) -> str | None:
     follow the folder's name."""
     g = pending_folder(folder)
     if g is None:
-        return None
+        return _unmarked_parts(Path(folder))
     if not g.followable:
         return (f"part of a pack that did not finish ({g.marker} is there): its shards may be a part of the corpus "
                 f"only; re-run the pack into {g.marker.parent} with --overwrite to complete it")
@@ -215,16 +218,48 @@ def problem(folder: str | os.PathLike) -> str | None:
             f"to finish a pack that was stopped, run it again with --resume (or --overwrite to redo it)")
 
 
+def _unmarked_parts(folder: Path) -> str | None:
+    """Why a folder without a marker is no complete pack's: published entries and no ``index.json``
+    (a pack commits only after its indexes are written, and drops the entries after that), so the
+    marker of a pack that did not finish was removed by hand; None for any other folder."""
+    if not os.path.isdir(folder / PARTS_DIR) or os.path.lexists(folder / "index.json"):  # the index's file name
+        return None
+    d = folder if os.path.lexists(folder / PLAN_NAME) else folder.parent
+    return (f"holds the published entries of a pack ({folder / PARTS_DIR}) but no index.json, and no {MARKER_NAME}: "
+            f"the pack did not finish and its marker was removed by hand, so its shards may be a part of the corpus "
+            f"only. Put the marker back (touch {d / MARKER_NAME}) and run the pack again with --resume, or pack "
+            f"again with --overwrite")
+
+
 def check_committed(folder: str | os.PathLike, *, growing: bool = False) -> None:
     """Raise :class:`UncommittedPackError` when ``folder``'s shards belong to an unfinished pack;
     with ``growing``, only when it cannot be followed (no plan: nothing is published in order)."""
     if growing:
         g = pending_folder(folder)
-        if g is None or g.followable:
+        if g is not None and g.followable:
             return
     why = problem(folder)
     if why is not None:
         raise UncommittedPackError(f"shards in {folder}: {why}")
+
+
+def pack_running(d_out: str | os.PathLike) -> bool:
+    """Whether a pack holds ``d_out``'s lock now (the pack's, ``wdsprep.pack.output.lock_folder``):
+    a folder still marked unfinished whose lock is free is a pack that stopped.  The probe takes a
+    shared lock for an instant (a pack starting then tries its lock again before it refuses)."""
+    import fcntl
+
+    try:
+        fd = os.open(d_out, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
 
 
 def begin(d_out: str | os.PathLike) -> Path:

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import file_sha256
+from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     FROM_KEYS,
     INDEX_FILES,
@@ -99,6 +100,7 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     carried: set[str] | None = None  # the field names of every sample so far
     wanted = list(dict.fromkeys([LANG, *index_fields]))
     values: dict[str, list[str | None]] = {n: [] for n in wanted}
+    skipped: list[str] = []  # the samples left out alone (RefusedAudio), and why
     for key, group in samples_before_damage(members, problem):
         where = f"key {key!r}"
         try:
@@ -116,6 +118,9 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
             where = f"key {key!r}: a field member"
             for name, value in zip(wanted, decode_fields(src, group, wanted)):
                 values[name].append(value)
+        except RefusedAudio as e:  # well-formed, not usable: left out alone, the shard read on (as the loader does)
+            skipped.append(f"{where}: {e}")
+            continue
         except ValueError as e:
             problem = f"{where}: {e}"
             break
@@ -135,10 +140,15 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     n = scan.info.num_utts
     scan.info.values = {k: v[:n] for k, v in values.items()  # type: ignore[misc]
                         if k in scan.fields and None not in v[:n]}
-    if problem is not None:
+    for why in skipped:
+        scan.problems.append(f"{path}: {why}; the loader leaves this sample out (counted as unreadable) and reads on "
+                             f"(repack it from the audio: pack-audio resamples and picks a channel)")
+    if problem is not None or skipped:
         scan.lost = sum(1 for _ in group_samples(members)) - scan.info.num_utts
-        scan.problems.append(f"{path}: {problem}; the loader reads the {scan.info.num_utts} samples before it, "
-                             f"{scan.lost} are lost (copy the shard again or repack it)")
+    if problem is not None:
+        before = scan.info.num_utts
+        scan.problems.append(f"{path}: {problem}; the loader reads the {before} usable samples before it, "
+                             f"{scan.lost - len(skipped)} are lost (copy the shard again or repack it)")
     return scan
 
 

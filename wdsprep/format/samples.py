@@ -5,7 +5,10 @@ What counts as a usable sample is decided here once, for the loader and for ``ve
 ``.npy`` header of little-endian float16/32/64, 2-D, at least one frame (in an audio layout: an
 audio header of 16-bit mono PCM with at least one frame's samples, ``audio.py``), a UTF-8
 transcript and a key that percent-decodes.  A sample that fails any of these ends the shard: one
-bad sample most likely means the shard was damaged in writing or copying.  A sample's fields
+bad sample most likely means the shard was damaged in writing or copying; but a well-formed audio
+member whose header says what the readers do not use (stereo, 24-bit, a rate no speech has:
+:class:`~wdsprep.format.audio.RefusedAudio`) is left out alone and the shard read on, as the index
+scan does (it counts that sample lost, and the loader reports it as unreadable).  A sample's fields
 (members ``KEY.NAME``, ``keys.py``) are read when asked for (:func:`decode_fields`): UTF-8 text,
 None where the sample has no such member.
 """
@@ -18,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from wdsprep.format import native
-from wdsprep.format.audio import AudioHeader, FileAudio, audio_header
+from wdsprep.format.audio import AudioHeader, FileAudio, RefusedAudio, audio_header
 from wdsprep.format.keys import (
     AUDIO_LAYOUTS,
     FEATURE_LAYOUTS,
@@ -147,7 +150,7 @@ def read_audio_header(src: Source, m: Member) -> AudioHeader:
     fmt = next(f for f in AUDIO_LAYOUTS if name.endswith("." + f))
     header = audio_header(fmt, head, size, lambda a, b: bytes(src[offset + a:offset + b]))
     if not fbank_frames(header.samples, header.sample_rate):
-        raise ValueError(f"{header.samples} samples at {header.sample_rate} Hz, less than one 25 ms frame")
+        raise RefusedAudio(f"{header.samples} samples at {header.sample_rate} Hz, less than one 25 ms frame")
     return header
 
 
@@ -300,6 +303,13 @@ def iter_decoded(
             decoded = decode_sample(src, key, group, float32=float32, lazy=lazy)
             if fields is not None:
                 decoded = (*decoded, decode_fields(src, group, fields))
+        except RefusedAudio as e:  # well-formed, not usable: the index counts it lost (unreadable); read on
+            if on_error == "raise":
+                raise ShardError(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}. Repack the shard from the "
+                                 f"audio or remove it from the shard list") from None
+            warnings.warn(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}; this sample is left out (counted "
+                          f"as unreadable) and the rest of the shard read", RuntimeWarning, stacklevel=2)
+            continue
         except ValueError as e:
             samples.close()
             report_undecodable(url, key, e, on_error, on_corrupt)

@@ -34,13 +34,16 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from wdsprep.files import read_small
 from wdsprep.units import fbank_frames
 
+SPEC_LIMIT = 1 << 20  # bytes of an augment spec's JSON file: a few options
+# The SNRs (dB) noise may be added at: far past any recording's, and 10 ** (snr / 10) stays finite.
+MAX_SNR = 120.0
 # Generators of one corpus epoch are independent per purpose.
 _SPEED, _UTTERANCE, _DITHER = 11, 12, 13
 # An utterance's uniforms of stream s > 0 come from purpose _STREAM + s (stream 0's from purpose 0).
@@ -129,8 +132,9 @@ class Speed(Part):
         probs = _numbers(self.probs, "speed probs") if self.probs is not None else (1.0,) * len(factors)
         if len(probs) != len(factors):
             raise ValueError(f"augment speed: {len(factors)} factors but {len(probs)} probs")
-        if any(p < 0 for p in probs) or not sum(probs) > 0:
-            raise ValueError(f"augment speed probs must be >= 0 with a positive sum, got {list(probs)}")
+        if any(p < 0 for p in probs) or not 0 < sum(probs) < math.inf:
+            # a sum past the largest float made every prob 0: every utterance went to the last factor
+            raise ValueError(f"augment speed probs must be >= 0 with a positive, finite sum, got {list(probs)}")
         for f in factors:
             if not 0.5 <= f <= 2.0 or abs(float(Fraction(f).limit_denominator(100)) - f) > 1e-9:
                 raise ValueError(f"augment speed factor {f} must be in [0.5, 2] with at most two decimals "
@@ -174,8 +178,10 @@ class Noise(Part):
         snr = _numbers(self.snr, "noise snr")
         if len(snr) == 1:
             snr = (snr[0], snr[0])
-        if len(snr) != 2 or snr[0] > snr[1]:
-            raise ValueError(f"augment noise snr must be [low, high] in dB, got {list(snr)}")
+        if len(snr) != 2 or snr[0] > snr[1] or not -MAX_SNR <= snr[0] <= snr[1] <= MAX_SNR:
+            # beyond it 10 ** (snr / 10) overflows, or the noise's gain underflows to nothing
+            raise ValueError(f"augment noise snr must be [low, high] in dB within [-{MAX_SNR:g}, {MAX_SNR:g}], got "
+                             f"{list(snr)}")
         object.__setattr__(self, "snr", snr)
         object.__setattr__(self, "dir", os.fspath(self.dir))
         _check_prob(self.prob, "noise")
@@ -451,13 +457,15 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
         text = str(spec)
         if not text.lstrip().startswith("{"):
             try:
-                text = Path(spec).read_text(encoding="utf-8")
+                text = read_small(spec, SPEC_LIMIT, "an augment spec").decode("utf-8")
             except OSError as e:
                 raise ValueError(f"augment: {spec!r} is neither JSON nor a readable file ({e.strerror})") from None
+            except ValueError as e:  # a FIFO, a device, a huge file; or not UTF-8
+                raise ValueError(f"augment: {e}") from None
         try:
             spec = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"augment: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"augment: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"augment must be a dict such as {{\"speed\": {{\"factors\": [0.9, 1.0, 1.1]}}}}, "
                          f"got {type(spec).__name__}")

@@ -29,11 +29,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from wdsprep.files import read_small
+
 # per_frame_token last: a fit's coefficients are listed in this order.
 COEFFICIENTS = ("per_utt", "per_frame", "per_frame2", "per_token", "per_token2", "per_frame_token")
 TOKEN_TERMS = ("per_token", "per_token2", "per_frame_token")
 # Keys a cost file may hold that are no coefficient: calibrate's figures and the budget it measured.
 NOTES = ("fit", "max_cost")
+COST_LIMIT = 1 << 20  # bytes of a cost model's JSON file: a few coefficients and calibrate's figures
 # Coefficients a cost file may leave out at 0 and that JSON leaves out then: older files and
 # states (fingerprints) stay as they were.
 ADDED = ("per_frame_token",)
@@ -122,11 +125,15 @@ def load_cost(cost: CostModel | Mapping[str, Any] | str | os.PathLike) -> CostMo
         return CostModel.from_json(cost)
     path = Path(cost)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_small(path, COST_LIMIT, "a cost model").decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such cost model file (wdsprep calibrate writes one)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a cost model in JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: not a cost model in JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    except ValueError as e:  # a FIFO, a device, a huge file
+        raise ValueError(f"cost: {e}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: the cost model cannot be read ({e.strerror})") from None
     return CostModel.from_json(doc, where=str(path))
 
 

@@ -32,6 +32,9 @@ from wdsprep.prep.audio import AudioReadError, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
 
 Rows = tuple[BatchId, Records]
+# The longest utterance the reader decodes: a 210 KB FLAC may hold 70 minutes, whose waveform and
+# fbank take ~90 MB a minute; a longer one is left out of its batch, counted (bad_audio).
+MAX_DECODE_SECONDS = 20 * 60
 def bank_files(folder: str) -> list[Path]:
     """The audio files of a noise or impulse-response folder (what soundfile reads), sorted; an
     error naming the folder when there are none."""
@@ -61,7 +64,12 @@ def load_bank(folder: str, sample_rate: int, what: str) -> list[np.ndarray]:
             data, rate = load_recording(str(p))
         except AudioReadError as e:
             raise ValueError(f"augment {what}: {e}") from None
+        if not np.isfinite(data[:, 0]).all():  # it would make every utterance it is drawn for NaN, each dropped
+            raise ValueError(f"augment {what}: {p} holds NaN or Inf samples; remove it from {folder}")
         wave = resample(np.ascontiguousarray(data[:, 0]), rate, sample_rate)
+        if not np.isfinite(wave).all():
+            raise ValueError(f"augment {what}: {p} holds samples too large to use (Inf once resampled); remove it "
+                             f"from {folder}")
         if not np.any(wave):
             raise ValueError(f"augment {what}: {p} is silent; remove it from {folder}")
         out.append(wave.astype(np.float32, copy=False))
@@ -217,6 +225,11 @@ class FeatureMaker:
         assert fb is not None
         if audio.header.sample_rate != fb.sample_rate:
             raise ValueError(f"audio at {audio.header.sample_rate} Hz in a shard set at {fb.sample_rate} Hz")
+        seconds = audio.header.samples / audio.header.sample_rate
+        if seconds > MAX_DECODE_SECONDS:  # from the header, before a byte is decoded
+            raise ValueError(f"{seconds / 60:.1f} min of audio, more than the {MAX_DECODE_SECONDS / 60:g} min the "
+                             f"reader decodes (its fbank takes ~90 MB a minute); drop such utterances with "
+                             f"max_utt_frames, or cut them into segments and repack")
         wave = audio.pcm().astype(np.float32)
         prefix = ""
         for part in (chain or self.chains[0]).on_wave:

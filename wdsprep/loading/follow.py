@@ -11,13 +11,16 @@ topology whatever was published since.  Everything else is the held source's.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from wdsprep.format.commit import pack_running, pending_folder
 from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.growing import View, coverage, observe
+from wdsprep.loading.growing import View, coverage, describe, observe
 from wdsprep.loading.mix.weights import Mixture
 from wdsprep.loading.plan import BatchId
 from wdsprep.loading.shardset import ShardSet
@@ -58,6 +61,7 @@ class GrowingSource:
         self.coverage = coverage(self.held.shards, view)
         self.epoch: int | None = None
         self.revision = 0  # how many times the held source was replaced: readers forked before hold an old one
+        self._said: set[Path] = set()  # packs said to have stopped
 
     # What a loader asks of any epoch source besides the plan (``source.FixedShards`` for the others).
 
@@ -67,6 +71,8 @@ class GrowingSource:
         if self.epoch == epoch:
             return False
         seen = observe(self.trset).to_json() if self.ranks.leader else None
+        if seen is not None:
+            self._say_stopped(seen)
         view = View.from_json(self.ranks.share(seen, f"set_epoch({epoch}), sharing rank 0's view of the growing "
                                                      f"shards"))
         changed = view != self.view
@@ -74,6 +80,20 @@ class GrowingSource:
             self._hold(view, carry_to=epoch)
         self.epoch = epoch
         return changed
+
+    def _say_stopped(self, seen: Mapping[str, int]) -> None:
+        """Warn (once per pack) when a pack the loader follows has stopped: its folder is still
+        unfinished but no pack holds its lock, so every epoch from now on trains on the same part."""
+        for folder in seen:
+            g = pending_folder(folder)
+            if g is None or g.marker.parent in self._said or pack_running(g.marker.parent):
+                continue
+            self._said.add(g.marker.parent)
+            c = coverage(self.held.shards, View.from_json(seen))
+            warnings.warn(f"growing loader: no pack is writing {g.marker.parent} (it stopped, {g.marker.name} is "
+                          f"still there): every epoch trains on the {describe(c).removeprefix('growing ')} until "
+                          f"it goes on; finish it with the same pack command and --resume", RuntimeWarning,
+                          stacklevel=4)
 
     def begin(self, epoch: int) -> None:
         """``epoch`` is iterated: over the shards held, if no view was fixed for an epoch yet."""

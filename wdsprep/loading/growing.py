@@ -205,6 +205,20 @@ def describe(c: Mapping[str, Any]) -> str:
             f"{c['utterances']:,}{of('utterances')} utterances{share}, {c['hours']:.2f}{hours_of} h published")
 
 
+def _refuse_beyond_plans(c: Mapping[str, Any], patterns: Sequence[str], want_shards: int,
+                        min_hours: float | None) -> None:
+    """A wait the packs' plans say can never end (they will publish fewer shards or hours in all)
+    is refused at once, rather than after the whole wait_timeout."""
+    final, final_hours = c["shards_final"], c["hours_final"]
+    if final is not None and final < want_shards:
+        raise DataError(f"growing loader: the packs of {patterns} will publish {final:,} shards in all (their "
+                        f"pack_plan.json), fewer than min_shards={want_shards:,}: it would wait in vain; lower "
+                        f"min_shards")
+    if min_hours is not None and final_hours is not None and final_hours < min_hours:
+        raise DataError(f"growing loader: the packs of {patterns} will publish {final_hours:.2f} h in all (their "
+                        f"pack_plan.json), less than min_hours={min_hours:g}: it would wait in vain; lower min_hours")
+
+
 def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | None, min_hours: float | None,
              timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 0.2) -> View:
     """Wait until the trset's published shards reach ``min_shards`` and ``min_hours`` (at least one
@@ -236,6 +250,7 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
             continue
         have_hours = hours(int(shards.frames.sum(dtype=np.int64)))
         want = f"{want_shards:,} shard(s)" + ("" if min_hours is None else f" and {min_hours:g} h")
+        _refuse_beyond_plans(coverage(shards, view), patterns, want_shards, min_hours)
         if len(shards) >= want_shards and (min_hours is None or have_hours >= min_hours):
             try:
                 if check is not None:

@@ -11,6 +11,7 @@ its own values when it is made; :meth:`LoaderOptions.of` the rules between group
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
@@ -115,10 +116,34 @@ class GrowOptions:
                                          "long", kind=NUMBER, metavar="SECONDS")
 
     def __post_init__(self) -> None:
+        t = self.wait_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+            # NaN compares false with every time waited: it waited forever
+            raise ValueError(f"wait_timeout must be a finite number of seconds >= 0, got {t!r}")
+        m = self.min_shards
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int)):
+            raise ValueError(f"min_shards must be a whole number of shards, got {m!r}")
+        h = self.min_hours
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h < math.inf):
+            raise ValueError(f"min_hours must be a finite number of hours, got {h!r}")
         if (self.min_shards is not None or self.min_hours is not None) and not self.growing:
             raise ValueError("min_shards/min_hours wait for shards a pack is still publishing: pass growing=True too")
         if self.min_shards is not None and self.min_shards < 0 or self.min_hours is not None and self.min_hours < 0:
             raise ValueError(f"min_shards and min_hours must be >= 0, got {self.min_shards} and {self.min_hours}")
+
+
+def _check_fbank(given: Mapping[str, Any] | None) -> None:
+    """``fbank`` refused when the loader is built, naming the option, rather than each utterance's
+    features failing in the reader: a non-object, an option it does not take, a value of the wrong
+    type or out of range (a NaN dither, an unknown backend)."""
+    if given is None:
+        return
+    if not isinstance(given, Mapping):
+        raise ValueError(f"fbank must be an object of options such as {{\"num_mel_bins\": 40}}, got {given!r}")
+    unknown = sorted(set(given) - set(FBANK_KEYS))
+    if unknown:
+        raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)}")
+    FbankOptions(**{k: given[k] for k in FBANK_KEYS if k in given})  # each value checked, named
 
 
 @dataclass(frozen=True)
@@ -177,6 +202,7 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         check_on_error(self.on_error)
+        _check_fbank(self.fbank)
         object.__setattr__(self, "augment", parse_augment(self.augment))
         object.__setattr__(self, "normalize", parse_normalize(self.normalize))
         for what in ("fields", "text_fields"):

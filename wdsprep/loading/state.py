@@ -26,6 +26,7 @@ none); a resume with another treatment is refused, naming it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -92,6 +93,18 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _value(value: Any, plain: str, limit: int = 160) -> str:
+    """An option's value for a message: an object's or a list's JSON (a cost model's coefficients,
+    not ``dict``), cut to ``limit`` characters; ``plain`` for anything else."""
+    if not isinstance(value, (Mapping, list)):
+        return plain
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return plain
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class SavedState:
     """A state's envelope, checked against the loader reading it; ``position`` is the source's to read."""
@@ -133,8 +146,8 @@ def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], 
     saved_options = need(state, "options")
     if not isinstance(saved_options, Mapping):
         raise StateError(f"the loader state's options must be an object, not {_show(saved_options)}")
-    differ = [f"{k}={_show(v)} (this loader: {options.get(k)})" for k, v in saved_options.items()
-              if options.get(k) != v]
+    differ = [f"{k}={_value(v, _show(v))} (this loader: {_value(options.get(k), str(options.get(k)))})"
+              for k, v in saved_options.items() if options.get(k) != v]
     if differ:
         raise StateError(f"the loader state was saved with {', '.join(differ)}: the planned batches depend on "
                          f"these, so build the loader with the saved values to resume (a CAT bucket_size is split "

@@ -77,10 +77,10 @@ class LabelTokens:
                     f"filter or the CTC rule), and no token column for this "
                     f"tokenizer was uploaded beside the index; count them on a local copy (wdsprep tokenizer "
                     f"count-labels 'DIR/*/data-*.tar' --tokenizer TOKENIZER) and upload {name} with the index files")
-            return column
+            return _plausible(column, index, f"{redact(folder)}/{name}")
         path = Path(folder) / name
         if path.is_file():
-            return parse_tokens(path, index.num_utts, str(path))
+            return _plausible(parse_tokens(path, index.num_utts, str(path)), index, str(path))
         langs = self._langs(folder, index)
         column = np.concatenate([self._texts_of(os.path.join(folder, shard), int(n),
                                                 None if langs is None else langs.rows(int(a), int(a + n)))
@@ -152,3 +152,27 @@ def count_labels(patterns: str | os.PathLike | Sequence[str | os.PathLike],
         done[folder] = (f"{name}: {'already there' if had else 'written'}, {len(column):,} labels, "
                         f"{float(column.mean()) if len(column) else 0:.1f} tokens on average")
     return done
+
+
+# The most tokens a label may count per character of its transcript (a byte-level or phone
+# tokenizer, NFKC's expansions): far above any real one, far below a column rewritten with 2^31-1.
+MAX_TOKENS_PER_CHAR = 32
+
+
+def _plausible(column: np.ndarray, index: FolderIndex, where: str) -> np.ndarray:
+    """A token column kept beside an index, refused when no tokenizer could have counted it: more
+    tokens than its transcript could make, or none for every non-empty transcript (a column
+    rewritten by hand or by a tool); the loader counts them again once it is deleted."""
+    text_lens = np.asarray(index.text_lens, np.int64)
+    over = np.flatnonzero(column.astype(np.int64) > MAX_TOKENS_PER_CHAR * text_lens + 8)
+    why = None
+    if len(over):
+        i = int(over[0])
+        why = (f"row {i} counts {int(column[i]):,} tokens for a {int(text_lens[i]):,}-character transcript "
+               f"({len(over):,} such rows)")
+    elif len(column) and (text_lens > 0).any() and not column.any():
+        why = f"every one of its {len(column):,} rows counts 0 tokens, though the transcripts are not empty"
+    if why is not None:
+        raise DataError(f"{where}: {why}: no tokenizer counts so, the column was changed; delete it, the loader "
+                        f"counts the tokens again")
+    return column

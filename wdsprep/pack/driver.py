@@ -32,7 +32,7 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from wdsprep.errors import LostError, StrictError
+from wdsprep.errors import DataError, LostError, StrictError
 from wdsprep.format.commit import marker
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
@@ -260,6 +260,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
     d, command = out.d, source.command
     shards_total = 0
     part: tuple[Part, ShardPlan] | None = None
+    resumable = True
     try:
         headers = source.headers(items, report, nj=nj, progress=progress)
         uttids = [uttid for uttid, _, _ in items]
@@ -276,7 +277,11 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
             part = (spread.part, plan)
             return _pack_part(out, plan, pack_plan, spread.part, report, options, work,
                               Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress)
-        done = record_plan(out, plan, pack_plan, options.fmt)
+        try:
+            done = record_plan(out, plan, pack_plan, options.fmt)
+        except DataError:
+            resumable = False  # the resume itself was refused: "run it with --resume" would send the user round
+            raise
         tasks = [j for j in write_order(plan) if j not in done.done]
         ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
         written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress)
@@ -295,7 +300,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         report = finish(d, plan.folders, report, languages=indexed.get(LANG))
     except BaseException as e:
         note = stopped(out, shards_total, part)
-        if note:
+        if note and resumable:
             e.add_note(note)  # the CLI prints it on the error's line
         raise
     print(report.summary(f"{command}: wrote {d}"))

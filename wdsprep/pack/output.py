@@ -8,7 +8,7 @@
    (:func:`check_same`); a pack that is complete is only reported (:func:`resumed_report`).
 3. :func:`record_plan`: a new pack's whole plan goes into ``DIR/pack_plan.json`` before any shard
    is written.  A resumed pack's plan must be the one it started with; the shards it published are
-   checked against their entries (size and mtime as indexed, utterances and frames as planned) and
+   checked against their entries (size, mtime and SHA-256 as indexed, utterances and frames as planned) and
    kept untouched, and the rest is written again.
 4. :class:`Publisher`: each shard a worker wrote (:mod:`wdsprep.pack.sink`) is *published* in plan
    order within its folder, as soon as it and every one before it are written: it gets its final
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import TMP_SUFFIX, make_dir, sync, write_text
+from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync, temp_path, write_text
 from wdsprep.format.commit import (
     PARTS_DIR,
     PLAN_NAME,
@@ -114,16 +114,19 @@ def lock_folder(d: Path, *, shared: bool = False) -> int:
     workers are gone): a second pack into ``d`` is refused instead of writing the same files.
     ``shared``: a part of a spread pack's, which other parts share and a whole pack is refused."""
     import fcntl
+    import time
 
     fd = os.open(d, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise FileExistsError(f"{d}: another pack is writing there now (a whole pack, or while parts run "
-                              f"(--part), the run that plans or commits them); wait for it to end (or stop it) "
-                              f"first") from None
-    return fd
+    for attempt in range(5):
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if attempt < 4:  # a growing loader's probe (commit.pack_running) holds it for an instant
+                time.sleep(0.05)
+    os.close(fd)
+    raise FileExistsError(f"{d}: another pack is writing there now (a whole pack, or while parts run (--part), the "
+                          f"run that plans or commits them); wait for it to end (or stop it) first")
 
 
 @contextmanager
@@ -186,6 +189,9 @@ def prepare_output(d_out: str | os.PathLike, overwrite: bool, resume: bool = Fal
 def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     """The plan of the pack to resume, or None when a new pack starts (the folder marked, and cleared
     of an earlier pack's output)."""
+    refuse_linked_folders(d, removable=not resume)
+    # A pack killed while it wrote its marker left only the marker's temporary file: it changed nothing.
+    temp_path(marker(d)).unlink(missing_ok=True)
     plan = read_plan(d)
     if resume and plan is not None:
         return plan
@@ -207,12 +213,12 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
         overwrite = True  # resume without a plan: nothing was published in order, so it starts anew
     begin(d)
     if overwrite:
-        for folder in [d, *(p for p in d.iterdir() if p.is_dir())]:
-            shutil.rmtree(folder / PARTS_DIR, ignore_errors=True)
-            shutil.rmtree(folder / f"{PARTS_DIR}.done", ignore_errors=True)
-            shutil.rmtree(folder / STAGED_DIR, ignore_errors=True)
+        for folder in [d, *own_folders(d)]:
+            remove_path(folder / PARTS_DIR)
+            remove_path(folder / f"{PARTS_DIR}.done")
+            remove_path(folder / STAGED_DIR)
             for p in folder.iterdir():
-                if p.is_file() and (p.name.endswith((".tar", TMP_SUFFIX))
+                if (p.is_file() or p.is_symlink()) and (p.name.endswith((".tar", TMP_SUFFIX))
                                     or is_index_file(p.name) or p.name == REPORT_NAME
                                     or (folder == d and p.name == PLAN_NAME)):
                     p.unlink()
@@ -222,15 +228,49 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     return None
 
 
-def remove_partial(d_out: str | os.PathLike) -> None:
-    """Remove hidden worker shards, so nothing partial is mistaken for output."""
-    d = Path(d_out)
-    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
-    for p in [*d.glob(".w*"), *d.glob("*/.w*"), *d.glob("..w*"), *d.glob("*/..w*")]:
-        if p.is_file():
+def own_folders(d: Path) -> list[Path]:
+    """``d``'s sub-folders that are folders of its own: a symbolic link is never followed, so
+    nothing is removed (or written) in the folder it points to."""
+    return [p for p in d.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def refuse_linked_folders(d: Path, removable: bool) -> None:
+    """A pack never removes or writes through a symbolic link to a folder inside ``--out`` (it would
+    change the files of the folder it points to): such a link is refused, named, before anything
+    changes.  ``removable``: links where a pack keeps hidden work (published entries, worker shards)
+    are not refused, since a new pack removes them, the links themselves."""
+    if not d.is_dir():
+        return
+    for p in sorted(d.iterdir()):
+        hidden_work = p.name in (PARTS_DIR, f"{PARTS_DIR}.done") or p.name.startswith((".w", "..w"))
+        if p.is_symlink() and p.is_dir() and not (removable and hidden_work):
+            raise FileExistsError(f"{p} is a symbolic link to the folder {os.path.realpath(p)}; a pack never "
+                                  f"removes or writes anything through a link inside its output folder: remove the "
+                                  f"link (rm {p}) or pick another output folder")
+
+
+def remove_path(p: Path) -> None:
+    """Remove ``p`` if it is there: a symbolic link itself (never what it points to), a file, or a
+    folder of its own with what it holds.  An error names ``p``."""
+    try:
+        if p.is_symlink() or (os.path.lexists(p) and not p.is_dir()):
             p.unlink()
         elif p.is_dir():
             shutil.rmtree(p)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise OSError(e.errno, f"cannot remove {p}: {e.strerror or e}", str(p)) from None
+
+
+def remove_partial(d_out: str | os.PathLike) -> None:
+    """Remove hidden worker shards, so nothing partial is mistaken for output (links removed
+    themselves, never followed)."""
+    d = Path(d_out)
+    # .w000-00000.tar, and ..w000-00000.tar.tmp while it is being written
+    for folder in [d, *own_folders(d)]:
+        for p in [*folder.glob(".w*"), *folder.glob("..w*")]:
+            remove_path(p)
 
 
 # -- 2. what a pack was made from, and a resume held against it -----------------------------------------
@@ -275,6 +315,8 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
             if files:
                 out.append(f"{name} {files[0]} differs from the one the pack started with (sha256)")
                 continue
+            if all(_same_path(w[0], n[0]) for w, n in zip(was, now)):
+                continue  # the same files, spelled another way (./a for a)
         if isinstance(was, dict) and isinstance(now, dict) and "digest" in was and "digest" in now:
             out.append(f"the {name} ({now.get('files', '?'):,} files) differ in size or modification time from "
                        f"when the pack started ({was.get('files', '?'):,} files)")
@@ -288,6 +330,11 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
         if prior.options.get(name) != options.get(name):
             out.append(f"{name}={options.get(name)!r} (the pack started with {prior.options.get(name)!r})")
     return out
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    """Whether two recorded paths name one file however spelled (``./a``, ``a``, ``x/../a``)."""
+    return isinstance(a, str) and isinstance(b, str) and os.path.normpath(a) == os.path.normpath(b)
 
 
 def _brief(value: Any) -> str:
@@ -416,6 +463,8 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
             except FileNotFoundError:
                 raise refuse("it is missing") from None
             why = stale_reason(index, k, st)
+            if why is None and index.checksums[k] is not None and file_sha256(path) != index.checksums[k]:
+                why = "its bytes differ from the SHA-256 its entry records: it was changed in place"
             if why is not None:
                 raise refuse(f"it changed since ({why})")
             record = read_part_record(where, k)
@@ -460,7 +509,13 @@ def _remove_unpublished(d: Path, plan: ShardPlan, count: dict[str, int], fmt: st
     for folder in plan.folders:
         where = d / folder
         for p in where.glob(f"{PARTS_DIR}/.tmp-*"):
-            shutil.rmtree(p, ignore_errors=True)
+            remove_path(p)
+        published = count.get(folder, 0)
+        for p in where.glob(f"{PARTS_DIR}/[0-9]*"):
+            # entries past a gap (one removed by hand) publish nothing: their shards are written
+            # again, and a stale entry in a new one's place would stop its publication for good
+            if p.name.isdigit() and len(p.name) == 8 and int(p.name) >= published:
+                remove_path(p)
         planned_here = sum(1 for s in plan.shards if s.folder == folder)
         for k in range(count.get(folder, 0), planned_here):
             (where / (fmt % k)).unlink(missing_ok=True)
@@ -710,8 +765,8 @@ def stopped(out: LockedOutput, shards_total: int, part: tuple[Part, ShardPlan] |
                 f"again to finish it")
     try:
         remove_partial(d)
-        for parts in d.glob(f"**/{PARTS_DIR}/.tmp-*"):
-            shutil.rmtree(parts, ignore_errors=True)
+        for parts in (p for folder in [d, *own_folders(d)] for p in folder.glob(f"{PARTS_DIR}/.tmp-*")):
+            remove_path(parts)
         published = sum(published_count(p.parent) for p in [*d.glob(PARTS_DIR), *d.glob(f"*/{PARTS_DIR}")])
     except OSError:
         return None
@@ -727,11 +782,11 @@ def abandon(d_out: Path) -> None:
     """After a pack that published nothing failed: remove what it wrote, marker and plan last."""
     try:
         remove_partial(d_out)
-        for p in [d_out, *(q for q in d_out.iterdir() if q.is_dir())]:
-            shutil.rmtree(p / PARTS_DIR, ignore_errors=True)
+        for p in [d_out, *own_folders(d_out)]:
+            remove_path(p / PARTS_DIR)
         (d_out / REPORT_NAME).unlink(missing_ok=True)
-        for p in d_out.iterdir():
-            if p.is_dir() and not any(p.iterdir()):
+        for p in own_folders(d_out):
+            if not any(p.iterdir()):
                 p.rmdir()
     except OSError:
         return

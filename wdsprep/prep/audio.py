@@ -30,6 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from wdsprep.format.audio import MAX_RATE, MIN_RATE
 from wdsprep.prep.kaldi import KaldiDataError, read_tables
 from wdsprep.report import Report
 
@@ -133,8 +134,17 @@ def load_recording(rxfile: str) -> tuple[np.ndarray, int]:
         raise AudioReadError(f"{what} is not readable audio: {type(e).__name__}: {e}") from None
     if data.shape[0] == 0:
         raise AudioReadError(f"{what} has no samples")
+    check_rate(int(rate), what)
     data *= INT16_SCALE
     return data, int(rate)
+
+
+def check_rate(rate: int, what: str) -> None:
+    """:class:`AudioReadError` for a header rate no recording has: resampled to speech rates, 1 Hz
+    would make 60 KB of audio 2 GB of samples (and below 100 Hz a frame shift is no sample)."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioReadError(f"{what} says {rate} Hz, which no speech recording is sampled at ({MIN_RATE:,} to "
+                             f"{MAX_RATE:,} Hz): is its header damaged?")
 
 
 def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
@@ -269,6 +279,7 @@ def probe_recording(rxfile: str) -> Recording:
         raise AudioReadError(f"{rxfile!r} is not readable audio: {type(e).__name__}: {e}") from None
     if info.frames <= 0:
         raise AudioReadError(f"{rxfile!r} has no samples")
+    check_rate(int(info.samplerate), repr(rxfile))
     return Recording(int(info.frames), int(info.samplerate), int(info.channels), info.format in SEEKABLE_FORMATS)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from wdsprep.files import sync, write_text
-from wdsprep.format.commit import PARTS_DIR, published_count
+from wdsprep.format.commit import PARTS_DIR, pending_folder, published_count
 from wdsprep.format.index.check import check_index, read_index_json
 from wdsprep.format.index.files import INDEX_NAME, DamagedIndexError, read_file
 from wdsprep.format.index.model import FROM_KEYS, FolderIndex, Speakers, Values
@@ -95,16 +95,30 @@ def read_parts(folder: str | os.PathLike) -> FolderIndex:
     if have is not None and keep == len(known) == count:
         return have
     pieces = [have.head(keep)] if have is not None and keep else []
+    fmt = _shard_format(folder) if count > keep else None
     for k in range(keep, count):
         d = part_dir(folder, k)
         part = read_index_json(d)
         if part is None or len(part.names) != 1:
             raise DamagedIndexError(d / INDEX_NAME, f"lists {0 if part is None else len(part.names)} shards; a "
                                                     f"published shard's entry lists one")
+        if fmt is not None and part.names[0] != fmt % k:  # it would hide the shard published here
+            raise DamagedIndexError(d / INDEX_NAME, f"names shard {part.names[0]!r}, but the pack names its "
+                                                    f"published shard {k} {fmt % k!r}")
         pieces.append(_in_memory(part))
     index = _concat(folder, pieces)
     _parts_read[key] = (stats, index)
     return index
+
+
+def _shard_format(folder: Path) -> str | None:
+    """The shard name format of the pack writing ``folder`` (its plan's), or None when not known."""
+    g = pending_folder(folder)
+    fmt = None if g is None or g.plan is None else g.plan.options.get("fmt")
+    try:
+        return fmt if isinstance(fmt, str) and isinstance(fmt % 0, str) else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _in_memory(part: FolderIndex) -> FolderIndex:

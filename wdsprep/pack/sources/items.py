@@ -37,6 +37,7 @@ from wdsprep.prep.audio import (
     MissingAudio,
     Recording,
     Utterance,
+    check_rate,
     cut_segment,
     probe_recording,
     resample,
@@ -259,5 +260,9 @@ class ImportJob(AudioJob):
             return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
                                 f"recording {u.recid!r} has {data.shape[1]} channel(s); {u.where} asks for channel "
                                 f"{ch}")
+        try:
+            check_rate(int(rate), f"recording {u.recid!r}")
+        except AudioReadError as e:
+            return AudioProblem(e.reason, str(e))
         wave = np.ascontiguousarray(data[:, ch]) * INT16_SCALE
         return resample(wave, int(rate), self.opts.sample_rate)

@@ -1,0 +1,870 @@
+"""Hostile testing, round 4 (issue 36): crafted files, tampered packs and bad options end as one-line
+errors naming the file, option or field, or as counted drops; never lost data, a hang or a traceback.
+One test per item (or sub-item); every input is built here, every hang bounded by a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wdsprep.format.commit import PARTS_DIR
+from wdsprep.pack.output import prepare_output
+
+
+def _target(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A folder outside the pack, holding files an --overwrite must never touch."""
+    target = tmp_path / "elsewhere"
+    (target / PARTS_DIR).mkdir(parents=True)
+    files = [target / "data-00000.tar", target / "index.json", target / PARTS_DIR / "00000000",
+             target / "pack_report.json", target / ".w000-00000.tar"]
+    for f in files:
+        f.write_bytes(b"precious")
+    return target, files
+
+
+# -- item 1: pack --overwrite never follows a symlink inside --out ---------------------------------------
+
+
+def test_item1_overwrite_refuses_a_linked_group_folder_and_deletes_nothing_in_its_target(tmp_path):
+    target, files = _target(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data-00000.tar").write_bytes(b"old")
+    (out / "0_100").symlink_to(target, target_is_directory=True)
+    with pytest.raises(FileExistsError, match=r"0_100 is a symbolic link.*remove the link"):
+        prepare_output(out, overwrite=True)
+    assert all(f.read_bytes() == b"precious" for f in files)
+    assert (out / "data-00000.tar").exists()  # refused before anything changed
+
+
+def test_item1_overwrite_removes_linked_files_and_parts_themselves_never_their_targets(tmp_path):
+    target, files = _target(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / PARTS_DIR).symlink_to(target / PARTS_DIR, target_is_directory=True)
+    (out / "data-00001.tar").symlink_to(target / "data-00000.tar")
+    (out / "index.json").symlink_to(target / "index.json")
+    (out / "notes.txt").write_text("kept")
+    with prepare_output(out, overwrite=True):
+        pass
+    assert all(f.read_bytes() == b"precious" for f in files)
+    assert not os.path.lexists(out / PARTS_DIR) and not os.path.lexists(out / "data-00001.tar")
+    assert not os.path.lexists(out / "index.json") and (out / "notes.txt").read_text() == "kept"
+
+
+def test_item19_a_planted_worker_shard_link_to_a_folder_is_removed_itself(tmp_path):
+    """It gave "Cannot call rmtree on a symbolic link", naming no path."""
+    target, files = _target(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".w000-00000.tar").symlink_to(target, target_is_directory=True)
+    with prepare_output(out, overwrite=True):
+        pass
+    assert all(f.read_bytes() == b"precious" for f in files)
+    assert not os.path.lexists(out / ".w000-00000.tar")
+
+
+# -- item 7: verify on a pack that has not committed exits non-zero ----------------------------------------
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def small_pack(tmp_path_factory):
+    """A committed pack of 60 utterances in two length groups, 10 to a shard, and a char tokenizer."""
+    from shardsets import build, train_char_tokenizer
+
+    root = tmp_path_factory.mktemp("hostile-pack")
+    out, utts = build(root, n=60, utts_per_shard=10, groups=["0:150", "150:"])
+    return out, utts, train_char_tokenizer(root, root / "kaldi-cat-0" / "text")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _wdsprep(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "wdsprep", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env)
+
+
+def test_item7_verify_on_a_pack_that_did_not_commit_exits_nonzero_unless_growing(small_pack, tmp_path):
+    from wdsprep.format.commit import MARKER_NAME, begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    assert (out / "pack_plan.json").is_file()  # the plan stays after the commit: the folder can be followed
+    begin(out)  # a pack killed before its commit leaves the marker
+    r = _wdsprep("verify", f"{out}/*/data-*.tar")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "has not committed" in r.stdout and MARKER_NAME in r.stdout and "OK" not in r.stdout.splitlines()[-1]
+    r = _wdsprep("verify", "--growing", f"{out}/*/data-*.tar")
+    assert r.returncode == 0 and "OK so far" in r.stdout, r.stdout + r.stderr
+
+
+# -- item 5: a local published shard changed in place (size and mtime kept) is found by its SHA-256 --------
+
+
+def _corrupt_in_place(shard: Path) -> None:
+    """Flip bytes in the middle of a member's data, keeping the size and the mtime (ns)."""
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    at = len(data) // 2
+    data[at:at + 4] = bytes(b ^ 0xFF for b in data[at:at + 4])
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert shard.stat().st_size == st.st_size and shard.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_item5_verify_finds_a_local_shard_changed_in_place(small_pack, tmp_path):
+    from wdsprep import verify_shards
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    shard = out / "0_150" / "data-00000.tar"
+    _corrupt_in_place(shard)
+    r = verify_shards(f"{out}/*/data-*.tar")
+    assert not r.ok and any(p.shard == str(shard) and "SHA-256" in p.what for p in r.problems), r.format()
+
+
+def test_item5_resume_refuses_a_published_shard_changed_in_place(tmp_path, monkeypatch):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.errors import DataError
+    from wdsprep.pack import output
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    args = dict(f_scps=str(kd / "feats.scp"), f_labels=str(kd / "text"), d_out=str(out), utts_per_shard=10,
+                progress=False)
+    real, calls = output.Publisher.publish, [0]
+
+    def stop_after_two(self, w):
+        if calls[0] == 2:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    monkeypatch.setattr(output.Publisher, "publish", stop_after_two)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        pack_data(**args)
+    monkeypatch.undo()
+    shard = out / "data-00001.tar"
+    assert shard.exists() and not (out / "data-00002.tar").exists()
+    _corrupt_in_place(shard)
+    with pytest.raises(DataError, match=r"data-00001.tar: published by the pack being resumed.*SHA-256"):
+        pack_data(**args, resume=True)
+
+
+# -- audio shards built here: 40 utterances of tones and noise, two shards ---------------------------------
+
+
+def _write_audio_pack(out: Path, waves: dict[str, np.ndarray], texts: dict[str, str], per_shard: int = 20) -> Path:
+    """One folder of FLAC shards with its index (as pack-audio --store flac writes it)."""
+    from wdsprep.format.index import AudioIndex, FolderIndex, write_index
+    from wdsprep.format.writer import write_audio_shard
+
+    out.mkdir(parents=True, exist_ok=True)
+    ids = sorted(waves)
+    infos, sizes, mtimes = [], [], []
+    for k in range(0, len(ids), per_shard):
+        path = out / f"data-{k // per_shard:05d}.tar"
+        infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids[k:k + per_shard]], fmt="flac",
+                                       sample_rate=16000, mtime=0))
+        st = os.stat(path)
+        sizes.append(st.st_size)
+        mtimes.append(st.st_mtime_ns)
+    audio = AudioIndex("flac", 16000, num_mel_bins=40, backend="numpy")
+    write_index(out, FolderIndex.from_shards("flac", 40, "float32", infos, sizes=sizes, mtimes=mtimes, audio=audio))
+    return out
+
+
+@pytest.fixture(scope="module")
+def audio_pack(tmp_path_factory):
+    """(shard pattern, tokenizer, {uttid: int16 samples}) of 40 utterances of 0.3-0.9 s."""
+    from wdsprep.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("hostile-audio")
+    rng = np.random.default_rng(7)
+    waves, texts = {}, {}
+    for i in range(40):
+        n = int(rng.integers(4800, 14400))
+        t = np.arange(n) / 16000
+        waves[f"spk{i % 4}-utt{i:03d}"] = (np.sin(2 * np.pi * (200 + 10 * i) * t) * 6000
+                                           + rng.standard_normal(n) * 300).astype(np.int16)
+        texts[f"spk{i % 4}-utt{i:03d}"] = " ".join(rng.choice(["ab", "cd", "ef", "gh"], size=int(rng.integers(1, 4))))
+    _write_audio_pack(root / "audio", waves, texts)
+    (root / "text").write_text("".join(f"{u} {t}\n" for u, t in texts.items()), encoding="utf-8")
+    tok = root / "char.tok.json"
+    train_tokenizer("char", [root / "text"], tok)
+    return f"{root / 'audio'}/data-*.tar", tok, waves, texts
+
+
+# -- item 2: banks and fbank options checked when the loader is built ---------------------------------------
+
+
+@pytest.mark.parametrize("part", ["noise", "reverb"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_item2_a_bank_file_holding_nan_or_inf_is_refused_when_the_loader_is_built(audio_pack, tmp_path, part, bad):
+    import soundfile as sf
+
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    sf.write(bank / "good.wav", (np.sin(np.arange(8000) / 5) * 0.3).astype(np.float32), 16000)
+    wave = (np.sin(np.arange(8000) / 7) * 0.3).astype(np.float32)
+    wave[100] = bad
+    sf.write(bank / "poisoned.wav", wave, 16000, subtype="FLOAT")
+    with pytest.raises(ValueError, match=rf"augment {part}: .*poisoned.wav holds NaN or Inf"):
+        make_loader(pattern, tok, max_frames=2000, augment={part: {"dir": str(bank)}})
+
+
+@pytest.mark.parametrize("fbank,match", [
+    ({"dither": float("nan")}, r"fbank dither must be a number .* got nan"),
+    ({"dither": 1e300}, r"fbank dither must be a number .* got 1e\+300"),
+    ({"dither": -1.0}, r"fbank dither must be a number"),
+    ({"backend": "foo"}, r"unknown fbank backend 'foo'"),
+])
+def test_item2_bad_fbank_options_are_refused_when_the_loader_is_built_naming_the_option(audio_pack, fbank, match):
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    with pytest.raises(ValueError, match=match):
+        make_loader(pattern, tok, max_frames=2000, fbank=fbank)
+
+
+def test_item2_the_audio_pack_loads_every_utterance(audio_pack):
+    """The control: the same shards and options, good ones, deliver all 40 utterances."""
+    from wdsprep import make_loader
+
+    pattern, tok, waves, _ = audio_pack
+    loader = make_loader(pattern, tok, max_frames=2000, fbank={"dither": 1.0, "backend": "numpy"})
+    loader.set_epoch(0)
+    assert sorted(k for b in loader for k in b.keys) == sorted(waves)
+
+
+# -- item 3: one refused audio member is left out alone, counted; the shard is read on ---------------------
+
+
+def _tar_of(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A plain ustar shard of (name, bytes) members, in order (a crafted shard, as another tool writes)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _flac(wave: np.ndarray, rate: int = 16000, subtype: str = "PCM_16") -> bytes:
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, wave, rate, format="FLAC", subtype=subtype)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("bad", ["stereo", "24-bit"])
+def test_item3_a_refused_audio_member_is_dropped_alone_counted_and_the_shard_read_on(audio_pack, tmp_path, bad):
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:12]
+    members = []
+    for j, u in enumerate(ids):
+        wave = waves[u]
+        if j == 4:  # well-formed, but not what the readers use
+            data = _flac(np.stack([wave, wave], 1)) if bad == "stereo" else _flac(wave.astype(np.int32) << 8,
+                                                                                     subtype="PCM_24")
+        else:
+            data = _flac(wave)
+        members += [(f"{u}.flac", data), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    result = index_shards(f"{d}/data-*.tar", progress=False)
+    assert len(result.problems) == 1 and f"{ids[4]}.flac" in result.problems[0], result.format()
+    assert "leaves this sample out" in result.problems[0] and result.utterances == 11
+    loader = make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    loader.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match=rf"utterance '{ids[4]}': .*left out \(counted as unreadable\)"):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {ids[4]})  # the 7 after it too
+    assert loader.stats.dropped.get("unreadable") == 1, loader.stats.dropped
+    r = verify_shards(f"{d}/data-*.tar")
+    what = [p for p in r.problems if p.member == f"{ids[4]}.flac"]
+    assert len(r.problems) == 1 and "leaves this sample out" in what[0].what, r.format()
+
+
+# -- item 14: header rates and sample counts no recording has; an SNR no float holds --------------------------
+
+
+def _wav_at(wave: np.ndarray, rate: int) -> bytes:
+    """A 16-bit mono WAV whose header says ``rate`` (patched: no writer makes 50 Hz speech)."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, wave, 16000, format="WAV", subtype="PCM_16")
+    data = bytearray(buf.getvalue())
+    assert data[12:16] == b"fmt "
+    data[24:28] = rate.to_bytes(4, "little")
+    data[28:32] = (rate * 2).to_bytes(4, "little")
+    return bytes(data)
+
+
+def _flac_claiming(wave: np.ndarray, samples: int) -> bytes:
+    """A FLAC whose STREAMINFO claims ``samples`` (36 bits) samples."""
+    data = bytearray(_flac(wave))
+    assert data[:4] == b"fLaC"
+    data[21] = (data[21] & 0xF0) | (samples >> 32)
+    data[22:26] = (samples & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize("fmt,make,why", [
+    ("wav", lambda w: _wav_at(w, 50), "sample rate of 50 Hz"),
+    ("wav", lambda w: _wav_at(w, 1), "sample rate of 1 Hz"),
+    ("flac", lambda w: _flac_claiming(w, 2**31), "2,147,483,648 samples"),
+    ("flac", lambda w: _flac_claiming(w, 2**36 - 1), "samples, more than an index counts"),
+])
+def test_item14_a_member_with_a_rate_or_sample_count_no_recording_has_is_left_out(audio_pack, tmp_path, fmt, make,
+                                                                                    why):
+    """index, verify and the loader gave ZeroDivisionError (rate < 100 Hz) or an int32 OverflowError."""
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    members = []
+    for j, u in enumerate(ids):
+        data = make(waves[u]) if j == 2 else (_wav_at(waves[u], 16000) if fmt == "wav" else _flac(waves[u]))
+        members += [(f"{u}.{fmt}", data), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    result = index_shards(f"{d}/data-*.tar", progress=False)
+    assert len(result.problems) == 1 and why in result.problems[0] and result.utterances == 5, result.format()
+    r = verify_shards(f"{d}/data-*.tar")
+    assert [p.member for p in r.problems] == [f"{ids[2]}.{fmt}"] and why in r.problems[0].what, r.format()
+    loader = make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    loader.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match=why):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {ids[2]})
+
+
+@pytest.mark.parametrize("snr", [[4000, 4000], [-4000, -4000], [1e308, 1e308], [-10, 1e308]])
+def test_item14_an_snr_no_float_holds_is_refused_naming_the_option(snr):
+    from wdsprep.loading.augment import parse_augment
+
+    with pytest.raises(ValueError, match=r"augment noise snr must be \[low, high\] in dB within"):
+        parse_augment({"noise": {"dir": "/nonexistent", "snr": snr}})
+
+
+# -- items 8, 11: a FIFO or a /dev/zero link where a plan, augment, cost or hyper file is read ---------------
+
+
+def _plant(path: Path, kind: str) -> Path:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    return path
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
+    err = r.stderr.strip()
+    assert r.returncode in (1, 2), (r.returncode, r.stdout[-2000:], err[-2000:])
+    assert err.count("\n") == 0 and "Traceback" not in err, err[-2000:]
+    assert all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("kind,says", [("fifo", "is a FIFO"), ("zero", "is a device")])
+def test_item8_11_a_fifo_or_dev_zero_at_pack_plan_json_fails_every_reader_at_once(small_pack, tmp_path, kind, says):
+    """--resume, the loader, inspect, verify, index and dry-run --plan hung on a FIFO, or read
+    /dev/zero until MemoryError."""
+    from wdsprep.format.commit import PLAN_NAME, begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    begin(out)  # a pack that did not commit: every reader looks at its plan
+    _plant(out / PLAN_NAME, kind)
+    pattern = f"{out}/*/data-*.tar"
+    kd = small_pack[0].parent / "kaldi-cat-0"
+    tok = small_pack[2]
+    for args in (["inspect", pattern], ["verify", pattern], ["index", pattern],
+                 ["dry-run", "--plan", "--trset", pattern, "--max-frames", "2000", "--growing"],
+                 ["dry-run", "--trset", pattern, "--tokenizer", str(tok), "--max-frames", "2000", "--growing"],
+                 ["pack", "--scp", str(kd / "feats.scp"), "--text", str(kd / "text"), "--out", str(out),
+                  "--resume", "--no-progress"]):
+        _one_line_error(_wdsprep(*args), str(out / PLAN_NAME), says)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,says", [("fifo", "is a FIFO"), ("zero", "is a device")])
+@pytest.mark.parametrize("what", ["augment", "cost", "hyper"])
+def test_item8_11_a_fifo_or_dev_zero_as_augment_cost_or_hyper_file_is_refused_unread(small_pack, tmp_path, kind, says,
+                                                                                   what):
+    from wdsprep import make_loader_from_hyper
+    from wdsprep.loading.augment import parse_augment
+    from wdsprep.loading.cost import load_cost
+
+    f = _plant(tmp_path / f"{what}.json", kind)
+    read = {"augment": parse_augment, "cost": load_cost, "hyper": make_loader_from_hyper}[what]
+    with pytest.raises(ValueError, match=rf"{f} {says}, not a regular file"):
+        read(str(f))
+    out = small_pack[0]
+    if what != "hyper":  # the CLI too: one line, at once
+        r = _wdsprep("dry-run", "--plan", "--trset", f"{out}/*/data-*.tar", "--max-frames", "2000",
+                     f"--{what}", str(f), *(["--max-cost", "100000"] if what == "cost" else []))
+        _one_line_error(r, str(f), says)
+
+
+def test_item11_a_huge_cost_file_is_refused_by_size(tmp_path):
+    from wdsprep.loading.cost import load_cost
+
+    f = tmp_path / "cost.json"
+    with open(f, "wb") as fh:
+        fh.truncate(3 << 30)  # sparse: 3 GB that would be read whole
+    with pytest.raises(ValueError, match=r"holds 3,221,225,472 bytes, more than a cost model can"):
+        load_cost(f)
+
+
+# -- item 9: waits that cannot end ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "10", None])
+def test_item9_16_a_wait_timeout_that_is_no_finite_number_is_refused(small_pack, value):
+    """NaN compared false with every time waited: it waited forever; a string gave a raw TypeError."""
+    from wdsprep import make_loader
+
+    tok = small_pack[2]
+    with pytest.raises(ValueError, match=r"wait_timeout must be a finite number of seconds >= 0, got"):
+        make_loader(f"{small_pack[0]}/*/data-*.tar", tok, max_frames=2000, growing=True, wait_timeout=value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("option,match", [({"min_shards": 1000}, r"will publish \d+ shards in all .* min_shards=1,000"),
+                                          ({"min_hours": 500.0}, r"will publish [0-9.]+ h in all .* min_hours=500")])
+def test_item9_a_wait_beyond_what_the_pack_plans_is_refused_at_once(small_pack, tmp_path, option, match):
+    import time
+
+    from wdsprep import make_loader
+    from wdsprep.errors import DataError
+    from wdsprep.format.commit import begin
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    begin(out)  # a pack still being written, its plan beside it
+    tok = small_pack[2]
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=match):
+        make_loader(f"{out}/*/data-*.tar", tok, max_frames=2000, growing=True, wait_timeout=30, **option)
+    assert time.monotonic() - t0 < 15  # not the whole wait_timeout
+
+
+# -- item 16: wrong-typed and deeply nested option files --------------------------------------------------------
+
+
+def test_item16_a_deeply_nested_cost_or_augment_file_is_one_error_not_a_recursion_error(tmp_path):
+    from wdsprep.loading.augment import parse_augment
+    from wdsprep.loading.cost import load_cost
+
+    deep = "[" * 200_000 + "]" * 200_000
+    f = tmp_path / "cost.json"
+    f.write_text(deep)
+    with pytest.raises(ValueError, match=r"cost.json: not a cost model in JSON \(RecursionError"):
+        load_cost(f)
+    g = tmp_path / "augment.json"
+    g.write_text('{"speed": ' + deep + "}")
+    with pytest.raises(ValueError, match=r"augment: not valid JSON \(RecursionError"):
+        parse_augment(str(g))
+
+
+@pytest.mark.parametrize("fbank,match", [({"num_mel_bins": "40"}, "fbank num_mel_bins must be a whole number"),
+                                         ({"dither": "1"}, "fbank dither must be a number"),
+                                         ({"backend": 3}, "unknown fbank backend 3"),
+                                         ([1, 2], "fbank must be an object of options")])
+def test_item16_wrong_typed_fbank_values_are_one_line_errors_naming_the_option(audio_pack, fbank, match):
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    with pytest.raises(ValueError, match=match):
+        make_loader(pattern, tok, max_frames=2000, fbank=fbank)
+
+
+# -- item 6: silently different data --------------------------------------------------------------------------
+
+
+def test_item6_speed_probs_whose_sum_no_float_holds_are_refused():
+    """[1e308] * 3 summed to inf, every prob became 0 and every utterance went to the last factor."""
+    from wdsprep.loading.augment import parse_augment
+
+    with pytest.raises(ValueError, match=r"augment speed probs must be >= 0 with a positive, finite sum"):
+        parse_augment({"speed": {"factors": [0.9, 1.0, 1.1], "probs": [1e308, 1e308, 1e308]}})
+    assert parse_augment({"speed": {"factors": [0.9, 1.0, 1.1], "probs": [1e300, 1e300, 1e300]}}).speed.probs == \
+        pytest.approx((1 / 3,) * 3)
+
+
+def test_item6_a_partial_folder_whose_marker_was_deleted_by_hand_is_refused(small_pack, tmp_path):
+    """A pack stopped after publishing some shards, PACK_INCOMPLETE then deleted: the plain loader
+    read the published part as if it were the corpus."""
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import make_loader, pack_data, verify_shards
+    from wdsprep.format.commit import MARKER_NAME, UncommittedPackError
+    from wdsprep.pack import output
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    real, calls = output.Publisher.publish, [0]
+
+    def stop_after_two(self, w):
+        if calls[0] == 2:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    output.Publisher.publish = stop_after_two
+    try:
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            pack_data(str(kd / "feats.scp"), str(kd / "text"), str(out), utts_per_shard=10, progress=False)
+    finally:
+        output.Publisher.publish = real
+    (out / MARKER_NAME).unlink()  # by hand
+    with pytest.raises(UncommittedPackError, match=r"published entries of a pack .* no PACK_INCOMPLETE.*--resume"):
+        make_loader(f"{out}/data-*.tar", small_pack[2], max_frames=2000)
+    r = verify_shards(f"{out}/data-*.tar")
+    assert not r.ok and any("removed by hand" in p.what for p in r.problems), r.format()
+
+
+# -- item 17: one verdict on a member at another sample rate ------------------------------------------------
+
+
+def test_item17_verify_refuses_shards_of_two_sample_rates_as_index_and_the_loader_do(audio_pack, tmp_path):
+    import soundfile as sf
+
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    members = []
+    for j, u in enumerate(ids):
+        import io
+
+        buf = io.BytesIO()
+        rate = 8000 if j == 3 else 16000
+        sf.write(buf, waves[u] if j != 3 else waves[u][::2], rate, format="FLAC", subtype="PCM_16")
+        members += [(f"{u}.flac", buf.getvalue()), (f"{u}.txt", texts[u].encode())]
+    d = tmp_path / "mixed"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    with pytest.raises(ValueError, match=r"\[8000, 16000\] Hz"):
+        make_loader(f"{d}/data-*.tar", tok, max_frames=600)
+    r = verify_shards(f"{d}/data-*.tar")
+    assert not r.ok and any("different sample rates" in p.what for p in r.problems), r.format()
+    with pytest.raises(ValueError, match="shards of different sample rates"):
+        index_shards(f"{d}/data-*.tar", progress=False)
+
+
+# -- item 15: states a kill (or a hand) leaves that --resume must get out of ----------------------------------
+
+
+def _stopped_pack(kd: Path, out: Path, after: int) -> dict:
+    """A pack of ``kd`` into ``out`` stopped (an error) after publishing ``after`` shards; its arguments."""
+    from wdsprep import pack_data
+    from wdsprep.pack import output
+
+    args = dict(f_scps=str(kd / "feats.scp"), f_labels=str(kd / "text"), d_out=str(out), utts_per_shard=10,
+                progress=False)
+    real, calls = output.Publisher.publish, [0]
+
+    def stop(self, w):
+        if calls[0] == after:
+            raise RuntimeError("stopped by the test")
+        calls[0] += 1
+        real(self, w)
+
+    output.Publisher.publish = stop
+    try:
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            pack_data(**args)
+    finally:
+        output.Publisher.publish = real
+    return args
+
+
+def _tars(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("data-*.tar"))}
+
+
+def test_item15_a_gap_in_the_published_entries_no_longer_wedges_resume(tmp_path):
+    import shutil
+
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.format.index import part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=5)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=4)
+    shutil.rmtree(part_dir(out, 1))  # a gap: entries 2 and 3 stand after it
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole) and (out / "index.json").is_file()
+
+
+def test_item15_a_pack_killed_writing_its_marker_resumes(tmp_path):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.files import temp_path
+    from wdsprep.format.commit import MARKER_NAME
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 30, seed=6)
+    out = tmp_path / "out"
+    out.mkdir()
+    temp_path(out / MARKER_NAME).write_text("half")  # the kill came before the rename
+    pack_data(kd / "feats.scp", kd / "text", out, utts_per_shard=10, progress=False, resume=True)
+    assert (out / "index.json").is_file() and not list(out.glob(".*.tmp")) and not (out / MARKER_NAME).exists()
+
+
+# -- item 18: recovery advice that does not loop ----------------------------------------------------------------
+
+
+def test_item18_a_refused_resume_does_not_end_with_run_resume(tmp_path):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+    from wdsprep.errors import DataError
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=3)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=2)
+    (out / "data-00001.tar").unlink()  # a published shard gone: the resume is refused
+    with pytest.raises(DataError, match=r"data-00001.tar: published by the pack being resumed, but it is missing") \
+            as e:
+        pack_data(**args, resume=True)
+    said = str(e.value) + " ".join(getattr(e.value, "__notes__", []))
+    assert "--overwrite" in said and "--resume to finish it" not in said
+
+
+def test_item18_a_damaged_published_entry_advises_what_works_and_it_does(tmp_path):
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader, pack_data
+    from wdsprep.format.index import DamagedIndexError, part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=8)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=3)
+    bad = part_dir(out, 1) / "index.frames.npy"
+    bad.write_bytes(bad.read_bytes()[:-4])
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    with pytest.raises(DamagedIndexError, match=rf"remove {part_dir(out, 1)} and run the pack again with --resume") \
+            as e:
+        make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+    assert "index --force" not in str(e.value)
+    import shutil
+
+    shutil.rmtree(part_dir(out, 1))  # as it says
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole)
+
+
+# -- item 19: smaller ------------------------------------------------------------------------------------------
+
+
+def test_item19_a_resume_is_not_refused_when_only_the_spelling_of_an_input_path_differs(tmp_path, monkeypatch):
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=4)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    args = _stopped_pack(Path("./kaldi"), out, after=2)
+    assert args["f_scps"] == "kaldi/feats.scp"
+    args.update(f_scps="./kaldi/feats.scp", f_labels="./kaldi/../kaldi/text")  # the same files
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole)
+
+
+# -- item 13: a header of 1 Hz is not resampled to 16 kHz ----------------------------------------------------
+
+
+def test_item13_a_noise_file_whose_header_says_1_hz_is_refused_naming_it(audio_pack, tmp_path):
+    import soundfile as sf
+
+    from wdsprep import make_loader
+
+    pattern, tok, waves, _ = audio_pack
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    sf.write(bank / "good.wav", (np.sin(np.arange(8000) / 5) * 3000).astype(np.int16), 16000)
+    (bank / "one_hz.wav").write_bytes(_wav_at(next(iter(waves.values())), 1))  # 60 KB would become 2 GB
+    with pytest.raises(ValueError, match=r"augment noise: .*one_hz.wav' says 1 Hz, which no speech recording"):
+        make_loader(pattern, tok, max_frames=2000, augment={"noise": {"dir": str(bank)}})
+
+
+@pytest.mark.timeout(120)
+def test_item13_a_pack_audio_input_whose_header_says_1_hz_is_a_counted_drop(audio_pack, tmp_path):
+    from wdsprep import pack_audio
+
+    _, _, waves, texts = audio_pack
+    ids = sorted(waves)[:6]
+    wavs = tmp_path / "wavs"
+    wavs.mkdir()
+    for j, u in enumerate(ids):
+        (wavs / f"{u}.wav").write_bytes(_wav_at(waves[u], 1 if j == 2 else 16000))
+    (tmp_path / "wav.scp").write_text("".join(f"{u} {wavs / u}.wav\n" for u in ids))
+    (tmp_path / "text").write_text("".join(f"{u} {texts[u]}\n" for u in ids))
+    report = pack_audio(tmp_path / "wav.scp", tmp_path / "text", tmp_path / "out", utts_per_shard=10, progress=False,
+                        nj=1, max_lost=1)
+    assert report.counts().get("bad_audio") == 1 and report.num_dropped == 1, report.counts()
+    assert "1 Hz" in str(report.dropped["bad_audio"][0])
+    assert sum(g["utterances"] for g in report.groups.values()) == 5
+
+
+# -- item 12: an utterance longer than the reader decodes is a counted drop, from its header ---------------------
+
+
+def test_item12_audio_longer_than_the_reader_decodes_is_dropped_counted_before_decoding(audio_pack, tmp_path,
+                                                                                      monkeypatch):
+    """70 minutes in a 210 KB FLAC ended the epoch in MemoryError; the bound is lowered here to 2 s so
+    the test stays small (the default is 20 minutes)."""
+    from wdsprep import make_loader
+    from wdsprep.format.audio import FileAudio
+    from wdsprep.loading import features
+
+    assert features.MAX_DECODE_SECONDS <= 30 * 60
+    monkeypatch.setattr(features, "MAX_DECODE_SECONDS", 2.0)
+    _, tok, waves, texts = audio_pack
+    ids = sorted(waves)[:4]
+    long_wave = np.tile(waves[ids[1]], 6)[:16000 * 3]  # 3 s
+    w = {u: (long_wave if j == 1 else waves[u]) for j, u in enumerate(ids)}
+    _write_audio_pack(tmp_path / "long", w, texts)
+    decoded = []
+    real = FileAudio.pcm
+    monkeypatch.setattr(FileAudio, "pcm", lambda self: decoded.append(self.key) or real(self))
+    loader = make_loader(f"{tmp_path / 'long'}/data-*.tar", tok, max_frames=2000)
+    loader.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match=r"min of audio, more than the 0.0333333 min the reader decodes"):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {ids[1]}) and loader.stats.dropped.get("bad_audio") == 1
+    assert ids[1] not in decoded  # refused from the header
+
+
+@pytest.mark.parametrize("kw,match", [({"seed": 10**30}, r"seed must be a whole number in \[0, 2\^63\)"),
+                                      ({"seed": -1}, r"seed must be a whole number"),
+                                      ({"max_seconds": float("inf")}, r"max_seconds must be a finite number > 0")])
+def test_item16_a_calibrate_seed_or_time_no_generator_takes_is_refused_before_anything_runs(small_pack, tmp_path, kw,
+                                                                                          match):
+    """A huge seed gave a raw ValueError ("Overflow when unpacking long long") after the model was built."""
+    from wdsprep.check.calibrate import calibrate
+
+    with pytest.raises(ValueError, match=match):
+        calibrate("nowhere:build", f"{small_pack[0]}/*/data-*.tar", small_pack[2], tmp_path / "cost.json", **kw)
+
+
+def test_item6_a_growing_entry_naming_another_shard_is_refused_not_hiding_the_published_one(tmp_path):
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader
+    from wdsprep.format.index import DamagedIndexError, part_dir
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=9)
+    out = tmp_path / "out"
+    _stopped_pack(kd, out, after=3)
+    entry = part_dir(out, 1) / "index.json"
+    entry.write_text(entry.read_text().replace('"data-00001.tar"', '"data-00005.tar"'))
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    with pytest.raises(DamagedIndexError, match=rf"{entry}: names shard 'data-00005.tar', but the pack names its "
+                                                rf"published shard 1 'data-00001.tar'.*--resume"):
+        make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+
+
+def test_item6_a_growing_loader_warns_once_when_the_pack_it_follows_has_stopped(tmp_path):
+    import warnings
+
+    from shardsets import make_kaldi_dir, train_char_tokenizer
+
+    from wdsprep import make_loader
+    from wdsprep.pack.output import lock_folder
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=10)
+    out = tmp_path / "out"
+    _stopped_pack(kd, out, after=1)
+    tok = train_char_tokenizer(tmp_path, kd / "text")
+    loader = make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
+    fd = lock_folder(out)  # a pack writing it: no warning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            loader.set_epoch(0)
+    finally:
+        os.close(fd)
+    with pytest.warns(RuntimeWarning, match=rf"no pack is writing {out} .*1 of 6 shards.*--resume"):
+        loader.set_epoch(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loader.set_epoch(2)  # said once
+
+
+def test_item19_a_refused_resume_shows_the_cost_models_values_not_dict(small_pack):
+    from wdsprep import make_loader
+    from wdsprep.loading.state import StateError
+
+    pattern, tok = f"{small_pack[0]}/*/data-*.tar", small_pack[2]
+    a = make_loader(pattern, tok, cost={"per_frame": 1.0}, max_cost=2000.0)
+    a.set_epoch(0)
+    state = a.state_dict()
+    b = make_loader(pattern, tok, cost={"per_frame": 2.0}, max_cost=2000.0)
+    with pytest.raises(StateError, match=r'cost=\{.*"per_frame": 1\.0.*\} \(this loader: \{.*"per_frame": 2\.0'):
+        b.load_state_dict(state)
+
+
+@pytest.mark.parametrize("value", [0, 2**31 - 1])
+def test_item6_a_token_column_rewritten_with_impossible_counts_is_refused(small_pack, tmp_path, value):
+    from wdsprep import make_loader
+    from wdsprep.errors import DataError
+
+    out = _copy(small_pack[0], tmp_path / "out")
+    kw = dict(cost={"per_frame": 1.0, "per_token": 1.0}, max_cost=5000.0)
+    make_loader(f"{out}/*/data-*.tar", small_pack[2], **kw)  # counts the tokens, keeps them beside the index
+    columns = sorted(out.glob("*/index.tokens.*.npy"))
+    assert len(columns) == 2
+    np.save(columns[0], np.full(len(np.load(columns[0])), value, np.int32), allow_pickle=False)
+    with pytest.raises(DataError, match=rf"{columns[0]}: .*no tokenizer counts so.*delete it"):
+        make_loader(f"{out}/*/data-*.tar", small_pack[2], **kw)
