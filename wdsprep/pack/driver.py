@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -61,7 +62,7 @@ from wdsprep.pack.output import (
     stopped,
 )
 from wdsprep.pack.plan import ShardPlan, plan_shards, write_order
-from wdsprep.pack.sink import ShardJob, ShardWork, write_shards
+from wdsprep.pack.sink import ShardJob, ShardWork, WrittenShard, write_shards
 from wdsprep.prep.kaldi import Entry, read_text, read_utt2spk
 from wdsprep.report import Report
 
@@ -213,11 +214,13 @@ def _pack_part(out: LockedOutput, plan: ShardPlan, pack_plan: Any, part: Part, r
     ready = staged(d, plan, [j for j in mine if j not in done])
     tasks = [j for j in mine if j not in done and j not in ready]
     remove_part_partial(d, plan, tasks)
-    for w in write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress):
-        report.merge(w.report)
-        stage(d, w)
-        with plan_lock(d):
-            publisher.advance(plan, w.folder, by_folder[w.folder])
+    # Closed on an error too: its workers stop before what they left half-written is removed.
+    with closing(write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress)) as shards:
+        for w in shards:
+            report.merge(w.report)
+            stage(d, w)
+            with plan_lock(d):
+                publisher.advance(plan, w.folder, by_folder[w.folder])
     print(report.summary(f"{command}: part {part} wrote {len(tasks):,} of its {len(mine):,} shards into {d} "
                          f"({len(mine) - len(tasks):,} were there already); once every part is done, run the same "
                          f"command without --part, with --resume, to commit"))
@@ -260,6 +263,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
     d, command = out.d, source.command
     shards_total = 0
     part: tuple[Part, ShardPlan] | None = None
+    written: Iterator[WrittenShard] | None = None
     resumable = True
     try:
         headers = source.headers(items, report, nj=nj, progress=progress)
@@ -299,6 +303,8 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         drop_staged(d, plan.folders)
         report = finish(d, plan.folders, report, languages=indexed.get(LANG))
     except BaseException as e:
+        if written is not None:
+            written.close()  # its workers stop before what they left half-written is removed
         note = stopped(out, shards_total, part)
         if note and resumable:
             e.add_note(note)  # the CLI prints it on the error's line
