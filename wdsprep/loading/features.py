@@ -30,6 +30,7 @@ from wdsprep.loading.records import AUDIO, IN_MEMORY, Records
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.prep.audio import AudioReadError, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
+from wdsprep.units import fbank_frames
 
 Rows = tuple[BatchId, Records]
 def bank_files(folder: str) -> list[Path]:
@@ -77,6 +78,7 @@ class FeatureOptions:
     fbank: FbankOptions | None = None
     augment: Augment | None = None
     augments: tuple[Augment | None, ...] | None = None
+    waveform: bool = False  # audio rows stay waveforms (features="waveform"): no fbank, the collate pads them
 
     @property
     def each(self) -> tuple[Augment | None, ...]:
@@ -95,6 +97,8 @@ class FeatureOptions:
         doc = {"fbank": None if self.fbank is None else {f.name: getattr(self.fbank, f.name)
                                                           for f in fields(self.fbank) if f.name != "channel"},
                "augment": None if a is None else a.to_json(), "banks": banks}
+        if self.waveform:
+            doc["waveform"] = True
         if self.augments is not None:
             doc["corpora"] = [None if x is None else {"augment": x.to_json(), "banks": {
                 p.name: bank_listing(p.bank) for p in x.parts if p.bank is not None}} for x in self.augments]
@@ -178,6 +182,17 @@ class FeatureMaker:
             row = int(local[i])
             u = draws.read(row, chain.layout) if draws is not None and chain.reads else {}
             try:
+                if out.offsets[i] == AUDIO and self.opts.waveform:
+                    wave, prefix = self.waveform(out.sources[i], row, u, choices, chain)
+                    frames = int(fbank_frames(len(wave), self.opts.fbank.sample_rate))
+                    if frames != planned[i]:
+                        raise ValueError(f"its waveform gives {frames} frames, the plan {planned[i]}: the audio "
+                                         f"does not decode to the samples its header says")
+                    uttids[i] = prefix + uttids[i]
+                    # A 1-D row of dims 0: the collate pads it into batch.audio (feats stay [B, T, 0]).
+                    out.sources[i] = np.ascontiguousarray(wave, np.float32)
+                    out.num[i, :4] = (IN_MEMORY, frames, 0, 4)
+                    continue
                 if out.offsets[i] == AUDIO:
                     feats, prefix = self._from_audio(out.sources[i], row, u, choices, draws, chain)
                     if feats.shape[0] != planned[i]:
