@@ -219,8 +219,8 @@ def test_fbank_options_for_audio_shards_are_the_indexs_or_the_loaders(corpus):
     (b,) = epoch(make_loader(str(sorted(flac.glob("120_inf/*.tar"))[0]), tok, max_frames=10**6,
                              fbank={"num_mel_bins": 40}))
     assert b.feats.shape[2] == 40
-    with pytest.raises(ValueError, match="fbank has \\['sample_rate'\\]"):
-        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"sample_rate": 8000})
+    with pytest.raises(ValueError, match="fbank has \\['frame_shift'\\]"):  # sample_rate resamples (test_waveform)
+        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"frame_shift": 5})
     with pytest.raises(ValueError, match="cannot be seeded"):
         make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"dither": 1.0, "backend": "kaldi-native-fbank"})
     with pytest.raises(ValueError, match="fbank options apply to audio shards"):

@@ -4,6 +4,8 @@ any topology."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from shardsets import train_char_tokenizer
 import wdsprep
 from wdsprep.device import Fbank
 from wdsprep.format.index import read_index
+from wdsprep.format.keys import decode_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -107,3 +110,87 @@ def test_batch_to_keeps_the_waveform(shards):
     moved = b.to("cpu")
     assert torch.equal(moved.audio, b.audio) and torch.equal(moved.audio_lens, b.audio_lens)
     assert np.array_equal(moved.feat_lens.numpy(), b.feat_lens.numpy())
+
+
+# ---------------------------------------------------------------- any sample rate
+
+
+def stored_pcm(wave: np.ndarray, rate: int) -> np.ndarray:
+    """A 16 kHz demo waveform as stored at ``rate`` (int16, FLAC is lossless)."""
+    from wdsprep.prep.audio import resample
+
+    return np.round(resample(wave.astype(np.float32), 16000, rate)).clip(-32768, 32767).astype(np.int16)
+
+
+def rate_folder(out: Path, utts: list[str], rate: int) -> Path:
+    """A folder of one FLAC shard of the demo utterances ``utts`` stored at ``rate`` Hz (resampled as
+    pack-audio does), with its index."""
+    from wdsprep.format.index import AudioIndex, FolderIndex, write_index
+    from wdsprep.format.writer import write_audio_shard
+
+    waves, texts, _ = demo_waves()
+    out.mkdir(parents=True)
+    path = out / "data-00000.tar"
+    rows = [(u, stored_pcm(waves[u], rate), texts[u]) for u in utts]
+    info = write_audio_shard(path, rows, fmt="flac", sample_rate=rate, mtime=0)
+    st = path.stat()
+    write_index(out, FolderIndex.from_shards("flac", 80, "float32", [info], sizes=[st.st_size],
+                                             mtimes=[st.st_mtime_ns], audio=AudioIndex("flac", rate)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rates(tmp_path_factory, shards):
+    """An 8 kHz folder and a 16 kHz folder of the demo utterances (every other one each)."""
+    root = tmp_path_factory.mktemp("rates")
+    ids = sorted(demo_waves()[0])
+    return root, rate_folder(root / "r8k", ids[::2], 8000), rate_folder(root / "r16k", ids[1::2], 16000)
+
+
+@pytest.mark.parametrize("augment", [None, SPEED], ids=["plain", "speed"])
+def test_folders_at_8_and_16_khz_load_together_at_16_khz(rates, shards, augment):
+    """The readers resample the 8 kHz rows to 16 kHz; the plan's frames are computed exactly from the
+    stored sample counts and rates (every utterance delivered with them: none dropped); len equals
+    the batches delivered; an 8 kHz utterance's features are the numpy fbank of its resampled audio."""
+    from wdsprep.loading.augment import Speed, perturbed_samples
+    from wdsprep.prep.audio import resample, resampled_length
+    from wdsprep.prep.fbank import Fbank as NumpyFbank
+    from wdsprep.prep.fbank import FbankOptions
+    from wdsprep.units import fbank_frames
+
+    root, r8, r16 = rates
+    tok = shards[2]
+    stored = {}
+    for folder, rate in ((r8, 8000), (r16, 16000)):
+        index = read_index(folder)
+        for k, n in zip(index.keys(), index.samples):
+            stored[decode_key(k)] = (int(n), rate)
+    pattern = f"{root}/r*/data-*.tar"
+    with pytest.raises(ValueError, match="8000, 16000 Hz: give the rate"):
+        wdsprep.make_loader(pattern, str(tok), max_frames=3000)
+    loader = wdsprep.make_loader(pattern, str(tok), max_frames=3000, seed=3, fbank={"sample_rate": 16000},
+                                 augment=augment)
+    loader.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    speed = Speed((0.9, 1.0, 1.1))
+    waves = demo_waves()[0]
+    seen, checked, rows8 = 0, False, 0
+    for b in batches:
+        assert b.feats.shape[2] == 80
+        for i, key in enumerate(b.keys):
+            prefix, _, uttid = key.partition("-") if key.startswith("sp") else ("sp1.0", "", key)
+            n, rate = stored[uttid]
+            factor = float(prefix[2:])
+            at16 = perturbed_samples(np.array([resampled_length(n, rate, 16000)]),
+                                     np.array([speed.factors.index(factor)]), speed)[0]
+            assert int(b.feat_lens[i]) == fbank_frames(int(at16), 16000), key
+            rows8 += rate == 8000
+            if rate == 8000 and factor == 1.0 and not checked:
+                pcm = stored_pcm(waves[uttid], 8000)
+                ref = NumpyFbank(FbankOptions(backend="numpy"))(resample(pcm.astype(np.float32), 8000, 16000))
+                got = b.feats[i, :int(b.feat_lens[i])].numpy()
+                assert ref.shape == got.shape and np.abs(ref - got).max() < 1e-4
+                checked = True
+        seen += len(b.keys)
+    assert seen == len(stored) and checked and rows8 == len(read_index(r8).samples)

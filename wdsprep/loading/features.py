@@ -223,16 +223,17 @@ class FeatureMaker:
 
     def waveform(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray],
                  choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
-        """The waveform an audio row's features are computed from: decoded, then each waveform part
-        applied in turn (speed, reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
+        """The waveform an audio row's features are computed from: decoded, resampled to the fbank's
+        rate (exactly the length the plan counted), then each waveform part applied in turn (speed,
+        reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
         ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
         ``choices``: the corpus epoch's speed factors, as the plan drew them; ``chain``: the corpus's
         augmentation (the loader's when None)."""
         fb = self.opts.fbank
         assert fb is not None
-        if audio.header.sample_rate != fb.sample_rate:
-            raise ValueError(f"audio at {audio.header.sample_rate} Hz in a shard set at {fb.sample_rate} Hz")
         wave = audio.pcm().astype(np.float32)
+        if audio.header.sample_rate != fb.sample_rate:  # exact rational resampling: the plan counted its length
+            wave = resample(wave, audio.header.sample_rate, fb.sample_rate)
         prefix = ""
         for part in (chain or self.chains[0]).on_wave:
             draw = Draw(u.get(part.name, NO_UNIFORMS), self._bank(part),

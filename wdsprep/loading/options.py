@@ -37,8 +37,8 @@ from wdsprep.options import (
 from wdsprep.prep.fbank_options import FbankOptions
 from wdsprep.tokenizer import Normalizer, SubwordSampling, parse_normalize
 
-# Settings of the loader's fbank= that may differ from the index's (the audio's rate may not).
-FBANK_KEYS = ("num_mel_bins", "dither", "backend")
+# Settings of the loader's fbank= that may differ from the index's (sample_rate: the readers resample to it).
+FBANK_KEYS = ("num_mel_bins", "dither", "backend", "sample_rate")
 # What batches of audio shards carry: fbank computed by the readers, or the (augmented) waveform.
 FEATURES = ("fbank", "waveform")
 
@@ -146,7 +146,7 @@ class ReadOptions:
               "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True)
     fbank: Mapping[str, Any] | None = option(
         None, "audio shards: fbank options in place of the index's, e.g. '{\"num_mel_bins\": 40}' (num_mel_bins, "
-              "dither, backend)", kind=JSON_OBJECT)
+              "dither, backend, sample_rate: audio at other rates is resampled to it)", kind=JSON_OBJECT)
     features: str = option(
         "fbank", "audio shards: what batches carry, fbank (batch.feats) or waveform (batch.audio, batch.audio_lens, "
                  "augmented as for fbank; compute features on the device with wdsprep.Fbank)",
@@ -182,9 +182,9 @@ class ReadOptions:
             return None
         unknown = sorted(set(given) - set(FBANK_KEYS))
         if unknown:
-            raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)} (the audio "
-                             f"stays at its {audio.sample_rate} Hz)")
-        opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins), sample_rate=audio.sample_rate,
+            raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)}")
+        opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins),
+                            sample_rate=given.get("sample_rate", audio.sample_rate),
                             dither=given.get("dither", audio.dither), backend=given.get("backend", audio.backend))
         if opts.dither and opts.backend != "numpy":
             raise ValueError(f"fbank dither {opts.dither} with backend {opts.backend!r}: its dither comes from a "
