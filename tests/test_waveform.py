@@ -115,14 +115,16 @@ def test_batch_to_keeps_the_waveform(shards):
 # ---------------------------------------------------------------- any sample rate
 
 
-def stored_pcm(wave: np.ndarray, rate: int) -> np.ndarray:
-    """A 16 kHz demo waveform as stored at ``rate`` (int16, FLAC is lossless)."""
+def stored_pcm(wave: np.ndarray, rate: int, stereo: bool = False) -> np.ndarray:
+    """A 16 kHz demo waveform as stored at ``rate`` (int16, FLAC is lossless); ``stereo``: [n, 2],
+    the second channel the first reversed in time and halved (so a downmix is not either)."""
     from wdsprep.prep.audio import resample
 
-    return np.round(resample(wave.astype(np.float32), 16000, rate)).clip(-32768, 32767).astype(np.int16)
+    pcm = np.round(resample(wave.astype(np.float32), 16000, rate)).clip(-32768, 32767).astype(np.int16)
+    return np.stack([pcm, pcm[::-1] // 2], axis=1) if stereo else pcm
 
 
-def rate_folder(out: Path, utts: list[str], rate: int) -> Path:
+def rate_folder(out: Path, utts: list[str], rate: int, stereo: bool = False) -> Path:
     """A folder of one FLAC shard of the demo utterances ``utts`` stored at ``rate`` Hz (resampled as
     pack-audio does), with its index."""
     from wdsprep.format.index import AudioIndex, FolderIndex, write_index
@@ -131,7 +133,7 @@ def rate_folder(out: Path, utts: list[str], rate: int) -> Path:
     waves, texts, _ = demo_waves()
     out.mkdir(parents=True)
     path = out / "data-00000.tar"
-    rows = [(u, stored_pcm(waves[u], rate), texts[u]) for u in utts]
+    rows = [(u, stored_pcm(waves[u], rate, stereo), texts[u]) for u in utts]
     info = write_audio_shard(path, rows, fmt="flac", sample_rate=rate, mtime=0)
     st = path.stat()
     write_index(out, FolderIndex.from_shards("flac", 80, "float32", [info], sizes=[st.st_size],
@@ -141,17 +143,18 @@ def rate_folder(out: Path, utts: list[str], rate: int) -> Path:
 
 @pytest.fixture(scope="module")
 def rates(tmp_path_factory, shards):
-    """An 8 kHz folder and a 16 kHz folder of the demo utterances (every other one each)."""
+    """An 8 kHz folder and a 16 kHz stereo folder of the demo utterances (every other one each)."""
     root = tmp_path_factory.mktemp("rates")
     ids = sorted(demo_waves()[0])
-    return root, rate_folder(root / "r8k", ids[::2], 8000), rate_folder(root / "r16k", ids[1::2], 16000)
+    return root, rate_folder(root / "r8k", ids[::2], 8000), rate_folder(root / "r16k", ids[1::2], 16000, stereo=True)
 
 
 @pytest.mark.parametrize("augment", [None, SPEED], ids=["plain", "speed"])
-def test_folders_at_8_and_16_khz_load_together_at_16_khz(rates, shards, augment):
-    """The readers resample the 8 kHz rows to 16 kHz; the plan's frames are computed exactly from the
-    stored sample counts and rates (every utterance delivered with them: none dropped); len equals
-    the batches delivered; an 8 kHz utterance's features are the numpy fbank of its resampled audio."""
+def test_folders_at_8_and_16_khz_stereo_load_together_at_16_khz(rates, shards, augment):
+    """The readers resample the 8 kHz rows to 16 kHz and downmix the stereo ones (mean of channels);
+    the plan's frames are computed exactly from the stored sample counts and rates and equal every
+    utterance's delivered feat_lens; len equals the batches delivered; an 8 kHz utterance's features
+    are the numpy fbank of its resampled audio, a stereo one's that of its channels' mean."""
     from wdsprep.loading.augment import Speed, perturbed_samples
     from wdsprep.prep.audio import resample, resampled_length
     from wdsprep.prep.fbank import Fbank as NumpyFbank
@@ -175,7 +178,7 @@ def test_folders_at_8_and_16_khz_load_together_at_16_khz(rates, shards, augment)
     assert len(batches) == len(loader)
     speed = Speed((0.9, 1.0, 1.1))
     waves = demo_waves()[0]
-    seen, checked, rows8 = 0, False, 0
+    seen, checked, rows8, stereo = 0, False, 0, False
     for b in batches:
         assert b.feats.shape[2] == 80
         for i, key in enumerate(b.keys):
@@ -192,5 +195,11 @@ def test_folders_at_8_and_16_khz_load_together_at_16_khz(rates, shards, augment)
                 got = b.feats[i, :int(b.feat_lens[i])].numpy()
                 assert ref.shape == got.shape and np.abs(ref - got).max() < 1e-4
                 checked = True
+            if rate == 16000 and factor == 1.0 and not stereo:
+                pcm = stored_pcm(waves[uttid], 16000, stereo=True)
+                ref = NumpyFbank(FbankOptions(backend="numpy"))(pcm.astype(np.float32).mean(axis=1, dtype=np.float32))
+                got = b.feats[i, :int(b.feat_lens[i])].numpy()
+                assert ref.shape == got.shape and np.abs(ref - got).max() < 1e-4
+                stereo = True
         seen += len(b.keys)
-    assert seen == len(stored) and checked and rows8 == len(read_index(r8).samples)
+    assert seen == len(stored) and checked and stereo and rows8 == len(read_index(r8).samples)

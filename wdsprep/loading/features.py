@@ -223,7 +223,8 @@ class FeatureMaker:
 
     def waveform(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray],
                  choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
-        """The waveform an audio row's features are computed from: decoded, resampled to the fbank's
+        """The waveform an audio row's features are computed from: decoded, downmixed (the mean of its
+        channels), resampled to the fbank's
         rate (exactly the length the plan counted), then each waveform part applied in turn (speed,
         reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
         ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
@@ -232,6 +233,8 @@ class FeatureMaker:
         fb = self.opts.fbank
         assert fb is not None
         wave = audio.pcm().astype(np.float32)
+        if wave.ndim == 2:  # several channels: their mean (as Lhotse, NeMo, WeNet downmix)
+            wave = wave.mean(axis=1, dtype=np.float32)
         if audio.header.sample_rate != fb.sample_rate:  # exact rational resampling: the plan counted its length
             wave = resample(wave, audio.header.sample_rate, fb.sample_rate)
         prefix = ""
