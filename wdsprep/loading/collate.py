@@ -263,11 +263,11 @@ def start_collate(batch: Records, *, shared: bool = False,
     # converted there, in the same thread: torch's conversion, parallel on every core, left its
     # threads spinning on the core the read needed).
     reads = None
-    waves = _pad_waves(sources, shared) if n and d == 0 and isinstance(sources[0], np.ndarray) \
-        and sources[0].ndim == 1 else None
-    if waves is not None:  # features="waveform": no features to read (feats [B, T, 0])
-        pass
-    elif n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
+    # features="waveform": the rows are 1-D waveforms of dims 0, padded into Packed.audio; no
+    # features to read (feats [B, T, 0]).
+    waveform = bool(n) and d == 0 and isinstance(sources[0], np.ndarray) and sources[0].ndim == 1
+    waves = _pad_waves(sources, shared) if waveform else None
+    if not waveform and n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
         reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))
     if reads is not None:
         reads.start(v_feats, reader)
