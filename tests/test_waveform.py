@@ -203,3 +203,27 @@ def test_folders_at_8_and_16_khz_stereo_load_together_at_16_khz(rates, shards, a
                 stereo = True
         seen += len(b.keys)
     assert seen == len(stored) and checked and stereo and rows8 == len(read_index(r8).samples)
+
+
+def test_mixed_rates_and_stereo_as_waveforms_and_verified(rates, shards):
+    """features="waveform" over the 8 kHz and 16 kHz stereo folders: 16 kHz mono waveforms of exactly
+    the resampled lengths, feat_lens their frames; verify finds nothing wrong with stereo members."""
+    from wdsprep.check.verify import verify_shards
+    from wdsprep.prep.audio import resampled_length
+    from wdsprep.units import fbank_frames
+
+    root, r8, r16 = rates
+    stored = {decode_key(k): (int(n), rate) for folder, rate in ((r8, 8000), (r16, 16000))
+              for k, n in zip(read_index(folder).keys(), read_index(folder).samples)}
+    loader = wdsprep.make_loader(f"{root}/r*/data-*.tar", str(shards[2]), max_frames=3000, seed=3,
+                                 fbank={"sample_rate": 16000}, features="waveform")
+    batches = list(loader)
+    assert len(batches) == len(loader) and sum(len(b.keys) for b in batches) == len(stored)
+    for b in batches:
+        assert b.audio.ndim == 2
+        for i, key in enumerate(b.keys):
+            n, rate = stored[key]
+            assert int(b.audio_lens[i]) == resampled_length(n, rate, 16000)
+            assert int(b.feat_lens[i]) == fbank_frames(int(b.audio_lens[i]), 16000)
+    result = verify_shards(f"{r16}/data-*.tar")
+    assert not result.problems and result.samples == len(read_index(r16).samples), result.format()
