@@ -227,3 +227,19 @@ def test_mixed_rates_and_stereo_as_waveforms_and_verified(rates, shards):
             assert int(b.feat_lens[i]) == fbank_frames(int(b.audio_lens[i]), 16000)
     result = verify_shards(f"{r16}/data-*.tar")
     assert not result.problems and result.samples == len(read_index(r16).samples), result.format()
+
+
+def test_pinned_waveform_batches_pin_the_audio_too(shards, monkeypatch):
+    """pin_memory=True (CUDA faked): batch.audio is pinned beside the batch's buffer, its values kept."""
+    import wdsprep.loader as loader_mod
+
+    _, flac, tok = shards
+    plain = {tuple(b.keys): b for b in epoch(flac, tok, "waveform", SPEED, streams=2)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pinned = []
+    monkeypatch.setattr(loader_mod, "_pin", lambda t: pinned.append(t.dtype) or t.clone())
+    batches = epoch(flac, tok, "waveform", SPEED, streams=2, num_workers=2, pin_memory=True)
+    assert pinned.count(torch.float32) == len(batches) and pinned.count(torch.uint8) == len(batches)
+    for b in batches:
+        assert torch.equal(b.audio, plain[tuple(b.keys)].audio)
+        assert not b.audio.untyped_storage().is_shared()
