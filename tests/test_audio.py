@@ -124,19 +124,19 @@ def _rewrite(path: Path, members: list[tuple[str, bytes]]) -> None:
             tf.addfile(info, io.BytesIO(data))
 
 
-def _stereo(pcm: np.ndarray) -> bytes:
+def _pcm24(pcm: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    sf.write(buf, np.stack([pcm, pcm], 1), 16000, format="FLAC", subtype="PCM_16")
+    sf.write(buf, pcm, 16000, format="FLAC", subtype="PCM_24")
     return buf.getvalue()
 
 
 @pytest.mark.parametrize("damage,why", [
     (lambda data, pcm: data[:len(data) // 2], "does not decode"),  # cut after the header
     (lambda data, pcm: b"RIFF" + data[4:], "not a FLAC stream"),
-    (lambda data, pcm: _stereo(pcm), "2 channels"),
+    (lambda data, pcm: _pcm24(pcm), "24-bit samples"),  # (stereo is read and downmixed: test_waveform)
 ])
 def test_damaged_audio_members_are_named_by_verify_and_skipped_by_the_loader(corpus, tmp_path, damage, why):
-    """A FLAC member whose data is cut short, one that is no FLAC, one of two channels: verify names
+    """A FLAC member whose data is cut short, one that is no FLAC, one of 24-bit samples: verify names
     the member; the loader warns naming shard and utterance, counts it, and the step stays."""
     root, feats, flac, wav, tok = corpus
     d = shutil.copytree(flac / "120_inf", tmp_path / "g" / "120_inf")
@@ -186,8 +186,10 @@ def test_the_writer_refuses_what_the_loader_could_not_use(tmp_path):
         ShardWriter(tmp_path / "a.tar", "flac")
     with pytest.raises(ValueError, match="fewer than one frame"):
         write_audio_shard(tmp_path / "b.tar", [("u1", np.zeros(399, np.int16), "x")])
-    with pytest.raises(ValueError, match="1-D int16"):
+    with pytest.raises(ValueError, match="must be int16 samples"):
         write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros(1600, np.float32), "x")])
+    with pytest.raises(ValueError, match=r"\[n, channels\] \(1 to 8\)"):
+        write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros((1600, 9), np.int16), "x")])
     assert not list(tmp_path.iterdir())  # nothing left behind
     w = ShardWriter(tmp_path / "d.tar", "flac", sample_rate=16000)
     with pytest.raises(ValueError, match="stores audio, not features"):
@@ -219,8 +221,8 @@ def test_fbank_options_for_audio_shards_are_the_indexs_or_the_loaders(corpus):
     (b,) = epoch(make_loader(str(sorted(flac.glob("120_inf/*.tar"))[0]), tok, max_frames=10**6,
                              fbank={"num_mel_bins": 40}))
     assert b.feats.shape[2] == 40
-    with pytest.raises(ValueError, match="fbank has \\['sample_rate'\\]"):
-        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"sample_rate": 8000})
+    with pytest.raises(ValueError, match="fbank has \\['frame_shift'\\]"):  # sample_rate resamples (test_waveform)
+        make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"frame_shift": 5})
     with pytest.raises(ValueError, match="cannot be seeded"):
         make_loader(pattern(flac), tok, max_frames=MAX_FRAMES, fbank={"dither": 1.0, "backend": "kaldi-native-fbank"})
     with pytest.raises(ValueError, match="fbank options apply to audio shards"):

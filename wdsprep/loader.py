@@ -44,7 +44,7 @@ from wdsprep.loading.cost import CostModel
 from wdsprep.loading.features import FeatureOptions
 from wdsprep.loading.follow import Ranks
 from wdsprep.loading.growing import VISIBLE_WITHIN
-from wdsprep.loading.options import LoaderOptions, WorkerOptions
+from wdsprep.loading.options import LoaderOptions, WorkerOptions, check_waveform_augment
 from wdsprep.loading.plan import PLAN_REVISION, BatchId, options_json
 from wdsprep.loading.rehearsal import Rehearsal, rehearse
 from wdsprep.loading.source import EpochSource
@@ -346,6 +346,8 @@ class Loader:
                 slots.hold(i, buf)
         else:
             buf = _pin(p.buf) if self._pin else p.buf
+        if self._pin and p.audio is not None:
+            p = p._replace(audio=_pin(p.audio))
         return unpack(p._replace(buf=buf))
 
     def _batches(self, iteration: int, start: bytes, expected: Iterator[BatchId]) -> Iterator[Batch]:
@@ -511,6 +513,7 @@ def make_loader(
     wait_timeout: float = 3600.0,
     augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
     fbank: Mapping[str, Any] | None = None,
+    features: str = "fbank",
     max_tokens_per_second: float | None = None,
     min_tokens_per_second: float | None = None,
     max_label_tokens: int | None = None,
@@ -623,6 +626,13 @@ def make_loader(
         fbank: for audio shards, fbank options in place of their index's: ``num_mel_bins``,
             ``dither`` (seeded per utterance; backend ``numpy`` only), ``backend``
             (``numpy``, ``kaldi-native-fbank``, ``torchaudio``).
+        features: for audio shards, what batches carry: ``"fbank"`` (``batch.feats``), or
+            ``"waveform"``: ``batch.audio`` float32 [B, S] zero-padded and ``batch.audio_lens``
+            int64 [B], speed-perturbed, noised, reverberated, clipped, low-passed and coded as for
+            fbank (the same draws, the same plan, keys and ``len``), to compute fbank on the device
+            with :class:`wdsprep.Fbank` (``batch.feats`` is then empty, [B, T, 0], ``feat_lens``
+            the frames fbank will give).  Refused for feature shards and with SpecAugment
+            (use :class:`wdsprep.SpecAugmentModule`).
         fields: fields of the samples (``pack --field NAME=FILE``) to deliver as strings,
             ``batch.fields[NAME]``; ``batch.lang`` holds each utterance's language whenever the
             index has one.  A field the shards' index does not list is refused.
@@ -661,8 +671,13 @@ def make_loader(
     source = build_source(corpora, options, tokenizer=tokenizer, ranks=ranks)
     _check_fields(source.shards, options, corpora.transforms)
     augments = tuple(t.augment for t in corpora.transforms)
+    waveform = options.read.features == "waveform"
+    if waveform:
+        for name, aug in zip(corpora.names, augments):
+            check_waveform_augment(aug, f"corpus {name!r}: " if name else "")
     features = FeatureOptions(options.read.fbank_for(source.shards.audio), options.read.augment,
-                              augments if any(a != options.read.augment for a in augments) else None)
+                              augments if any(a != options.read.augment for a in augments) else None,
+                              waveform=waveform)
     cfg = LoaderConfig(options.plan, seed=options.seed, read=options.read, fetch=options.fetch, features=features)
     dataset = ReaderStream(source, tokenizer, cfg, rank=rank, control=WorkerControl(), transforms=corpora.transforms)
     if group is not None:

@@ -28,3 +28,14 @@ def fbank_frames(num_samples: int | np.ndarray, sample_rate: int) -> int | np.nd
 def hours(frames: int | float) -> float:
     """Hours of audio in ``frames`` frames."""
     return float(frames) / FRAMES_PER_HOUR
+
+
+def resampled_lengths(samples: np.ndarray, rates: np.ndarray, sample_rate: int) -> np.ndarray:
+    """Samples each row has after exact rational resampling (scipy's ``resample_poly``, what the
+    readers and ``prep.audio.resample`` use) from its rate to ``sample_rate``: ``ceil(n * up / down)``
+    with up/down the reduced ratio, in integers (int64 [N])."""
+    n = np.asarray(samples, np.int64)
+    orig = np.asarray(rates, np.int64)
+    g = np.gcd(orig, sample_rate)
+    up, down = sample_rate // g, orig // g
+    return -(-n * up // down)

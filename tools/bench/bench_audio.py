@@ -17,6 +17,8 @@ FLAC files with a Kaldi ``wav.scp``/``text``.  From it:
   wdsprep FLAC          make_loader over the FLAC shards: read, decode, fbank (numpy backend),
                         tokenize (characters), batch (max_frames 20,000 = 200 s), collate
   wdsprep FLAC + aug    the same with speed 0.9/1.0/1.1 (drawn by the plan) and SpecAugment
+  wdsprep waveform      make_loader(features="waveform") over the FLAC shards: read, decode, pad
+                        (fbank left to wdsprep.Fbank on the device); and with speed 0.9/1.0/1.1
   wdsprep WAV           the same over WAV shards: no decoding (the share FLAC's decoder takes)
   wdsprep features      make_loader over the float32 fbank shards (no feature computation)
   Lhotse                CutSet of the FLAC files, DynamicBucketingSampler(max_duration=200),
@@ -257,6 +259,10 @@ def main(argv: list[str] | None = None) -> str:
     contenders = [wdsprep_contender("wdsprep, FLAC shards, fbank on the fly", flac, tok),
                   wdsprep_contender("wdsprep, FLAC shards + speed 0.9/1.0/1.1 + SpecAugment", flac, tok,
                                     augment=AUGMENT),
+                  wdsprep_contender("wdsprep, FLAC shards, features=\"waveform\" (no fbank: on the device)", flac,
+                                    tok, features="waveform"),
+                  wdsprep_contender("wdsprep, FLAC shards + speed 0.9/1.0/1.1, features=\"waveform\"", flac, tok,
+                                    features="waveform", augment={"speed": AUGMENT["speed"]}),
                   wdsprep_contender("wdsprep, WAV shards (no decoding), fbank on the fly", wav, tok),
                   wdsprep_contender("wdsprep, float32 features shards", feats["float32"], tok),
                   *lhotse_contenders(data)]

@@ -5,10 +5,11 @@ or ``KEY.opus`` beside ``KEY.txt``); the loader computes the features while trai
 plan needs of an utterance, its sample count (and so its frame count), comes from the member's
 header alone: FLAC's STREAMINFO block, WAV's ``fmt `` and ``data`` chunks, or an Opus stream's
 identification header and last granule position, parsed here without a decoder.  A member is
-usable when that header parses, says one channel, 16-bit samples (Opus: decoded as 16-bit), a
-speech sample rate and at least one sample, and its data is all there (a member whose header
-parses but says otherwise is :class:`RefusedAudio`: left out alone, the shard read on); decoding
-it (:meth:`FileAudio.pcm`) must then give exactly the samples the header says.
+usable when that header parses, says 16-bit samples (Opus: decoded as 16-bit), one to eight
+channels, a speech sample rate and at least one sample, and its data is all there (a member whose
+header parses but says otherwise is :class:`RefusedAudio`: left out alone, the shard read on);
+decoding it (:meth:`FileAudio.pcm`) must then give exactly the samples the header says (per
+channel: int16 [n] for one channel, [n, C] for C; the readers downmix by the mean of the channels).
 
 FLAC and WAV are lossless: the features of a stored utterance equal those of the original audio.
 Opus is lossy, and a decoder may give back another number of samples than were encoded; the
@@ -38,6 +39,7 @@ MIN_RATE, MAX_RATE = 1000, 768_000
 MAX_SAMPLES = 2**31 - 1  # an index counts an utterance's samples in int32
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the rates Opus codes at
 OPUS_BITRATE = 32000  # bit/s of speech: ~14 MB per hour of audio
+MAX_CHANNELS = 8  # channels an audio member may hold (the readers downmix them by their mean)
 OPUS_BITRATES = (6000, 256000)  # what libsndfile's Opus encoder takes (per channel)
 _OPUS_GRANULE_RATE = 48000  # Ogg Opus granule positions count 48 kHz samples at any coded rate (RFC 7845)
 _WAVE_PCM, _WAVE_EXTENSIBLE = 1, 0xFFFE
@@ -74,8 +76,8 @@ def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> 
         return read(start, stop)
 
     header = codec.header(more, size)
-    if header.channels != 1:
-        raise RefusedAudio(f"{header.channels} channels; audio shards hold one channel (pack picks it)")
+    if not 1 <= header.channels <= MAX_CHANNELS:
+        raise RefusedAudio(f"{header.channels} channels; audio shards hold 1 to {MAX_CHANNELS}")
     if header.bits != AUDIO_BITS:
         raise RefusedAudio(f"{header.bits}-bit samples; audio shards hold {AUDIO_BITS}-bit PCM")
     if not MIN_RATE <= header.sample_rate <= MAX_RATE:
@@ -175,12 +177,18 @@ def _opus_header(more: Read, size: int) -> AudioHeader:
     return AudioHeader("opus", rate, channels, AUDIO_BITS, (last.granule - preskip) // (_OPUS_GRANULE_RATE // rate))
 
 
+def _shaped(pcm: np.ndarray, channels: int) -> np.ndarray:
+    """Interleaved samples as int16 [n] (one channel) or [n, channels]."""
+    return pcm if channels == 1 else pcm.reshape(-1, channels)
+
+
 def _decode_wav(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
     """Plain PCM: no decoder needed."""
-    end = header.data + 2 * header.samples
+    ch = header.channels
+    end = header.data + 2 * header.samples * ch
     if end > len(data):
         raise ValueError(f"WAV data cut short: {header.samples} samples need {end} bytes, {len(data)} present")
-    return np.frombuffer(data, "<i2", header.samples, header.data).astype(np.int16, copy=False)
+    return _shaped(np.frombuffer(data, "<i2", header.samples * ch, header.data).astype(np.int16, copy=False), ch)
 
 
 def _decode_soundfile(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
@@ -195,10 +203,10 @@ def _decode_soundfile(data: bytes | memoryview, header: AudioHeader) -> np.ndarr
     except Exception as e:  # soundfile raises LibsndfileError, RuntimeError... for damaged data
         raise ValueError(f"{what} data does not decode ({type(e).__name__}: {e})") from None
     pcm = np.frombuffer(raw, np.int16)
-    if channels != 1 or rate != header.sample_rate or len(pcm) != header.samples:
+    if channels != header.channels or rate != header.sample_rate or len(pcm) != header.samples * channels:
         raise ValueError(f"{what} data decodes to {len(pcm) // max(channels, 1)} samples x {channels} channel(s) at "
-                         f"{rate} Hz, its header says {header.samples} x 1 at {header.sample_rate} Hz")
-    return pcm
+                         f"{rate} Hz, its header says {header.samples} x {header.channels} at {header.sample_rate} Hz")
+    return _shaped(pcm, channels)
 
 
 @dataclass(frozen=True)
@@ -259,9 +267,10 @@ def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str, *, bitrate: int | 
 
     codec = _codec(fmt)
     pcm = np.asarray(pcm)
-    if pcm.dtype != np.int16 or pcm.ndim != 1 or not len(pcm):
-        raise ValueError(f"audio to store must be 1-D int16 samples (16-bit, one channel), got {pcm.dtype} "
-                         f"{pcm.shape}")
+    if pcm.dtype != np.int16 or not 1 <= pcm.ndim <= 2 or not len(pcm) or pcm.ndim == 2 and not \
+            1 <= pcm.shape[1] <= MAX_CHANNELS:
+        raise ValueError(f"audio to store must be int16 samples, [n] or [n, channels] (1 to {MAX_CHANNELS}), got "
+                         f"{pcm.dtype} {pcm.shape}")
     if codec.rates is not None and sample_rate not in codec.rates:
         raise ValueError(f"{fmt} codes audio at {', '.join(map(str, codec.rates))} Hz, not {sample_rate}: resample "
                          f"it to one of them (pack-audio --sample-rate)")

@@ -99,7 +99,8 @@ class ShardWriter:
         self.info.text_lens.append(len(text))
 
     def write_audio(self, uttid: str, pcm: np.ndarray, text: str, fields: Mapping[str, str] | None = None) -> None:
-        """One utterance's audio (an audio layout): 1-D int16 samples at the writer's sample rate,
+        """One utterance's audio (an audio layout): int16 samples at the writer's sample rate, [n]
+        or [n, channels] (the readers downmix by the mean),
         at least one 25 ms frame of them once stored (ValueError otherwise: the loader could make no
         feature).  The index entry records the samples the member decodes to (a lossy codec's may
         differ from ``len(pcm)``: they are what the loader gets)."""

@@ -47,18 +47,27 @@ class Batch(_BatchFields):
     (``fields=``, and ``text_fields=``: a list of str); ``field_tokens[NAME]`` int64 [B, U_NAME],
     padded with :data:`LABEL_PAD`, and ``field_lens[NAME]`` int64 [B], those of ``text_fields``
     tokenized as the labels are (the utterance's tokenizer, language and text treatment).
+
+    With ``features="waveform"`` (audio shards): ``audio`` float32 [B, S], each utterance's
+    augmented waveform zero-padded, and ``audio_lens`` int64 [B] its samples, rows in the order of
+    ``keys``; ``feats`` is then empty ([B, T, 0]) and ``feat_lens`` the frames fbank of ``audio``
+    gives (what the plan counted).  Otherwise both are None.
     """
 
     corpus: torch.Tensor
+    audio: torch.Tensor | None
+    audio_lens: torch.Tensor | None
     lang: list[str] | None
     fields: dict[str, list[str]]
     field_tokens: dict[str, torch.Tensor]
     field_lens: dict[str, torch.Tensor]
 
     def __new__(cls, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor, label_lens: torch.Tensor,
-                keys: list[str], corpus: torch.Tensor | None = None, extras: SampleFields | None = None) -> Batch:
+                keys: list[str], corpus: torch.Tensor | None = None, extras: SampleFields | None = None,
+                audio: torch.Tensor | None = None, audio_lens: torch.Tensor | None = None) -> Batch:
         self = super().__new__(cls, feats, feat_lens, labels, label_lens, keys)
         self.corpus = torch.zeros(len(keys), dtype=torch.int64) if corpus is None else corpus
+        self.audio, self.audio_lens = audio, audio_lens
         x = extras or SampleFields()
         self.lang, self.fields = x.lang, x.fields
         self.field_tokens = {k: torch.from_numpy(v) for k, v in x.field_tokens.items()}
@@ -72,7 +81,9 @@ class Batch(_BatchFields):
                      self.feat_lens.to(device, non_blocking=non_blocking),
                      self.labels.to(device, non_blocking=non_blocking),
                      self.label_lens.to(device, non_blocking=non_blocking), self.keys,
-                     self.corpus.to(device, non_blocking=non_blocking))
+                     self.corpus.to(device, non_blocking=non_blocking), None,
+                     None if self.audio is None else self.audio.to(device, non_blocking=non_blocking),
+                     None if self.audio_lens is None else self.audio_lens.to(device, non_blocking=non_blocking))
 
 
 @dataclass
@@ -140,15 +151,18 @@ class BatchLayout:
                 buf[o3:o4].view(np.float32).reshape(self.n, self.t, self.d))
 
     def batch(self, buf: torch.Tensor, keys: list[str], corpus: torch.Tensor | None = None,
-              extras: SampleFields | None = None) -> Batch:
-        """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy)."""
+              extras: SampleFields | None = None, audio: tuple[torch.Tensor, torch.Tensor] | None = None) -> Batch:
+        """The :class:`Batch` whose four tensors are views on the uint8 tensor ``buf`` (no copy);
+        ``audio``: (audio, audio_lens) of a waveform batch."""
+        wave, wave_lens = audio if audio is not None else (None, None)
         if not self.n:  # every utterance of the batch was filtered out: empty tensors of the right ranks
             return Batch(torch.zeros(0, 0, self.d), torch.zeros(0, dtype=torch.int64),
-                         torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys, None, extras)
+                         torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), keys, None, extras,
+                         wave, wave_lens)
         o1, o2, o3, o4 = self._ends
         return Batch(buf[o3:o4].view(torch.float32).view(self.n, self.t, self.d), buf[:o1].view(torch.int64),
                      buf[o2:o3].view(torch.int64).view(self.n, self.u), buf[o1:o2].view(torch.int64), keys, corpus,
-                     extras)
+                     extras, wave, wave_lens)
 
 
 class Packed(NamedTuple):
@@ -168,6 +182,8 @@ class Packed(NamedTuple):
     nonfinite: int = 0  # utterances left out: their features held a NaN or an infinity
     corpus: np.ndarray | None = None  # int64 [B]: each utterance's corpus (None: all corpus 0)
     extras: SampleFields | None = None  # each utterance's language and fields (None: none)
+    audio: torch.Tensor | None = None  # float32 [B, S]: features="waveform"'s padded waveforms (None: fbank)
+    audio_lens: torch.Tensor | None = None  # int64 [B]: their samples
 
     @property
     def layout(self) -> BatchLayout:
@@ -176,7 +192,8 @@ class Packed(NamedTuple):
 
 def unpack(p: Packed) -> Batch:
     """The :class:`Batch` of a packed batch (views on its buffer)."""
-    return p.layout.batch(p.buf, p.keys, None if p.corpus is None else torch.from_numpy(p.corpus), p.extras)
+    return p.layout.batch(p.buf, p.keys, None if p.corpus is None else torch.from_numpy(p.corpus), p.extras,
+                          None if p.audio is None else (p.audio, p.audio_lens))
 
 
 def alloc_buffer(nbytes: int, shared: bool) -> torch.Tensor:
@@ -246,7 +263,11 @@ def start_collate(batch: Records, *, shared: bool = False,
     # converted there, in the same thread: torch's conversion, parallel on every core, left its
     # threads spinning on the core the read needed).
     reads = None
-    if n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
+    # features="waveform": the rows are 1-D waveforms of dims 0, padded into Packed.audio; no
+    # features to read (feats [B, T, 0]).
+    waveform = bool(n) and d == 0 and isinstance(sources[0], np.ndarray) and sources[0].ndim == 1
+    waves = _pad_waves(sources, shared) if waveform else None
+    if not waveform and n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
         reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))
     if reads is not None:
         reads.start(v_feats, reader)
@@ -254,6 +275,8 @@ def start_collate(batch: Records, *, shared: bool = False,
     def finish() -> Packed:
         done = reads.wait() if reads is not None else 0
         bad = list(np.flatnonzero(reads.bad[:done])) if reads is not None else []
+        if waves is not None:
+            done, bad = n, [i for i in range(n) if not np.isfinite(sources[i]).all()]
         # Whatever the bulk read left, row by row (which raises the error naming a row that
         # cannot be read).
         with warnings.catch_warnings():
@@ -279,8 +302,10 @@ def start_collate(batch: Records, *, shared: bool = False,
                 v_feats[i, k:] = 0
                 if not np.isfinite(row).all():
                     bad.append(i)
+        audio, audio_lens = waves if waves is not None else (None, None)
         if not bad:
-            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot, corpus=corpus, extras=extras)
+            return Packed(buf, (layout.n, layout.t, layout.d, layout.u), uttids, slot, corpus=corpus, extras=extras,
+                          audio=audio, audio_lens=audio_lens)
         bad = sorted(bad)
         where = f"utterance {uttids[bad[0]]!r} of {getattr(sources[bad[0]], 'url', 'an in-memory shard')}"
         more = f" and {len(bad) - 1} more of its batch" if len(bad) > 1 else ""
@@ -289,9 +314,26 @@ def start_collate(batch: Records, *, shared: bool = False,
             raise ShardError(f"{msg}: fix the features and repack (verify names every such utterance)")
         warnings.warn(f"{msg}: left out of the batch (counted as nonfinite_features). Fix the features and repack; "
                       f"verify names every such utterance", RuntimeWarning, stacklevel=2)
-        return _without(buf, layout, uttids, slot, bad, corpus, extras)
+        out = _without(buf, layout, uttids, slot, bad, corpus, extras)
+        if audio is None or audio_lens is None:
+            return out
+        keep = torch.from_numpy(np.setdiff1d(np.arange(n), bad))
+        return out._replace(audio=audio[keep], audio_lens=audio_lens[keep])
 
     return finish
+
+
+def _pad_waves(waves: list[np.ndarray], shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Waveforms (1-D float32, longest first) zero-padded into audio float32 [B, S] and their lengths
+    int64 [B]; in shared memory when ``shared`` (a worker sends a handle, not a copy)."""
+    lens = np.fromiter(map(len, waves), np.int64, len(waves))
+    s = int(lens.max(initial=0))
+    audio = alloc_buffer(4 * len(waves) * s, shared).view(torch.float32).view(len(waves), s)
+    out = audio.numpy()
+    for i, w in enumerate(waves):
+        out[i, :len(w)] = w
+        out[i, len(w):] = 0
+    return audio, torch.from_numpy(lens)
 
 
 def _without(buf: torch.Tensor, layout: BatchLayout, keys: list[str], slot: int, drop: list[int],

@@ -130,8 +130,14 @@ def build_source(trset: Trset | Corpora, options: LoaderOptions, *, tokenizer: T
 
     def build(view: View | None, wait: float = 0.0) -> EpochSource:
         shards = load(view, wait)
+        rates = shards.mixed_rates
+        if rates and "sample_rate" not in (options.read.fbank or {}):
+            raise ValueError(f"the audio folders are at {', '.join(map(str, rates))} Hz: give the rate to compute "
+                             f"fbank at, fbank={{'sample_rate': {max(rates)}}} (--fbank); the readers resample to it")
         fbank = options.read.fbank_for(shards.audio)
-        source = planned(shards if fbank is None else replace(shards, dims=fbank.num_mel_bins))  # what batches hold
+        if fbank is not None:  # the plan's frames at the rate the readers deliver (resampled from each row's)
+            shards = replace(shards.at_rate(fbank.sample_rate), dims=fbank.num_mel_bins)
+        source = planned(shards)  # what batches hold
         for name, aug in zip(corpora.names, [t.augment for t in corpora.transforms or ()] or [options.read.augment]):
             if aug is not None:
                 try:

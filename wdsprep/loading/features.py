@@ -30,6 +30,7 @@ from wdsprep.loading.records import AUDIO, IN_MEMORY, Records
 from wdsprep.loading.stats import WorkerTally
 from wdsprep.prep.audio import AudioReadError, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
+from wdsprep.units import fbank_frames
 
 Rows = tuple[BatchId, Records]
 # The longest utterance the reader decodes: a 210 KB FLAC may hold 70 minutes, whose waveform and
@@ -85,6 +86,7 @@ class FeatureOptions:
     fbank: FbankOptions | None = None
     augment: Augment | None = None
     augments: tuple[Augment | None, ...] | None = None
+    waveform: bool = False  # audio rows stay waveforms (features="waveform"): no fbank, the collate pads them
 
     @property
     def each(self) -> tuple[Augment | None, ...]:
@@ -103,6 +105,8 @@ class FeatureOptions:
         doc = {"fbank": None if self.fbank is None else {f.name: getattr(self.fbank, f.name)
                                                           for f in fields(self.fbank) if f.name != "channel"},
                "augment": None if a is None else a.to_json(), "banks": banks}
+        if self.waveform:
+            doc["waveform"] = True
         if self.augments is not None:
             doc["corpora"] = [None if x is None else {"augment": x.to_json(), "banks": {
                 p.name: bank_listing(p.bank) for p in x.parts if p.bank is not None}} for x in self.augments]
@@ -186,6 +190,17 @@ class FeatureMaker:
             row = int(local[i])
             u = draws.read(row, chain.layout) if draws is not None and chain.reads else {}
             try:
+                if out.offsets[i] == AUDIO and self.opts.waveform:
+                    wave, prefix = self.waveform(out.sources[i], row, u, choices, chain)
+                    frames = int(fbank_frames(len(wave), self.opts.fbank.sample_rate))
+                    if frames != planned[i]:
+                        raise ValueError(f"its waveform gives {frames} frames, the plan {planned[i]}: the audio "
+                                         f"does not decode to the samples its header says")
+                    uttids[i] = prefix + uttids[i]
+                    # A 1-D row of dims 0: the collate pads it into batch.audio (feats stay [B, T, 0]).
+                    out.sources[i] = np.ascontiguousarray(wave, np.float32)
+                    out.num[i, :4] = (IN_MEMORY, frames, 0, 4)
+                    continue
                 if out.offsets[i] == AUDIO:
                     feats, prefix = self._from_audio(out.sources[i], row, u, choices, draws, chain)
                     if feats.shape[0] != planned[i]:
@@ -216,21 +231,25 @@ class FeatureMaker:
 
     def waveform(self, audio: FileAudio, row: int, u: Mapping[str, np.ndarray],
                  choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
-        """The waveform an audio row's features are computed from: decoded, then each waveform part
-        applied in turn (speed, reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
+        """The waveform an audio row's features are computed from: decoded, downmixed (the mean of its
+        channels), resampled to the fbank's rate (exactly the length the plan counted), then each
+        waveform part applied in turn (speed,
+        reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
         ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
         ``choices``: the corpus epoch's speed factors, as the plan drew them; ``chain``: the corpus's
         augmentation (the loader's when None)."""
         fb = self.opts.fbank
         assert fb is not None
-        if audio.header.sample_rate != fb.sample_rate:
-            raise ValueError(f"audio at {audio.header.sample_rate} Hz in a shard set at {fb.sample_rate} Hz")
         seconds = audio.header.samples / audio.header.sample_rate
         if seconds > MAX_DECODE_SECONDS:  # from the header, before a byte is decoded
             raise ValueError(f"{seconds / 60:.1f} min of audio, more than the {MAX_DECODE_SECONDS / 60:g} min the "
                              f"reader decodes (its fbank takes ~90 MB a minute); drop such utterances with "
                              f"max_utt_frames, or cut them into segments and repack")
         wave = audio.pcm().astype(np.float32)
+        if wave.ndim == 2:  # several channels: their mean (as Lhotse, NeMo, WeNet downmix)
+            wave = wave.mean(axis=1, dtype=np.float32)
+        if audio.header.sample_rate != fb.sample_rate:  # exact rational resampling: the plan counted its length
+            wave = resample(wave, audio.header.sample_rate, fb.sample_rate)
         prefix = ""
         for part in (chain or self.chains[0]).on_wave:
             draw = Draw(u.get(part.name, NO_UNIFORMS), self._bank(part),

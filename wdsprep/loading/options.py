@@ -38,8 +38,18 @@ from wdsprep.options import (
 from wdsprep.prep.fbank_options import FbankOptions
 from wdsprep.tokenizer import Normalizer, SubwordSampling, parse_normalize
 
-# Settings of the loader's fbank= that may differ from the index's (the audio's rate may not).
-FBANK_KEYS = ("num_mel_bins", "dither", "backend")
+# Settings of the loader's fbank= that may differ from the index's (sample_rate: the readers resample to it).
+FBANK_KEYS = ("num_mel_bins", "dither", "backend", "sample_rate")
+# What batches of audio shards carry: fbank computed by the readers, or the (augmented) waveform.
+FEATURES = ("fbank", "waveform")
+
+
+def check_waveform_augment(augment: Augment | None, where: str = "") -> None:
+    """Refuse parts acting on features with ``features='waveform'``: the loader computes none."""
+    parts = [p.name for p in augment.chain(on_audio=False)] if augment is not None else []
+    if parts:
+        raise ValueError(f"{where}augment {parts} acts on features, and features='waveform' delivers none: apply "
+                         f"wdsprep.SpecAugmentModule to wdsprep.Fbank's output on the device instead")
 
 
 def _sampling(alpha: float) -> SubwordSampling:
@@ -161,7 +171,11 @@ class ReadOptions:
               "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True)
     fbank: Mapping[str, Any] | None = option(
         None, "audio shards: fbank options in place of the index's, e.g. '{\"num_mel_bins\": 40}' (num_mel_bins, "
-              "dither, backend)", kind=JSON_OBJECT)
+              "dither, backend, sample_rate: audio at other rates is resampled to it)", kind=JSON_OBJECT)
+    features: str = option(
+        "fbank", "audio shards: what batches carry, fbank (batch.feats) or waveform (batch.audio, batch.audio_lens, "
+                 "augmented as for fbank; compute features on the device with wdsprep.Fbank)",
+        kind=choice(*FEATURES))
     fields: Sequence[str] | None = option(
         None, "fields of the samples to deliver as strings, batch.fields[NAME] (pack --field NAME=FILE; batch.lang "
               "comes with any language)", kind=NAMES)
@@ -187,23 +201,34 @@ class ReadOptions:
         if audio is None:
             if given:
                 raise ValueError("fbank options apply to audio shards; these hold features computed at pack time")
+            if self.features == "waveform":
+                raise ValueError("features='waveform' needs audio shards (pack-audio); these hold features computed "
+                                 "at pack time: use features='fbank'")
             return None
         unknown = sorted(set(given) - set(FBANK_KEYS))
         if unknown:
-            raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)} (the audio "
-                             f"stays at its {audio.sample_rate} Hz)")
-        opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins), sample_rate=audio.sample_rate,
+            raise ValueError(f"fbank has {unknown}; the loader's fbank options are {list(FBANK_KEYS)}")
+        opts = FbankOptions(num_mel_bins=given.get("num_mel_bins", audio.num_mel_bins),
+                            sample_rate=given.get("sample_rate", audio.sample_rate),
                             dither=given.get("dither", audio.dither), backend=given.get("backend", audio.backend))
         if opts.dither and opts.backend != "numpy":
             raise ValueError(f"fbank dither {opts.dither} with backend {opts.backend!r}: its dither comes from a "
                              f"generator that cannot be seeded, so batches would differ run to run; use backend "
                              f"'numpy' (seeded per utterance) or dither 0")
+        if opts.dither and self.features == "waveform":
+            raise ValueError(f"fbank dither {opts.dither} with features='waveform': the loader computes no fbank and "
+                             f"its batches do not carry the draw keys wdsprep.Fbank dithers with yet; give fbank="
+                             f"{{'dither': 0}} (Kaldi's reproducible setting) or features='fbank'")
         return opts
 
     def __post_init__(self) -> None:
         check_on_error(self.on_error)
         _check_fbank(self.fbank)
         object.__setattr__(self, "augment", parse_augment(self.augment))
+        if self.features not in FEATURES:
+            raise ValueError(f"features must be one of {list(FEATURES)}, got {self.features!r}")
+        if self.features == "waveform":
+            check_waveform_augment(self.augment)
         object.__setattr__(self, "normalize", parse_normalize(self.normalize))
         for what in ("fields", "text_fields"):
             names = getattr(self, what)

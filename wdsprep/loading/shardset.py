@@ -23,7 +23,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -50,6 +50,7 @@ from wdsprep.loading.readahead import fetched_shard
 from wdsprep.remote.fetch import RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister, take_listed_size
 from wdsprep.remote.urls import has_folder, redact
+from wdsprep.units import fbank_frames, resampled_lengths
 
 
 class TokenCounts(Protocol):
@@ -86,6 +87,9 @@ class ShardSet:
     # Audio shards: their format, rate and fbank options (one for the whole set), every row's sample count.
     audio: AudioIndex | None = None
     samples: np.ndarray | None = None  # int32 [N]
+    # Audio shards: every row's stored sample rate (folders may differ; the readers resample to
+    # ``audio.sample_rate`` once :meth:`at_rate` set it, and ``samples``/``frames`` are at that rate).
+    rates: np.ndarray | None = None  # int32 [N]
     # The fields every shard's samples carry (pack --field, --utt2lang), and each row's value of those
     # every shard's index has a column of (the language, "lang", and the pack's --index-field).
     fields: tuple[str, ...] = ()
@@ -135,7 +139,8 @@ class ShardSet:
         return ShardSet(self.urls[sl], self.utts[sl], self.frames[rows], self.digests[sl], self.sizes[sl], self.dims,
                         0, self.lost[sl], speakers=speakers, checksums=self.checksums[sl],
                         tokens=None if self.tokens is None else self.tokens[rows], audio=self.audio,
-                        samples=None if self.samples is None else self.samples[rows], fields=self.fields,
+                        samples=None if self.samples is None else self.samples[rows],
+                        rates=None if self.rates is None else self.rates[rows], fields=self.fields,
                         columns={k: c.rows(rows.start, rows.stop) for k, c in self.columns.items()})
 
     def subset(self, rows: np.ndarray) -> ShardSet:
@@ -152,8 +157,27 @@ class ShardSet:
                         self.sizes[used], self.dims, 0, self.lost[used] * 0, speakers=speakers,
                         checksums=[self.checksums[s] for s in used.tolist()],
                         tokens=None if self.tokens is None else self.tokens[rows], audio=self.audio,
-                        samples=None if self.samples is None else self.samples[rows], fields=self.fields,
+                        samples=None if self.samples is None else self.samples[rows],
+                        rates=None if self.rates is None else self.rates[rows], fields=self.fields,
                         columns={k: c.take(rows) for k, c in self.columns.items()})
+
+    def at_rate(self, sample_rate: int) -> ShardSet:
+        """Audio shards as the readers deliver them at ``sample_rate``: each row's samples after the
+        readers' exact rational resampling from its stored rate (``resampled_length``) and the
+        frames fbank gives of them, what the plan cuts by; itself when every row is at that rate."""
+        if self.audio is None or self.samples is None or self.rates is None:
+            return self
+        if (self.rates == sample_rate).all() and self.audio.sample_rate == sample_rate:
+            return self
+        samples = resampled_lengths(self.samples, self.rates, sample_rate).astype(np.int32)
+        return replace(self, samples=samples, frames=fbank_frames(samples, sample_rate).astype(np.int32),
+                       audio=replace(self.audio, sample_rate=sample_rate))
+
+    @property
+    def mixed_rates(self) -> list[int]:
+        """The stored sample rates of audio rows, when more than one (else [])."""
+        found = [] if self.rates is None else np.unique(self.rates).tolist()
+        return found if len(found) > 1 else []
 
     def values(self, name: str, rows: np.ndarray) -> list[str | None] | None:
         """Rows' values of index column ``name`` (the language: ``lang``), or None when it has none
@@ -199,7 +223,8 @@ def union(named: dict[str, ShardSet]) -> ShardSet:
                     Speakers.concat(speakers) if len(speakers) == len(parts) else None,
                     [c for p in parts for c in p.checksums],
                     np.concatenate(tokens) if len(tokens) == len(parts) else None,
-                    audio, None if audio is None else np.concatenate([p.samples for p in parts]), fields, columns)
+                    audio, None if audio is None else np.concatenate([p.samples for p in parts]),
+                    None if audio is None else np.concatenate([p.rates for p in parts]), fields, columns)
 
 
 def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, policy: RetryPolicy | None = None,
@@ -214,16 +239,21 @@ def indexed_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
 def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | None:
     """The one audio description of shards described by ``found`` (``what``: a folder or corpus
     each); None when all hold features.  A mix of audio and features, or of audio of other rates or
-    fbank options, is an error naming two of them: one loader delivers one kind of features."""
+    fbank options, is an error naming two of them: one loader delivers one kind of features.  Rates
+    may differ (each row's is kept, ``ShardSet.rates``; the readers resample): the first folder's is
+    returned until :meth:`ShardSet.at_rate` sets the loader's."""
     kinds = {}
+    first: dict[AudioIndex | None, AudioIndex | None] = {}
     for name, audio in found.items():
-        kinds.setdefault(audio, name)
+        alike = None if audio is None else replace(audio, sample_rate=16000)
+        kinds.setdefault(alike, name)
+        first.setdefault(alike, audio)
     if len(kinds) < 2:
-        return next(iter(kinds), None)
+        return next(iter(first.values()), None)
     (a, x), (b, y) = list(kinds.items())[:2]
 
     def say(audio: AudioIndex | None) -> str:
-        return "features" if audio is None else (f"{audio.format} audio at {audio.sample_rate} Hz, fbank "
+        return "features" if audio is None else (f"{audio.format} audio, fbank "
                                                  f"{audio.num_mel_bins} bins/dither {audio.dither}/{audio.backend}")
 
     raise ValueError(f"{what} {x} holds {say(a)}, {what} {y} {say(b)}: one loader reads one kind, so pack them alike "
@@ -258,6 +288,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
     audios: dict[str, AudioIndex | None] = {}  # folder -> what its shards hold
     sample_rows: list[np.ndarray] = []  # per shard, an audio shard's sample counts
+    rate_rows: list[np.ndarray] = []  # per shard, an audio shard's stored rate per row
     fields: list[set[str]] = []  # per shard, the fields its samples carry
     columns: list[dict[str, Values]] = []  # per shard, its rows' values of its index's columns
     for k, url in enumerate(urls):
@@ -282,6 +313,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             columns.append({})
             token_rows.append(np.zeros(0, np.int32))
             sample_rows.append(np.zeros(0, np.int32))
+            rate_rows.append(np.zeros(0, np.int32))
             utts.append(0)
             sizes.append(-1)
             digests.append("")
@@ -329,6 +361,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         frame_rows.append(np.asarray(index.frames[a:b], np.int32))
         audios[folder] = index.audio
         sample_rows.append(np.zeros(0, np.int32) if index.samples is None else np.asarray(index.samples[a:b], np.int32))
+        rate_rows.append(np.full(b - a, 0 if index.audio is None else index.audio.sample_rate, np.int32))
         fields.append(set(index.fields))
         columns.append({name: c.rows(a, b) for name, c in index.columns.items()})
     lost = lost_in
@@ -352,6 +385,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
             dims |= scan.dims
             audios[urls[k]] = _scanned_audio(urls[k], scan)
             sample_rows[k] = np.asarray(scan.info.samples, np.int32)
+            rate_rows[k] = np.full(len(frames), 0 if audios[urls[k]] is None else audios[urls[k]].sample_rate, np.int32)
             fields[k] = set(scan.fields)
             columns[k] = {name: Values.of(v) for name, v in scan.info.values.items()}
             if tokens is not None:
@@ -371,6 +405,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
                     checksums=checksums,
                     tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]),
                     audio=audio, samples=None if audio is None else np.concatenate(sample_rows),
+                    rates=None if audio is None else np.concatenate(rate_rows),
                     fields=tuple(sorted(common)), columns=indexed)
 
 
