@@ -86,32 +86,6 @@ def _held_out_max(cal) -> float:
     return float(np.abs(cal.errors(held_out=True)).max())
 
 
-@pytest.mark.timeout(150)
-def test_transformer_fit_holds_on_shapes_it_did_not_fit(corpus, one_thread):
-    root, trset, tok = corpus
-    out = root / "transformer.json"
-    cal = _calibrated("calibrate_models:transformer", corpus, out, 22,
-                      lambda c: _held_out_max(c) <= 0.20 and _quadratic_share(c) > 0.15, tokens_per_frame=0.2)
-    held = np.abs(cal.errors(held_out=True))
-    assert len(held) == 12 and len(cal.timings) == 27  # 9 lengths x 3 label lengths, every other length held out
-    assert held.max() <= 0.20, cal.format()
-    # Self-attention: a clear t^2 term, a large share of the cost at the median length (CTC's
-    # lattice, t x u, goes to the t*u term: 20-32% of it here).
-    assert cal.cost.per_frame2 > 0
-    assert _quadratic_share(cal) > 0.15, cal.format()
-    # The grid covers the corpus's lengths: the 5th to the 99.9th percentile of frames.
-    frames = sorted({t.shape.frames for t in cal.timings})
-    p5, p999 = np.quantile(load_shards(trset).frames, [0.05, 0.999])
-    assert frames[0] == math.floor(p5) and frames[-1] == math.ceil(p999)
-    # The file is the model the loader reads, with the fit's notes beside it.
-    doc = json.loads(out.read_text())
-    assert load_cost(out) == cal.cost
-    assert doc["subsampling"] == 4 and "max_cost" not in doc
-    assert doc["fit"]["device"] == "cpu" and doc["fit"]["threads"] == 1
-    assert doc["fit"]["held_out_error"]["max"] == pytest.approx(held.max(), abs=1e-4)
-    assert len(doc["fit"]["shapes"]) == 27
-
-
 def _joint_share(cal) -> float:
     """per_frame_token * t * u as a share of c(t, u) at the corpus's median length and its label length."""
     c = cal.cost
@@ -179,12 +153,12 @@ def _quadratic_at(cal, frames: int = 750) -> float:
     return c.per_frame2 * t / c.per_frame if c.per_frame else math.inf
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(240)
 def test_convolutions_get_no_quadratic_term_on_a_busy_machine_and_attention_keeps_its(corpus, one_thread,
                                                                                       busy_machine):
     """With every other core busy, a convolution-only model's fit keeps t^2 under 10% of its t term at
     750 frames (a busy machine slows long shapes more: fitted as cost, that was 47-120%); the
-    Transformer's self-attention is still found."""
+    Transformer's self-attention is still found, and its fit holds on shapes it did not fit."""
     root, _, _ = corpus
     # Labels of a subword tokenizer's length (0.05 tokens a frame): CTC's lattice, t x u, is a real
     # quadratic cost of the step, not the encoder's.
@@ -192,9 +166,29 @@ def test_convolutions_get_no_quadratic_term_on_a_busy_machine_and_attention_keep
                        lambda c: _quadratic_at(c) < 0.1 and _held_out_max(c) <= 0.25, tokens_per_frame=0.05)
     assert _quadratic_at(conv) < 0.1, conv.format()
     assert _held_out_max(conv) <= 0.25, conv.format()
-    attention = _calibrated("calibrate_models:transformer", corpus, root / "transformer_busy.json", 20,
-                            lambda c: _quadratic_share(c) > 0.15, tokens_per_frame=0.2)
-    assert attention.cost.per_frame2 > 0 and _quadratic_share(attention) > 0.15, attention.format()
+    # The Transformer, on shapes it did not fit too.
+    _, trset, _ = corpus
+    out = root / "transformer.json"
+    cal = _calibrated("calibrate_models:transformer", corpus, out, 22,
+                      lambda c: _held_out_max(c) <= 0.20 and _quadratic_share(c) > 0.15, tokens_per_frame=0.2)
+    held = np.abs(cal.errors(held_out=True))
+    assert len(held) == 12 and len(cal.timings) == 27  # 9 lengths x 3 label lengths, every other length held out
+    assert held.max() <= 0.20, cal.format()
+    # Self-attention: a clear t^2 term, a large share of the cost at the median length (CTC's
+    # lattice, t x u, goes to the t*u term: 20-32% of it here).
+    assert cal.cost.per_frame2 > 0
+    assert _quadratic_share(cal) > 0.15, cal.format()
+    # The grid covers the corpus's lengths: the 5th to the 99.9th percentile of frames.
+    frames = sorted({t.shape.frames for t in cal.timings})
+    p5, p999 = np.quantile(load_shards(trset).frames, [0.05, 0.999])
+    assert frames[0] == math.floor(p5) and frames[-1] == math.ceil(p999)
+    # The file is the model the loader reads, with the fit's notes beside it.
+    doc = json.loads(out.read_text())
+    assert load_cost(out) == cal.cost
+    assert doc["subsampling"] == 4 and "max_cost" not in doc
+    assert doc["fit"]["device"] == "cpu" and doc["fit"]["threads"] == 1 and doc["fit"]["noise"] >= 0
+    assert doc["fit"]["held_out_error"]["max"] == pytest.approx(held.max(), abs=1e-4)
+    assert len(doc["fit"]["shapes"]) == 27
 
 
 def test_only_running_out_of_memory_counts_as_not_fitting():
