@@ -868,3 +868,14 @@ def test_item6_a_token_column_rewritten_with_impossible_counts_is_refused(small_
     np.save(columns[0], np.full(len(np.load(columns[0])), value, np.int32), allow_pickle=False)
     with pytest.raises(DataError, match=rf"{columns[0]}: .*no tokenizer counts so.*delete it"):
         make_loader(f"{out}/*/data-*.tar", small_pack[2], **kw)
+
+
+def test_item9_before_any_folder_is_seen_the_final_size_is_unknown_not_zero():
+    """A pack that has begun but not yet recorded its plan: the loader waits (the refusal of a wait
+    beyond the plan needs a plan; taking "no folder yet" for "0 shards in all" refused egs/demo's
+    stage 6 when its training started first)."""
+    from wdsprep.loading.growing import View, coverage
+    from wdsprep.loading.shardset import shard_set
+
+    c = coverage(shard_set([]), View({}))
+    assert c["shards_final"] is None and c["hours_final"] is None and c["fraction"] is None

@@ -172,9 +172,11 @@ def coverage(shards: ShardSet, view: View) -> dict[str, Any]:
         rows[0] += 1
         rows[1] += int(shards.utts[k])
         rows[2] += int(shards.frames[shards.starts[k]:shards.starts[k + 1]].sum(dtype=np.int64))
-    final: list[int | None] = [0, 0, 0]
+    seen = list(dict.fromkeys([*folders, *view.published]))
+    # No folder seen yet (a pack that has not recorded its plan): the final size is not known.
+    final: list[int | None] = [0, 0, 0] if seen else [None, None, None]
     growing = 0
-    for folder in dict.fromkeys([*folders, *view.published]):
+    for folder in seen:
         now = folders.get(folder, [0, 0, 0])
         g = None if is_url(folder) else pending_folder(folder)
         if g is None:
