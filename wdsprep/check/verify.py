@@ -157,7 +157,9 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     seen_ids: dict[str, tuple[str, str]] = {}  # uttid -> (shard, key) where first seen
     indexes: dict[str, FolderIndex | None] = {}
     dims_seen: dict[int, tuple[int, str]] = {}  # feature dims -> (samples, first shard)
-    rates_seen: dict[int, tuple[int, str]] = {}  # audio sample rate -> (samples, first shard)
+    # folder -> audio sample rate -> (samples, first shard): a folder (an index) holds one rate; the
+    # loader resamples folders of different rates to its fbank's sample_rate.
+    rates_seen: dict[str, dict[int, tuple[int, str]]] = {}
     pending: dict[str, int] = {}  # folder of an uncommitted pack -> its shards named, not published yet (skipped)
     for path in paths:
         remote = is_url(path)
@@ -195,8 +197,9 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 n, first = dims_seen.get(sample.dims, (0, path))
                 dims_seen[sample.dims] = (n + 1, first)
             if sample.rate is not None:
-                n, first = rates_seen.get(sample.rate, (0, path))
-                rates_seen[sample.rate] = (n + 1, first)
+                rates = rates_seen.setdefault(folder, {})
+                n, first = rates.get(sample.rate, (0, path))
+                rates[sample.rate] = (n + 1, first)
         if index is not None:
             where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
@@ -222,7 +225,8 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                 if why is None:  # a changed shard is named above
                     _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
-    _check_rates(rates_seen, result.problems)
+    for rates in rates_seen.values():
+        _check_rates(rates, result.problems)
     for folder, skipped in pending.items():
         g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
@@ -263,15 +267,15 @@ def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) 
 
 
 def _check_rates(rates_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
-    """One loader reads audio of one sample rate: ``index`` refuses a folder of two, the loader a set
-    of shards of two (the same verdict here)."""
+    """A folder's audio is of one sample rate: ``index`` refuses a folder of two, and so does the
+    loader (the same verdict here; folders of different rates load together, resampled)."""
     if len(rates_seen) < 2:
         return
     ranked = sorted(rates_seen, key=lambda r: (-rates_seen[r][0], r))
     found = "; ".join(f"{r} Hz in {rates_seen[r][0]:,} sample(s), the first in {rates_seen[r][1]}" for r in ranked)
-    problems.append(Problem(rates_seen[ranked[1]][1], f"the shards hold audio at different sample rates ({found}): "
-                                                        f"the loader and wdsprep index refuse them; repack the audio "
-                                                        f"at one rate (pack-audio --sample-rate)"))
+    problems.append(Problem(rates_seen[ranked[1]][1], f"the shards of one folder hold audio at different sample "
+                                                        f"rates ({found}): the loader and wdsprep index refuse them; "
+                                                        f"repack the audio at one rate (pack-audio --sample-rate)"))
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
