@@ -879,3 +879,42 @@ def test_item9_before_any_folder_is_seen_the_final_size_is_unknown_not_zero():
 
     c = coverage(shard_set([]), View({}))
     assert c["shards_final"] is None and c["hours_final"] is None and c["fraction"] is None
+
+
+# -- item 10: calibrate's time is bounded: a step that never returns, steps too slow for the budget ----------
+
+STEPS = """
+import time
+
+
+def forever(model, *batch):
+    time.sleep(3600)
+
+
+def slow(model, *batch):
+    time.sleep(0.4)
+    return model(*batch)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step,match", [
+    ("forever", r"a training step ran past the 12 s its --max-seconds allows"),
+    ("slow", r"timing the grid takes about \d+ s even with one utterance a batch.*give --max-seconds \d+"),
+])
+def test_item10_calibrate_ends_within_its_time_naming_what_to_give(small_pack, tmp_path, step, match):
+    """A step that never returns hung calibrate; steps too slow for --max-seconds ran 17-25 times past
+    it, with a warning of a negative budget.  Now: a MeasurementError within twice the time (+10 s),
+    or at once after the pilot steps, naming the --max-seconds that would do; nothing is written."""
+    import time
+
+    from wdsprep.check.calibrate import calibrate
+    from wdsprep.errors import MeasurementError
+
+    (tmp_path / "steps.py").write_text(STEPS)
+    models = Path(__file__).parent / "calibrate_models.py"
+    t0 = time.monotonic()
+    with pytest.raises(MeasurementError, match=match):
+        calibrate(f"{models}:conv", f"{small_pack[0]}/*/data-*.tar", small_pack[2], tmp_path / "cost.json",
+                  step=f"{tmp_path / 'steps.py'}:{step}", max_seconds=1, tokens_per_frame=0.05)
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "cost.json").exists()

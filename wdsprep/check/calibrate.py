@@ -33,12 +33,15 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -318,7 +321,7 @@ class TrainStep:
         try:
             loss = self.call(self.model, *batch)
         except Exception as e:
-            if out_of_memory(e):
+            if out_of_memory(e) or isinstance(e, MeasurementError):  # the step's time ran out: not its fault
                 raise
             feats = batch[0]
             raise ModelError(f"{self.what} raised {type(e).__name__}: {_first_line(e)} on a batch of "
@@ -337,7 +340,7 @@ class TrainStep:
             loss.reshape(()).backward()
             self.optimizer.step()
         except Exception as e:
-            if out_of_memory(e):
+            if out_of_memory(e) or isinstance(e, MeasurementError):
                 raise
             raise ModelError(f"the backward pass of the loss {self.what} returned raised {type(e).__name__}: "
                              f"{_first_line(e)}") from e
@@ -379,6 +382,34 @@ def _clock(device: torch.device) -> Callable[[], float]:
     it queued are done); on CPU the process's CPU time, which other processes of a shared machine
     do not inflate (with several torch threads it counts each, as the machine pays them)."""
     return time.perf_counter if device.type == "cuda" else time.process_time
+
+
+@contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    """Timed steps that end within ``seconds`` from now; one that runs past (a step too slow for
+    the budget, or one that never returns) is stopped by SIGALRM and raises MeasurementError
+    (main thread only: elsewhere steps are not bounded)."""
+    main = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+    def expire(*_: object) -> None:
+        raise MeasurementError(f"calibrate: a training step ran past the {seconds:.0f} s its --max-seconds allows "
+                               f"(a step this slow, or one that never returns): nothing was written; give more "
+                               f"--max-seconds, or check that the step returns")
+
+    if not main:
+        yield
+        return
+    # An alarm set before (a test runner's timeout) is put back afterwards, less the time spent.
+    old = signal.signal(signal.SIGALRM, expire)
+    t0 = time.monotonic()
+    before, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if before:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, before - (time.monotonic() - t0)))
 
 
 def _timed(step: TrainStep, batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[float, float]:
@@ -515,12 +546,14 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
             return label_tokens(t, tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, subsampling=subsampling)
 
         lengths = length_grid(frames)
-        # The first step shows whether the model runs at all, on a batch too small to be slow.
-        _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
-        t_timing = time.perf_counter()  # max_seconds counts from here: loading and building are the user's
-        batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev, budget=max_seconds)
-        timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
-                             budget=max_seconds - (time.perf_counter() - t_timing), progress=progress)
+        # The grid's rounds stop within max_seconds; a step may run past it, and no step past twice it.
+        with _bounded(2 * max_seconds + 10):
+            # The first step shows whether the model runs at all, on a batch too small to be slow.
+            _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
+            t_timing = time.perf_counter()  # max_seconds counts from here: loading and building are the user's
+            batch_frames = _batch_frames(train_step, batch, lengths, tokens, dev, budget=max_seconds)
+            timings = _time_grid(train_step, batch, lengths, tokens, dev, batch_frames=batch_frames, rng=rng,
+                                 budget=max_seconds - (time.perf_counter() - t_timing), progress=progress)
         cost = fit_cost([t for t in timings if not t.held_out], subsampling)
         budget = None if max_frames is None else frames_budget(cost, shards, max_frames, seed=seed)
         memory = None
@@ -605,13 +638,15 @@ def _batch_frames(step: TrainStep, batch: Callable[[Shape], tuple], lengths: np.
     slope = (per_frame[1] - per_frame[0]) / max(1, hi - lo)
     per_frame_at = np.maximum(per_frame[0] + slope * (lengths - lo), min(per_frame))
     steps = len(LABEL_DIVISORS) * (WARMUP + TARGET_ROUNDS)  # label lengths per length
-    left = budget - (time.perf_counter() - t0)
+    pilot_seconds = time.perf_counter() - t0
+    left = budget - pilot_seconds
     frames = 0.9 * left / (steps * float(per_frame_at.sum()))
-    if frames < hi:
-        need = steps * hi * float(per_frame_at.sum()) / 0.9
-        warnings.warn(f"timing the grid takes about {need:.0f} s even with one utterance a batch at the longest "
-                      f"length, more than the {left:.0f} s max_seconds leaves; it runs its rounds all the same",
-                      UserWarning, stacklevel=3)
+    if frames < hi:  # not even one utterance a batch at the longest length fits what is left
+        need = pilot_seconds + steps * hi * float(per_frame_at.sum()) / 0.9
+        raise MeasurementError(f"calibrate: timing the grid takes about {need:.0f} s even with one utterance a batch "
+                               f"at the longest length ({hi} frames), more than --max-seconds {budget:g} (the pilot "
+                               f"steps took {pilot_seconds:.1f} s of it): nothing was written; give --max-seconds "
+                               f"{math.ceil(need * 1.2)} or more")
     return int(min(MAX_BATCH_FRAMES, max(hi, frames)))
 
 
