@@ -194,12 +194,9 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
         result.samples += len(shard_samples)
         for sample in shard_samples:
             if sample.dims is not None:
-                n, first = dims_seen.get(sample.dims, (0, path))
-                dims_seen[sample.dims] = (n + 1, first)
+                _seen(dims_seen, sample.dims, path)
             if sample.rate is not None:
-                rates = rates_seen.setdefault(folder, {})
-                n, first = rates.get(sample.rate, (0, path))
-                rates[sample.rate] = (n + 1, first)
+                _seen(rates_seen.setdefault(folder, {}), sample.rate, path)
         if index is not None:
             where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
             if i is None:
@@ -255,27 +252,41 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
     return result
 
 
+def _seen(seen: dict[int, tuple[int, str]], value: int, path: str) -> None:
+    """Count one sample of ``value`` (its samples so far, and the first shard it was seen in)."""
+    n, first = seen.get(value, (0, path))
+    seen[value] = (n + 1, first)
+
+
+def _mixed(seen: dict[int, tuple[int, str]], unit: str) -> tuple[str, str] | None:
+    """Where values of ``seen`` differ: (the first shard of the second most common value, every
+    value with its samples and first shard, most common first), or None for one value."""
+    if len(seen) < 2:
+        return None
+    ranked = sorted(seen, key=lambda v: (-seen[v][0], v))
+    return seen[ranked[1]][1], "; ".join(f"{v} {unit} in {seen[v][0]:,} sample(s), the first in {seen[v][1]}"
+                                         for v in ranked)
+
+
 def _check_dims(dims_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
     """One loader reads all the shards given, and refuses a batch whose features differ in dimension."""
-    if len(dims_seen) < 2:
-        return
-    ranked = sorted(dims_seen, key=lambda d: (-dims_seen[d][0], d))
-    found = "; ".join(f"{d} dims in {dims_seen[d][0]:,} sample(s), the first in {dims_seen[d][1]}" for d in ranked)
-    problems.append(Problem(dims_seen[ranked[1]][1], f"the shards hold features of different dimensions ({found}): "
-                                                      f"the loader fails on the first batch that mixes them; give "
-                                                      f"it (and verify) one feature set at a time"))
+    mixed = _mixed(dims_seen, "dims")
+    if mixed is not None:
+        shard, found = mixed
+        problems.append(Problem(shard, f"the shards hold features of different dimensions ({found}): the loader "
+                                       f"fails on the first batch that mixes them; give it (and verify) one feature "
+                                       f"set at a time"))
 
 
 def _check_rates(rates_seen: dict[int, tuple[int, str]], problems: list[Problem]) -> None:
     """A folder's audio is of one sample rate: ``index`` refuses a folder of two, and so does the
     loader (the same verdict here; folders of different rates load together, resampled)."""
-    if len(rates_seen) < 2:
-        return
-    ranked = sorted(rates_seen, key=lambda r: (-rates_seen[r][0], r))
-    found = "; ".join(f"{r} Hz in {rates_seen[r][0]:,} sample(s), the first in {rates_seen[r][1]}" for r in ranked)
-    problems.append(Problem(rates_seen[ranked[1]][1], f"the shards of one folder hold audio at different sample "
-                                                        f"rates ({found}): the loader and wdsprep index refuse them; "
-                                                        f"repack the audio at one rate (pack-audio --sample-rate)"))
+    mixed = _mixed(rates_seen, "Hz")
+    if mixed is not None:
+        shard, found = mixed
+        problems.append(Problem(shard, f"the shards of one folder hold audio at different sample rates ({found}): "
+                                       f"the loader and wdsprep index refuse them; repack the audio at one rate "
+                                       f"(pack-audio --sample-rate)"))
 
 
 def _read_index(folder: str, problems: list[Problem]) -> FolderIndex | None:
