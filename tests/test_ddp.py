@@ -96,17 +96,30 @@ def check_epoch(epochs: list[dict], plan: list[tuple[str, ...]]) -> None:
     assert discarded == {sum(len(b) for b in left)}
 
 
+@pytest.fixture(scope="module")
+def three_ranks(uneven, tmp_path_factory):
+    """One launch of 3 ranks with 2 workers and 11 streams serves two tests (a launch costs seconds):
+    two epochs of the canonical plan, then an epoch in dev mode (``--also``)."""
+    _, out, _, tok = uneven
+    dev = {"trset": f"{out}/*/data-*.tar", "tokenizer": str(tok),
+           "kwargs": {"train": False, "max_frames": 3000, "seed": 7, "shuffle_buffer": 50, "streams": 11}}
+    return torchrun(3, tmp_path_factory.mktemp("three"), f"{out}/{{0_150,150_inf}}/data-*.tar", tok, "--num-workers",
+                    "2", "--epochs", "2", "--streams", "11", "--also", json.dumps(dev))
+
+
 # (3, 0) is run by the elastic and cost tests below.
 @pytest.mark.parametrize("nproc,workers,streams", [(1, 0, None), (2, 2, None), (3, 2, 11)])
-def test_every_rank_yields_len_batches_of_the_canonical_plan(uneven, tmp_path, nproc, workers, streams):
+def test_every_rank_yields_len_batches_of_the_canonical_plan(uneven, tmp_path, request, nproc, workers, streams):
     """11 uneven shards: whatever the world size and workers, the batches are the plan's; steps are
     equal by construction (no per-step collective), and at most one batch per rank is left over.
     Each rank's batches, in order, are those a loader of that rank yields in this process: a run
     repeats them exactly."""
     _, out, utts, tok = uneven
     trset = f"{out}/{{0_150,150_inf}}/data-*.tar"
-    extra = ["--streams", str(streams)] if streams else []
-    ranks = torchrun(nproc, tmp_path / "o", trset, tok, "--num-workers", str(workers), "--epochs", "2", *extra)
+    if nproc == 3:
+        ranks = request.getfixturevalue("three_ranks")
+    else:
+        ranks = torchrun(nproc, tmp_path / "o", trset, tok, "--num-workers", str(workers), "--epochs", "2")
     plans = [canonical(trset, tok, e, streams) for e in range(2)]
     for e in range(2):
         check_epoch([r["epochs"][e] for r in ranks], plans[e])
@@ -153,8 +166,8 @@ def test_elastic_resume_continues_the_plan_on_other_topologies(uneven, tmp_path)
 
 def test_cost_sized_batches_keep_the_plans_guarantees_on_every_topology(uneven, tmp_path):
     """Batches cut by a cost model that counts label tokens: on 3 ranks with workers the batches
-    are the canonical plan's, steps equal; stopped at step 2 and resumed on 2 ranks, the rest of
-    the plan, nothing twice."""
+    are the canonical plan's, steps equal; the state at step 2, resumed on 2 ranks, gives the rest
+    of the plan, nothing twice."""
     _, out, utts, tok = uneven
     trset = f"{out}/*/data-*.tar"
     cost = tmp_path / "cost.json"
@@ -162,25 +175,22 @@ def test_cost_sized_batches_keep_the_plans_guarantees_on_every_topology(uneven, 
     batching = ["--max-frames", "0", "--cost", str(cost), "--max-cost", "60000", "--streams", "6", "--epochs", "1"]
     plan = canonical(trset, tok, 0, 6, cost=str(cost), max_cost=60000)
     assert plan != canonical(trset, tok, 0, 6)  # cut otherwise than by frames
-    whole = torchrun(3, tmp_path / "w", trset, tok, "--num-workers", "2", *batching)
+    whole = torchrun(3, tmp_path / "w", trset, tok, "--num-workers", "2", "--record-at", "2", *batching)
     check_epoch([r["epochs"][0] for r in whole], plan)
-    a = torchrun(3, tmp_path / "a", trset, tok, "--save-at", "2", *batching)
     state = tmp_path / "state.json"
-    state.write_text(json.dumps(a[0]["epochs"][0]["saved"]))
-    b = torchrun(2, tmp_path / "b", trset, tok, "--num-workers", "2", "--resume", str(state), *batching)
-    done = [bt for r in a for bt in batch_set(r["epochs"][0]["batches"])]
+    state.write_text(json.dumps(whole[0]["epochs"][0]["saved"]))
+    b = torchrun(2, tmp_path / "b", trset, tok, "--resume", str(state), *batching)
+    done = [bt for r in whole for bt in batch_set(r["epochs"][0]["batches"][:2])]
     later = [bt for r in b for bt in batch_set(r["epochs"][0]["batches"])]
     assert len(done) == 6 and not set(done) & set(later) and set(done) | set(later) <= set(plan)
     assert len(set(plan) - set(done) - set(later)) < 2
 
 
-def test_dev_mode_reads_each_utterance_once(uneven, tmp_path):
-    _, out, utts, tok = uneven
-    ranks = torchrun(3, tmp_path / "o", f"{out}/*/data-*.tar", tok, "--dev", "--epochs", "1", "--num-workers", "2",
-                     "--streams", "11")
-    seen = Counter(k for r in ranks for b in r["epochs"][0]["batches"] for k in b)
+def test_dev_mode_reads_each_utterance_once(uneven, three_ranks):
+    _, _, utts, _ = uneven
+    seen = Counter(k for r in three_ranks for b in r["also"]["batches"] for k in b)
     assert set(seen) == set(utts) and max(seen.values()) == 1
-    assert all(r["epochs"][0]["len"] == len(r["epochs"][0]["batches"]) for r in ranks)
+    assert all(r["also"]["len"] == len(r["also"]["batches"]) for r in three_ranks)
 
 
 def test_a_rank_that_stops_stepping_is_named(uneven, tmp_path):
