@@ -187,10 +187,17 @@ def test_cost_sized_batches_keep_the_plans_guarantees_on_every_topology(uneven, 
 
 
 def test_dev_mode_reads_each_utterance_once(uneven, three_ranks):
-    _, _, utts, _ = uneven
+    """Every utterance once over the ranks; each rank's batches, in order, are those its dev loader
+    yields in this process (a training loader's would be other batches)."""
+    _, out, utts, tok = uneven
     seen = Counter(k for r in three_ranks for b in r["also"]["batches"] for k in b)
     assert set(seen) == set(utts) and max(seen.values()) == 1
     assert all(r["also"]["len"] == len(r["also"]["batches"]) for r in three_ranks)
+    for r, rank in enumerate(three_ranks):
+        alone = make_loader(f"{out}/*/data-*.tar", tok, train=False, max_frames=3000, seed=7, streams=11, rank=r,
+                            world_size=3, num_workers=2)
+        alone.set_epoch(0)
+        assert rank["also"]["batches"] == [list(b.keys) for b in alone]
 
 
 def test_a_rank_that_stops_stepping_is_named(uneven, tmp_path):
