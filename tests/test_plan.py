@@ -175,3 +175,20 @@ def test_what_the_plan_leaves_out_is_counted_once_even_from_a_stream_left_withou
         for window in run.windows(r):
             dropped.update(window.dropped)
     assert dropped == {"too_short": 40}
+
+
+def test_dev_plans_are_the_same_batches_whatever_the_seed_and_training_plans_are_not():
+    """A dev loader's batches (validation losses averaged per batch) do not move with the training
+    run's seed: dev pools are cut plainly, training pools shaken (issue 35.8)."""
+    utts = np.array([40, 35, 50, 20])
+    frames = np.random.default_rng(0).integers(50, 900, int(utts.sum()))
+
+    def batches(train: bool, seed: int) -> set[frozenset[int]]:
+        plan = plan_epoch(utts, frames, PlanOptions(max_frames=3000, train=train, shuffle_buffer=30), seed=seed,
+                          epoch=0)
+        return {frozenset(s.rows[s.starts[j]:s.starts[j + 1]].tolist())
+                for s in plan.streams for j in range(len(s.starts) - 1)}
+
+    dev = [batches(False, seed) for seed in range(4)]
+    assert all(d == dev[0] for d in dev) and sum(map(len, dev[0])) == utts.sum()
+    assert len({frozenset(batches(True, seed)) for seed in range(4)}) == 4

@@ -285,20 +285,23 @@ def _over_cap(cuts: list[tuple[int, int]], speakers: np.ndarray, cap: int) -> bo
 
 def _plan_pool(lens: np.ndarray, tokens: np.ndarray | None, fit: BatchFit, rng: np.random.Generator,
                ages: np.ndarray, max_carry: int, speakers: np.ndarray | None = None,
-               max_utts_per_speaker: int | None = None) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+               max_utts_per_speaker: int | None = None, vary: bool = True
+               ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The rows of each batch of one pool in random order, the rows to carry over and their new ages.
 
     The first ``len(ages)`` rows of the pool are the ones carried into it.  ``tokens`` (labels'
-    lengths) only where the fit depends on them.
+    lengths) only where the fit depends on them.  ``vary``: the pool shaken and its first batch cut
+    at a random point (:func:`varied_cuts`); without, the plain cut of the sorted pool.
     """
     # Stable sort: ties keep arrival order, so the result never depends on the sort algorithm.
     order = stable_order(lens)
     if tokens is not None:
         order = band_order(order, lens, tokens)
-    order = shaken(order, rng)
+    if vary:
+        order = shaken(order, rng)
     sorted_lens = lens[order]
     sorted_tokens = None if tokens is None else tokens[order]
-    cuts = varied_cuts(fit, sorted_lens, sorted_tokens, rng)
+    cuts = varied_cuts(fit, sorted_lens, sorted_tokens, rng) if vary else fit.cut(sorted_lens, sorted_tokens)
     batches = [order[a:b] for a, b in cuts]
     if max_utts_per_speaker is not None and speakers is not None and _over_cap(cuts, speakers[order],
                                                                                max_utts_per_speaker):
@@ -323,14 +326,16 @@ def _plan_pool(lens: np.ndarray, tokens: np.ndarray | None, fit: BatchFit, rng: 
 
 def bucket_pools(lengths: np.ndarray, *, fit: BatchFit, rng: np.random.Generator, pool_size: int = DEFAULT_POOL_SIZE,
                  max_carry: int = 1, tokens: np.ndarray | None = None, speakers: np.ndarray | None = None,
-                 max_utts_per_speaker: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 max_utts_per_speaker: int | None = None, vary: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Batches of a shuffled length sequence as ``(positions, starts)``: batch ``j`` holds the
     positions ``positions[starts[j]:starts[j + 1]]`` of ``lengths``, batches in the order a trainer
     gets them.  Same ``rng`` state and lengths -> same batches in the same order.
 
     ``tokens`` (each label's length) is needed when the fit's cost depends on it;
     ``max_utts_per_speaker`` caps each speaker's utterances per batch; it needs ``speakers``
-    (an int id per length)."""
+    (an int id per length).  ``vary`` (training): each pool cut into other batches from one
+    ``rng`` to the next (:data:`NEIGHBOURS`); off (dev): the same batches whatever the ``rng``, which
+    then orders them only."""
     check_batching(pool_size, max_carry, max_utts_per_speaker)
     if max_utts_per_speaker is not None and (speakers is None or len(speakers) != len(lengths)):
         raise ValueError("max_utts_per_speaker needs the speaker of every length (speakers=)")
@@ -355,7 +360,7 @@ def bucket_pools(lengths: np.ndarray, *, fit: BatchFit, rng: np.random.Generator
             break
         rows, carry, ages = _plan_pool(lengths[pool], None if tokens is None else tokens[pool], fit, rng, ages,
                                        0 if last else max_carry, None if speakers is None else speakers[pool],
-                                       max_utts_per_speaker)
+                                       max_utts_per_speaker, vary)
         for r in rows:
             out.append(pool[r])
             sizes.append(len(r))

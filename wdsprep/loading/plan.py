@@ -276,7 +276,9 @@ def options_json(options: PlanOptions) -> dict[str, object]:
 
 # The revision of the rules a plan is cut by, recorded in resume states: a state of an older
 # revision was planned by other rules, and its epoch cannot be planned again to resume it.
-# 2: pools shaken and their first batch cut at a random point (batching.shaken, varied_cuts).
+# 2: training pools shaken and their first batch cut at a random point (batching.shaken,
+# varied_cuts).  Dev plans are cut plainly, whatever the seed: their fingerprint says so, as dev
+# plans of revision 2 before it were shaken too.
 PLAN_REVISION = 2
 
 
@@ -284,6 +286,8 @@ def fingerprint(options: PlanOptions, shards_fingerprint: str, extra: object = N
     """A digest of a plan's inputs besides seed and epoch: options, the shard set, and ``extra``."""
     doc: dict[str, object] = {"options": options_json(options), "shards": shards_fingerprint, "extra": extra,
                               "revision": PLAN_REVISION}
+    if not options.train:
+        doc["cuts"] = "plain"
     if options.fit.uses_tokens:  # how pools are laid out and ordered decides those plans' batches
         doc["pools"] = {"order": "frames, then tokens in bands", "band_width": BAND_WIDTH,
                         "batches": TOKEN_POOL_BATCHES, "typical": TYPICAL_ROOM_PERCENTILE}
@@ -394,7 +398,7 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
                                            rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
                                            tokens=labels if options.fit.uses_tokens else None,
                                            speakers=None if speakers is None else np.asarray(speakers[rows]),
-                                           max_utts_per_speaker=options.max_utts_per_speaker)
+                                           max_utts_per_speaker=options.max_utts_per_speaker, vary=options.train)
     return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
 
 
