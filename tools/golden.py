@@ -3,6 +3,7 @@
     python tools/golden.py build WORK          # corpora, packs and tokenizers (once)
     python tools/golden.py record WORK OUT     # every case's digest, as JSON
     python tools/golden.py compare A.json B.json
+    GOLDEN_BASE_RULES=1 python tools/golden.py record WORK OUT   # main without its deliberate changes
 
 Each case is a loader (or a pack) built through the public API only, so the same script runs on
 any commit: one corpus on several topologies (ranks x workers, each rank its own loader with an
@@ -10,7 +11,9 @@ explicit rank), named corpora mixed three ways, cost-sized batches, a loader fol
 pack (growing), audio shards with speed perturbation and SpecAugment, dev mode, a resume on
 another world size, ``dry-run --plan --dump-keys``, ``hyper-p.json``, and the bytes of the packs.
 A batch's digest covers its keys, features, labels and lengths; a refactor that keeps the
-batches keeps every digest.
+batches keeps every digest.  ``GOLDEN_BASE_RULES=1`` records a wdsprep whose batches changed on
+purpose since the base commit 1feb993 with those changes switched off (:func:`base_rules`), so the
+rest of it compares digest for digest.
 """
 
 from __future__ import annotations
@@ -66,6 +69,31 @@ def sha(*parts: Any) -> str:
         else:
             h.update(json.dumps(p, sort_keys=True, default=str).replace(WORK + "/", "WORK/").encode())
     return h.hexdigest()[:16]
+
+
+def base_rules() -> None:
+    """Switch off what changed the batches on purpose since 1feb993: training pools shaken and their
+    first batch cut at a random point (issue 35.8), token-cost pools ordered in bands and laid out
+    over 128 typical batches instead of ``pool_size`` (issue 37).  The patches draw nothing from the
+    plan's generators, so every other draw is where base made it."""
+    from wdsprep.loading import batching, corpus, plan
+
+    batching.shaken = lambda order, rng: order
+    batching.varied_cuts = lambda fit, lens, tokens, rng: fit.cut(lens, tokens)
+    batching.band_order = lambda order, lens, tokens: order
+    corpus.layout = lambda options, *args, **kw: plan.layout(options, *args, **kw)._replace(pool=options.pool_size)
+
+
+# A dry-run in a process of its own, under base_rules when they are asked for.
+DRY_RUN = """
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import golden
+if os.environ.get("GOLDEN_BASE_RULES") == "1":
+    golden.base_rules()
+from wdsprep.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 def build(work: Path) -> None:
@@ -139,7 +167,8 @@ def resumed(make: Callable[[int, int, int], Any], before: tuple[int, int], after
     state = loader.state_dict()
     del it, loader
     ws2, nw2 = after
-    out = {"state": {k: v for k, v in state.items() if k not in ("fingerprint", "options")}}
+    # The plan's revision is a key base's states did not have; the position and the batches after it are compared.
+    out = {"state": {k: v for k, v in state.items() if k not in ("fingerprint", "options", "plan_revision")}}
     for rank in range(ws2):
         fresh = make(rank, ws2, nw2)
         fresh.load_state_dict(json.loads(json.dumps(state)))
@@ -181,6 +210,8 @@ def record(work: Path, out_file: Path) -> None:
     from wdsprep import make_loader
 
     warnings.simplefilter("ignore")
+    if os.environ.get("GOLDEN_BASE_RULES") == "1":
+        base_rules()
     a = str(work / "a" / "*" / "data-*.tar")
     b = str(work / "b" / "*data-*.tar")
     char = str(work / "char.json")
@@ -236,8 +267,8 @@ def record(work: Path, out_file: Path) -> None:
     def plan_cli(*args: str) -> Callable[[], Any]:
         def run() -> Any:
             dump = work / "dump.tsv"
-            r = subprocess.run([sys.executable, "-m", "wdsprep", "dry-run", "--plan", "--dump-keys", str(dump), *args],
-                               capture_output=True, text=True)
+            r = subprocess.run([sys.executable, "-c", DRY_RUN, __file__, "dry-run", "--plan", "--dump-keys", str(dump),
+                                *args], capture_output=True, text=True)
             text = "\n".join(line for line in r.stdout.splitlines() if "planned for" not in line)
             return {"rc": r.returncode, "stdout": sha(text), "dump": sha(dump.read_text()) if dump.exists() else None,
                     "err": r.stderr[-300:] if r.returncode else ""}

@@ -277,8 +277,8 @@ def options_json(options: PlanOptions) -> dict[str, object]:
 # The revision of the rules a plan is cut by, recorded in resume states: a state of an older
 # revision was planned by other rules, and its epoch cannot be planned again to resume it.
 # 2: training pools shaken and their first batch cut at a random point (batching.shaken,
-# varied_cuts).  Dev plans are cut plainly, whatever the seed: their fingerprint says so, as dev
-# plans of revision 2 before it were shaken too.
+# varied_cuts).  Dev plans are cut plainly; the "cuts" key of their fingerprint tells them from
+# the shaken dev plans a wdsprep of this revision made before.
 PLAN_REVISION = 2
 
 
