@@ -163,7 +163,7 @@ class ShardSet:
 
     def at_rate(self, sample_rate: int) -> ShardSet:
         """Audio shards as the readers deliver them at ``sample_rate``: each row's samples after the
-        readers' exact rational resampling from its stored rate (``resampled_length``) and the
+        readers' exact rational resampling from its stored rate (``resampled_lengths``) and the
         frames fbank gives of them, what the plan cuts by; itself when every row is at that rate."""
         if self.audio is None or self.samples is None or self.rates is None:
             return self
@@ -245,6 +245,7 @@ def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | No
     kinds = {}
     first: dict[AudioIndex | None, AudioIndex | None] = {}
     for name, audio in found.items():
+        # Compared without its rate: one valid rate (AudioIndex checks it) stands in for every one.
         alike = None if audio is None else replace(audio, sample_rate=16000)
         kinds.setdefault(alike, name)
         first.setdefault(alike, audio)

@@ -33,6 +33,7 @@ import numpy as np
 from wdsprep.format.audio import MAX_RATE, MIN_RATE
 from wdsprep.prep.kaldi import KaldiDataError, read_tables
 from wdsprep.report import Report
+from wdsprep.units import resampled_lengths
 
 MAX_OVERSHOOT = 0.5  # seconds; Kaldi extract-segments --max-overshoot default
 MIN_SEGMENT_LENGTH = 0.1  # seconds; Kaldi extract-segments --min-segment-length default
@@ -254,13 +255,8 @@ class Recording:
 
 
 def resampled_length(n: int, orig: int, new: int) -> int:
-    """Samples :func:`resample` gives for ``n`` at ``orig`` Hz: ``ceil(n * new / orig)`` (scipy's
-    ``resample_poly`` length)."""
-    if orig == new:
-        return n
-    g = gcd(orig, new)
-    up, down = new // g, orig // g
-    return n * up // down + bool(n * up % down)
+    """Samples :func:`resample` gives for ``n`` at ``orig`` Hz (one of :func:`~wdsprep.units.resampled_lengths`)."""
+    return int(resampled_lengths(np.int64(n), np.int64(orig), new))
 
 
 def probe_recording(rxfile: str) -> Recording:
