@@ -26,9 +26,9 @@ from wdsprep.format.keys import decode_key
 from wdsprep.format.reindex import index_shards
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.writer import ShardWriter, write_audio_shard
-from wdsprep.loading import augment as augment_module
-from wdsprep.loading.augment import Draw, Draws, Noise, Part, SpecAugment, add_noise, parse_augment, spec_augment
-from wdsprep.loading.state import StateError
+from wdsprep.plan import augment as augment_module
+from wdsprep.plan.augment import Draw, Draws, Noise, Part, SpecAugment, add_noise, parse_augment, spec_augment
+from wdsprep.plan.state import StateError
 from wdsprep.prep.fbank import Fbank, FbankOptions
 from wdsprep.units import fbank_frames
 
@@ -732,7 +732,7 @@ def _speechlike(n: int = 16000, seed: int = 0) -> np.ndarray:
 
 
 def test_channel_transforms_do_what_they_say_and_are_functions_of_their_uniforms():
-    from wdsprep.loading.augment import Clip, Codec, Lowpass, clip, codec, lowpass, mulaw
+    from wdsprep.plan.augment import Clip, Codec, Lowpass, clip, codec, lowpass, mulaw
 
     x = _speechlike()
     spectrum = lambda w: np.abs(np.fft.rfft(w.astype(np.float64)))  # noqa: E731 -- 1 Hz bins

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from baselines import order_randomness, sort_window, sort_window_batches, stream_batches
 
-from wdsprep.loading.batching import BatchFit, bucket_batches, len_of_first_dim
-from wdsprep.loading.stats import padding_efficiency
+from wdsprep.plan.batching import BatchFit, bucket_batches, len_of_first_dim
+from wdsprep.plan.stats import padding_efficiency
 
 
 def utts(lengths):
@@ -252,7 +252,7 @@ def _greedy_cuts(lengths, max_frames, cap):
 
 @pytest.mark.parametrize("max_frames,cap", [(5000, None), (20_000, 7), (400, None), (3000, 1)])
 def test_cut_by_binary_search_equals_cutting_one_sample_at_a_time(max_frames, cap):
-    from wdsprep.loading.batching import BatchFit
+    from wdsprep.plan.batching import BatchFit
 
     for seed in range(5):
         lengths = np.sort(lognormal(3000, seed=seed))
@@ -261,7 +261,7 @@ def test_cut_by_binary_search_equals_cutting_one_sample_at_a_time(max_frames, ca
 
 
 def test_batches_of_samples_are_the_batches_of_their_lengths():
-    from wdsprep.loading.batching import BatchFit, bucket_pools
+    from wdsprep.plan.batching import BatchFit, bucket_pools
 
     samples = utts(lognormal(5000, seed=4))
     positions, starts = bucket_pools(np.array([s[1] for s in samples]), fit=BatchFit(5000), pool_size=700,

@@ -26,8 +26,8 @@ from wdsprep.check.costfit import Shape, Timing
 from wdsprep.check.planreport import plan_report
 from wdsprep.cli import main
 from wdsprep.errors import MeasurementError
-from wdsprep.loading.compose import load_shards
-from wdsprep.loading.cost import CostModel, load_cost
+from wdsprep.plan.compose import load_shards
+from wdsprep.plan.cost import CostModel, load_cost
 from wdsprep.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.serial  # the fits are judged on timings: alone on the machine

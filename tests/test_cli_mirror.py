@@ -1,5 +1,5 @@
 """The CLI mirrors the Python API: every argument a function takes has an option of its subcommand;
-make_loader's options have one home each (``loading/options.py``), and its signature, the CLI's
+make_loader's options have one home each (``plan/options.py``), and its signature, the CLI's
 flags, hyper-p.json's ``ld`` keys, the defaults and the resume fingerprint's rule agree with it."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from wdsprep.check.planreport import plan_report
 from wdsprep.check.rehearse import rehearse
 from wdsprep.cli import build_parser
 from wdsprep.export import export_shards
-from wdsprep.loading.tokens import count_labels
+from wdsprep.plan.tokens import count_labels
 from wdsprep.tokenizer import aggregate_tokenizers
 
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
@@ -71,8 +71,8 @@ def test_make_loader_options_have_one_home_that_the_signature_flags_and_keys_fol
     from dataclasses import fields
 
     from wdsprep.hyper import LD_KEYS
-    from wdsprep.loading.options import GROUPS, OWNER, LoaderOptions
     from wdsprep.options import default, flag_of, options_of
+    from wdsprep.plan.options import GROUPS, OWNER, LoaderOptions
 
     params = {n: p for n, p in inspect.signature(wdsprep.make_loader).parameters.items()
               if n not in ("trset", "tokenizer")}
@@ -103,8 +103,8 @@ ALWAYS_FINGERPRINTED = {"max_frames", "max_batch_size", "shuffle_buffer", "pool_
 def test_plan_options_added_since_the_first_states_are_fingerprinted_only_when_set():
     from dataclasses import fields, replace
 
-    from wdsprep.loading.plan import PlanOptions, fingerprint
     from wdsprep.options import fingerprinted
+    from wdsprep.plan.streams import PlanOptions, fingerprint
 
     added = [f for f in fields(PlanOptions) if f.name not in ALWAYS_FINGERPRINTED]
     assert added and all(f.metadata.get("when_set") and f.default is None for f in added), \

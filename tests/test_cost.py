@@ -12,9 +12,9 @@ import pytest
 from shardsets import build, train_char_tokenizer
 
 from wdsprep.loader import make_loader
-from wdsprep.loading.batching import BatchFit, bucket_pools
-from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.loading.stats import StepCosts
+from wdsprep.plan.batching import BatchFit, bucket_pools
+from wdsprep.plan.cost import CostModel, load_cost
+from wdsprep.plan.stats import StepCosts
 
 ATTENTION = CostModel(subsampling=4, per_frame=512, per_frame2=1)
 LABELS = CostModel(subsampling=4, per_frame=64, per_frame2=1, per_token=20)
@@ -95,7 +95,7 @@ def test_the_t_u_term_counts_a_transducers_joint_tensor():
 
 def test_an_older_cost_file_loads_and_keeps_its_states(tmp_path):
     """Files and loader states written before the t·u term: no per_frame_token key, the same JSON back."""
-    from wdsprep.loading.plan import PlanOptions, options_json
+    from wdsprep.plan.streams import PlanOptions, options_json
 
     older = {"subsampling": 4, "per_utt": 1.0, "per_frame": 512.0, "per_frame2": 1.0, "per_token": 0.0,
              "per_token2": 3.0}
@@ -125,7 +125,7 @@ def test_a_cost_file_with_a_key_it_does_not_know_or_of_the_wrong_type_is_refused
 
 
 def test_label_padding_efficiency_beside_the_frames():
-    from wdsprep.loading.stats import BatchTally, LoaderStats
+    from wdsprep.plan.stats import BatchTally, LoaderStats
 
     t = BatchTally()
     t.add([100, 200], 1000, tokens=[10, 30])
@@ -155,7 +155,7 @@ def corpus(tmp_path_factory):
 
 
 def test_the_loader_cuts_by_cost_with_labels_counted_once_beside_the_index(corpus, monkeypatch):
-    import wdsprep.loading.tokens as tokens
+    import wdsprep.plan.tokens as tokens
 
     trset, out, utts, tok = corpus
     kw = dict(cost=LABELS.to_json(), max_cost=60_000, seed=2)
@@ -176,7 +176,7 @@ def test_the_loader_cuts_by_cost_with_labels_counted_once_beside_the_index(corpu
 
 
 def test_count_labels_writes_the_column_a_loader_then_reads(corpus, tmp_path, monkeypatch, capsys):
-    import wdsprep.loading.tokens as tokens
+    import wdsprep.plan.tokens as tokens
     from wdsprep.cli import main
 
     trset, out, _, tok = corpus

@@ -23,10 +23,10 @@ from wdsprep.check.costfit import (
     search_memory,
     timing_noise,
 )
-from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.cost import COEFFICIENTS, CostModel
-from wdsprep.loading.plan import PlanOptions
-from wdsprep.loading.shardset import ShardSet
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.cost import COEFFICIENTS, CostModel
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.streams import PlanOptions
 
 
 def test_the_fit_imports_without_torch():

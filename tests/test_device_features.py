@@ -29,7 +29,7 @@ from wdsprep.format.audio import AUDIO_FORMATS, audio_header, decode_audio, enco
 from wdsprep.format.index import AudioIndex, FolderIndex, read_index, write_index
 from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.format.writer import write_audio_shard
-from wdsprep.loading.augment import Augment, Draws, SpecAugment, Speed, spec_augment, speed_choices, speed_resample
+from wdsprep.plan.augment import Augment, Draws, SpecAugment, Speed, spec_augment, speed_choices, speed_resample
 from wdsprep.prep.fbank import Fbank as NumpyFbank
 from wdsprep.prep.fbank import FbankOptions
 from wdsprep.units import fbank_frames

@@ -15,7 +15,7 @@ import wdsprep
 from wdsprep import load_tokenizer, make_loader, pack_data
 from wdsprep.format import native
 from wdsprep.format.index import read_index
-from wdsprep.loading.state import StateError
+from wdsprep.plan.state import StateError
 from wdsprep.tokenizer import AggregateTokenizer, train_tokenizer
 
 
@@ -356,7 +356,7 @@ def refs_of(loader, at, rank):
 def test_mixing_by_language_resumes_on_another_world_size(multilingual):
     """Two ranks stop at step 4; three resume: every resumed batch is the plan's for the saved
     position on three ranks, and no planned batch of any language's part is yielded twice."""
-    from wdsprep.loading.read import iter_records
+    from wdsprep.format.records import iter_records
 
     _, out, _, toks = multilingual
     kw = {"max_frames": 1500, "mix_by": "lang", "temperature": 3, "seed": 2}
@@ -386,7 +386,7 @@ def test_mixing_by_language_resumes_on_another_world_size(multilingual):
 
 def test_label_tokens_are_counted_per_language_for_cost_sized_batches(multilingual):
     from wdsprep.format.index import tokens_name
-    from wdsprep.loading.tokens import LabelTokens
+    from wdsprep.plan.tokens import LabelTokens
 
     _, out, utts, toks = multilingual
     loader = make_loader(f"{out}/data-*.tar", toks, max_frames=None, cost={"per_frame": 1.0, "per_frame_token": 0.01},

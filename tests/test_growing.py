@@ -32,7 +32,7 @@ from wdsprep.errors import DataError
 from wdsprep.format.commit import PLAN_NAME, UncommittedPackError, published_count, read_plan
 from wdsprep.format.index import DamagedIndexError, part_dir, read_index
 from wdsprep.format.keys import decode_key
-from wdsprep.loading.state import StateError
+from wdsprep.plan.state import StateError
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

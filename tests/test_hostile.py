@@ -372,7 +372,7 @@ def test_item14_a_member_with_a_rate_or_sample_count_no_recording_has_is_left_ou
 
 @pytest.mark.parametrize("snr", [[4000, 4000], [-4000, -4000], [1e308, 1e308], [-10, 1e308]])
 def test_item14_an_snr_no_float_holds_is_refused_naming_the_option(snr):
-    from wdsprep.loading.augment import parse_augment
+    from wdsprep.plan.augment import parse_augment
 
     with pytest.raises(ValueError, match=r"augment noise snr must be \[low, high\] in dB within"):
         parse_augment({"noise": {"dir": "/nonexistent", "snr": snr}})
@@ -423,8 +423,8 @@ def test_item8_11_a_fifo_or_dev_zero_at_pack_plan_json_fails_every_reader_at_onc
 def test_item8_11_a_fifo_or_dev_zero_as_augment_cost_or_hyper_file_is_refused_unread(small_pack, tmp_path, kind, says,
                                                                                    what):
     from wdsprep import make_loader_from_hyper
-    from wdsprep.loading.augment import parse_augment
-    from wdsprep.loading.cost import load_cost
+    from wdsprep.plan.augment import parse_augment
+    from wdsprep.plan.cost import load_cost
 
     f = _plant(tmp_path / f"{what}.json", kind)
     read = {"augment": parse_augment, "cost": load_cost, "hyper": make_loader_from_hyper}[what]
@@ -438,7 +438,7 @@ def test_item8_11_a_fifo_or_dev_zero_as_augment_cost_or_hyper_file_is_refused_un
 
 
 def test_item11_a_huge_cost_file_is_refused_by_size(tmp_path):
-    from wdsprep.loading.cost import load_cost
+    from wdsprep.plan.cost import load_cost
 
     f = tmp_path / "cost.json"
     with open(f, "wb") as fh:
@@ -484,8 +484,8 @@ def test_item9_a_wait_beyond_what_the_pack_plans_is_refused_at_once(small_pack, 
 
 
 def test_item16_a_deeply_nested_cost_or_augment_file_is_one_error_not_a_recursion_error(tmp_path):
-    from wdsprep.loading.augment import parse_augment
-    from wdsprep.loading.cost import load_cost
+    from wdsprep.plan.augment import parse_augment
+    from wdsprep.plan.cost import load_cost
 
     deep = "[" * 200_000 + "]" * 200_000
     f = tmp_path / "cost.json"
@@ -515,7 +515,7 @@ def test_item16_wrong_typed_fbank_values_are_one_line_errors_naming_the_option(a
 
 def test_item6_speed_probs_whose_sum_no_float_holds_are_refused():
     """[1e308] * 3 summed to inf, every prob became 0 and every utterance went to the last factor."""
-    from wdsprep.loading.augment import parse_augment
+    from wdsprep.plan.augment import parse_augment
 
     with pytest.raises(ValueError, match=r"augment speed probs must be >= 0 with a positive, finite sum"):
         parse_augment({"speed": {"factors": [0.9, 1.0, 1.1], "probs": [1e308, 1e308, 1e308]}})
@@ -844,7 +844,7 @@ def test_item6_a_growing_loader_warns_once_when_the_pack_it_follows_has_stopped(
 
 def test_item19_a_refused_resume_shows_the_cost_models_values_not_dict(small_pack):
     from wdsprep import make_loader
-    from wdsprep.loading.state import StateError
+    from wdsprep.plan.state import StateError
 
     pattern, tok = f"{small_pack[0]}/*/data-*.tar", small_pack[2]
     a = make_loader(pattern, tok, cost={"per_frame": 1.0}, max_cost=2000.0)
@@ -874,8 +874,8 @@ def test_item9_before_any_folder_is_seen_the_final_size_is_unknown_not_zero():
     """A pack that has begun but not yet recorded its plan: the loader waits (the refusal of a wait
     beyond the plan needs a plan; taking "no folder yet" for "0 shards in all" refused egs/demo's
     stage 6 when its training started first)."""
-    from wdsprep.loading.growing import View, coverage
-    from wdsprep.loading.shardset import shard_set
+    from wdsprep.plan.growing import View, coverage
+    from wdsprep.plan.shardset import shard_set
 
     c = coverage(shard_set([]), View({}))
     assert c["shards_final"] is None and c["hours_final"] is None and c["fraction"] is None

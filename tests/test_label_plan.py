@@ -9,13 +9,13 @@ import kaldiio
 import numpy as np
 import pytest
 
-import wdsprep.loading.batching as batching
-from wdsprep.loading.batching import BatchFit, band_edges, band_order, stable_order
-from wdsprep.loading.cost import CostModel
-from wdsprep.loading.plan import PlanOptions, plan_epoch, token_rates, tokens_per_second
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.source import epoch_source
-from wdsprep.loading.stats import BatchTally
+import wdsprep.plan.batching as batching
+from wdsprep.plan.batching import BatchFit, band_edges, band_order, stable_order
+from wdsprep.plan.cost import CostModel
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.source import epoch_source
+from wdsprep.plan.stats import BatchTally
+from wdsprep.plan.streams import PlanOptions, plan_epoch, token_rates, tokens_per_second
 
 # The cost: an encoder's linear part and self-attention, a transducer's joint t·u, a decoder's u².
 TRANSDUCER = CostModel(subsampling=4, per_frame=512, per_frame2=1, per_frame_token=2, per_token2=1)
@@ -177,8 +177,8 @@ def planted(tmp_path_factory):
 
 
 def test_planted_transcripts_are_dropped_by_tokens_per_second_and_counted(planted):
-    from wdsprep.loading.compose import load_shards
-    from wdsprep.loading.shardset import row_keys
+    from wdsprep.plan.compose import load_shards
+    from wdsprep.plan.shardset import row_keys
     from wdsprep.tokenizer import load_tokenizer
 
     trset, tok, bad = planted
@@ -202,7 +202,7 @@ def test_planted_transcripts_are_dropped_by_tokens_per_second_and_counted(plante
 
 
 def test_pools_that_count_tokens_hold_many_batches_and_streams_a_pool_each(corpus):
-    from wdsprep.loading.plan import TOKEN_POOL_BATCHES, layout, typical_batch
+    from wdsprep.plan.streams import TOKEN_POOL_BATCHES, layout, typical_batch
 
     utts, frames, tokens, options = corpus
     by_frames = PlanOptions(max_frames=20_000)

@@ -32,10 +32,10 @@ import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import numpy as np
 from wdsprep.format.samples import iter_decoded
-from wdsprep.loading.assign import assign, rank_order
-from wdsprep.loading.plan import PlanOptions, plan_epoch
+from wdsprep.plan.assign import assign, rank_order
+from wdsprep.plan.streams import PlanOptions, plan_epoch
 from wdsprep.loading.stages import filter_ctc, read_batches, tokenize
-from wdsprep.loading.shardset import shard_set
+from wdsprep.plan.shardset import shard_set
 plan = plan_epoch(np.array([5, 4]), np.arange(10, 19, dtype=np.int32), PlanOptions(max_frames=40), seed=0, epoch=0)
 a = assign(plan.counts, 2, 0)
 yielded = sum(len(plan.streams[s].batch(j)) for r in range(2) for s, j in rank_order(a, r))

@@ -16,7 +16,7 @@ from shardsets import build, strip_index, train_char_tokenizer
 
 from wdsprep.format.shardfile import ShardError
 from wdsprep.loader import LABEL_PAD, Batch, make_loader
-from wdsprep.loading.shardset import StaleIndexError
+from wdsprep.plan.shardset import StaleIndexError
 from wdsprep.tokenizer import load_tokenizer
 
 
@@ -234,7 +234,7 @@ print(json.dumps([gc.get_freeze_count(), len(gc.get_objects())]))
 def _samples(seed=0, n=7):
     """(uttid, features, labels) of n utterances, features read-only views like a pipe shard's, and
     their block."""
-    from wdsprep.loading.records import Records
+    from wdsprep.format.records import Records
 
     rng = np.random.default_rng(seed)
     out = []

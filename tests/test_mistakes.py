@@ -143,7 +143,7 @@ def test_a_small_corpus_is_cut_into_other_batches_every_epoch(demo_audio):
     two epochs shared 15 of 22 batches.  Now, over ten seeds, at most 5% of the batches that hold
     more than one utterance come again in the next epoch (a batch of one utterance the budget lets
     nothing share is the same every epoch), at a padding efficiency of at least 0.95."""
-    from wdsprep.loading.stats import padding_efficiency
+    from wdsprep.plan.stats import padding_efficiency
 
     trset, tok = demo_audio
     repeated, multi, effs = 0, 0, []
@@ -164,7 +164,7 @@ def test_a_small_corpus_is_cut_into_other_batches_every_epoch(demo_audio):
 
 
 def test_a_state_of_an_older_plan_revision_is_refused_saying_to_start_the_next_epoch(data):
-    from wdsprep.loading.state import StateError
+    from wdsprep.plan.state import StateError
 
     root, trset, utts, tok = data
     loader = make_loader(trset, tok, max_frames=3000, seed=1)
@@ -280,7 +280,7 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
     import shutil
 
     from wdsprep import verify_shards
-    from wdsprep.loading.shardset import StaleIndexError
+    from wdsprep.plan.shardset import StaleIndexError
 
     root, trset, utts, tok = data
     folder = Path(trset).parent

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from shardsets import build, train_char_tokenizer
 
+from wdsprep.format.records import iter_records
 from wdsprep.loader import make_loader
-from wdsprep.loading.read import iter_records
 from wdsprep.units import FRAMES_PER_HOUR
 
 
@@ -315,7 +315,7 @@ def test_each_corpus_has_a_shuffle_report_of_its_own_batches_and_speakers(tmp_pa
 def test_a_long_epoch_is_dealt_in_windows_that_continue_each_other_exactly(corpora):
     """A mixed run dealt 5 steps at a time gives the batches, positions and end one deal of the
     whole epoch gives: windows only bound what is dealt at once."""
-    from wdsprep.loading.mix.epochs import MixedRun
+    from wdsprep.plan.mix.epochs import MixedRun
 
     trset, _, tok = corpora
     loader = make_loader(trset, tok, max_frames=700, rank=0, world_size=2, num_workers=2, weights={"en": 1, "zh": 2},
@@ -341,7 +341,7 @@ def test_a_loader_dealing_small_windows_yields_and_reads_what_one_deal_does(corp
     """Windows of 3 batches yield the batches of one deal.  Windows of 128 read no shard more
     often: the next window is looked at before the current one is read, so a shard used on both
     sides of a boundary is read once (only a reader's chunk that skips a whole window is read again)."""
-    import wdsprep.loading.mix.epochs as mix_epochs
+    import wdsprep.plan.mix.epochs as mix_epochs
 
     trset, _, tok = corpora
     kw = dict(max_frames=700, weights={"en": 3, "zh": 1}, steps_per_epoch=300, num_workers=workers)

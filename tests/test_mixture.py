@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wdsprep.loading.mix.deal import MixPosition, mix_run, next_epoch, start_position
-from wdsprep.loading.mix.weights import Mixture, draw_probabilities, make_mixture
+from wdsprep.plan.mix.deal import MixPosition, mix_run, next_epoch, start_position
+from wdsprep.plan.mix.weights import Mixture, draw_probabilities, make_mixture
 
 NAMES = ("en", "zh")
 

@@ -26,6 +26,7 @@ from shardsets import build, train_char_tokenizer
 
 from wdsprep.format import native, shardfile, tar
 from wdsprep.format import samples as fsamples
+from wdsprep.format.records import Records
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.shardfile import ShardError, ShardFile, read_rows
 from wdsprep.format.tar import PEEK
@@ -33,7 +34,6 @@ from wdsprep.format.writer import ShardWriter
 from wdsprep.loader import make_loader
 from wdsprep.loading import stream as loader_module
 from wdsprep.loading.collate import collate, start_collate, unpack
-from wdsprep.loading.records import Records
 
 needs_native = pytest.mark.skipif(native.lib is None,
                                   reason="wdsprep._native not in use: not built, or WDSPREP_PURE_PYTHON set")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from baselines import order_randomness
 
-from wdsprep.loading.assign import assign, consumed, epoch_assignment, next_turn, rank_order
-from wdsprep.loading.plan import PlanOptions, deal_shards, plan_epoch, reservoir_order
-from wdsprep.loading.stats import BatchTally
+from wdsprep.plan.assign import assign, consumed, epoch_assignment, next_turn, rank_order
+from wdsprep.plan.stats import BatchTally
+from wdsprep.plan.streams import PlanOptions, deal_shards, plan_epoch, reservoir_order
 
 
 def corpus(n_shards=37, per_shard=300, seed=0):
@@ -160,9 +160,9 @@ def test_resumed_on_the_same_topology_the_order_continues_exactly(world_size, wo
 def test_what_the_plan_leaves_out_is_counted_once_even_from_a_stream_left_without_batches(world_size):
     """Two streams, one of them all too short: its utterances leave the plan, and some rank must
     still count them (it has no batches, so no rank was dealt it)."""
-    from wdsprep.loading.corpus import Corpus
-    from wdsprep.loading.epochs import CorpusEpochs
-    from wdsprep.loading.shardset import ShardSet
+    from wdsprep.plan.corpus import Corpus
+    from wdsprep.plan.epochs import CorpusEpochs
+    from wdsprep.plan.shardset import ShardSet
 
     frames = np.concatenate([np.full(40, 30), np.full(60, 500)]).astype(np.int32)
     shards = ShardSet(["a/0.tar", "a/1.tar"], np.array([40, 60]), frames, ["", ""], np.array([-1, -1]))

@@ -1,4 +1,4 @@
-"""The shuffle report's figures (loading/quality.py) on constructed cases, and the speaker cap."""
+"""The shuffle report's figures (plan/quality.py) on constructed cases, and the speaker cap."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from wdsprep.format.keys import speaker_of
-from wdsprep.loading.batching import BatchFit, bucket_pools
-from wdsprep.loading.quality import ShuffleQuality, corpus_quality, sequence_quality
+from wdsprep.plan.batching import BatchFit, bucket_pools
+from wdsprep.plan.quality import ShuffleQuality, corpus_quality, sequence_quality
 
 A, B, C, D = 0, 1, 2, 3
 POPULATION = np.array([A] * 4 + [B] * 4 + [C] * 2 + [D] * 2)  # the epoch: 12 utterances of 4 speakers

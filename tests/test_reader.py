@@ -85,7 +85,7 @@ def test_exotic_headers_fall_back_to_tarfile(tmp_path):
 def test_pipe_url(tmp_path):
     """The format reads a pipe's shard once the layer above fetched it (with the user's retries); it
     never fetches one itself."""
-    from wdsprep.loading.readahead import fetched_shard
+    from wdsprep.plan.shardset import fetched_shard
     from wdsprep.remote.fetch import RetryPolicy
 
     utts = write_shard(tmp_path / "a.tar")

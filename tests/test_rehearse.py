@@ -17,8 +17,8 @@ from shardsets import build, train_char_tokenizer
 from wdsprep.check.planreport import plan_report
 from wdsprep.cli import main
 from wdsprep.loader import make_loader
-from wdsprep.loading.cost import load_cost
 from wdsprep.loading.rehearsal import out_of_memory
+from wdsprep.plan.cost import load_cost
 from wdsprep.tokenizer import load_tokenizer
 
 MODELS = Path(__file__).parent / "calibrate_models.py"

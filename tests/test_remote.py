@@ -23,8 +23,9 @@ from shardsets import build, train_char_tokenizer
 import wdsprep
 from wdsprep.errors import DataError
 from wdsprep.format.shardfile import ShardError
-from wdsprep.loading.readahead import FetchOptions, ShardFetcher
-from wdsprep.loading.shardset import StaleIndexError
+from wdsprep.loading.readahead import ShardFetcher
+from wdsprep.plan.options import FetchOptions
+from wdsprep.plan.shardset import StaleIndexError
 from wdsprep.remote import FetchError, RetryPolicy, fetch_shard, stores
 from wdsprep.remote.cache import ShardCache
 from wdsprep.remote.clients import Final, Stream

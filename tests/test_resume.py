@@ -10,7 +10,7 @@ import pytest
 from shardsets import build, train_char_tokenizer
 
 from wdsprep.loader import make_loader
-from wdsprep.loading.shardset import StaleIndexError
+from wdsprep.plan.shardset import StaleIndexError
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from shardsets import build, train_char_tokenizer
 
 from wdsprep.loader import make_loader
-from wdsprep.loading.state import StateError
+from wdsprep.plan.state import StateError
 
 KW = dict(max_frames=1200, seed=4, streams=3)
 MIX = dict(max_frames=1500, seed=2, weights={"en": 1, "zh": 1})

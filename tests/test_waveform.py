@@ -155,7 +155,7 @@ def test_folders_at_8_and_16_khz_stereo_load_together_at_16_khz(rates, shards, a
     the plan's frames are computed exactly from the stored sample counts and rates and equal every
     utterance's delivered feat_lens; len equals the batches delivered; an 8 kHz utterance's features
     are the numpy fbank of its resampled audio, a stereo one's that of its channels' mean."""
-    from wdsprep.loading.augment import Speed, perturbed_samples
+    from wdsprep.plan.augment import Speed, perturbed_samples
     from wdsprep.prep.audio import resample, resampled_length
     from wdsprep.prep.fbank import Fbank as NumpyFbank
     from wdsprep.prep.fbank import FbankOptions

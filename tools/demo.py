@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wdsprep import compute_fbank, inspect_shards, pack_data, train_tokenizer
 from wdsprep.check.dryrun import dry_run
-from wdsprep.loading.stats import efficiency
+from wdsprep.plan.stats import efficiency
 
 # The recipe directory: wav.scp paths in the bundled corpus are relative to it (Kaldi-style).
 DEMO_DIR = Path(__file__).resolve().parent.parent / "egs" / "demo"

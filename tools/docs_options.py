@@ -1,4 +1,4 @@
-"""Write the options table of docs/loader.md from the options' homes (``wdsprep/loading/options.py``).
+"""Write the options table of docs/loader.md from the options' homes (``wdsprep/plan/options.py``).
 
     python tools/docs_options.py          # rewrite the table between its markers
     python tools/docs_options.py --check  # exit 1 if the table is not the homes' (what the tests check)
@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from wdsprep.loading.options import GROUPS, LoaderOptions
 from wdsprep.options import table
+from wdsprep.plan.options import GROUPS, LoaderOptions
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "loader.md"
-BEGIN = "<!-- options table: written by tools/docs_options.py from wdsprep/loading/options.py -->"
+BEGIN = "<!-- options table: written by tools/docs_options.py from wdsprep/plan/options.py -->"
 END = "<!-- end of the options table -->"
 
 

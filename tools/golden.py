@@ -76,7 +76,11 @@ def base_rules() -> None:
     first batch cut at a random point (issue 35.8), token-cost pools ordered in bands and laid out
     over 128 typical batches instead of ``pool_size`` (issue 37).  The patches draw nothing from the
     plan's generators, so every other draw is where base made it."""
-    from wdsprep.loading import batching, corpus, plan
+    try:
+        from wdsprep.plan import batching, corpus
+        from wdsprep.plan import streams as plan
+    except ImportError:  # a commit before the plan had a package of its own
+        from wdsprep.loading import batching, corpus, plan  # type: ignore[no-redef]
 
     batching.shaken = lambda order, rng: order
     batching.varied_cuts = lambda fit, lens, tokens, rng: fit.cut(lens, tokens)

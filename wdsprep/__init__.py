@@ -11,8 +11,9 @@ from wdsprep.format.index import read_index
 from wdsprep.format.keys import decode_key, encode_key
 from wdsprep.format.reindex import index_shards
 from wdsprep.format.shardlist import shard_pattern
-from wdsprep.loading.augment import Augment, Clip, Codec, Lowpass, Noise, Reverb, SpecAugment, Speed
+from wdsprep.lazy import lazy_exports
 from wdsprep.pack import Manifest, pack_audio, pack_data
+from wdsprep.plan.augment import Augment, Clip, Codec, Lowpass, Noise, Reverb, SpecAugment, Speed
 from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report
 from wdsprep.tokenizer import (
@@ -40,12 +41,4 @@ _LAZY = {"make_loader": "loader", "Batch": "loader", "Loader": "loader", "Loader
 __all__ += list(_LAZY)
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wdsprep' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

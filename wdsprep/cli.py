@@ -248,7 +248,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
 
 
 def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
-    from wdsprep.loading.tokens import count_labels
+    from wdsprep.plan.tokens import count_labels
 
     for folder, what in count_labels(args.patterns, args.tokenizer, normalize=args.normalize).items():
         print(f"{folder}: {what}")
@@ -413,9 +413,9 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
 
 
 def _add_loader_options(p: argparse.ArgumentParser, every_help: bool = False) -> None:
-    """The options of make_loader, one flag each, from their homes (``loading/options.py``);
+    """The options of make_loader, one flag each, from their homes (``plan/options.py``);
     ``--help`` shows those most runs set, ``--help-all`` every one."""
-    from wdsprep.loading.options import GROUPS, LoaderOptions
+    from wdsprep.plan.options import GROUPS, LoaderOptions
 
     add_flags(p.add_argument_group("loader options (make_loader's; with --hyper they override hyper-p.json)"
                                    + ("" if every_help else "; --help-all shows every one, docs/loader.md has the "
@@ -427,7 +427,7 @@ def _add_loader_options(p: argparse.ArgumentParser, every_help: bool = False) ->
 
 def _loader_options(args: argparse.Namespace) -> dict:
     """The loader options given on the command line, as make_loader's keyword arguments."""
-    from wdsprep.loading.options import GROUPS, LoaderOptions
+    from wdsprep.plan.options import GROUPS, LoaderOptions
 
     out = given(args, LoaderOptions)
     for cls, _ in GROUPS.values():
@@ -437,13 +437,13 @@ def _loader_options(args: argparse.Namespace) -> dict:
 
 def _add_retry_options(g: argparse._ActionsContainer) -> None:
     """The retries of a remote fetch, for whatever reads remote shards or indexes (verify, inspect)."""
-    from wdsprep.loading.readahead import RETRY_OPTIONS, FetchOptions
+    from wdsprep.plan.options import RETRY_OPTIONS, FetchOptions
 
     add_flags(g, FetchOptions, only=RETRY_OPTIONS)
 
 
 def _retry_options(args: argparse.Namespace) -> dict:
-    from wdsprep.loading.readahead import RETRY_OPTIONS, FetchOptions
+    from wdsprep.plan.options import RETRY_OPTIONS, FetchOptions
 
     return given(args, FetchOptions, only=RETRY_OPTIONS)
 

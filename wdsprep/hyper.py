@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from wdsprep.files import read_small
-from wdsprep.loading.options import GROUPS, OWNER, LoaderOptions, MixOptions
 from wdsprep.options import from_ld, ld_keys
 from wdsprep.options import parse_bool as _parse_bool
+from wdsprep.plan.options import GROUPS, OWNER, LoaderOptions, MixOptions
 from wdsprep.tokenizer import Tokenizer
 
 # Keys this module consumes (after normalize_keys); everything else in train:option is passed through.

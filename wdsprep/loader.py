@@ -2,8 +2,8 @@
 
 This is the front: :func:`make_loader`, the :class:`Loader` a trainer iterates, and the
 :class:`Batch` it gets.  Every epoch is planned from the index before it starts, by the epoch
-source :func:`~wdsprep.loading.source.epoch_source` builds (one corpus: ``loading/epochs.py``;
-named corpora mixed: ``loading/mix/``), so ``len(loader)`` is exact and equal on every rank, with
+source :func:`~wdsprep.plan.source.epoch_source` builds (one corpus: ``plan/epochs.py``;
+named corpora mixed: ``plan/mix/``), so ``len(loader)`` is exact and equal on every rank, with
 no collective per step.  The run-time data flow is composed in ``loading/stream.py``
 (``ReaderStream.stages``) from the stages in ``loading/stages.py``; ``loading/collate.py`` pads a
 batch into one buffer, ``loading/transport.py`` moves it out of a worker process.
@@ -35,23 +35,23 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from wdsprep.loading.augment import Augment
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE
 from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
-from wdsprep.loading.compose import build_source, corpora_of
-from wdsprep.loading.cost import CostModel
 from wdsprep.loading.features import FeatureOptions
-from wdsprep.loading.follow import Ranks
-from wdsprep.loading.growing import VISIBLE_WITHIN
-from wdsprep.loading.options import LoaderOptions, WorkerOptions, check_waveform_augment
-from wdsprep.loading.plan import PLAN_REVISION, BatchId, options_json
 from wdsprep.loading.rehearsal import Rehearsal, rehearse
-from wdsprep.loading.source import EpochSource
-from wdsprep.loading.state import STATE_VERSION, read_state
-from wdsprep.loading.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.loading.stream import LoaderConfig, ReaderStream, _identity
 from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
+from wdsprep.plan.augment import Augment
+from wdsprep.plan.batching import DEFAULT_POOL_SIZE
+from wdsprep.plan.compose import build_source, corpora_of
+from wdsprep.plan.cost import CostModel
+from wdsprep.plan.follow import Ranks
+from wdsprep.plan.growing import VISIBLE_WITHIN
+from wdsprep.plan.options import LoaderOptions, WorkerOptions, check_waveform_augment
+from wdsprep.plan.source import EpochSource
+from wdsprep.plan.state import STATE_VERSION, read_state
+from wdsprep.plan.stats import BatchTally, CorpusStats, LoaderStats
+from wdsprep.plan.streams import PLAN_REVISION, BatchId, options_json
 from wdsprep.remote.fetch import MIN_RATE
 from wdsprep.tokenizer import Normalizer, SubwordSampling, Tokenizer, TokenizerSpec, as_tokenizer
 
@@ -224,7 +224,7 @@ class Loader:
         """The loader's position as a few numbers, for a checkpoint; see :meth:`load_state_dict`.
 
         Every batch is a function of (seed, epoch, the plan's inputs), and where an epoch stands a
-        few numbers (``loading/state.py`` has the format).  Under DDP (training) every rank is at
+        few numbers (``plan/state.py`` has the format).  Under DDP (training) every rank is at
         the same step, so rank 0's state restores every rank, on any world size and workers.
         """
         src = self.source
@@ -258,7 +258,7 @@ class Loader:
         A source whose shard set changes plans the epoch over the shards its state says there were
         when it was planned (however many there are now).
 
-        Raises :class:`~wdsprep.loading.state.StateError` (a ValueError) when the state was saved
+        Raises :class:`~wdsprep.plan.state.StateError` (a ValueError) when the state was saved
         for other shards, options or seed, or any of its fields is not what such a loader saves; the
         loader is then as it was.
         """
@@ -557,7 +557,7 @@ def make_loader(
         train: False for dev/validation: no shuffle, every batch yielded once, ranks may differ in steps.
         on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
         subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
-        pool_size: samples sorted together by the bucketing (see ``wdsprep.loading.batching``).
+        pool_size: samples sorted together by the bucketing (see ``wdsprep.plan.batching``).
         max_utts_per_speaker: at most this many utterances of one speaker per batch (speakers from
             the index: ``pack --utt2spk``, else the speaker each id names; docs/shuffle.md).
         tokenize_group: utterances per block when a shard's samples are read.
@@ -595,7 +595,7 @@ def make_loader(
             linear between points, constant after the last.
         steps_per_epoch: steps of a mixed loader epoch (default: one pass's worth of every
             corpus's batches, divided over the ranks).
-        cost: what a batch costs a training step, ``B x c(t, u)`` (``wdsprep.loading.cost``): a
+        cost: what a batch costs a training step, ``B x c(t, u)`` (``wdsprep.plan.cost``): a
             CostModel, a dict with its coefficients, or the JSON file ``wdsprep calibrate`` writes.
         max_cost: per-rank bound on a batch's cost under ``cost``; an utterance over it is a batch
             of its own.  A model that counts label tokens needs every label's length: counted once
@@ -614,7 +614,7 @@ def make_loader(
             {"dir": D, "snr": [10, 20], "prob": 1}, "reverb": {"dir": D, "prob": 1},
             "specaugment": {"freq_masks": 2, "freq_width": 27, "time_masks": 2, "time_width": 40,
             "max_time_ratio": 0.2, "time_warp": 0, "fill": "mean"}}`` (any part, or its dataclass
-            from ``wdsprep.loading.augment``), its JSON text or a JSON file.  Speed, noise and
+            from ``wdsprep.plan.augment``), its JSON text or a JSON file.  Speed, noise and
             reverb need audio shards; speed is drawn by the plan, which cuts batches with the
             perturbed lengths (``batch.keys`` then name a perturbed utterance ``sp0.9-ID``).
         max_tokens_per_second, min_tokens_per_second, max_label_tokens: drop utterances whose label
@@ -648,7 +648,7 @@ def make_loader(
             ``CORPUS/VALUE`` for named corpora; ``temperature`` per level); ``loader.corpora``
             and ``batch.corpus`` name the parts.
     """
-    # The signature above is the public face; every option's home is its group (loading/options.py).
+    # The signature above is the public face; every option's home is its group (plan/options.py).
     options = LoaderOptions.of(**{k: v for k, v in locals().items() if k not in ("trset", "tokenizer")})
     d_rank, d_world = dist_info()
     workers = options.workers

@@ -6,7 +6,7 @@ and whether the resume fingerprint holds it always or only once it is set.  The 
 (:func:`add_flags`, :func:`given`), the ``ld`` keys with their checks (:func:`from_ld`), the
 fingerprint's rule (:func:`fingerprinted`) and the options table of ``docs/loader.md``
 (:func:`table`) are read from the fields, so an option added to a group reaches every surface
-(``loading/options.py`` groups make_loader's; ``tests/test_cli_mirror.py`` holds the signature,
+(``plan/options.py`` groups make_loader's; ``tests/test_cli_mirror.py`` holds the signature,
 the flags and the keys to them, defaults included).
 """
 

@@ -40,8 +40,8 @@ from corpus import Corpus, DataSpec, prepare, train_tokenizer_once, x4_shards
 from pagecache import evict, read_files, resident_fraction
 
 import wdsprep
-from wdsprep.loading import batching
-from wdsprep.loading.stats import BatchTally
+from wdsprep.plan import batching
+from wdsprep.plan.stats import BatchTally
 
 REPO = Path(__file__).resolve().parents[2]
 MB = 1e6
@@ -96,9 +96,9 @@ def pass_kaldiio_pipeline(scp: Path, text: Path, tokenizer_path: Path, *, max_fr
     def run() -> int:
         import kaldiio
 
-        from wdsprep.loading.batching import BatchFit, bucket_pools
+        from wdsprep.format.records import Records
         from wdsprep.loading.collate import collate
-        from wdsprep.loading.records import Records
+        from wdsprep.plan.batching import BatchFit, bucket_pools
         from wdsprep.prep.kaldi import read_text
 
         tok = wdsprep.load_tokenizer(tokenizer_path)

@@ -24,8 +24,8 @@ from typing import Callable, Iterable
 import numpy as np
 from baselines import order_randomness, sort_window_batches, stream_batches
 
-from wdsprep.loading.batching import DEFAULT_POOL_SIZE, bucket_batches
-from wdsprep.loading.stats import padding_efficiency
+from wdsprep.plan.batching import DEFAULT_POOL_SIZE, bucket_batches
+from wdsprep.plan.stats import padding_efficiency
 
 
 def lengths(n: int, seed: int) -> np.ndarray:

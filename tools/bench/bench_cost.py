@@ -40,14 +40,14 @@ from typing import Iterator
 
 import numpy as np
 
-import wdsprep.loading.batching as batching
-import wdsprep.loading.plan as plan
+import wdsprep.plan.batching as batching
+import wdsprep.plan.streams as plan
 from wdsprep.check.planreport import epoch_report
-from wdsprep.loading.cost import CostModel
-from wdsprep.loading.plan import PlanOptions, describe_rates, token_rates
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.source import epoch_source
-from wdsprep.loading.stats import BatchTally
+from wdsprep.plan.cost import CostModel
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.source import epoch_source
+from wdsprep.plan.stats import BatchTally
+from wdsprep.plan.streams import PlanOptions, describe_rates, token_rates
 
 ATTENTION = CostModel(subsampling=4, per_frame=512, per_frame2=1)
 TRANSDUCER = CostModel(subsampling=4, per_frame=512, per_frame2=1, per_frame_token=2, per_token2=1)

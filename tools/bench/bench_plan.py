@@ -56,7 +56,7 @@ def fresh(code: str) -> dict:
 def bench_planning(utts: int) -> dict:
     return fresh(f'''
         import numpy as np
-        from wdsprep.loading.plan import PlanOptions, plan_epoch
+        from wdsprep.plan.streams import PlanOptions, plan_epoch
         rng = np.random.default_rng(0)
         frames = np.clip(rng.lognormal(np.log(500), 0.5, {utts}), 20, 3000).astype(np.int32)
         utts = np.full({utts} // 2000, 2000, np.int64)
@@ -104,7 +104,7 @@ def bench_index(folder: Path, tokenizer: Path) -> dict:
     files = {p.name: p.stat().st_size for p in folder.iterdir() if p.name.startswith("index")}
     load = fresh(f'''
         from wdsprep.format.shardlist import expand_shards
-        from wdsprep.loading.shardset import shard_set
+        from wdsprep.plan.shardset import shard_set
         urls = expand_shards("{folder}/data-*.tar")
         before = reset_hwm()
         t = time.perf_counter()

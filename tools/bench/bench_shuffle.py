@@ -95,7 +95,7 @@ def main() -> None:
 
 def pooled(reports: list[dict]) -> dict:
     """The epochs' reports as one: shuffle sums merged, padding over all batches."""
-    from wdsprep.loading.quality import ShuffleQuality
+    from wdsprep.plan.quality import ShuffleQuality
 
     q = ShuffleQuality.from_dict(reports[0]["shuffle"])
     for r in reports[1:]:

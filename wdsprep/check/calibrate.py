@@ -1,6 +1,6 @@
 """``wdsprep calibrate``: the cost model of a training step, fitted to the user's own model.
 
-The plan can size batches by what a step costs (:mod:`wdsprep.loading.cost`): ``B * c(t, u)``
+The plan can size batches by what a step costs (:mod:`wdsprep.plan.cost`): ``B * c(t, u)``
 with ``t`` the subsampled frames and ``u`` the label tokens.  This module measures ``c`` on the
 model that will train: it builds the model from the user's factory, times forward + backward + an
 optimizer step on synthetic batches over a grid of shapes covering the corpus's lengths (from the
@@ -65,14 +65,14 @@ from wdsprep.check.costfit import (
 )
 from wdsprep.errors import MeasurementError
 from wdsprep.files import write_text
-from wdsprep.loading.compose import load_shards
-from wdsprep.loading.cost import COEFFICIENTS, CostModel
 from wdsprep.loading.rehearsal import out_of_memory
+from wdsprep.plan.compose import load_shards
+from wdsprep.plan.cost import COEFFICIENTS, CostModel
 from wdsprep.tokenizer import load_tokenizer
 
 # Label tokens per input frame the grid times at most, unless told (tokens_per_frame=): the 95th
 # percentile of the corpus's own labels, counted with the tokenizer (and kept beside the index for
-# the loader: loading/tokens.py).  On the bundled demo corpus a character tokenizer gives 0.10
+# the loader: plan/tokens.py).  On the bundled demo corpus a character tokenizer gives 0.10
 # tokens a frame overall and 0.19 at the 95th percentile, a 200-piece sentencepiece model 0.07 and
 # 0.13; the grid's shorter label lengths (a third, a ninth) cover the shorter labels.
 TOKENS_QUANTILE = 0.95

@@ -4,7 +4,7 @@ memory search, on plain numbers (numpy and scipy; no torch, so they are tested w
 ``check/calibrate.py`` times the user's model on the shapes :func:`length_grid` and
 :func:`label_tokens` give, and hands the timings to :func:`fit_cost`; on CUDA it hands
 :func:`search_memory` a probe that runs a training step and says whether it fitted.  The model
-they fit is :class:`wdsprep.loading.cost.CostModel`.
+they fit is :class:`wdsprep.plan.cost.CostModel`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.cost import COEFFICIENTS, CostModel
-from wdsprep.loading.plan import PlanOptions
-from wdsprep.loading.shardset import ShardSet
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.cost import COEFFICIENTS, CostModel
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.streams import PlanOptions
 
 LENGTHS = 9  # lengths of the timing grid; the odd ones are held out of the fit
 FRAME_QUANTILES = (0.05, 0.999)  # the corpus's length range the grid covers
@@ -91,7 +91,7 @@ def grid_labels(tokens: int) -> list[int]:
 
 def cost_terms(t: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The terms of ``c(t, u)`` at each (t, u), one column per coefficient, in
-    :data:`~wdsprep.loading.cost.COEFFICIENTS`' order."""
+    :data:`~wdsprep.plan.cost.COEFFICIENTS`' order."""
     t, u = np.asarray(t, np.float64), np.asarray(u, np.float64)
     return np.stack([np.ones_like(t), t, t * t, u, u * u, t * u], axis=-1)
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from wdsprep.check.planreport import corpus_shuffle_lines, merged_shuffle, shuffle_lines
 from wdsprep.files import naming, write_text
-from wdsprep.loading.growing import describe
-from wdsprep.loading.stats import efficiency
+from wdsprep.plan.growing import describe
+from wdsprep.plan.stats import efficiency
 
 
 def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None = None, tokenizer: str | None = None,

@@ -31,7 +31,8 @@ from wdsprep.format.index import INDEX_NAME, ShardInfo, read_index, read_index_a
 from wdsprep.format.keys import LANG
 from wdsprep.format.reindex import scan_shard
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
-from wdsprep.loading.readahead import FetchOptions, fetched_shard
+from wdsprep.plan.options import FetchOptions
+from wdsprep.plan.shardset import fetched_shard
 from wdsprep.remote.fetch import FetchError, RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister
 from wdsprep.remote.urls import redact
@@ -363,8 +364,8 @@ def padding_curves(groups: Sequence[GroupStats], max_frames_list: Sequence[int],
 
 def padding_curve(lengths: np.ndarray, max_frames_list: Sequence[int], rng: np.random.Generator) -> dict[int, float]:
     """``{max_frames: real / padded frames}`` of ``bucket_batches`` over ``lengths`` shuffled by ``rng``."""
-    from wdsprep.loading.batching import bucket_batches  # the loader's batcher, not a re-implementation
-    from wdsprep.loading.stats import padding_efficiency
+    from wdsprep.plan.batching import bucket_batches  # the loader's batcher, not a re-implementation
+    from wdsprep.plan.stats import padding_efficiency
 
     lengths = np.asarray(lengths)
     if len(lengths) > MAX_CURVE_UTTS:

@@ -1,10 +1,10 @@
 """``wdsprep dry-run --plan``: the epochs' plan at N ranks, from the index alone.
 
 No feature is read, no tokenizer is needed and torch is never imported: the plan comes from the
-same epoch source the loader iterates (``loading/source.py``).  Per epoch: steps per rank,
+same epoch source the loader iterates (``plan/source.py``).  Per epoch: steps per rank,
 utterances and hours, padding efficiency, what the plan leaves out, the discarded tail and how
 random the batches are (speakers per batch against a random draw, speaker recurrence, lag-1
-length correlation: ``loading/quality.py``); for named corpora mixed, each corpus's scheduled
+length correlation: ``plan/quality.py``); for named corpora mixed, each corpus's scheduled
 against planned share of the utterances per step range, and how far each is through its epochs.
 """
 
@@ -20,15 +20,15 @@ from typing import Any, TextIO
 import numpy as np
 
 from wdsprep.files import naming, write_text
-from wdsprep.loading.compose import build_source
-from wdsprep.loading.cost import CostModel, batch_cost, load_cost
-from wdsprep.loading.growing import describe
-from wdsprep.loading.options import LoaderOptions
-from wdsprep.loading.plan import PlanOptions, describe_rates, token_rates
-from wdsprep.loading.quality import ShuffleQuality
-from wdsprep.loading.shardset import row_keys, row_text_lens
-from wdsprep.loading.source import EpochSource, Trset
-from wdsprep.loading.stats import BatchTally, LoaderStats, StepCosts
+from wdsprep.plan.compose import build_source
+from wdsprep.plan.cost import CostModel, batch_cost, load_cost
+from wdsprep.plan.growing import describe
+from wdsprep.plan.options import LoaderOptions
+from wdsprep.plan.quality import ShuffleQuality
+from wdsprep.plan.shardset import row_keys, row_text_lens
+from wdsprep.plan.source import EpochSource, Trset
+from wdsprep.plan.stats import BatchTally, LoaderStats, StepCosts
+from wdsprep.plan.streams import PlanOptions, describe_rates, token_rates
 from wdsprep.tokenizer import TokenizerSpec, as_tokenizer
 from wdsprep.units import hours
 
@@ -40,7 +40,7 @@ def plan_report(trset: Trset, tokenizer: TokenizerSpec | None = None, *, epochs:
     """The plan of ``epochs`` epochs, from the index alone; printed, and returned per epoch as numbers.
 
     ``loader_options`` are :func:`~wdsprep.make_loader`'s, and the plan is the one a loader with
-    them makes (the same composition, ``loading/compose.py``), at ``world_size`` ranks of
+    them makes (the same composition, ``plan/compose.py``), at ``world_size`` ranks of
     ``num_workers`` readers; those that do not change the plan play no part.  Steps are judged by
     ``cost`` (padded frames without); ``cost`` without ``max_cost`` judges a plan cut by frames
     (what ``max_cost`` keeps its peak?).  ``tokenizer`` is needed by a cost model that counts label

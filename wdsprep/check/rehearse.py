@@ -18,7 +18,7 @@ import torch
 from wdsprep.check.calibrate import TrainStep, build_model, device_of, load_callable
 from wdsprep.loader import make_loader
 from wdsprep.loading.rehearsal import Rehearsal
-from wdsprep.loading.source import Trset
+from wdsprep.plan.source import Trset
 from wdsprep.tokenizer import Tokenizer
 
 

@@ -68,7 +68,8 @@ from wdsprep.format.samples import (
 from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.format.tar import Member, member_bytes
-from wdsprep.loading.readahead import FetchOptions, fetched_shard
+from wdsprep.plan.options import FetchOptions
+from wdsprep.plan.shardset import fetched_shard
 from wdsprep.remote.fetch import ChangedError, FetchError, RetryPolicy, fetch_file
 from wdsprep.remote.listing import lister
 from wdsprep.remote.urls import redact

@@ -2,7 +2,7 @@
 
 The loader draws an utterance's augmentation (SpecAugment's masks, the fbank's dither, noise and
 reverberation) from a Philox generator keyed by its corpus's (seed, epoch) at a counter set by its
-row in that corpus (:class:`~wdsprep.loading.augment.Draws`).  Those three integers are the whole
+row in that corpus (:class:`~wdsprep.plan.augment.Draws`).  Those three integers are the whole
 key: a batch that carries them as an int64 tensor ``[B, 3]`` (``batch.draw_keys``) lets a module
 on the device draw exactly what the loader's readers would, whichever rank and reader made the
 batch.  The draws themselves are a few numbers per utterance, made here with numpy on the CPU
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from wdsprep.loading.augment import Draws
+from wdsprep.plan.augment import Draws
 
 KEY_FIELDS = ("seed", "epoch", "row")
 

@@ -1,7 +1,7 @@
 """SpecAugment of a padded feature batch on its device, with the loader's masks for each utterance's draws.
 
-:class:`SpecAugmentModule` applies :func:`wdsprep.loading.augment.spec_augment` (the loader's,
-options :class:`~wdsprep.loading.augment.SpecAugment`) to every utterance of a batch at once: the
+:class:`SpecAugmentModule` applies :func:`wdsprep.plan.augment.spec_augment` (the loader's,
+options :class:`~wdsprep.plan.augment.SpecAugment`) to every utterance of a batch at once: the
 same time warp, the same bands and stretches, the same fill, from the same uniforms, which it
 draws from each utterance's key (``device/draws.py``) as the loader's readers draw them.  So a
 trainer that computes features on its GPU gets the loader's augmentation, topology-free.
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from wdsprep.device.draws import check_keys, uniforms
-from wdsprep.loading.augment import Augment, SpecAugment
+from wdsprep.plan.augment import Augment, SpecAugment
 
 
 class SpecAugmentModule(torch.nn.Module):
@@ -25,7 +25,7 @@ class SpecAugmentModule(torch.nn.Module):
     ``forward(feats, feat_lens, draw_keys)``: ``feats`` float [B, T, D], ``feat_lens`` [B] frames
     of each utterance, ``draw_keys`` int64 [B, 3] (corpus seed, corpus epoch, row: the keys the
     loader draws each utterance's augmentation from).  Returns new features: each utterance
-    warped and masked as :func:`~wdsprep.loading.augment.spec_augment` does it with the
+    warped and masked as :func:`~wdsprep.plan.augment.spec_augment` does it with the
     uniforms of its key, frames past its length 0.  The masks (which bins and frames) are the
     loader's exactly; a ``"mean"`` fill is the utterance's mean computed in float64 (the loader's
     is numpy's float32 mean: they differ in the last bits, ~1e-6 relative).  Deterministic: the

@@ -1,11 +1,9 @@
-"""The loader's parts, composed by ``wdsprep.loader``.
+"""The readers: what reads the planned batches (``wdsprep/plan/``) from the shards, for the trainer.
 
-The planning side, pure and torch-free: ``shardset`` (the indexed shards), ``batching`` (the one
-rule a batch fits by), ``plan`` (a corpus's epoch plan), ``corpus`` (a corpus planned on its own),
-``epochs`` (one corpus dealt to ranks and readers, with ``assign``), ``mix`` (named corpora
-mixed), ``source`` (the epoch source, one for one corpus and many), ``state`` (the resume state),
-``quality`` (the shuffle report), ``stats`` (typed counts).  The run-time side: ``fetch`` (shards
-brought ahead), ``read`` and ``records`` (a shard into columns), ``stages`` (the numpy stages),
-``collate`` (a batch into one buffer, the layout defined once), ``transport`` (shared memory and
-worker control), ``collectives`` and ``stream`` (one reader's epoch, composed).
+``stream`` composes one reader's epoch (``ReaderStream.stages``) from the ``stages`` (read each
+shard once, tokenize, filter) and ``features`` (audio to fbank, the augmentation's signal
+processing); ``readahead`` fetches each reader's shards ahead, in its order; ``collate`` lays a
+batch out in one buffer (in a C thread); ``transport`` moves it out of a DataLoader worker through
+shared memory; ``collectives`` are the loader's few checks between ranks; ``rehearsal`` runs the
+epoch's costliest batches through the trainer's step before it trains.
 """

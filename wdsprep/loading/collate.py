@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from wdsprep.format.records import IN_MEMORY, Records
 from wdsprep.format.shardfile import ShardError, bulk_reads
-from wdsprep.loading.records import IN_MEMORY, Records
 
 LABEL_PAD = 0  # labels are padded with 0 (<s>/blank), like CAT's collate; use label_lens to mask
 

@@ -22,12 +22,12 @@ import numpy as np
 
 from wdsprep.format.audio import FileAudio
 from wdsprep.format.keys import uttid_for_message
+from wdsprep.format.records import AUDIO, IN_MEMORY, Records
 from wdsprep.format.shardfile import FileFeats, ShardError, ShardFile
-from wdsprep.loading.augment import NO_UNIFORMS, Augment, Draw, Draws, Part
-from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.plan import BatchId
-from wdsprep.loading.records import AUDIO, IN_MEMORY, Records
-from wdsprep.loading.stats import WorkerTally
+from wdsprep.plan.augment import NO_UNIFORMS, Augment, Draw, Draws, Part
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.stats import WorkerTally
+from wdsprep.plan.streams import BatchId
 from wdsprep.prep.audio import AudioReadError, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
 from wdsprep.units import fbank_frames

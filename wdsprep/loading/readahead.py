@@ -8,79 +8,23 @@ local: asked into the page cache), at most ``read_ahead_bytes`` of them waiting 
 fetch that fails is retried (``wdsprep.remote.fetch``); the retries are handed back with the
 shard, for the reader's counts.  Pure threads and numpy: no torch.
 
-This is where a remote shard becomes something ``wdsprep.format`` reads (:func:`fetched_shard`,
-also for ``verify``, ``inspect`` and the scan of shards no index lists): the format does not
-fetch, so the user's retry options reach every read.
+The options it reads with (``FetchOptions``) are the plan's (``wdsprep/plan/options.py``): the
+plan reads remote indexes with the same retries.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from wdsprep.format.shardfile import ShardFile, prefetch_shard
-from wdsprep.options import NUMBER, PATH, option
+from wdsprep.plan.options import FetchOptions
 from wdsprep.remote.cache import ShardCache
-from wdsprep.remote.fetch import Cancelled, FetchError, LocalCopy, RetryPolicy, fetch_shard
+from wdsprep.remote.fetch import Cancelled, FetchError, LocalCopy, fetch_shard
 from wdsprep.remote.urls import is_url, redact
-
-
-@dataclass(frozen=True)
-class FetchOptions:
-    """How a reader brings its shards: read-ahead, the optional cache, retries (make_loader's options)."""
-
-    read_ahead: int = option(2, "shards each reader fetches ahead of the one in use (remote: downloaded; local: "
-                                "into the page cache); 0 fetches each when needed", metavar="SHARDS")
-    read_ahead_bytes: int | None = option(None, "at most this many bytes of remote shards fetched ahead and waiting, "
-                                                "per reader (at least one shard is)", metavar="BYTES")
-    cache_dir: str | None = option(None, "keep fetched remote shards in this local directory (shareable by the ranks "
-                                         "of a node)", kind=PATH, metavar="DIR")
-    cache_bytes: int | None = option(None, "bound on --cache-dir; least recently used shards go first",
-                                     metavar="BYTES")
-    retries: int = option(RetryPolicy.retries, "retries of a remote fetch whose connection drops, that gets HTTP "
-                                               "5xx or a cut-off body")
-    retry_backoff: float = option(RetryPolicy.backoff, "seconds before the first retry, doubling each time (at most "
-                                                       "30 s)", kind=NUMBER, metavar="SECONDS")
-    min_rate: float = option(RetryPolicy.min_rate, "bytes/s a remote download must average after a grace of the "
-                                                   "time 1 MiB takes at it, else it is cut off and retried (0: no "
-                                                   "minimum)", kind=NUMBER, metavar="BYTES_PER_S")
-    timeout: float = RetryPolicy.timeout  # seconds to connect or between two reads before an attempt fails
-
-    def __post_init__(self) -> None:
-        if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.read_ahead < 0:
-            raise ValueError(f"read_ahead must be >= 0 (shards), got {self.read_ahead}")
-        if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
-            raise ValueError(f"read_ahead_bytes must be >= 0, got {self.read_ahead_bytes}")
-        if self.cache_bytes is not None and self.cache_bytes < 0:
-            raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
-        if self.cache_bytes is not None and self.cache_dir is None:
-            raise ValueError("cache_bytes bounds the shard cache: give cache_dir too")
-        self.policy()  # checks retries, backoff and min_rate
-
-    def policy(self) -> RetryPolicy:
-        """The retries of these options (what verify, inspect and the index reads use too: :data:`RETRY_OPTIONS`)."""
-        return RetryPolicy(retries=self.retries, backoff=self.retry_backoff, timeout=self.timeout,
-                           min_rate=self.min_rate)
-
-
-# The options of a fetch's retries, which whatever reads remote shards or indexes takes.
-RETRY_OPTIONS = ("retries", "retry_backoff", "min_rate")
-
-
-def fetched_shard(url: str, *, policy: RetryPolicy, expected: int | None = None,
-                  checksum: str | None = None) -> ShardFile:
-    """A pipe's or URL's shard fetched whole into memory with ``policy``'s retries, checked against
-    the size and SHA-256 its index recorded (where given), and open for the format's readers like a
-    local one (named in messages with its secrets masked).  Raises ``FetchError``."""
-    copy, _ = fetch_shard(url, expected=expected, checksum=checksum, policy=policy)
-    return ShardFile(redact(url), copy)
 
 
 class Opened(NamedTuple):
@@ -198,4 +142,4 @@ class ShardFetcher:
         self.pending = {}
 
 
-__all__ = ["Cancelled", "FetchError", "FetchOptions", "Opened", "ShardFetcher", "fetched_shard"]
+__all__ = ["Cancelled", "FetchError", "Opened", "ShardFetcher"]

@@ -24,10 +24,10 @@ from typing import Any, Callable
 import torch
 
 from wdsprep.loading.collate import Batch, Packed
-from wdsprep.loading.cost import batch_cost
-from wdsprep.loading.plan import BatchId
-from wdsprep.loading.source import EpochRun
 from wdsprep.loading.stream import ReaderStream
+from wdsprep.plan.cost import batch_cost
+from wdsprep.plan.source import EpochRun
+from wdsprep.plan.streams import BatchId
 
 # What a CPU allocator or the OS says when memory runs out (torch's CPU allocator raises a
 # RuntimeError; Python a MemoryError; CUDA torch.cuda.OutOfMemoryError).

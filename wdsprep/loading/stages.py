@@ -1,7 +1,7 @@
 """The loader's run-time stages: plain generator functions from planned batches to labelled rows.
 
-The epoch plan (``plan.py``) decided every batch; these stages read them.  Each takes an iterator
-of ``(batch id, rows)`` pairs, ``rows`` a :class:`~wdsprep.loading.records.Records` block held as
+The epoch plan (``wdsprep/plan/``) decided every batch; these stages read them.  Each takes an iterator
+of ``(batch id, rows)`` pairs, ``rows`` a :class:`~wdsprep.format.records.Records` block held as
 columns, and yields them on.  They are composed in one place, ``ReaderStream.stages``
 (``stream.py``).  numpy only: no torch here, so they run and test anywhere.
 """
@@ -13,15 +13,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from wdsprep.format.records import Records, iter_records
 from wdsprep.format.samples import report_damage
 from wdsprep.format.shardfile import ShardError
-from wdsprep.loading.plan import BatchId, Planned
-from wdsprep.loading.read import iter_records
-from wdsprep.loading.readahead import FetchOptions, ShardFetcher
-from wdsprep.loading.records import Records
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.stats import WorkerTally
-from wdsprep.loading.transforms import Transforms
+from wdsprep.loading.readahead import ShardFetcher
+from wdsprep.plan.options import FetchOptions
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.stats import WorkerTally
+from wdsprep.plan.streams import BatchId, Planned
+from wdsprep.plan.transforms import Transforms
 from wdsprep.remote.fetch import ChangedError, FetchError
 from wdsprep.remote.urls import redact
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
@@ -161,7 +161,7 @@ def tokenize(rows: Records, tokenizer: Tokenizer | Transforms, *, sampling: Subw
              langs: Sequence[str] | None = None, text_fields: Sequence[int] = ()) -> Records:
     """Labels from raw text for one shard's rows, in one ``encode_batch`` call (per language, where
     the tokenizer has one per language: ``langs``, each row's, from the index); subword sampling
-    seeded by ``seed``.  A corpus's :class:`~wdsprep.loading.transforms.Transforms` treat the text
+    seeded by ``seed``.  A corpus's :class:`~wdsprep.plan.transforms.Transforms` treat the text
     first.  ``text_fields``: the places in each row's ``values`` of the fields tokenized too, the
     same way (a missing value as an empty text: the row is dropped later, counted).
 

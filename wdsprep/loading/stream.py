@@ -29,20 +29,19 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsprep.format.keys import LANG
+from wdsprep.format.records import Records
 from wdsprep.format.shardfile import row_reader
 from wdsprep.loading.collate import Packed, start_collate
-from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.features import FeatureMaker, FeatureOptions
-from wdsprep.loading.options import ReadOptions
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions, fingerprint
-from wdsprep.loading.readahead import FetchOptions
-from wdsprep.loading.records import Records
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.source import EpochSource
 from wdsprep.loading.stages import filter_ctc, filter_fields, read_batches, tokenize
-from wdsprep.loading.stats import WorkerTally
-from wdsprep.loading.transforms import Transforms
 from wdsprep.loading.transport import READ_AHEAD, ShmPool, WorkerControl
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.options import FetchOptions, ReadOptions
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.source import EpochSource
+from wdsprep.plan.stats import WorkerTally
+from wdsprep.plan.streams import BatchId, Planned, PlanOptions, fingerprint
+from wdsprep.plan.transforms import Transforms
 from wdsprep.tokenizer import Tokenizer, derive_seed
 
 # What a reader hands the main process: a batch (None: its last counts, or a resumed run's

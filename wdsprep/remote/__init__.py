@@ -20,18 +20,12 @@ does, for naming URLs) does not import the fetching side, nor the clients the st
 with.
 """
 
+from wdsprep.lazy import lazy_exports
+
 _LAZY = {"FetchError": "fetch", "ChangedError": "fetch", "LocalCopy": "fetch", "NotFoundError": "fetch",
          "RetryPolicy": "fetch", "TooLargeError": "fetch", "fetch_file": "fetch", "fetch_shard": "fetch",
          "is_url": "urls", "redact": "urls"}
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wdsprep.remote' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

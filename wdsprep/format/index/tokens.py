@@ -1,6 +1,6 @@
 """Token columns beside an index: each label's length in one tokenizer's tokens (the cost model's u).
 
-Counted once per tokenizer by the loader (``wdsprep.loading.tokens``) and kept beside the index
+Counted once per tokenizer by the loader (``wdsprep.plan.tokens``) and kept beside the index
 it counts, named by the tokenizer and the index's shards (:func:`tokens_name`), so another
 tokenizer or a re-indexed folder gets a column of its own instead of a stale one.
 """

@@ -23,14 +23,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wdsprep.format.shardlist import expand_shards
-from wdsprep.loading.follow import GrowingSource, Ranks
-from wdsprep.loading.growing import View, published_shards, wait_for
-from wdsprep.loading.options import LoaderOptions
-from wdsprep.loading.plan import PlanOptions
-from wdsprep.loading.shardset import ShardSet, indexed_shards, shard_set, union
-from wdsprep.loading.source import EpochSource, Trset, epoch_source
-from wdsprep.loading.tokens import LabelTokens
-from wdsprep.loading.transforms import Transforms, corpus_transforms, split_trset
+from wdsprep.plan.follow import GrowingSource, Ranks
+from wdsprep.plan.growing import View, published_shards, wait_for
+from wdsprep.plan.options import LoaderOptions
+from wdsprep.plan.shardset import ShardSet, indexed_shards, shard_set, union
+from wdsprep.plan.source import EpochSource, Trset, epoch_source
+from wdsprep.plan.streams import PlanOptions
+from wdsprep.plan.tokens import LabelTokens
+from wdsprep.plan.transforms import Transforms, corpus_transforms, split_trset
 from wdsprep.remote.fetch import RetryPolicy
 from wdsprep.remote.listing import lister
 from wdsprep.tokenizer import Tokenizer
@@ -69,8 +69,8 @@ def load_shards(trset: Trset, *, policy: RetryPolicy | None = None, derive_speak
                 view_wait: float = 0.0) -> ShardSet:
     """The shard set of ``trset``: a pattern or list of them, or named corpora ``{name: pattern(s)}``;
     with ``tokenizer`` (one for all corpora, or each corpus's transforms), every label's length in
-    its tokens comes with it (``loading/tokens.py``).  ``view``: folders a pack is still writing
-    are followed, as far as the view says they were published (``loading/growing.py``;
+    its tokens comes with it (``plan/tokens.py``).  ``view``: folders a pack is still writing
+    are followed, as far as the view says they were published (``plan/growing.py``;
     ``view_wait``: seconds to wait to see them, for a view taken by another rank); without it
     such a folder is refused."""
     names = [str(n) for n in trset] if isinstance(trset, Mapping) else [""]

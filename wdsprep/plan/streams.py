@@ -28,9 +28,10 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from wdsprep.loading.assign import least_loaded
-from wdsprep.loading.augment import Speed
-from wdsprep.loading.batching import (
+from wdsprep.options import FILE_OR_OBJECT, NUMBER, SWITCH, fingerprinted, option
+from wdsprep.plan.assign import least_loaded
+from wdsprep.plan.augment import Speed
+from wdsprep.plan.batching import (
     BAND_WIDTH,
     DEFAULT_POOL_SIZE,
     BatchFit,
@@ -38,8 +39,7 @@ from wdsprep.loading.batching import (
     check_batching,
     stable_order,
 )
-from wdsprep.loading.cost import CostModel, load_cost
-from wdsprep.options import FILE_OR_OBJECT, NUMBER, SWITCH, fingerprinted, option
+from wdsprep.plan.cost import CostModel, load_cost
 from wdsprep.units import FRAMES_PER_SECOND
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
@@ -118,7 +118,7 @@ class PlanOptions:
                                     plan=True, when_set=True, common=True)
     max_cost: float | None = option(None, "per-rank bound on a batch's cost under --cost", kind=NUMBER,
                                     plan=True, when_set=True, common=True)
-    # Speed perturbation (loading/augment.py), the part of augment the plan draws: the corpus plans
+    # Speed perturbation (plan/augment.py), the part of augment the plan draws: the corpus plans
     # with the perturbed lengths.  Not an option of its own.
     speed: Speed | None = field(default=None, metadata={"when_set": True})
     # Label filters: counted by reason, decided with the plan from the token column.

@@ -1,6 +1,6 @@
 """Named corpora mixed: every corpus planned on its own, a corpus drawn per step by the mixture.
 
-:class:`MixedEpochs` is the epoch source of several :class:`~wdsprep.loading.corpus.Corpus`
+:class:`MixedEpochs` is the epoch source of several :class:`~wdsprep.plan.corpus.Corpus`
 (each with a seed of its own, so adding a corpus leaves the others' batches as they were), dealt
 step by step as ``deal.py`` says, by the weights ``weights.py`` resolves.  Pure: no I/O, no torch.
 """
@@ -15,8 +15,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from wdsprep.format.index import Speakers
-from wdsprep.loading.corpus import LRU, Corpus, FixedShards
-from wdsprep.loading.mix.deal import (
+from wdsprep.plan.corpus import LRU, Corpus, FixedShards
+from wdsprep.plan.mix.deal import (
     MixCorpusPosition,
     MixPosition,
     MixRun,
@@ -25,11 +25,10 @@ from wdsprep.loading.mix.deal import (
     next_epoch,
     start_position,
 )
-from wdsprep.loading.mix.weights import Mixture, draw_probabilities
-from wdsprep.loading.plan import BatchId, Planned, TooFewBatches, Window
-from wdsprep.loading.quality import corpus_quality
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.state import (
+from wdsprep.plan.mix.weights import Mixture, draw_probabilities
+from wdsprep.plan.quality import corpus_quality
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.state import (
     MAX_EPOCH,
     MAX_WORKERS,
     MAX_WORLD_SIZE,
@@ -41,7 +40,8 @@ from wdsprep.loading.state import (
     need_int,
     need_list,
 )
-from wdsprep.loading.stats import CorpusStats, LoaderStats
+from wdsprep.plan.stats import CorpusStats, LoaderStats
+from wdsprep.plan.streams import BatchId, Planned, TooFewBatches, Window
 
 # Batches (over all ranks) dealt at once: a window of a long mixed epoch (see MixedRun).
 WINDOW_BATCHES = 1 << 14
@@ -374,7 +374,7 @@ class MixedRun:
         return st
 
     def shuffle(self, *, ranks: Sequence[int]) -> dict[str, dict[str, Any]]:
-        """Each corpus's shuffle report (``loading/quality.py``) over the batches ``ranks`` get in
+        """Each corpus's shuffle report (``plan/quality.py``) over the batches ``ranks`` get in
         the first window (the whole epoch, unless it is longer than a window)."""
         s = self.source
         assert s.speakers is not None

@@ -401,7 +401,7 @@ class Augment:
 
     @property
     def speed(self) -> Speed | None:
-        """The part the plan draws (it is :class:`~wdsprep.loading.plan.PlanOptions`'s ``speed``)."""
+        """The part the plan draws (it is :class:`~wdsprep.plan.streams.PlanOptions`'s ``speed``)."""
         return self.get(Speed)
 
     @property

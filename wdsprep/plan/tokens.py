@@ -34,9 +34,9 @@ from wdsprep.format.index import (
     write_tokens,
 )
 from wdsprep.format.keys import LANG
+from wdsprep.format.records import iter_records
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
-from wdsprep.loading.read import iter_records
-from wdsprep.loading.transforms import Transforms
+from wdsprep.plan.transforms import Transforms
 from wdsprep.remote.fetch import RetryPolicy, fetch_file
 from wdsprep.remote.urls import has_folder, redact
 from wdsprep.tokenizer import Tokenizer, load_tokenizer, parse_normalize

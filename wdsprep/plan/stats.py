@@ -102,7 +102,7 @@ class CorpusStats:
     utterances: int = 0
     frames: int = 0
     epochs: float | None = None
-    shuffle: dict[str, Any] | None = None  # its batches' shuffle report (loading/quality.py), None without speakers
+    shuffle: dict[str, Any] | None = None  # its batches' shuffle report (plan/quality.py), None without speakers
 
     @property
     def hours(self) -> float:
@@ -138,12 +138,12 @@ class LoaderStats:
     discarded: int = 0
     discarded_fraction: float = 0.0
     seconds: float = 0.0
-    # How random this rank's planned batches are (loading/quality.py: speakers per batch against a
+    # How random this rank's planned batches are (plan/quality.py: speakers per batch against a
     # random draw, speaker recurrence, lag-1 length correlation); None when the index has no speakers.
     shuffle: dict[str, Any] | None = None
     corpora: dict[str, CorpusStats] = field(default_factory=dict)  # named corpora: what each gave
     # Following growing folders: how much of the final corpus the epoch is planned over (shards,
-    # utterances and hours published against the pack's plan: loading/growing.coverage); else None.
+    # utterances and hours published against the pack's plan: plan/growing.coverage); else None.
     growing: dict[str, Any] | None = None
 
     def add_batches(self, t: BatchTally) -> None:

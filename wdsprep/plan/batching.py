@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from wdsprep.loading.cost import CostModel
+from wdsprep.plan.cost import CostModel
 
 S = TypeVar("S")
 
@@ -70,7 +70,7 @@ class BatchFit:
     A batch of ``B`` utterances whose longest has ``longest`` frames (and whose longest label has
     ``tokens`` tokens) fits when each bound given holds: ``B * longest <= max_frames``,
     ``B <= max_batch_size``, and its cost ``B * c(t, u) <= max_cost`` under the cost model
-    (``loading/cost.py``).  One utterance always makes a batch, fitting or not: nothing is dropped
+    (``plan/cost.py``).  One utterance always makes a batch, fitting or not: nothing is dropped
     for its length.
     """
 

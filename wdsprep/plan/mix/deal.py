@@ -3,7 +3,7 @@
 Pure functions of (seed, the loader epoch, where every corpus stands, the mixture, the topology);
 no I/O, no torch.  Every rank computes the whole of it, so all agree without talking.
 
-Every corpus is planned on its own (``plan.py``), epoch after epoch of its own: a small corpus
+Every corpus is planned on its own (``../streams.py``), epoch after epoch of its own: a small corpus
 loops, a large one's epoch spans many loader epochs.  A loader epoch is a number of steps (by
 default one pass's worth of batches of every corpus); at every step each rank draws a corpus by
 the mixture's weights at that step, from a generator seeded by (seed, epoch, rank), and yields
@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-_MIX = 3  # generator purpose, beside plan.py's
+_MIX = 3  # generator purpose, beside streams.py's
 BatchRef = tuple[int, int, int, int]  # (corpus, corpus epoch, stream, batch)
 Counts = Callable[[int, int], np.ndarray]  # (corpus, corpus epoch) -> batches per stream
 

@@ -14,7 +14,7 @@ corpora are mixed:
   corpus is first split into parts by its value, and the parts are what is mixed
   (:func:`split_by`), a temperature applied per level: across corpora, then across each one's parts.
 
-Both are made of :class:`~wdsprep.loading.corpus.Corpus` units and name every planned batch the
+Both are made of :class:`~wdsprep.plan.corpus.Corpus` units and name every planned batch the
 same way, ``(corpus, corpus epoch, stream, batch)``.
 """
 
@@ -26,14 +26,14 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.epochs import CorpusEpochs
-from wdsprep.loading.mix.epochs import MixedEpochs
-from wdsprep.loading.mix.weights import Mixture, SchedulePoints, level_mixture, make_mixture
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.state import SavedState
-from wdsprep.loading.stats import LoaderStats
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.epochs import CorpusEpochs
+from wdsprep.plan.mix.epochs import MixedEpochs
+from wdsprep.plan.mix.weights import Mixture, SchedulePoints, level_mixture, make_mixture
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.state import SavedState
+from wdsprep.plan.stats import LoaderStats
+from wdsprep.plan.streams import BatchId, Planned, PlanOptions, TooFewBatches, Window
 from wdsprep.tokenizer import derive_seed
 from wdsprep.units import hours
 

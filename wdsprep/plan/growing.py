@@ -28,8 +28,8 @@ from wdsprep.errors import DataError
 from wdsprep.format.commit import pending, pending_folder, read_plan
 from wdsprep.format.index import FolderIndex, read_index
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
-from wdsprep.loading.plan import TooFewBatches
-from wdsprep.loading.shardset import ShardSet
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.streams import TooFewBatches
 from wdsprep.units import hours
 
 # How long a rank waits to see shards rank 0 saw published (a network file system may show them late).

@@ -19,14 +19,14 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from wdsprep.format.commit import pack_running, pending_folder
-from wdsprep.loading.corpus import Corpus
-from wdsprep.loading.growing import View, coverage, describe, observe
-from wdsprep.loading.mix.weights import Mixture
-from wdsprep.loading.plan import BatchId
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.source import EpochRun, EpochSource
-from wdsprep.loading.state import SavedState, StateError, read_published
-from wdsprep.loading.stats import LoaderStats
+from wdsprep.plan.corpus import Corpus
+from wdsprep.plan.growing import View, coverage, describe, observe
+from wdsprep.plan.mix.weights import Mixture
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.source import EpochRun, EpochSource
+from wdsprep.plan.state import SavedState, StateError, read_published
+from wdsprep.plan.stats import LoaderStats
+from wdsprep.plan.streams import BatchId
 
 
 def _alone(value: Any, where: str) -> Any:

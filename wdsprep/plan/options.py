@@ -12,15 +12,13 @@ its own values when it is made; :meth:`LoaderOptions.of` the rules between group
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name
 from wdsprep.format.samples import ON_ERROR, check_on_error
-from wdsprep.loading.augment import Augment, parse_augment
-from wdsprep.loading.plan import PlanOptions
-from wdsprep.loading.readahead import FetchOptions
 from wdsprep.options import (
     JSON_OBJECT,
     JSON_OR_FILE,
@@ -35,7 +33,10 @@ from wdsprep.options import (
     option,
     options_of,
 )
+from wdsprep.plan.augment import Augment, parse_augment
+from wdsprep.plan.streams import PlanOptions
 from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.remote.fetch import RetryPolicy
 from wdsprep.tokenizer import Normalizer, SubwordSampling, parse_normalize
 
 # Settings of the loader's fbank= that may differ from the index's (sample_rate: the readers resample to it).
@@ -110,6 +111,50 @@ class MixOptions:
     def given(self) -> dict[str, Any]:
         """The mixing options set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """How a reader brings its shards: read-ahead, the optional cache, retries (make_loader's options)."""
+
+    read_ahead: int = option(2, "shards each reader fetches ahead of the one in use (remote: downloaded; local: "
+                                "into the page cache); 0 fetches each when needed", metavar="SHARDS")
+    read_ahead_bytes: int | None = option(None, "at most this many bytes of remote shards fetched ahead and waiting, "
+                                                "per reader (at least one shard is)", metavar="BYTES")
+    cache_dir: str | None = option(None, "keep fetched remote shards in this local directory (shareable by the ranks "
+                                         "of a node)", kind=PATH, metavar="DIR")
+    cache_bytes: int | None = option(None, "bound on --cache-dir; least recently used shards go first",
+                                     metavar="BYTES")
+    retries: int = option(RetryPolicy.retries, "retries of a remote fetch whose connection drops, that gets HTTP "
+                                               "5xx or a cut-off body")
+    retry_backoff: float = option(RetryPolicy.backoff, "seconds before the first retry, doubling each time (at most "
+                                                       "30 s)", kind=NUMBER, metavar="SECONDS")
+    min_rate: float = option(RetryPolicy.min_rate, "bytes/s a remote download must average after a grace of the "
+                                                   "time 1 MiB takes at it, else it is cut off and retried (0: no "
+                                                   "minimum)", kind=NUMBER, metavar="BYTES_PER_S")
+    timeout: float = RetryPolicy.timeout  # seconds to connect or between two reads before an attempt fails
+
+    def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.read_ahead < 0:
+            raise ValueError(f"read_ahead must be >= 0 (shards), got {self.read_ahead}")
+        if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
+            raise ValueError(f"read_ahead_bytes must be >= 0, got {self.read_ahead_bytes}")
+        if self.cache_bytes is not None and self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if self.cache_bytes is not None and self.cache_dir is None:
+            raise ValueError("cache_bytes bounds the shard cache: give cache_dir too")
+        self.policy()  # checks retries, backoff and min_rate
+
+    def policy(self) -> RetryPolicy:
+        """The retries of these options (what verify, inspect and the index reads use too: :data:`RETRY_OPTIONS`)."""
+        return RetryPolicy(retries=self.retries, backoff=self.retry_backoff, timeout=self.timeout,
+                           min_rate=self.min_rate)
+
+
+# The options of a fetch's retries, which whatever reads remote shards or indexes takes.
+RETRY_OPTIONS = ("retries", "retry_backoff", "min_rate")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One corpus read alone: its epochs dealt to ranks and readers, the same batches on every topology.
 
-Every epoch is the corpus's own plan (``corpus.py``, ``plan.py``), its canonical streams dealt by
+Every epoch is the corpus's own plan (``corpus.py``, ``streams.py``), its canonical streams dealt by
 ``assign.py``: every rank yields ``total // world_size`` batches, at most one batch per rank is
 left over, and every batch any rank yields on any world size or worker count is a batch of the
 plan.  Where an epoch stands is its runs so far (:class:`CorpusPosition`), so a resume on another
@@ -16,11 +16,10 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from wdsprep.format.index import Speakers
-from wdsprep.loading.assign import Assignment, epoch_assignment, next_turn, rank_order
-from wdsprep.loading.corpus import LRU, Corpus, FixedShards
-from wdsprep.loading.plan import BatchId, Planned, Window
-from wdsprep.loading.quality import plan_quality
-from wdsprep.loading.state import (
+from wdsprep.plan.assign import Assignment, epoch_assignment, next_turn, rank_order
+from wdsprep.plan.corpus import LRU, Corpus, FixedShards
+from wdsprep.plan.quality import plan_quality
+from wdsprep.plan.state import (
     MAX_RUNS,
     MAX_WORKERS,
     MAX_WORLD_SIZE,
@@ -30,7 +29,8 @@ from wdsprep.loading.state import (
     ints,
     need_list,
 )
-from wdsprep.loading.stats import LoaderStats
+from wdsprep.plan.stats import LoaderStats
+from wdsprep.plan.streams import BatchId, Planned, Window
 
 Run = tuple[int, int, int]  # (world size, workers per rank, steps)
 

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from wdsprep.loading.augment import Augment, parse_augment
+from wdsprep.plan.augment import Augment, parse_augment
 from wdsprep.tokenizer import AggregateTokenizer, Normalizer, Tokenizer, as_tokenizer, parse_normalize
 
 # What a named corpus's object may say besides its shards.

@@ -1,4 +1,4 @@
-"""Utterances as columns: what flows through the loader's stages.
+"""Utterances as columns, and a shard read into them: what flows through the loader's stages.
 
 A :class:`Records` block holds n utterances in two numpy arrays, numbers and objects, instead of n
 Python objects.  The stages (shuffle, tokenize, filter, bucket, collate) move and select whole
@@ -16,16 +16,30 @@ loader's shard set, which the augmentation draws are keyed by.  ``values`` are a
 loader's ``fields=``, in that order: read from their members with the row), ``field_labels`` the
 token ids of those tokenized (``text_fields=``), ``langs`` its language (from the index); a row's
 columns move with it, so a batch never holds another utterance's field.
+
+:func:`iter_records` reads a shard into blocks: a plain local shard takes one C call (the walk,
+grouped into samples, with the ``.npy`` headers and transcripts decoded) and no Python step per
+sample; anything else goes through the format's Python reader, with the same samples and the same
+damage handling.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+import itertools
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from wdsprep.format.audio import FileAudio
-from wdsprep.format.shardfile import FileFeats
+from wdsprep.format.samples import (
+    OnCorrupt,
+    check_on_error,
+    decode_keys,
+    iter_decoded,
+    native_samples,
+    report_undecodable,
+)
+from wdsprep.format.shardfile import FileFeats, ShardFile
 from wdsprep.units import fbank_frames
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
@@ -165,3 +179,27 @@ class Records:
 def _tuples(items: list[Any], n: int) -> np.ndarray:
     """A 1-D object array of ``items`` as they are (numpy would make a 2-D array of equal-length tuples)."""
     return np.fromiter(items, object, n)
+
+
+def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | None = None,
+                 block: int = 256, source: ShardFile | None = None, fields: Sequence[str] = ()) -> Iterator[Records]:
+    """A shard's samples as :class:`Records` of up to ``block`` rows each: what
+    ``iter_decoded(url, lazy=True, float32=False)`` yields (same order, same damage handling), as
+    columns.  ``source``: the shard already fetched (a pipe's or URL's copy); ``fields``: the
+    fields read with each row (its ``values``)."""
+    check_on_error(on_error)
+    found = native_samples(url, source, fields)
+    if found is not None:
+        src, keys, texts, layout, values = found
+        uttids, bad = decode_keys(keys)
+        n = len(uttids)
+        rows = Records.in_shard(src, uttids, texts[:n], layout[:n], values)
+        for start in range(0, n, block):
+            yield rows[start:start + block]
+        if bad is not None:
+            report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
+        return
+    samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True, source=source,
+                           fields=list(fields) if fields else None)
+    while chunk := list(itertools.islice(samples, block)):
+        yield Records.of(chunk)

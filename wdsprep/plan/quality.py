@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wdsprep.loading.assign import Assignment, rank_order
-from wdsprep.loading.plan import EpochPlan
+from wdsprep.plan.assign import Assignment, rank_order
+from wdsprep.plan.streams import EpochPlan
 
 RECURRENCE_STEPS = (1, 4)  # k of "recurs within the next k steps" reported
 

@@ -14,6 +14,10 @@ a server cannot make the loader hold more.  A remote folder without one is an er
 scanning would download the whole corpus on every rank before the first step.  Their staleness
 is checked by size: against the bucket listing when the pattern was a glob (before the epoch),
 else when each shard is downloaded, and then by the SHA-256 the index records too.
+
+This is where a remote shard becomes something ``wdsprep.format`` reads (:func:`fetched_shard`,
+for the scan of shards no index lists, ``verify`` and ``inspect``): the format does not fetch, so
+the user's retry options reach every read.
 """
 
 from __future__ import annotations
@@ -45,16 +49,16 @@ from wdsprep.format.index import (
 )
 from wdsprep.format.keys import AUDIO_LAYOUTS, decode_key
 from wdsprep.format.reindex import ShardScan, scan_shard
+from wdsprep.format.shardfile import ShardFile
 from wdsprep.format.shardlist import expand_shards, index_place, is_url
-from wdsprep.loading.readahead import fetched_shard
-from wdsprep.remote.fetch import RetryPolicy, fetch_file
+from wdsprep.remote.fetch import RetryPolicy, fetch_file, fetch_shard
 from wdsprep.remote.listing import lister, take_listed_size
 from wdsprep.remote.urls import has_folder, redact
 from wdsprep.units import fbank_frames, resampled_lengths
 
 
 class TokenCounts(Protocol):
-    """Each label's length in tokens (``loading/tokens.LabelTokens``): per index folder, or for a
+    """Each label's length in tokens (``plan/tokens.LabelTokens``): per index folder, or for a
     shard in no index."""
 
     def folder(self, folder: str, index: FolderIndex) -> np.ndarray: ...
@@ -64,6 +68,15 @@ class TokenCounts(Protocol):
 
 class StaleIndexError(DataError):
     """A shard differs from what its folder's index says; the message names it and what to do."""
+
+
+def fetched_shard(url: str, *, policy: RetryPolicy, expected: int | None = None,
+                  checksum: str | None = None) -> ShardFile:
+    """A pipe's or URL's shard fetched whole into memory with ``policy``'s retries, checked against
+    the size and SHA-256 its index recorded (where given), and open for the format's readers like a
+    local one (named in messages with its secrets masked).  Raises ``FetchError``."""
+    copy, _ = fetch_shard(url, expected=expected, checksum=checksum, policy=policy)
+    return ShardFile(redact(url), copy)
 
 
 @dataclass

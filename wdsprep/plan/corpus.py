@@ -2,7 +2,7 @@
 
 A :class:`Corpus` is a shard set planned as one (a corpus; in dev mode the named corpora's union;
 with ``mix_by``, the rows of one value of a column in one corpus) with its own seed: its epochs'
-plans (``plan.py``), what each leaves out, and where its rows sit in the loader's shard set.
+plans (``streams.py``), what each leaves out, and where its rows sit in the loader's shard set.
 One corpus read alone is ``epochs.CorpusEpochs``; several mixed are ``mix.epochs.MixedEpochs``.  Pure: no I/O, no torch.
 
 Plans are kept in three small most-recently-used tables, one idiom: whole plans (the main
@@ -23,11 +23,11 @@ from typing import Any, Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
-from wdsprep.loading.augment import perturbed_frames, speed_choices
-from wdsprep.loading.plan import EpochPlan, Layout, PlanOptions, StreamPlan, layout, plan_epoch
-from wdsprep.loading.shardset import ShardSet
-from wdsprep.loading.state import read_published
-from wdsprep.loading.stats import LoaderStats
+from wdsprep.plan.augment import perturbed_frames, speed_choices
+from wdsprep.plan.shardset import ShardSet
+from wdsprep.plan.state import read_published
+from wdsprep.plan.stats import LoaderStats
+from wdsprep.plan.streams import EpochPlan, Layout, PlanOptions, StreamPlan, layout, plan_epoch
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
