@@ -66,7 +66,7 @@ def audio_like(features: Path, out: Path, *, fmt: str = "flac", num_mel_bins: in
             a, b = int(index.starts[i]), int(index.starts[i + 1])
             ids = [decode_key(k) for k in index.keys()[a:b]]
             path = out / folder.name / name
-            infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids], fmt=fmt, sample_rate=16000,
+            infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids], layout=fmt, sample_rate=16000,
                                            mtime=0))
             st = os.stat(path)
             sizes.append(st.st_size)

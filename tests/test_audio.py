@@ -185,11 +185,13 @@ def test_the_writer_refuses_what_the_loader_could_not_use(tmp_path):
     with pytest.raises(ValueError, match="give the sample rate"):
         ShardWriter(tmp_path / "a.tar", "flac")
     with pytest.raises(ValueError, match="fewer than one frame"):
-        write_audio_shard(tmp_path / "b.tar", [("u1", np.zeros(399, np.int16), "x")])
+        write_audio_shard(tmp_path / "b.tar", [("u1", np.zeros(399, np.int16), "x")], layout="flac", sample_rate=16000)
     with pytest.raises(ValueError, match="must be int16 samples"):
-        write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros(1600, np.float32), "x")])
+        write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros(1600, np.float32), "x")], layout="flac",
+                          sample_rate=16000)
     with pytest.raises(ValueError, match=r"\[n, channels\] \(1 to 8\)"):
-        write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros((1600, 9), np.int16), "x")])
+        write_audio_shard(tmp_path / "c.tar", [("u1", np.zeros((1600, 9), np.int16), "x")], layout="flac",
+                          sample_rate=16000)
     assert not list(tmp_path.iterdir())  # nothing left behind
     w = ShardWriter(tmp_path / "d.tar", "flac", sample_rate=16000)
     with pytest.raises(ValueError, match="stores audio, not features"):

@@ -22,10 +22,8 @@ from wdsprep.tokenizer import aggregate_tokenizers
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
 MIRRORS = [
     (("fbank",), wdsprep.compute_fbank, {}, {}),
-    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "f_labels": "text", "d_out": "out", "fields": "field",
-                                    "index_fields": "index_field"}, {}),
-    (("pack-audio",), wdsprep.pack_audio, {"f_labels": "text", "d_out": "out", "fields": "field",
-                                           "index_fields": "index_field"}, {}),
+    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "d_out": "out"}, {}),
+    (("pack-audio",), wdsprep.pack_audio, {"d_out": "out"}, {}),
     (("tokenizer", "train"), wdsprep.train_tokenizer,
      {"text_files": "text", "keep_spaces": "drop_spaces", "spm_options": "spm_option"}, {}),
     (("tokenizer", "import-cat"), wdsprep.import_cat_tokenizer, {"path": "file"}, {}),
@@ -121,3 +119,74 @@ def test_the_options_table_of_the_docs_is_written_from_the_homes():
 
     text = DOC.read_text(encoding="utf-8")
     assert with_table(text) == text, "docs/loader.md's options table is stale: run python tools/docs_options.py"
+
+
+# The flags of pack, pack-audio and fbank written by hand in cli.py, not made from a home.
+HAND_SPELLED = {"pack": {"scp", "source", "out"}, "pack-audio": {"wav_scp", "source", "out"},
+                "fbank": {"wav_scp", "out_dir"}}
+
+
+def _pack_homes():
+    from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions, Spread
+    from wdsprep.pack.sources import Manifest
+    from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
+
+    return (PackOptions, AudioOptions, FbankOptions, PackInputs, AudioInputs, JobOptions, OutputOptions, Spread,
+            Manifest)
+
+
+@pytest.mark.parametrize("command,func", [("pack", wdsprep.pack_data), ("pack-audio", wdsprep.pack_audio),
+                                          ("fbank", wdsprep.compute_fbank)])
+def test_pack_and_fbank_options_have_one_home_that_flags_and_signatures_follow(command, func):
+    """Every flag but the input and output is made from an option's home, with its flag and choices,
+    unset unless given; every signature default is the home's (pack_audio's layout and dtype: None,
+    the features' unless a --store of audio refuses them)."""
+    from wdsprep.options import default, flag_of, options_of
+
+    homes = {f.name: (f, s) for cls in _pack_homes() for f, s in options_of(cls)}
+    actions = [a for a in _subparser((command,), every_help=True)._actions if a.dest != "help"]
+    hand = {a.dest for a in actions if a.dest not in homes}
+    assert hand == HAND_SPELLED[command] and len(hand) <= 3
+    for a in actions:
+        if a.dest in homes:
+            f, s = homes[a.dest]
+            assert flag_of(f, s) in a.option_strings and a.default is None, a.dest
+            assert a.choices == (list(s.kind.choices) if s.kind.choices else None) or a.choices == s.kind.choices
+    own = ("layout", "dtype") if func is wdsprep.pack_audio else ()
+    params = {n: p for n, p in inspect.signature(func).parameters.items() if n in homes and n not in own}
+    for name, p in params.items():
+        if p.default is not inspect.Parameter.empty:  # f_labels is a positional input
+            assert p.default == default(homes[name][0]), f"{func.__name__}'s default of {name} is not its home's"
+        f, s = homes[name]  # and the docstring says what the home says of it
+        assert f"{name}: {' '.join((s.doc or s.help).split())[:40]}" in " ".join(func.__doc__.split()), name
+
+
+def test_the_resume_record_is_the_options_that_decide_the_shards():
+    """A pack's resume record holds every option of its home marked as deciding the shards, and
+    nothing else: a feature pack's, and an audio pack's (its fbank options and store, no dims)."""
+    from wdsprep.options import options_of
+    from wdsprep.pack.options import AudioOptions, PackOptions
+    from wdsprep.prep.options import FbankOptions
+
+    deciding = {f.name for f, s in options_of(PackOptions) if s.plan}
+    assert set(PackOptions(index_fields=["x"], fields=["x"]).record()) == deciding | {"fields"}
+    audio = AudioOptions(FbankOptions(backend="numpy"), "opus")
+    record = PackOptions(layout="opus", audio=audio).record()
+    assert set(record) == ((deciding - {"dims", "index_fields"}) | {f.name for f, s in options_of(FbankOptions)}
+                           | {f.name for f, s in options_of(AudioOptions)})
+    assert (record["store"], record["bitrate"], record["num_mel_bins"]) == ("opus", 32000, FbankOptions.num_mel_bins)
+
+
+@pytest.mark.parametrize("flags", [["--layout", "cat-v3"], ["--dtype", "float16"], ["--layout", "cat", "--dtype",
+                                                                                       "float32"]])
+def test_an_audio_store_with_feature_layout_or_dtype_is_refused_naming_both(tmp_path, flags, capsys):
+    from wdsprep.cli import main
+
+    wav = tmp_path / "wav.scp"
+    wav.write_text("u1 /nonexistent.wav\n")
+    (tmp_path / "text").write_text("u1 hello\n")
+    code = main(["pack-audio", "--wav-scp", str(wav), "--text", str(tmp_path / "text"), "--out", str(tmp_path / "o"),
+                 "--store", "flac", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and "--store" in err and all(f"({f})" in err for f in flags if f.startswith("--")), err
+    assert not (tmp_path / "o").exists()

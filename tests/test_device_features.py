@@ -321,7 +321,7 @@ def opus_folder(root: Path, demo, *, shards: int = 2, change: dict[str, int] | N
     infos, sizes, mtimes = [], [], []
     for s in range(shards):
         utts = [(u, w, texts[u]) for u, w in list(zip(ids, waves))[s * 12:(s + 1) * 12]]
-        info = write_audio_shard(folder / f"data-{s:05d}.tar", utts, fmt="opus", sample_rate=RATE, mtime=0)
+        info = write_audio_shard(folder / f"data-{s:05d}.tar", utts, layout="opus", sample_rate=RATE, mtime=0)
         for uttid, delta in (change or {}).items():
             if encode_key(uttid) in info.keys:
                 i = info.keys.index(encode_key(uttid))

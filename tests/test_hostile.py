@@ -178,7 +178,7 @@ def _write_audio_pack(out: Path, waves: dict[str, np.ndarray], texts: dict[str, 
     infos, sizes, mtimes = [], [], []
     for k in range(0, len(ids), per_shard):
         path = out / f"data-{k // per_shard:05d}.tar"
-        infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids[k:k + per_shard]], fmt="flac",
+        infos.append(write_audio_shard(path, [(u, waves[u], texts[u]) for u in ids[k:k + per_shard]], layout="flac",
                                        sample_rate=16000, mtime=0))
         st = os.stat(path)
         sizes.append(st.st_size)

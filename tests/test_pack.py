@@ -233,7 +233,7 @@ def test_the_resume_record_is_the_plan_files_options(corpus):
     written by an earlier pack holds (a stopped pack resumes only if they match), the groups in
     one spelling, and pack-audio's fbank options flat after its own, with the backend resolved."""
     from wdsprep.pack.options import AudioOptions, PackOptions
-    from wdsprep.prep.fbank_options import FbankOptions
+    from wdsprep.prep.options import FbankOptions
 
     tmp, scps, txts, feats, texts = corpus
     options = PackOptions(filter_group=["150:", ":150"], utts_per_shard=20, seed=3)

@@ -190,7 +190,7 @@ def test_pack_audio_in_parts_gives_the_bytes_of_one_run(tmp_path):
 
     for folder in (p for p in spread.iterdir() if p.is_dir()):
         index = read_index(folder)
-        assert index.audio.format == "opus"
+        assert index.audio.layout == "opus"
         for k, name in enumerate(index.names):
             decoded = [len(a.pcm()) for _, a, _ in iter_decoded(str(folder / name), lazy=True)]
             assert decoded == index.shard(k).samples

@@ -134,7 +134,7 @@ def rate_folder(out: Path, utts: list[str], rate: int, stereo: bool = False) -> 
     out.mkdir(parents=True)
     path = out / "data-00000.tar"
     rows = [(u, stored_pcm(waves[u], rate, stereo), texts[u]) for u in utts]
-    info = write_audio_shard(path, rows, fmt="flac", sample_rate=rate, mtime=0)
+    info = write_audio_shard(path, rows, layout="flac", sample_rate=rate, mtime=0)
     st = path.stat()
     write_index(out, FolderIndex.from_shards("flac", 80, "float32", [info], sizes=[st.st_size],
                                              mtimes=[st.st_mtime_ns], audio=AudioIndex("flac", rate)))

@@ -24,70 +24,31 @@ from wdsprep.tokenizer.base import trainable_kinds
 from wdsprep.tokenizer.spm import SPM_MODEL_TYPES
 
 
-def _add_pack_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``pack`` and ``pack-audio`` (they write the same shards)."""
-    p.add_argument("--text", nargs="+", metavar="TEXT", help="Kaldi text file(s) (not with --from: the manifest has "
-                                                             "the transcripts)")
+def _add_pack_options(p: argparse.ArgumentParser, *, audio: bool) -> None:
+    """The options of ``pack`` and ``pack-audio`` (they write the same shards), from their homes."""
+    from wdsprep.pack.options import OutputOptions, PackInputs, PackOptions
+    from wdsprep.prep.options import AudioInputs, JobOptions
+
+    add_flags(p, PackInputs)
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--filter-group", nargs="+", metavar="LO:HI",
-                   help="length groups in frames, LO <= frames < HI; an open end is allowed (:10, 1000:)")
-    p.add_argument("--fmt", default="data-%05d.tar", help="shard file name (default: %(default)s)")
-    p.add_argument("--utts-per-shard", type=int, default=2000, help="(default: %(default)s)")
-    p.add_argument("--layout", choices=["cat", "cat-v3"], default="cat",
-                   help="cat: KEY.npy + KEY.txt; cat-v3: KEY.mat.npy + KEY.label.txt (default: %(default)s)")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                   help="feature dtype on disk; readers return float32 (default: %(default)s)")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
-                   help="put each length group's utterances into shards in a seeded random order, so every shard "
-                        "holds all speakers; --no-shuffle keeps input order (default: shuffle)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default: %(default)s)")
-    p.add_argument("--utt2spk", nargs="+", metavar="UTT2SPK",
-                   help="Kaldi utt2spk file(s): speakers kept in the index for the loader's shuffle report and "
-                        "--max-utts-per-speaker (default: the id up to its first '-', after an spN.N- prefix)")
-    p.add_argument("--utt2lang", nargs="+", metavar="UTT2LANG",
-                   help="'uttid language' file(s): each utterance's language, a member KEY.lang of the shards and a "
-                        "column of the index (batch.lang, a tokenizer per language, mix_by lang); an utterance "
-                        "without one is not packed (missing_lang)")
-    p.add_argument("--field", action="append", metavar="NAME=FILE",
-                   help="a field of the utterances from an 'uttid value' file, a member KEY.NAME of the shards "
-                        "(repeatable), e.g. prev_text=data/train/text.prev; an utterance without a value is not "
-                        "packed (missing_field)")
-    p.add_argument("--index-field", action="append", metavar="NAME",
-                   help="a --field that is also a column of the index, for plans (mix_by) and inspect (repeatable; "
-                        "the language always is)")
-    p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
-    p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance is not packed or flagged")
-    p.add_argument("--max-lost", type=float, default=0.01, metavar="SHARE",
-                   help="exit 1 if a larger share of the utterances is not packed (the report names each), or if "
-                        "none is packed (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the shards, indexes and report of an earlier pack in --out")
-    p.add_argument("--resume", action="store_true",
-                   help="finish a pack stopped in --out (killed, out of disk, Ctrl-C): keep the shards it published, "
-                        "write the rest; refused unless the inputs and options are those it started with")
+    if audio:
+        add_flags(p, AudioInputs)
+    add_flags(p, PackOptions, only=None if not audio else [n for n in _names(PackOptions) if n != "dims"])
+    add_flags(p, JobOptions)
+    add_flags(p, OutputOptions)
     add_flags(p.add_argument_group("a pack spread over machines (a job array; docs/fbank.md)"), Spread)
-    _add_progress(p)
 
 
-def _add_progress(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: only on a terminal)")
+def _add_progress(p: argparse._ActionsContainer) -> None:
+    from wdsprep.prep.options import JobOptions
+
+    add_flags(p, JobOptions, only=["progress"])
 
 
-def _add_audio_options(p: argparse.ArgumentParser, *, wav_scp: bool = True) -> None:
-    """Options shared by ``fbank`` and ``pack-audio`` (they compute the same features)."""
-    if wav_scp:
-        _add_wav_scp(p, required=True)
-    p.add_argument("--segments", help="Kaldi segments: 'uttid recid start end [channel]', end -1 = to the end")
-    p.add_argument("--num-mel-bins", type=int, default=80, help="(default: %(default)s)")
-    p.add_argument("--sample-rate", type=int, default=16000,
-                   help="audio at another rate is resampled (default: %(default)s)")
-    p.add_argument("--dither", type=float, default=0.0,
-                   help="Kaldi's default is 1.0; 0 makes features reproducible (default: %(default)s)")
-    p.add_argument("--backend", choices=["auto", "torchaudio", "kaldi-native-fbank", "numpy"], default="auto",
-                   help="auto: torchaudio if it imports, else kaldi-native-fbank (default: %(default)s)")
-    p.add_argument("--channel", type=int, default=0,
-                   help="channel of multi-channel audio unless the segments line names one (default: %(default)s)")
+def _names(cls: type) -> list[str]:
+    from wdsprep.options import options_of
+
+    return [f.name for f, _ in options_of(cls)]
 
 
 def _add_wav_scp(p: argparse._ActionsContainer, *, required: bool) -> None:
@@ -111,12 +72,12 @@ def _input(args: argparse.Namespace, kaldi: str) -> object:
     from wdsprep.pack.sources import Manifest
 
     if args.source is None:
-        if args.text is None:
+        if args.f_labels is None:
             raise ValueError("--text is required with --" + kaldi.replace("_", "-"))
         return getattr(args, kaldi)
     kind, path = args.source
-    for flag, value in (("--text", args.text), ("--utt2spk", args.utt2spk), ("--segments", getattr(args, "segments",
-                                                                                                     None))):
+    for flag, value in (("--text", args.f_labels), ("--utt2spk", args.utt2spk),
+                        ("--segments", getattr(args, "segments", None))):
         if value is not None:
             raise ValueError(f"{flag}: the manifest of --from {kind} names the utterances' transcripts, segments and "
                              f"speakers; give --from alone")
@@ -125,50 +86,32 @@ def _input(args: argparse.Namespace, kaldi: str) -> object:
 
 def _cmd_fbank(args: argparse.Namespace) -> None:
     from wdsprep.prep.fbank import compute_fbank
+    from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 
-    compute_fbank(args.wav_scp, args.out_dir, segments=args.segments, num_mel_bins=args.num_mel_bins,
-                  sample_rate=args.sample_rate, dither=args.dither, backend=args.backend, channel=args.channel,
-                  nj=args.nj, strict=args.strict, progress=args.progress)
+    compute_fbank(args.wav_scp, args.out_dir, **given(args, FbankOptions, AudioInputs, JobOptions))
+
+
+def _pack_given(args: argparse.Namespace) -> dict:
+    """What ``pack`` and ``pack-audio`` were given beside their input, as their function's arguments."""
+    from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions
+    from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
+
+    homes = (PackInputs, PackOptions, JobOptions, OutputOptions, Spread, AudioInputs, FbankOptions, AudioOptions)
+    kw = given(args, *homes)
+    kw.pop("f_labels", None)
+    return kw
 
 
 def _cmd_pack_audio(args: argparse.Namespace) -> None:
     from wdsprep.pack.from_audio import pack_audio
 
-    pack_audio(_input(args, "wav_scp"), args.text, args.out, args.fmt, args.filter_group,
-               segments=args.segments,
-               num_mel_bins=args.num_mel_bins, sample_rate=args.sample_rate, dither=args.dither,
-               backend=args.backend, channel=args.channel, utts_per_shard=args.utts_per_shard,
-               layout=args.layout, dtype=args.dtype, shuffle=args.shuffle, seed=args.seed, utt2spk=args.utt2spk,
-               nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite, resume=args.resume,
-               store=args.store,
-               bitrate=args.bitrate, progress=args.progress, **_field_args(args), **given(args, Spread))
+    pack_audio(_input(args, "wav_scp"), args.f_labels, args.out, **_pack_given(args))
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
     from wdsprep.pack import pack_data
 
-    pack_data(_input(args, "scp"), args.text, args.out, args.fmt, args.filter_group,
-              utts_per_shard=args.utts_per_shard,
-              layout=args.layout, dtype=args.dtype, dims=args.dims, shuffle=args.shuffle, seed=args.seed,
-              utt2spk=args.utt2spk, nj=args.nj, strict=args.strict, max_lost=args.max_lost, overwrite=args.overwrite,
-              resume=args.resume,
-              progress=args.progress, **_field_args(args), **given(args, Spread))
-
-
-def _bitrate(text: str) -> int:
-    """``--bitrate``: bit/s, or kbit/s with a ``k`` (``32k``)."""
-    t = text.strip().lower()
-    scale = 1000 if t.endswith("k") else 1
-    try:
-        return int(t[:-1] if scale > 1 else t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bitrate in bit/s (e.g. 32000, or 32k)") from None
-
-
-def _field_args(args: argparse.Namespace) -> dict:
-    """``--utt2lang``, ``--field`` and ``--index-field`` as the pack functions' arguments."""
-    return {"utt2lang": args.utt2lang, "fields": _named(args.field, "--field", "NAME=FILE", "prev_text=text.prev"),
-            "index_fields": args.index_field or ()}
+    pack_data(_input(args, "scp"), args.f_labels, args.out, **_pack_given(args))
 
 
 def option_value(text: str) -> bool | int | float | str:
@@ -365,8 +308,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index-field", action="append", metavar="NAME",
                    help="a field the samples carry (members KEY.NAME) to make a column of the index, for plans "
                         "(mix_by) and inspect (repeatable; the language, lang, always is)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: only on a terminal)")
+    _add_progress(p)
     p.set_defaults(func=_cmd_index)
 
 
@@ -569,14 +511,16 @@ def _add_rehearse(sub: argparse._SubParsersAction, every_help: bool = False) -> 
 
 
 def _add_fbank(sub: argparse._SubParsersAction) -> None:
+    from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
+
     p = sub.add_parser("fbank", help="wav.scp [+ segments] -> Kaldi fbank feats.scp + arks")
-    _add_audio_options(p)
+    _add_wav_scp(p, required=True)
+    add_flags(p, AudioInputs)
+    add_flags(p, FbankOptions)
     p.add_argument("--out", "--out-dir", dest="out_dir", required=True,
                    help="the folder that gets feats.scp, feats.N.ark, utt2num_frames, fbank_report.json (--out, as "
                         "pack's; --out-dir is the same)")
-    p.add_argument("--nj", type=int, default=1, help="worker processes (default: %(default)s)")
-    p.add_argument("--strict", action="store_true", help="exit non-zero if any utterance was skipped")
-    _add_progress(p)
+    add_flags(p, JobOptions)
     p.set_defaults(func=_cmd_fbank)
 
 
@@ -588,29 +532,23 @@ def _add_pack(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--scp", nargs="+", metavar="SCP", help="Kaldi feats.scp file(s)")
     _add_from(p, source, FEATURE_KINDS)
-    _add_pack_options(p)
-    p.add_argument("--dims", type=int, metavar="N",
-                   help="pack only N-dim features and report the others as other_dims (without it, features "
-                        "of more than one dimension fail the pack)")
+    _add_pack_options(p, audio=False)
     p.set_defaults(func=_cmd_pack)
 
 
 def _add_pack_audio(sub: argparse._SubParsersAction) -> None:
+    from wdsprep.pack.options import AudioOptions
     from wdsprep.pack.sources import AUDIO_KINDS
+    from wdsprep.prep.options import FbankOptions
 
     p = sub.add_parser("pack-audio", help="wav.scp [+ segments] + text, or another project's manifest (--from) -> "
                                           "shards (fbank on the fly, no ark)")
     source = p.add_mutually_exclusive_group(required=True)
     _add_wav_scp(source, required=False)
     _add_from(p, source, AUDIO_KINDS)
-    _add_audio_options(p, wav_scp=False)
-    _add_pack_options(p)
-    p.add_argument("--store", choices=["features", "flac", "wav", "opus"], default="features",
-                   help="features: fbank computed now; flac, wav or opus: the audio itself (16-bit, at --sample-rate), "
-                        "the loader computes the features with these fbank options while training (docs/audio.md) "
-                        "(default: %(default)s)")
-    p.add_argument("--bitrate", type=_bitrate, metavar="BITS",
-                   help="--store opus: bit/s, e.g. 32000 or 32k (default: 32k, ~14 MB per hour of speech)")
+    add_flags(p, FbankOptions)
+    _add_pack_options(p, audio=True)
+    add_flags(p, AudioOptions)
     p.set_defaults(func=_cmd_pack_audio)
 
 

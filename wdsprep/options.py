@@ -13,10 +13,12 @@ the flags and the keys to them, defaults included).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, Callable, Iterable, Iterator, Mapping
+import textwrap
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class Kind:
     nargs: str | None = None  # the flag takes several words ...
     join: Callable[[list[Any]], Any] | None = None  # ... made one value by this
     choices: tuple[str, ...] | None = None
+    append: bool = False  # the flag may be given again, each time one more word (joined as with nargs)
+    toggle: bool = False  # a yes/no flag both ways: --NAME and --no-NAME
 
 
 def _json_int(value: Any) -> int:
@@ -128,6 +132,33 @@ def _schedule_points(items: list[str]) -> list[tuple[int, dict[str, float]]]:
     return [schedule_point(p) for p in items]
 
 
+def _json_paths(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"must be a path or a list of paths, got {value!r}")
+    return list(value)
+
+
+def named_paths(items: list[str]) -> dict[str, str]:
+    """NAME=PATH items as a dict, in order (each name once)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value:
+            raise ValueError(f"{item!r} is not NAME=PATH (e.g. prev_text=data/train/text.prev)")
+        if name in out:
+            raise ValueError(f"{name!r} is given twice")
+        out[name] = value
+    return out
+
+
+def _json_named_paths(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(isinstance(v, str) and v for v in value.values()):
+        raise ValueError(f"must be {{name: path}}, got {value!r}")
+    return {str(k): v for k, v in value.items()}
+
+
 INT = Kind("N", int, _json_int)
 NUMBER = Kind("X", float, _json_number)
 PATH = Kind("PATH", str, _json_str)
@@ -137,6 +168,12 @@ FILE_OR_OBJECT = Kind("FILE", str, _json_object_or_file)  # a JSON file; in hype
 JSON_OBJECT = Kind("JSON", json_object_text, _json_object)
 WEIGHTS = Kind("NAME=W", str, _json_weights, nargs="+", join=named_numbers)
 SCHEDULE = Kind("STEP:NAME=W,...", str, _json_schedule, nargs="+", join=_schedule_points)
+# One or more files (a Kaldi table split in parts, say): several words on the command line.
+FILES = Kind("FILE", str, _json_paths, nargs="+", join=list)
+# NAME=PATH pairs, the flag given once per pair.
+NAMED_PATHS = Kind("NAME=PATH", str, _json_named_paths, append=True, join=named_paths)
+# Yes or no, both spelled on the command line (--NAME / --no-NAME); unset: the default.
+TOGGLE = Kind(None, None, parse_bool, toggle=True)
 
 
 def _json_names(value: Any) -> list[str]:
@@ -188,19 +225,21 @@ class Spec:
     ld: bool  # hyper-p.json's ld object takes it, under the option's name
     plan: bool  # it changes the planned batches
     common: bool  # shown by --help (the rest by --help-all): what most runs set
+    doc: str | None = None  # what docstrings say of it, where more than ``help``: written into them (``document``)
 
 
 def option(default: Any, help: str, *, kind: Kind = INT, flag: str | bool = True, metavar: str | None = None,
            to_value: Callable[[Any], Any] | None = None, ld: bool = True, plan: bool = False,
-           when_set: bool = False, common: bool = False) -> Any:
+           when_set: bool = False, common: bool = False, doc: str | None = None) -> Any:
     """A dataclass field that is an option (see the module's docstring).
 
     ``flag``: True: ``--name-with-dashes``; a string: that flag; False: none.  A switch
     (``kind=SWITCH``) sets the opposite of its default.  ``to_value``: what a flag's or an ``ld``
     key's value becomes (e.g. a sampling alpha, its SubwordSampling).  ``when_set``: see
-    :func:`fingerprinted`.  ``common``: ``--help`` shows it (the others: ``--help-all``).
+    :func:`fingerprinted`.  ``common``: ``--help`` shows it (the others: ``--help-all``).  ``doc``:
+    the longer text docstrings give it (:func:`document`); ``help`` where None.
     """
-    s = Spec(help, kind, None if flag is False else flag, metavar or kind.metavar, to_value, ld, plan, common)
+    s = Spec(help, kind, None if flag is False else flag, metavar or kind.metavar, to_value, ld, plan, common, doc)
     return field(default=default, metadata={"option": s, "when_set": when_set})
 
 
@@ -235,22 +274,29 @@ def add_flags(group: argparse._ActionsContainer, cls: type, only: Iterable[str] 
         if flag is None or (only is not None and f.name not in only):
             continue
         d = default(f)
-        shown = "" if d is None or isinstance(d, bool) else f" (default: {d})"
+        shown = "" if d is None or isinstance(d, bool) or d == () else f" (default: {d})"
         visible = every_help or s.common
+        s = replace(s, help=s.help.replace("%", "%%"))  # argparse formats help with %
         if s.kind is SWITCH:
             group.add_argument(flag, dest=f.name, action="store_const", const=not d, default=None,
                                help=s.help if visible else argparse.SUPPRESS)
+        elif s.kind.toggle:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=s.help if visible else argparse.SUPPRESS)
+        elif s.kind.append:
+            group.add_argument(flag, dest=f.name, type=s.kind.from_text, action="append", default=None,
+                               metavar=s.metavar, help=s.help if visible else argparse.SUPPRESS)
         else:
             group.add_argument(flag, dest=f.name, type=s.kind.from_text, nargs=s.kind.nargs, default=None,
                                metavar=s.metavar, choices=s.kind.choices,
-                               help=s.help + shown if visible else argparse.SUPPRESS)
+                               help=s.help + shown.replace("%", "%%") if visible else argparse.SUPPRESS)
 
 
-def given(args: argparse.Namespace, cls: type, only: Iterable[str] | None = None) -> dict[str, Any]:
-    """The options of ``cls`` (of those named in ``only``) given on the command line, as keyword
+def given(args: argparse.Namespace, *classes: type, only: Iterable[str] | None = None) -> dict[str, Any]:
+    """The options of ``classes`` (of those named in ``only``) given on the command line, as keyword
     arguments (ValueError naming the flag)."""
     out = {}
-    for f, s in options_of(cls):
+    for f, s in (fs for cls in classes for fs in options_of(cls)):
         value = getattr(args, f.name, None)
         if value is None or flag_of(f, s) is None or (only is not None and f.name not in only):
             continue
@@ -310,3 +356,34 @@ def table(groups: Mapping[str, type]) -> str:
                         f"{'yes' if s.plan else ''} | {s.help} |")
     return "\n".join(rows)
 
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def documented(*classes: type, skip: Iterable[str] = ()) -> Callable[[F], F]:
+    """Write the options of ``classes`` into a function's docstring, one entry each (its ``doc``, else
+    its ``help``, and its default), before its ``Returns:`` section: the function's own text names
+    no option's meaning, the homes hold it once.  Only the options the function takes are written
+    (all of them where it takes ``**options``); ``skip``: options it documents itself."""
+    skipped = set(skip)
+
+    def wrap(func: F) -> F:
+        params = inspect.signature(func).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        entries = []
+        for cls in classes:
+            for f, s in options_of(cls):
+                if f.name in skipped or not (takes_any or f.name in params):
+                    continue
+                d = default(f)
+                said = "" if d is None or d == () else f" (default: {d!r})"
+                entries.append(textwrap.fill(f"{f.name}: {s.doc or s.help}{said}.", 100, initial_indent=" " * 8,
+                                             subsequent_indent=" " * 12, break_on_hyphens=False))
+        section = "    Options (each from its home, where the command line's flag is made too):\n" + "\n".join(entries)
+        doc = func.__doc__ or ""
+        at = doc.find("    Returns:")
+        func.__doc__ = (doc[:at] + section + "\n\n" + doc[at:]) if at >= 0 else doc.rstrip() + "\n\n" + section + "\n"
+        return func
+
+    return wrap

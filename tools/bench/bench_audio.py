@@ -101,7 +101,7 @@ def audio_shards(data: Path, out: Path, per_shard: int, fmt: str = "flac") -> Pa
     for s in range(0, len(scp), per_shard):
         path = out / f"data-{s // per_shard:05d}.tar"
         infos.append(write_audio_shard(path, [(u, sf.read(p, dtype="int16")[0], texts[u])
-                                              for u, p in scp[s:s + per_shard]], fmt=fmt, sample_rate=RATE))
+                                              for u, p in scp[s:s + per_shard]], layout=fmt, sample_rate=RATE))
         st = path.stat()
         sizes.append(st.st_size)
         mtimes.append(st.st_mtime_ns)

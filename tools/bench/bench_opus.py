@@ -53,7 +53,7 @@ def opus_shards(data: Path, out: Path, per_shard: int, bitrate: int) -> Path:
     for s in range(0, len(scp), per_shard):
         path = out / f"data-{s // per_shard:05d}.tar"
         infos.append(write_audio_shard(path, [(u, sf.read(p, dtype="int16")[0], texts[u]) for u, p in
-                                              scp[s:s + per_shard]], fmt="opus", sample_rate=RATE, bitrate=bitrate))
+                                              scp[s:s + per_shard]], layout="opus", sample_rate=RATE, bitrate=bitrate))
         st = path.stat()
         sizes.append(st.st_size)
         mtimes.append(st.st_mtime_ns)

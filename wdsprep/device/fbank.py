@@ -53,7 +53,8 @@ class Fbank(torch.nn.Module):
     frames past an utterance's length are 0.
     """
 
-    def __init__(self, *, num_mel_bins: int = 80, sample_rate: int = 16000, dither: float = 0.0) -> None:
+    def __init__(self, *, num_mel_bins: int = FbankOptions.num_mel_bins, sample_rate: int = FbankOptions.sample_rate,
+                 dither: float = FbankOptions.dither) -> None:
         super().__init__()
         self.opts = FbankOptions(num_mel_bins=num_mel_bins, sample_rate=sample_rate, dither=dither, backend="numpy")
         self.window, self.shift = frame_samples(sample_rate)

@@ -48,10 +48,10 @@ _PCM_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_S
 
 @dataclass(frozen=True)
 class AudioHeader:
-    """What an audio member's header says: its format, rate, channels, bits per sample and samples;
+    """What an audio member's header says: its layout (the codec), rate, channels, bits per sample and samples;
     ``data`` is where a WAV's samples start within the member (-1 for formats that need decoding)."""
 
-    format: str
+    layout: str
     sample_rate: int
     channels: int
     bits: int
@@ -62,11 +62,11 @@ class AudioHeader:
 Read = Callable[[int, int], bytes]  # (start, stop) within the member -> its bytes
 
 
-def audio_header(fmt: str, head: bytes, size: int, read: Read | None = None) -> AudioHeader:
-    """The header of a ``size``-byte audio member of format ``fmt`` whose first bytes are ``head``
+def audio_header(layout: str, head: bytes, size: int, read: Read | None = None) -> AudioHeader:
+    """The header of a ``size``-byte audio member of layout ``layout`` whose first bytes are ``head``
     (``read`` fetches more of it when the header is longer); ValueError saying why the readers
     refuse it (not that format, not 16-bit mono, no samples, data cut short)."""
-    codec = _codec(fmt)
+    codec = _codec(layout)
 
     def more(start: int, stop: int) -> bytes:
         if stop <= len(head):
@@ -194,7 +194,7 @@ def _decode_wav(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
 def _decode_soundfile(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
     import soundfile as sf
 
-    what = header.format.upper() if header.format != "opus" else "Opus"
+    what = header.layout.upper() if header.layout != "opus" else "Opus"
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels = f.samplerate, f.channels
@@ -234,11 +234,11 @@ AUDIO_FORMATS: dict[str, Codec] = {
 LOSSY_FORMATS = tuple(f for f, c in AUDIO_FORMATS.items() if not c.lossless)
 
 
-def _codec(fmt: str) -> Codec:
+def _codec(layout: str) -> Codec:
     try:
-        return AUDIO_FORMATS[fmt]
+        return AUDIO_FORMATS[layout]
     except KeyError:
-        raise ValueError(f"unknown audio format {fmt!r}; audio shards hold {', '.join(AUDIO_FORMATS)}") from None
+        raise ValueError(f"unknown audio layout {layout!r}; audio shards hold {', '.join(AUDIO_FORMATS)}") from None
 
 
 def check_bitrate(bitrate: int) -> int:
@@ -257,27 +257,27 @@ def _compression_level(bitrate: int) -> float:
     return (high - bitrate - 0.5) / (high - low)  # the half: int() of the product lands on bitrate itself
 
 
-def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str, *, bitrate: int | None = None) -> tuple[bytes, int]:
-    """16-bit mono samples as the bytes of an audio member of format ``fmt``, and the number of
+def encode_audio(pcm: np.ndarray, sample_rate: int, layout: str, *, bitrate: int | None = None) -> tuple[bytes, int]:
+    """16-bit mono samples as the bytes of an audio member of layout ``layout``, and the number of
     samples those bytes decode to: ``len(pcm)`` for a lossless format; for a lossy one the count
     its decoding gives (decoded here once), checked against the member's header (ValueError when
     they differ: the readers would refuse the member).  ``bitrate``: a lossy format's, in bit/s
     (Opus: :data:`OPUS_BITRATE` when None)."""
     import soundfile as sf
 
-    codec = _codec(fmt)
+    codec = _codec(layout)
     pcm = np.asarray(pcm)
     if pcm.dtype != np.int16 or not 1 <= pcm.ndim <= 2 or not len(pcm) or pcm.ndim == 2 and not \
             1 <= pcm.shape[1] <= MAX_CHANNELS:
         raise ValueError(f"audio to store must be int16 samples, [n] or [n, channels] (1 to {MAX_CHANNELS}), got "
                          f"{pcm.dtype} {pcm.shape}")
     if codec.rates is not None and sample_rate not in codec.rates:
-        raise ValueError(f"{fmt} codes audio at {', '.join(map(str, codec.rates))} Hz, not {sample_rate}: resample "
+        raise ValueError(f"{layout} codes audio at {', '.join(map(str, codec.rates))} Hz, not {sample_rate}: resample "
                          f"it to one of them (pack-audio --sample-rate)")
     options = {}
     if codec.lossless:
         if bitrate is not None:
-            raise ValueError(f"a bitrate applies to the lossy formats ({', '.join(LOSSY_FORMATS)}), not to {fmt}")
+            raise ValueError(f"a bitrate applies to the lossy formats ({', '.join(LOSSY_FORMATS)}), not to {layout}")
     else:
         options["compression_level"] = _compression_level(OPUS_BITRATE if bitrate is None else bitrate)
     buf = io.BytesIO()
@@ -287,13 +287,13 @@ def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str, *, bitrate: int | 
         data = codec.finish(data)
     if codec.lossless:
         return data, len(pcm)
-    header = audio_header(fmt, data, len(data))
+    header = audio_header(layout, data, len(data))
     return data, len(decode_audio(data, header))
 
 
 def decode_audio(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:
     """The int16 samples of an audio member's bytes; ValueError when they are not what ``header`` says."""
-    return _codec(header.format).decode(data, header)
+    return _codec(header.layout).decode(data, header)
 
 
 class FileAudio:

@@ -316,7 +316,7 @@ def _folder_audio(old: FolderIndex | None, layout: str, rate: int | None, notes:
     if layout not in AUDIO_LAYOUTS:
         return None
     rate = rate or 16000  # a folder of no readable sample: any rate will do
-    if old is not None and old.audio is not None and (old.audio.format, old.audio.sample_rate) == (layout, rate):
+    if old is not None and old.audio is not None and (old.audio.layout, old.audio.sample_rate) == (layout, rate):
         return old.audio
     audio = AudioIndex(layout, rate)
     notes.append(f"audio at {rate} Hz: the loader computes fbank with the default options (num_mel_bins "

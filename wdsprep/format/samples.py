@@ -147,8 +147,8 @@ def sample_layout(members: dict[str, Member], feats: Member) -> str:
 def read_audio_header(src: Source, m: Member) -> AudioHeader:
     """The header of audio member ``m`` (its format from its name); ValueError when the readers refuse it."""
     name, offset, size, head = m
-    fmt = next(f for f in AUDIO_LAYOUTS if name.endswith("." + f))
-    header = audio_header(fmt, head, size, lambda a, b: bytes(src[offset + a:offset + b]))
+    layout = next(x for x in AUDIO_LAYOUTS if name.endswith("." + x))
+    header = audio_header(layout, head, size, lambda a, b: bytes(src[offset + a:offset + b]))
     if not fbank_frames(header.samples, header.sample_rate):
         raise RefusedAudio(f"{header.samples} samples at {header.sample_rate} Hz, less than one 25 ms frame")
     return header

@@ -149,7 +149,7 @@ class ShardWriter:
 
 
 def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, np.ndarray, str]], *,
-                      fmt: str = "flac", sample_rate: int = 16000, mtime: float | None = None,
+                      layout: str, sample_rate: int, mtime: float | None = None,
                       bitrate: int | None = None) -> ShardInfo:
     """One audio shard at ``path`` from ``(uttid, int16 samples, transcript)`` in order; its index entry.
 
@@ -157,16 +157,16 @@ def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, n
     mono samples at the corpus's ``sample_rate`` (resampled and its channel picked already), its
     transcript and id.  The folder's index then comes from the shards' entries::
 
-        infos = [write_audio_shard(d / name, utts, fmt="flac", sample_rate=16000) for name, utts in shards]
+        infos = [write_audio_shard(d / name, utts, layout="flac", sample_rate=16000) for name, utts in shards]
         audio = AudioIndex("flac", 16000, num_mel_bins=80, dither=0.0, backend="numpy")  # what the loader computes
         write_index(d, FolderIndex.from_shards("flac", audio.num_mel_bins, "float32", infos, sizes=..., mtimes=...,
                                                speakers=..., audio=audio))
 
     (sizes and mtimes as ``os.stat`` gives them for each final shard, as ``pack`` records them.)
-    ``fmt="opus"`` stores Ogg Opus at ``bitrate`` bit/s (8, 12, 16, 24 or 48 kHz audio only).
+    ``layout="opus"`` stores Ogg Opus at ``bitrate`` bit/s (8, 12, 16, 24 or 48 kHz audio only).
     A failure leaves no file at ``path``.
     """
-    writer = ShardWriter(path, fmt, mtime, sample_rate=sample_rate, bitrate=bitrate)
+    writer = ShardWriter(path, layout, mtime, sample_rate=sample_rate, bitrate=bitrate)
     try:
         for uttid, pcm, text in utterances:
             writer.write_audio(uttid, pcm, text)

@@ -38,7 +38,7 @@ from wdsprep.format.commit import marker
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
-from wdsprep.pack.options import PackOptions, Part, PathOrPaths, Spread, as_list
+from wdsprep.pack.options import OutputOptions, PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.output import (
     REPORT_NAME,
     LockedOutput,
@@ -64,6 +64,7 @@ from wdsprep.pack.output import (
 from wdsprep.pack.plan import ShardPlan, plan_shards, write_order
 from wdsprep.pack.sink import ShardJob, ShardWork, WrittenShard, write_shards
 from wdsprep.prep.kaldi import Entry, read_text, read_utt2spk
+from wdsprep.prep.options import JobOptions
 from wdsprep.report import Report
 
 # One utterance to pack: (uttid, what the source's job reads of it, its transcript).
@@ -147,21 +148,19 @@ class PackSource(ABC):
         """The headers pass over ``items`` (those with a transcript): what it drops goes to ``report``."""
 
 
-def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, *, nj: int,
-             strict: bool, overwrite: bool, resume: bool, progress: bool | None,
-             fields: Mapping[str, list[str]] | None = None, spread: Spread = Spread(),
-             max_lost: float = 0.01) -> Report:
+def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, job: JobOptions,
+             output: OutputOptions, *, fields: Mapping[str, list[str]] | None = None,
+             spread: Spread = Spread()) -> Report:
     """Pack ``source``'s utterances with their ``labels`` into ``d_out``; the arguments are
     :func:`wdsprep.pack_data`'s.  ``fields``: each field's tables by name
     (:func:`wdsprep.pack.fields.field_files`), besides the source's own ``fields``; the labels'
     languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines."""
-    if not 0 <= max_lost <= 1:  # NaN too
-        raise ValueError(f"max_lost={max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
+    nj, strict, progress, max_lost = job.nj, job.strict, job.progress, output.max_lost
     own = {**source.fields, **({LANG: labels.languages} if labels.languages else {})}
     item_fields = ItemFields(fields or {}, own)
     options = replace(options, fields=item_fields.names)
     item_fields.check_indexed(options.index_fields)
-    with prepare_output(d_out, overwrite, resume, part=spread.part) as out:
+    with prepare_output(d_out, output.overwrite, output.resume, part=spread.part) as out:
         name, data = source.data
         inputs = {**{k: file_digests(paths) for k, paths in {**source.files, **labels.files}.items()},
                   name: stat_digest(data), **({"read": source.given} if source.given else {}),

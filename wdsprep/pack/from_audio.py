@@ -28,9 +28,10 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from wdsprep.options import documented
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import AudioOptions, PackOptions, Part, PathOrPaths, Spread
+from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread
 from wdsprep.pack.sink import ShardSink
 from wdsprep.prep.audio import (
     AudioProblem,
@@ -43,7 +44,7 @@ from wdsprep.prep.audio import (
     read_utterances,
 )
 from wdsprep.prep.fbank import Fbank, one_torch_thread
-from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
 from wdsprep.units import fbank_frames, frame_samples
@@ -57,60 +58,60 @@ class AudioInput(Protocol):
         """The pack source of its utterances (its labels with it)."""
 
 
+@documented(FbankOptions, AudioInputs, AudioOptions, PackOptions, PackInputs, JobOptions, OutputOptions, Spread,
+            skip=("layout", "dtype"))
 def pack_audio(
     wav_scp: str | os.PathLike | AudioInput,
     f_labels: PathOrPaths | None,
     d_out: str | os.PathLike,
-    fmt: str = "data-%05d.tar",
-    filter_group: Sequence[str] | None = None,
+    fmt: str = PackOptions.fmt,
+    filter_group: Sequence[str] | None = PackOptions.filter_group,
     *,
-    segments: str | os.PathLike | None = None,
-    num_mel_bins: int = 80,
-    sample_rate: int = 16000,
-    dither: float = 0.0,
-    backend: str = "auto",
-    channel: int = 0,
-    utt2spk: PathOrPaths | None = None,
-    utt2lang: PathOrPaths | None = None,
-    fields: Mapping[str, PathOrPaths] | None = None,
-    index_fields: Sequence[str] = (),
-    utts_per_shard: int = 2000,
-    layout: str = "cat",
-    dtype: str = "float32",
-    shuffle: bool = True,
-    seed: int = 0,
-    nj: int = 1,
-    strict: bool = False,
-    max_lost: float = 0.01,
-    overwrite: bool = False,
-    resume: bool = False,
-    plan_only: bool = False,
-    part: Part | str | tuple[int, int] | None = None,
-    store: str = "features",
-    bitrate: int | None = None,
-    progress: bool | None = None,
+    segments: str | os.PathLike | None = AudioInputs.segments,
+    num_mel_bins: int = FbankOptions.num_mel_bins,
+    sample_rate: int = FbankOptions.sample_rate,
+    dither: float = FbankOptions.dither,
+    backend: str = FbankOptions.backend,
+    channel: int = FbankOptions.channel,
+    utt2spk: PathOrPaths | None = PackInputs.utt2spk,
+    utt2lang: PathOrPaths | None = PackInputs.utt2lang,
+    fields: Mapping[str, PathOrPaths] | None = PackInputs.fields,
+    index_fields: Sequence[str] = PackOptions.index_fields,
+    utts_per_shard: int = PackOptions.utts_per_shard,
+    layout: str | None = None,
+    dtype: str | None = None,
+    shuffle: bool = PackOptions.shuffle,
+    seed: int = PackOptions.seed,
+    nj: int = JobOptions.nj,
+    strict: bool = JobOptions.strict,
+    max_lost: float = OutputOptions.max_lost,
+    overwrite: bool = OutputOptions.overwrite,
+    resume: bool = OutputOptions.resume,
+    plan_only: bool = Spread.plan_only,
+    part: Part | str | tuple[int, int] | None = Spread.part,
+    store: str = AudioOptions.store,
+    bitrate: int | None = AudioOptions.bitrate,
+    progress: bool | None = JobOptions.progress,
 ) -> Report:
     """Compute fbank features and pack them with their transcripts into length-grouped shards; or,
     with ``store`` ``"flac"``, ``"wav"`` or ``"opus"``, pack the audio itself (16-bit, at
-    ``sample_rate``) for the loader to compute the features while training (docs/audio.md).
-    ``bitrate``: Opus's, in bit/s (default 32000; 8, 12, 16, 24 or 48 kHz audio only); the index
-    records each utterance's decoded sample count, so the plan stays exact.
+    ``sample_rate``) for the loader to compute the features while training (docs/audio.md); the
+    index records each utterance's decoded sample count, so the plan stays exact.
 
     ``wav_scp`` is a Kaldi ``wav.scp`` (with ``f_labels``, and ``segments`` and ``utt2spk`` if any),
     or a :class:`~wdsprep.Manifest` of another project's format (``--from KIND PATH``: Lhotse, NeMo,
     Hugging Face, WeNet; docs/import.md), which names the transcripts, speakers and languages itself
-    (``f_labels``, ``segments`` and ``utt2spk`` None).
+    (``f_labels``, ``segments`` and ``utt2spk`` None).  ``f_labels`` and ``d_out`` are those of
+    :func:`wdsprep.pack_data`.
 
-    Audio arguments are those of :func:`wdsprep.compute_fbank`; ``f_labels``, ``d_out``, ``fmt``,
-    ``filter_group``, the fields (``utt2lang``, ``fields``, ``index_fields``) and the packing options
-    (``resume``, ``plan_only`` and ``part`` too) those of :func:`wdsprep.pack_data`.
     The shards are those of ``fbank`` + ``pack``, whatever ``nj``, and are published one by one as
     they are written (``make_loader(..., growing=True)`` trains on them meanwhile); no ark of the
     corpus is written.  With ``dither`` > 0 the features are random, so a resumed pack is not
     byte-identical to an uninterrupted one.  Audio shards (``store``) hold the audio in place of the
     features and the shards are grouped and planned by the same frames; their index records the
     fbank options given here (``backend`` ``"auto"``: the loader's ``numpy`` backend), which the
-    loader computes the features with.
+    loader computes the features with.  ``layout`` and ``dtype`` (default: ``pack_data``'s) are
+    the features' and are refused with an audio ``store``.
 
     Returns:
         The report, also written to ``d_out/pack_report.json``: utterances not packed by reason
@@ -119,9 +120,16 @@ def pack_audio(
     """
     audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store, bitrate)
     if audio.stores_audio:
+        clash = [f"{name} {value!r} (--{name})" for name, value in (("layout", layout), ("dtype", dtype))
+                 if value is not None]
+        if clash:
+            raise ValueError(f"store {store!r} (--store) keeps the audio itself: {' and '.join(clash)} "
+                             f"{'is' if len(clash) == 1 else 'are'} for features; give one or the other")
         layout, dtype = store, "float32"
-    options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, None, shuffle, seed, audio,
-                          index_fields=index_fields)
+    options = PackOptions(fmt, filter_group, utts_per_shard, layout or PackOptions.layout, dtype or PackOptions.dtype,
+                          None, shuffle, seed, audio, index_fields=index_fields)
+    job, output, spread = JobOptions(nj, strict, progress), OutputOptions(max_lost, overwrite, resume), \
+        Spread(plan_only, part)
     if isinstance(wav_scp, AudioInput):
         kaldi = [k for k, v in (("f_labels", f_labels), ("segments", segments), ("utt2spk", utt2spk)) if v is not None]
         if kaldi:
@@ -134,9 +142,7 @@ def pack_audio(
         if f_labels is None:
             raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
-    return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields), spread=Spread(plan_only, part),
-                    max_lost=max_lost)
+    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread)
 
 
 class AudioSource(PackSource):

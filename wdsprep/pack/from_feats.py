@@ -24,12 +24,14 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from wdsprep.errors import DataError
+from wdsprep.options import documented
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import PackOptions, Part, PathOrPaths, Spread, as_list
+from wdsprep.pack.options import OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.sink import ShardSink, feature_problem
 from wdsprep.prep.ark import ArkError, ArkReader
 from wdsprep.prep.kaldi import read_feats_scp
+from wdsprep.prep.options import JobOptions
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
 
@@ -42,31 +44,32 @@ class FeaturesInput(Protocol):
         """The pack source of its utterances' features (its labels with it)."""
 
 
+@documented(PackOptions, PackInputs, JobOptions, OutputOptions, Spread)
 def pack_data(
     f_scps: PathOrPaths | FeaturesInput,
     f_labels: PathOrPaths | None,
     d_out: str | os.PathLike,
-    fmt: str = "data-%05d.tar",
-    filter_group: Sequence[str] | None = None,
+    fmt: str = PackOptions.fmt,
+    filter_group: Sequence[str] | None = PackOptions.filter_group,
     *,
-    utts_per_shard: int = 2000,
-    layout: str = "cat",
-    dtype: str = "float32",
-    dims: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    utt2spk: PathOrPaths | None = None,
-    utt2lang: PathOrPaths | None = None,
-    fields: Mapping[str, PathOrPaths] | None = None,
-    index_fields: Sequence[str] = (),
-    nj: int = 1,
-    strict: bool = False,
-    max_lost: float = 0.01,
-    overwrite: bool = False,
-    resume: bool = False,
-    plan_only: bool = False,
-    part: Part | str | tuple[int, int] | None = None,
-    progress: bool | None = None,
+    utts_per_shard: int = PackOptions.utts_per_shard,
+    layout: str = PackOptions.layout,
+    dtype: str = PackOptions.dtype,
+    dims: int | None = PackOptions.dims,
+    shuffle: bool = PackOptions.shuffle,
+    seed: int = PackOptions.seed,
+    utt2spk: PathOrPaths | None = PackInputs.utt2spk,
+    utt2lang: PathOrPaths | None = PackInputs.utt2lang,
+    fields: Mapping[str, PathOrPaths] | None = PackInputs.fields,
+    index_fields: Sequence[str] = PackOptions.index_fields,
+    nj: int = JobOptions.nj,
+    strict: bool = JobOptions.strict,
+    max_lost: float = OutputOptions.max_lost,
+    overwrite: bool = OutputOptions.overwrite,
+    resume: bool = OutputOptions.resume,
+    plan_only: bool = Spread.plan_only,
+    part: Part | str | tuple[int, int] | None = Spread.part,
+    progress: bool | None = JobOptions.progress,
 ) -> Report:
     """Pack Kaldi features and transcripts into tar shards, one folder per length group.
 
@@ -77,61 +80,19 @@ def pack_data(
         f_labels: one or more Kaldi ``text`` files; transcripts are stored as raw UTF-8 (None with a
             Manifest).
         d_out: output directory; shards go to ``d_out/LO_HI/`` per group, or ``d_out`` without groups.
-        fmt: shard file name, ``fmt % i``.
-        filter_group: length groups ``"LO:HI"`` in frames (``LO <= frames < HI``; open ends allowed).
-        utts_per_shard: utterances per shard at most.
-        layout: ``"cat"`` (``.npy``/``.txt``) or ``"cat-v3"`` (``.mat.npy``/``.label.txt``).
-        dtype: ``"float32"`` or ``"float16"`` (half the bytes; readers return float32).
-        dims: pack only features of this many dimensions and report the others as ``other_dims``.
-            Without it, features of more than one dimension fail the pack, naming each dimension,
-            how many utterances have it and the first of them.
-        shuffle: each length group's utterances go to shards in a seeded random order, so every
-            shard holds utterances of all speakers and recordings (False: input order, which
-            Kaldi sorts by speaker).  The shards depend on ``seed`` only, not on ``nj``.
-        seed: the shuffle's seed.
-        utt2spk: Kaldi ``utt2spk`` file(s); the speakers go into the index, for the loader's
-            shuffle report and ``max_utts_per_speaker``.  Without it the index holds the speaker
-            each id names (up to its first ``-``, see :func:`wdsprep.format.keys.speaker_of`).
-        utt2lang: Kaldi-style ``utt2lang`` file(s), ``uttid language``: each utterance's language
-            goes into the shards (member ``KEY.lang``) and is a column of the index (the loader's
-            ``batch.lang``, tokenizers per language, ``mix_by="lang"``).  An utterance without one
-            is not packed (``missing_lang``).
-        fields: ``{NAME: file(s)}`` of Kaldi-style tables, ``uttid value``: each utterance's value
-            becomes a member ``KEY.NAME`` of the shards (webdataset returns it as field ``NAME``;
-            the loader's ``fields=``), e.g. ``{"prev_text": "data/train/text.prev"}``.  An utterance
-            without a value is not packed (``missing_field``); an empty value is a value.
-        index_fields: fields that are columns of the index too (the language always is): plans can
-            use them (``mix_by``) and ``inspect`` counts them.
-        nj: worker processes.
-        strict: raise :class:`StrictError` (after writing the report) if any utterance was not
-            packed, has an empty transcript or no speaker in ``utt2spk``.
-        max_lost: the share of the utterances that may go unpacked (counted in the report) before
-            the pack fails with :class:`~wdsprep.errors.LostError` (after writing the report and
-            committing what it wrote); a pack that writes none fails whatever its value.
-        overwrite: replace an earlier pack's output in ``d_out`` instead of refusing.
-        resume: finish the pack that was stopped in ``d_out`` (killed, out of disk, Ctrl-C): the
-            shards it published are checked and kept, the rest is written; the result is the one
-            an uninterrupted pack gives.  Refused, naming what differs, unless the inputs and
-            options are those it started with.  A complete pack is only reported.  After a pack
-            spread over machines (``plan_only``, then each ``part``), this run commits it.
-        plan_only: write the plan (``d_out/pack_plan.json``, the folder marked incomplete) and stop:
-            the first step of a pack spread over machines (docs/fbank.md, "A pack spread over machines").
-        part: ``"I/N"``: write and publish only part I (from 0) of N of the planned shards (planned
-            shard ``j`` is part ``j % N``'s), given the plan ``plan_only`` wrote; parts run in any
-            order, at once on machines that share ``d_out``, and a stopped part goes on when run
-            again.  A last run without ``part``, with ``resume``, commits; the result is the bytes
-            one run gives.
-        progress: tqdm bar; ``None`` shows it on a terminal only.
 
     Shards are published one by one while the pack runs (``make_loader(..., growing=True)`` trains
     on them); ``d_out/PACK_INCOMPLETE`` says the pack has not finished, ``d_out/pack_plan.json``
-    what it will hold.
+    what it will hold.  The shards depend on the inputs and the options alone, not on ``nj``,
+    timing or interruptions.
 
     Returns:
         The report, also written to ``d_out/pack_report.json``.
     """
     options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, dims, shuffle, seed,
                           index_fields=index_fields)
+    job, output, spread = JobOptions(nj, strict, progress), OutputOptions(max_lost, overwrite, resume), \
+        Spread(plan_only, part)
     if isinstance(f_scps, FeaturesInput):
         if f_labels is not None or utt2spk is not None:
             raise ValueError(f"{'f_labels' if f_labels is not None else 'utt2spk'}: the manifest names its utterances' "
@@ -143,9 +104,7 @@ def pack_data(
         if f_labels is None:
             raise ValueError("a feats.scp needs its transcripts: give f_labels (--text)")
         source, labels = FeatsSource(as_list(f_scps), options.dims), kaldi_labels(f_labels, utt2spk)
-    return run_pack(source, labels, d_out, options, nj=nj, strict=strict, overwrite=overwrite, resume=resume,
-                    progress=progress, fields=field_files(utt2lang, fields), spread=Spread(plan_only, part),
-                    max_lost=max_lost)
+    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread)
 
 
 class FeatsSource(PackSource):

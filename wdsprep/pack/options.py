@@ -1,9 +1,13 @@
-"""What a pack is asked for: :class:`PackOptions`, checked when it is made, whose :meth:`~PackOptions.record`
-is the resume record ``pack_plan.json`` keeps (:mod:`wdsprep.format.commit`).
+"""What a pack is asked for, each option in its one home: the flags of ``pack``, ``pack-audio`` and
+``fbank``, the defaults of ``pack_data``, ``pack_audio`` and ``compute_fbank`` and the resume
+record follow from these classes (``tests/test_cli_mirror.py`` holds them to it).
 
-The options here are those that decide the shards.  How a pack runs (``nj``, ``progress``,
-``strict``, ``overwrite``, ``resume``, and :class:`Spread`: which share of a pack spread over
-machines this run does) and what it reads are the caller's, not recorded.
+:class:`PackOptions` (with :class:`AudioOptions` and the fbank's ``FbankOptions``) decide the
+shards: checked when made, their :meth:`~PackOptions.record` is the resume record
+``pack_plan.json`` keeps (:mod:`wdsprep.format.commit`).  What a pack reads besides its features
+or audio (:class:`PackInputs`), what it does with its output folder (:class:`OutputOptions`), how
+it runs (``prep.options.JobOptions``) and which share of a pack spread over machines a run does
+(:class:`Spread`) are not recorded.
 """
 
 from __future__ import annotations
@@ -17,14 +21,30 @@ from typing import Any, Sequence
 from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
-from wdsprep.options import SWITCH, Kind, option
+from wdsprep.options import FILES, NAMED_PATHS, NAMES, NUMBER, PATH, SWITCH, TOGGLE, Kind, choice, option
 from wdsprep.pack.groups import Groups
 from wdsprep.prep.fbank import resolve_options
-from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.prep.options import FbankOptions
 
 DTYPES = ("float32", "float16")
 # What pack-audio stores: fbank features, or the audio itself (its features made while training).
 STORES = ("features", "flac", "wav", "opus")
+FEATURE_LAYOUTS = ("cat", "cat-v3")
+
+
+def _bitrate(text: str) -> int:
+    """``--bitrate``: bit/s, or kbit/s with a ``k`` (``32k``)."""
+    import argparse
+
+    t = text.strip().lower()
+    scale = 1000 if t.endswith("k") else 1
+    try:
+        return int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bitrate in bit/s (e.g. 32000, or 32k)") from None
+
+
+BITRATE = Kind("BITS", _bitrate, int)
 
 PathOrPaths = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -41,8 +61,11 @@ class AudioOptions:
     a lossy store's, bit/s, None: its default)."""
 
     fbank: FbankOptions
-    store: str = "features"
-    bitrate: int | None = None
+    store: str = option("features", "features: fbank computed now; flac, wav or opus: the audio itself (16-bit, at "
+                                    "--sample-rate), the loader computes the features with these fbank options while "
+                                    "training (docs/audio.md)", kind=choice(*STORES), ld=False, plan=True)
+    bitrate: int | None = option(None, "--store opus: bit/s, e.g. 32000 or 32k (default: 32k, ~14 MB per hour of "
+                                       "speech)", kind=BITRATE, ld=False, plan=True)
     # Made, and so checked, with the options: the fbank options with the backend that computes the
     # features here, and what the index of audio shards says (the audio's format and the options the
     # loader computes the features with, backend auto: its numpy; None for feature shards).
@@ -87,17 +110,26 @@ class PackOptions:
     kept sorted: the order they were named in changes nothing.
     """
 
-    fmt: str = "data-%05d.tar"
-    filter_group: Sequence[str] | None = None
-    utts_per_shard: int = 2000
-    layout: str = "cat"
-    dtype: str = "float32"
-    dims: int | None = None
-    shuffle: bool = True
-    seed: int = 0
+    fmt: str = option("data-%05d.tar", "shard file name, FMT % i", kind=PATH, metavar="FMT", ld=False, plan=True)
+    filter_group: Sequence[str] | None = option(
+        None, "length groups in frames, LO <= frames < HI, each a folder LO_HI of the output; an open end is allowed "
+              "(:10, 1000:)", kind=Kind("LO:HI", str, list, nargs="+", join=list), ld=False, plan=True)
+    utts_per_shard: int = option(2000, "utterances per shard at most", ld=False, plan=True)
+    layout: str = option("cat", "cat: KEY.npy + KEY.txt; cat-v3: KEY.mat.npy + KEY.label.txt (CAT's older recipes)",
+                         kind=choice(*FEATURE_LAYOUTS), ld=False, plan=True)
+    dtype: str = option("float32", "feature dtype on disk; readers return float32", kind=choice(*DTYPES), ld=False,
+                        plan=True)
+    dims: int | None = option(None, "pack only N-dim features and report the others as other_dims (without it, "
+                                    "features of more than one dimension fail the pack)", ld=False, plan=True)
+    shuffle: bool = option(True, "each length group's utterances go to shards in a seeded random order, so every "
+                                 "shard holds all speakers; --no-shuffle keeps input order (which Kaldi sorts by "
+                                 "speaker)", kind=TOGGLE, ld=False, plan=True)
+    seed: int = option(0, "seed of the shuffle", ld=False, plan=True)
     audio: AudioOptions | None = None
     fields: Sequence[str] = ()
-    index_fields: Sequence[str] = ()
+    index_fields: Sequence[str] = option((), "a --field that is also a column of the index, for plans (mix_by) and "
+                                             "inspect (the language always is)", kind=NAMES, flag="--index-field",
+                                         ld=False, plan=True)
 
     def __post_init__(self) -> None:
         fields = sorted({check_field_name(n) for n in self.fields})
@@ -150,6 +182,50 @@ class PackOptions:
             del record["dims"]
             record.update(self.audio.record())
         return record
+
+
+@dataclass(frozen=True)
+class PackInputs:
+    """What a pack reads beside the features or the audio: the Kaldi tables of the utterances'
+    transcripts, segments, speakers, languages and fields.  Not options of the shards (their
+    digests are in the pack's plan); a manifest (``--from``) names these itself."""
+
+    f_labels: Sequence[str] | None = option(None, "Kaldi text file(s): uttid transcript (not with --from: the "
+                                                  "manifest has the transcripts)", kind=FILES, flag="--text",
+                                            metavar="TEXT", ld=False)
+    utt2spk: Sequence[str] | None = option(
+        None, "Kaldi utt2spk file(s): speakers kept in the index for the loader's shuffle report and "
+              "--max-utts-per-speaker (default: the id up to its first '-', after an spN.N- prefix)", kind=FILES,
+        metavar="UTT2SPK", ld=False)
+    utt2lang: Sequence[str] | None = option(
+        None, "'uttid language' file(s): each utterance's language, a member KEY.lang of the shards and a column of "
+              "the index (batch.lang, a tokenizer per language, mix_by lang); an utterance without one is not packed "
+              "(missing_lang)", kind=FILES, metavar="UTT2LANG", ld=False)
+    fields: dict[str, str] | None = option(
+        None, "a field of the utterances from an 'uttid value' file, a member KEY.NAME of the shards (repeatable), "
+              "e.g. prev_text=data/train/text.prev; an utterance without a value is not packed (missing_field)",
+        kind=NAMED_PATHS, flag="--field", metavar="NAME=FILE", ld=False)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What a pack does with its output folder: replace an earlier pack, finish a stopped one, how
+    many utterances left out fail it.  Not recorded."""
+
+    max_lost: float = option(0.01, "exit 1 if a larger share of the utterances is not packed (the report names "
+                                   "each), or if none is packed", kind=NUMBER, metavar="SHARE", ld=False,
+                             doc="the share of the utterances that may go unpacked (counted in the report) before "
+                                 "the pack fails with LostError (exit 1), after writing the report and committing "
+                                 "what it wrote; a pack that writes none fails whatever its value")
+    overwrite: bool = option(False, "replace the shards, indexes and report of an earlier pack in --out",
+                             kind=SWITCH, ld=False)
+    resume: bool = option(False, "finish a pack stopped in --out (killed, out of disk, Ctrl-C): keep the shards it "
+                                 "published, write the rest; refused unless the inputs and options are those it "
+                                 "started with", kind=SWITCH, ld=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_lost <= 1:  # NaN too
+            raise ValueError(f"max_lost={self.max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
 
 
 def check_fmt(fmt: str) -> None:

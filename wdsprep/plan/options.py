@@ -35,7 +35,7 @@ from wdsprep.options import (
 )
 from wdsprep.plan.augment import Augment, parse_augment
 from wdsprep.plan.streams import PlanOptions
-from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.prep.options import FbankOptions
 from wdsprep.remote.fetch import RetryPolicy
 from wdsprep.tokenizer import Normalizer, SubwordSampling, parse_normalize
 

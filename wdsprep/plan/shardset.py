@@ -267,7 +267,7 @@ def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | No
     (a, x), (b, y) = list(kinds.items())[:2]
 
     def say(audio: AudioIndex | None) -> str:
-        return "features" if audio is None else (f"{audio.format} audio, fbank "
+        return "features" if audio is None else (f"{audio.layout} audio, fbank "
                                                  f"{audio.num_mel_bins} bins/dither {audio.dither}/{audio.backend}")
 
     raise ValueError(f"{what} {x} holds {say(a)}, {what} {y} {say(b)}: one loader reads one kind, so pack them alike "
@@ -425,12 +425,12 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
 
 def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
     """What a shard in no index holds, from its scan: audio (with the default fbank options) or features."""
-    fmt = next((layout for layout in scan.layouts if layout in AUDIO_LAYOUTS), None)
-    if fmt is None:
+    layout = next((x for x in scan.layouts if x in AUDIO_LAYOUTS), None)
+    if layout is None:
         return None
     if len(scan.rates) > 1:
         raise ValueError(f"shard {url} holds audio at {sorted(scan.rates)} Hz; one loader reads one rate: repack it")
-    return AudioIndex(fmt, scan.rates.pop() if scan.rates else 16000)
+    return AudioIndex(layout, scan.rates.pop() if scan.rates else 16000)
 
 
 def row_keys(shards: ShardSet, *, policy: RetryPolicy | None = None) -> list[str]:

@@ -162,7 +162,7 @@ def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
     return resample_poly(x, new // g, orig // g).astype(np.float32, copy=False)
 
 
-def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int = 16000, channel: int = 0,
+def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int, channel: int,
                    min_samples: int = 1) -> Iterator[tuple[Utterance, np.ndarray | AudioProblem]]:
     """(utterance, 1-D float32 waveform at ``sample_rate`` or the problem) for each utterance, in order.
 

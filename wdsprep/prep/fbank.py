@@ -36,8 +36,9 @@ import numpy as np
 from wdsprep.errors import StrictError, Unavailable
 from wdsprep.files import TMP_SUFFIX, make_dir, naming, temp_path, write_text
 from wdsprep.format.audio import FBANK_BACKENDS as BACKENDS
+from wdsprep.options import documented
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
-from wdsprep.prep.fbank_options import FbankOptions
+from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 from wdsprep.prep.parallel import run_chunks
 from wdsprep.report import Report
 from wdsprep.units import FRAME_LENGTH_MS, FRAME_SHIFT_MS, fbank_frames, frame_samples, hours
@@ -281,19 +282,20 @@ class ArkResult:
     report: Report = field(default_factory=Report)
 
 
+@documented(FbankOptions, AudioInputs, JobOptions)
 def compute_fbank(
     wav_scp: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    segments: str | os.PathLike | None = None,
-    num_mel_bins: int = 80,
-    sample_rate: int = 16000,
-    dither: float = 0.0,
-    backend: str = "auto",
-    channel: int = 0,
-    nj: int = 1,
-    strict: bool = False,
-    progress: bool | None = None,
+    segments: str | os.PathLike | None = AudioInputs.segments,
+    num_mel_bins: int = FbankOptions.num_mel_bins,
+    sample_rate: int = FbankOptions.sample_rate,
+    dither: float = FbankOptions.dither,
+    backend: str = FbankOptions.backend,
+    channel: int = FbankOptions.channel,
+    nj: int = JobOptions.nj,
+    strict: bool = JobOptions.strict,
+    progress: bool | None = JobOptions.progress,
 ) -> Report:
     """Compute Kaldi fbank features for a data dir into ``out_dir/feats.scp`` + arks.
 
@@ -303,14 +305,9 @@ def compute_fbank(
             processing order, see :func:`wdsprep.prep.audio.read_utterances`), ``utt2num_frames`` and
             ``fbank_report.json``. Earlier output of this function there is replaced; other
             files (e.g. the data dir's own ``wav.scp``) are left alone.
-        segments: Kaldi ``segments`` (``uttid recid start end [channel]``, end -1 = to the end).
-        num_mel_bins, sample_rate, dither: as ``compute-fbank-feats``; audio at another rate is
-            resampled; ``dither=0`` (the default here, Kaldi's is 1.0) makes output reproducible.
-        backend: ``auto``, ``torchaudio``, ``kaldi-native-fbank`` or ``numpy``.
-        channel: channel of multi-channel audio unless the segments line names one.
-        nj: worker processes.
-        strict: raise :class:`StrictError` (after writing everything) if any utterance was skipped.
-        progress: tqdm bar; ``None`` shows it on a terminal only.
+
+    The features are ``compute-fbank-feats``'s; ``dither=0`` (the default here, Kaldi's is 1.0)
+    makes them reproducible.
 
     Returns:
         The report (every skipped utterance by reason), also in ``out_dir/fbank_report.json``.

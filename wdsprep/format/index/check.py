@@ -162,11 +162,11 @@ def _audio_field(path: Path, d: dict, layout: str) -> AudioIndex | None:
         return None
     if layout not in AUDIO_LAYOUTS:
         raise DamagedIndexError(path, f"field 'audio' is there, but layout {layout!r} holds features")
-    fmt = _field(path, raw, "format", f"the layout, {layout!r}", lambda v: v == layout, "audio.")
+    layout = _field(path, raw, "format", f"the layout, {layout!r}", lambda v: v == layout, "audio.")
     rate = _field(path, raw, "sample_rate", *_whole(1000, 1_000_000), "audio.")
     _field(path, raw, "bits", str(AUDIO_BITS), lambda v: type(v) is int and v == AUDIO_BITS, "audio.")
     fb = _field(path, raw, "fbank", "a JSON object", lambda v: isinstance(v, dict), "audio.")
-    audio = AudioIndex(fmt, rate, num_mel_bins=_field(path, fb, "num_mel_bins", *_whole(1, 1024), "audio.fbank."),
+    audio = AudioIndex(layout, rate, num_mel_bins=_field(path, fb, "num_mel_bins", *_whole(1, 1024), "audio.fbank."),
                        dither=_field(path, fb, "dither", "a number >= 0", lambda v: not isinstance(v, bool) and
                                      isinstance(v, (int, float)) and 0 <= v < 1e6, "audio.fbank."),
                        backend=_field(path, fb, "backend", f"one of {list(FBANK_BACKENDS)}",

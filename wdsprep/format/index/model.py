@@ -141,11 +141,11 @@ class Speakers(Values):
 
 @dataclass(frozen=True)
 class AudioIndex:
-    """What ``index.json`` says of an audio folder: the audio's format (its layout), sample rate
+    """What ``index.json`` says of an audio folder: the audio's layout (its key ``format`` there), sample rate
     and bits, and the fbank options the loader computes the features with (those of
     :class:`~wdsprep.prep.fbank.FbankOptions`, at the audio's rate)."""
 
-    format: str
+    layout: str
     sample_rate: int
     num_mel_bins: int = 80
     dither: float = 0.0
@@ -157,14 +157,14 @@ class AudioIndex:
             raise ValueError(f"audio index: {problem}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": self.format, "sample_rate": self.sample_rate, "bits": AUDIO_BITS,
+        return {"format": self.layout, "sample_rate": self.sample_rate, "bits": AUDIO_BITS,
                 "fbank": {"num_mel_bins": self.num_mel_bins, "dither": self.dither, "backend": self.backend}}
 
 
 def audio_problem(a: AudioIndex) -> str | None:
     """What is wrong with an AudioIndex's fields (None: nothing): the one check for the writer and the reader."""
-    if a.format not in AUDIO_FORMATS:
-        return f"format {a.format!r} is not one of {sorted(AUDIO_FORMATS)}"
+    if a.layout not in AUDIO_FORMATS:
+        return f"format {a.layout!r} is not one of {sorted(AUDIO_FORMATS)}"
     if type(a.sample_rate) is not int or not 1000 <= a.sample_rate <= 1_000_000:
         return f"sample_rate {a.sample_rate!r} is not a whole number of Hz in [1,000, 1,000,000]"
     if type(a.num_mel_bins) is not int or not 1 <= a.num_mel_bins <= 1024:

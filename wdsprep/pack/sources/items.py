@@ -43,8 +43,8 @@ from wdsprep.prep.audio import (
     resample,
     too_short,
 )
-from wdsprep.prep.fbank_options import FbankOptions
 from wdsprep.prep.kaldi import Entry
+from wdsprep.prep.options import FbankOptions
 from wdsprep.report import Report
 
 # A manifest's duration may be rounded; beyond this the audio is not what the manifest describes.
