@@ -32,7 +32,8 @@ MIRRORS = [
     (("verify",), wdsprep.verify_shards, {}, {}),
     (("dry-run",), dry_run, {}, {"out": "the report goes to stdout", "loader_options": "make_loader's: below"}),
     (("dry-run",), wdsprep.make_loader, {},
-     {"trset": "--trset or --hyper", "tokenizer": "--tokenizer", "rank": "torchrun's", "world_size": "torchrun's"}),
+     {"trset": "--trset or --hyper", "tokenizer": "--tokenizer", "options": "each option has its flag (below)",
+      "overrides": "each option has its flag (below)"}),
     (("index",), wdsprep.index_shards, {"index_fields": "index_field"}, {}),
     (("pattern",), wdsprep.shard_pattern, {}, {}),
     (("tokenizer", "count-labels"), count_labels, {}, {}),
@@ -41,8 +42,8 @@ MIRRORS = [
     (("calibrate",), calibrate, {}, {}),
     (("rehearse",), rehearse, {}, {"loader_options": "make_loader's: below"}),
     (("rehearse",), wdsprep.make_loader, {},
-     {"trset": "--trset or --corpus", "tokenizer": "--tokenizer", "rank": "rank 0 of --world-size",
-      "world_size": "--world-size, above"}),
+     {"trset": "--trset or --corpus", "tokenizer": "--tokenizer", "options": "each option has its flag (below)",
+      "overrides": "each option has its flag (below)"}),
     (("export",), export_shards, {}, {}),
 ]
 
@@ -63,25 +64,35 @@ def test_every_api_argument_has_an_option(path, func, renamed, exempt):
     assert not missing, f"wdsprep {' '.join(path)} has no option for {func.__name__}({', '.join(missing)})"
 
 
-def test_make_loader_options_have_one_home_that_the_signature_flags_and_keys_follow():
-    """Signature = the groups' fields, defaults included; every flag is the field's, unset by default;
-    hyper-p.json's ld keys are the fields that say so."""
+def test_make_loader_options_have_one_home_that_the_keywords_flags_keys_and_docstring_follow():
+    """Every option of the groups is a keyword make_loader takes (TypeError for any other) and has an
+    entry in its docstring, written from the home; every flag is the field's, unset by default;
+    hyper-p.json's ld keys are the fields that say so; make_loader's own source restates none."""
     from dataclasses import fields
 
     from wdsprep.hyper import LD_KEYS
     from wdsprep.options import default, flag_of, options_of
     from wdsprep.plan.options import GROUPS, OWNER, LoaderOptions
 
-    params = {n: p for n, p in inspect.signature(wdsprep.make_loader).parameters.items()
-              if n not in ("trset", "tokenizer")}
     homes = [LoaderOptions, *(cls for cls, _ in GROUPS.values())]
     option_fields = {f.name: (f, s) for cls in homes for f, s in options_of(cls)}
-    assert set(params) == set(option_fields) == set(OWNER)
-    for name, p in params.items():
-        assert p.default == default(option_fields[name][0]), f"make_loader's default of {name} differs from its home's"
+    assert set(option_fields) == set(OWNER)
+    base = LoaderOptions.of(max_frames=100)
+    values = base.values()
+    assert set(values) == set(OWNER) and LoaderOptions.of(**values) == base
+    for name, (f, _) in option_fields.items():
+        assert values[name] == default(f) or name == "max_frames"
+    with pytest.raises(TypeError, match="max_frame"):
+        LoaderOptions.of(max_frame=100)
+    doc = " ".join(wdsprep.make_loader.__doc__.split())
+    for name, (f, s) in option_fields.items():
+        assert f"{name}: {' '.join((s.doc or s.help).split())[:50]}" in doc, name
+    source = inspect.getsource(wdsprep.make_loader)
+    assert "locals()" not in source
+    assert not [s.help for f, s in option_fields.values() if s.help[:30] in source]
     dests = {a.dest: a for a in _subparser(("dry-run",), every_help=True)._actions}
     flagged = {n for n, (f, s) in option_fields.items() if flag_of(f, s) is not None}
-    assert flagged == set(params) - {"rank", "world_size"}
+    assert flagged == set(OWNER) - {"rank", "world_size"}
     for name in flagged:
         action = dests[name]
         assert flag_of(*option_fields[name]) in action.option_strings and action.default is None
@@ -89,7 +100,17 @@ def test_make_loader_options_have_one_home_that_the_signature_flags_and_keys_fol
         if d is not None and not isinstance(d, bool):
             assert f"(default: {d})" in action.help, f"--help of {name} does not say its default"
     assert LD_KEYS == {"shards", "corpora"} | {n for n, (f, s) in option_fields.items() if s.ld}
-    assert not [f.name for cls in homes for f in fields(cls) if f.name in option_fields and f.name not in params]
+    assert not [f.name for cls in homes for f in fields(cls) if f.name in option_fields and f.name not in OWNER]
+
+
+def test_make_loader_takes_the_options_as_one_value_with_keywords_over_it():
+    from wdsprep.plan.options import LoaderOptions
+
+    opts = LoaderOptions.of(max_frames=500, seed=3, num_workers=1)
+    assert opts.replaced(seed=4).seed == 4 and opts.replaced(seed=4).plan.max_frames == 500
+    assert opts.replaced() is opts
+    with pytest.raises(ValueError, match="num_workers"):
+        opts.replaced(num_workers=-1)
 
 
 # The plan options every resume state has held since version 2; any other is held only once set

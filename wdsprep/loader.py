@@ -26,11 +26,10 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import os
 import time
 import warnings
 from collections import Counter
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -39,21 +38,18 @@ from wdsprep.loading.collate import LABEL_PAD, Batch, Packed, unpack
 from wdsprep.loading.collectives import dist_info, gather, loader_group
 from wdsprep.loading.features import FeatureOptions
 from wdsprep.loading.rehearsal import Rehearsal, rehearse
-from wdsprep.loading.stream import LoaderConfig, ReaderStream, _identity
-from wdsprep.loading.transport import _FREE, SlotCache, WorkerControl
-from wdsprep.plan.augment import Augment
-from wdsprep.plan.batching import DEFAULT_POOL_SIZE
+from wdsprep.loading.stream import LoaderConfig, ReaderStream, identity
+from wdsprep.loading.transport import FREE, SlotCache, WorkerControl
+from wdsprep.options import documented
 from wdsprep.plan.compose import build_source, corpora_of
-from wdsprep.plan.cost import CostModel
 from wdsprep.plan.follow import Ranks
 from wdsprep.plan.growing import VISIBLE_WITHIN
-from wdsprep.plan.options import LoaderOptions, WorkerOptions, check_waveform_augment
-from wdsprep.plan.source import EpochSource
+from wdsprep.plan.options import GROUPS, LoaderOptions, WorkerOptions, check_waveform_augment
+from wdsprep.plan.source import EpochSource, Trset
 from wdsprep.plan.state import STATE_VERSION, read_state
 from wdsprep.plan.stats import BatchTally, CorpusStats, LoaderStats
 from wdsprep.plan.streams import PLAN_REVISION, BatchId, options_json
-from wdsprep.remote.fetch import MIN_RATE
-from wdsprep.tokenizer import Normalizer, SubwordSampling, Tokenizer, TokenizerSpec, as_tokenizer
+from wdsprep.tokenizer import Tokenizer, TokenizerSpec, as_tokenizer
 
 __all__ = ["Batch", "LABEL_PAD", "Loader", "LoaderStats", "Rehearsal", "make_loader"]
 
@@ -326,7 +322,7 @@ class Loader:
         kw: dict[str, Any] = {}
         if self.prefetch_factor is not None:
             kw["prefetch_factor"] = self.prefetch_factor
-        loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=identity,
                             worker_init_fn=_worker_init,
                             persistent_workers=persistent, pin_memory=False, **kw)
         if persistent:
@@ -341,7 +337,7 @@ class Loader:
             buf, i = slots.buffer(p, worker)
             if self._pin:
                 buf = _pin(buf)
-                slots.flags[i] = _FREE  # the batch is the pinned copy: the slot is free already
+                slots.flags[i] = FREE  # the batch is the pinned copy: the slot is free already
             else:
                 slots.hold(i, buf)
         else:
@@ -469,60 +465,15 @@ class Loader:
                                    f"([epoch, steps, fingerprint] per rank: {ranks})")
 
 
-def make_loader(
-    trset: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
-    tokenizer: TokenizerSpec,
-    *,
-    max_frames: int | None = None,
-    seed: int = 0,
-    shuffle_buffer: int = 2000,
-    num_workers: int = 0,
-    max_batch_size: int | None = None,
-    min_frames: int | None = None,
-    max_utt_frames: int | None = None,
-    ctc_subsampling: int | None = None,
-    train: bool = True,
-    on_error: str = "warn",
-    subword_sampling: SubwordSampling | None = None,
-    pool_size: int = DEFAULT_POOL_SIZE,
-    max_utts_per_speaker: int | None = None,
-    tokenize_group: int = 256,
-    streams: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    prefetch_factor: int | None = None,
-    pin_memory: bool = False,
-    persistent_workers: bool = True,
-    collective_timeout: float = 300.0,
-    weights: Mapping[str, float] | None = None,
-    temperature: float | None = None,
-    schedule: Sequence[tuple[int, Mapping[str, float]]] | None = None,
-    steps_per_epoch: int | None = None,
-    read_ahead: int = 2,
-    read_ahead_bytes: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    cache_bytes: int | None = None,
-    retries: int = 5,
-    retry_backoff: float = 1.0,
-    min_rate: float = MIN_RATE,
-    cost: CostModel | Mapping[str, Any] | str | os.PathLike | None = None,
-    max_cost: float | None = None,
-    growing: bool = False,
-    min_shards: int | None = None,
-    min_hours: float | None = None,
-    wait_timeout: float = 3600.0,
-    augment: Augment | Mapping[str, Any] | str | os.PathLike | None = None,
-    fbank: Mapping[str, Any] | None = None,
-    features: str = "fbank",
-    max_tokens_per_second: float | None = None,
-    min_tokens_per_second: float | None = None,
-    max_label_tokens: int | None = None,
-    fields: Sequence[str] | None = None,
-    text_fields: Sequence[str] | None = None,
-    normalize: Normalizer | Sequence[str] | None = None,
-    mix_by: str | None = None,
-) -> Loader:
+@documented(LoaderOptions, *(cls for cls, _ in GROUPS.values()))
+def make_loader(trset: Trset, tokenizer: TokenizerSpec, options: LoaderOptions | None = None,
+                **overrides: Any) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
+
+    >>> loader = make_loader("shards/train/*/data-*.tar", "exp/spm.json", max_frames=20000, num_workers=2)
+    >>> for epoch in range(10):
+    ...     loader.set_epoch(epoch)
+    ...     for batch in loader: ...
 
     Args:
         trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
@@ -540,116 +491,13 @@ def make_loader(
             language's (from the index: ``pack --utt2lang``), the ids laid out as an aggregate
             tokenizer does (each language's in a range of its own, ``<s>`` and ``<unk>`` shared as
             ids 0 and 1; ``loader.tokenizer`` is it, ``.save()`` writes it).
-        max_frames: per-rank bound on padded frames per batch (B x longest).  A longer
-            utterance becomes a batch of its own.  Give it, or ``cost`` and ``max_cost``, or both
-            (a batch then fits both).
-        seed: with the epoch, decides every shuffle and so every batch, on any world size and workers.
-        shuffle_buffer: samples held by each stream's shuffle buffer.
-        num_workers: DataLoader worker processes per rank; the rank's streams are split among them.
-        max_batch_size: optional cap on utterances per batch.
-        min_frames, max_utt_frames: drop utterances outside these lengths (counted in stats).
-        ctc_subsampling: drop utterances with ``frames // ctc_subsampling <= label length`` (CAT's CTC
-            rule).  Decided when the epoch is planned, with the frames the readers deliver (after
-            speed perturbation) and each label's length counted once per index folder and tokenizer,
-            so no planned batch is emptied by it; the readers apply it again to the labels they make
-            (subword sampling can lengthen one: ``dry-run --plan`` counts the batches that could end
-            empty then).  Counted as ``ctc_too_short``.
-        train: False for dev/validation: no shuffle, every batch yielded once, ranks may differ in steps.
-        on_error: ``"warn"`` (skip the rest of a corrupt shard, counted) or ``"raise"``.
-        subword_sampling: SentencePiece sampling in training, reseeded per (seed, epoch, rank, worker).
-        pool_size: samples sorted together by the bucketing (see ``wdsprep.plan.batching``).
-        max_utts_per_speaker: at most this many utterances of one speaker per batch (speakers from
-            the index: ``pack --utt2spk``, else the speaker each id names; docs/shuffle.md).
-        tokenize_group: utterances per block when a shard's samples are read.
-        streams: canonical streams the epoch is planned in (default: min(shards, 64, utterances // 2000),
-            at least 1); each is read by one reader, so at least world_size x num_workers keeps every
-            worker busy.
-        rank, world_size: default to torch.distributed's when it is initialized, else 0 and 1.
-        prefetch_factor: batches each worker prepares ahead (torch's default: 2).
-        pin_memory: page-locked batches for asynchronous host-to-GPU copies; the main process
-            copies each batch into pinned memory (CUDA only; without CUDA it warns and does nothing).
-        persistent_workers: keep the worker processes (and their buffers) from one epoch to the
-            next instead of starting them every epoch; the batches are the same either way.
-        collective_timeout: seconds a rank waits for the others at the loader's start and at the
-            end of each epoch (under DDP) before naming the ranks that did not come.
-        read_ahead: shards each reader fetches ahead of the one in use, in the order it reads them
-            (remote: downloaded in the background; local: into the page cache); 0 fetches each when needed.
-        read_ahead_bytes: at most this many bytes of remote shards fetched ahead and waiting, per reader
-            (at least one shard is always fetched).
-        cache_dir: keep fetched remote shards in this local directory and read them from there
-            (safe to share between the ranks of a node); without it they are held in memory while used.
-        cache_bytes: bound on ``cache_dir``; least recently used shards are removed first.
-        retries: attempts after the first for a remote shard or index whose connection drops, whose
-            server answers 5xx or whose body is cut short; each is counted in ``stats.retries``.  A
-            shard still not fetched is an error (``on_error="raise"``) or skipped and counted.
-        retry_backoff: seconds before the first retry, doubling each time (at most 30 s).
-        min_rate: bytes/s a remote download must average, after a grace of the time 1 MiB takes at that
-            rate (at least 1 s); a slower one (a server that trickles) is cut off and retried, and the error
-            names this option.  0: no minimum (the 60 s read timeout alone).
-        weights: named corpora's shares of the utterances drawn, ``{"en": 1, "zh": 3}``.  Without
-            weights, temperature or schedule: their own proportions, as if they were one corpus.
-        temperature: weights ∝ each corpus's hours^(1/temperature) (1: as large as they are); with
-            ``mix_by``, one number applies at every level, or ``(T_corpora, T_parts)``: across the
-            corpora by their hours, then across each corpus's parts by theirs.
-        schedule: ``[(step, {name: weight}), ...]``: weights over the global training step,
-            linear between points, constant after the last.
-        steps_per_epoch: steps of a mixed loader epoch (default: one pass's worth of every
-            corpus's batches, divided over the ranks).
-        cost: what a batch costs a training step, ``B x c(t, u)`` (``wdsprep.plan.cost``): a
-            CostModel, a dict with its coefficients, or the JSON file ``wdsprep calibrate`` writes.
-        max_cost: per-rank bound on a batch's cost under ``cost``; an utterance over it is a batch
-            of its own.  A model that counts label tokens needs every label's length: counted once
-            per index folder and tokenizer and kept beside the index (docs/batching.md).
-        growing: follow shard folders a pack is still writing (``pack``/``pack-audio`` publish
-            shards one by one): every epoch is planned over the shards published when
-            :meth:`Loader.set_epoch` is called (rank 0's view, shared), ``len(loader)`` is exact for
-            it, and the state records it, so a resume plans the same epoch.  Once the pack is complete
-            an epoch is the one an ordinary loader plans.  ``loader.stats.growing`` says how much of
-            the final corpus the epoch covers.  Without it such a folder is refused.
-        min_shards, min_hours: with ``growing``, wait before the first epoch until this many shards
-            (at least one) and hours of the trset are published.
-        wait_timeout: seconds to wait for them before a TimeoutError saying how far the pack got.
-        augment: augmentation in training, every draw a function of (seed, corpus epoch, utterance)
-            (docs/audio.md): ``{"speed": {"factors": [0.9, 1.0, 1.1], "probs": [...]}, "noise":
-            {"dir": D, "snr": [10, 20], "prob": 1}, "reverb": {"dir": D, "prob": 1},
-            "specaugment": {"freq_masks": 2, "freq_width": 27, "time_masks": 2, "time_width": 40,
-            "max_time_ratio": 0.2, "time_warp": 0, "fill": "mean"}}`` (any part, or its dataclass
-            from ``wdsprep.plan.augment``), its JSON text or a JSON file.  Speed, noise and
-            reverb need audio shards; speed is drawn by the plan, which cuts batches with the
-            perturbed lengths (``batch.keys`` then name a perturbed utterance ``sp0.9-ID``).
-        max_tokens_per_second, min_tokens_per_second, max_label_tokens: drop utterances whose label
-            has more (fewer) tokens of ``tokenizer`` per second of audio, or more tokens, than this:
-            misaligned transcripts (400 characters on one second of audio) that would blow up a
-            batch's labels.  Decided when the epoch is planned, from the label lengths counted once
-            per index folder and tokenizer (docs/batching.md), so ``len`` stays exact; counted by
-            reason in ``stats.dropped``.  ``dry-run --plan`` prints the distribution to choose from.
-        fbank: for audio shards, fbank options in place of their index's: ``num_mel_bins``,
-            ``dither`` (seeded per utterance; backend ``numpy`` only), ``backend``
-            (``numpy``, ``kaldi-native-fbank``, ``torchaudio``).
-        features: for audio shards, what batches carry: ``"fbank"`` (``batch.feats``), or
-            ``"waveform"``: ``batch.audio`` float32 [B, S] zero-padded and ``batch.audio_lens``
-            int64 [B], speed-perturbed, noised, reverberated, clipped, low-passed and coded as for
-            fbank (the same draws, the same plan, keys and ``len``), to compute fbank on the device
-            with :class:`wdsprep.Fbank` (``batch.feats`` is then empty, [B, T, 0], ``feat_lens``
-            the frames fbank will give).  Refused for feature shards and with SpecAugment
-            (use :class:`wdsprep.SpecAugmentModule`).
-        fields: fields of the samples (``pack --field NAME=FILE``) to deliver as strings,
-            ``batch.fields[NAME]``; ``batch.lang`` holds each utterance's language whenever the
-            index has one.  A field the shards' index does not list is refused.
-        text_fields: fields delivered tokenized too, like the labels (the utterance's tokenizer,
-            language and text treatment): ``batch.field_tokens[NAME]`` (padded with 0) and
-            ``batch.field_lens[NAME]``; e.g. a previous-text prompt.
-        normalize: the text treatment before tokenizing, its steps in order (``nfkc``, ``nfc``,
-            ``lower``, ``upper``, ``strip_punct``, ``collapse_spaces``, ``remove_spaces``,
-            ``strip``) or ``MODULE:FUNC``; ``tokenizer train --normalize`` applies the same.  A
-            resume with another treatment is refused.
-        mix_by: split each corpus (named or not) by this index column (``lang``) into parts, mixed
-            as named corpora are (``weights``/``schedule`` name the parts ``VALUE``, or
-            ``CORPUS/VALUE`` for named corpora; ``temperature`` per level); ``loader.corpora``
-            and ``batch.corpus`` name the parts.
+        options: every option below at once (a :class:`~wdsprep.plan.options.LoaderOptions`);
+            keywords given too replace its values.
+        **overrides: any option below by name, e.g. ``max_frames=20000`` (TypeError for a name that
+            is none; ValueError naming a value its group refuses).  ``rank`` and ``world_size``
+            default to torch.distributed's when it is initialized, else 0 and 1.
     """
-    # The signature above is the public face; every option's home is its group (plan/options.py).
-    options = LoaderOptions.of(**{k: v for k, v in locals().items() if k not in ("trset", "tokenizer")})
+    options = LoaderOptions.of(**overrides) if options is None else options.replaced(**overrides)
     d_rank, d_world = dist_info()
     workers = options.workers
     options = options.with_topology(d_rank if workers.rank is None else workers.rank,

@@ -22,7 +22,7 @@ READ_AHEAD = 2
 # trainer holds and the one the main process releases a step late; a spare keeps the worker from
 # falling back to fresh memory.
 POOL_SLOTS = READ_AHEAD + 5
-_FREE, _BUSY = 0, 1
+FREE, _BUSY = 0, 1
 
 
 class WorkerControl:
@@ -100,13 +100,13 @@ class ShmPool:
             now = self.serial.value
             for j, stamp in enumerate(self.stamps):
                 if stamp == now:
-                    self.flags[self.base + j] = _FREE
+                    self.flags[self.base + j] = FREE
                     self.stamps[j] = -1
 
     def alloc(self, nbytes: int) -> tuple[torch.Tensor, int]:
         """A shared uint8 buffer of ``nbytes`` and its slot (-1 when unpooled)."""
         for j, buf in enumerate(self.bufs):
-            if self.flags[self.base + j] == _FREE:
+            if self.flags[self.base + j] == FREE:
                 if buf is None or buf.numel() < nbytes:
                     # Batches are bounded by max_frames, so capacities settle after a few batches;
                     # the headroom saves regrowing for a slightly larger one.
@@ -156,7 +156,7 @@ class SlotCache:
         held = {i for i, _ in self.held}
         for i in range(len(self.flags)):
             if i not in held:
-                self.flags[i] = _FREE
+                self.flags[i] = FREE
 
     def release(self) -> None:
         """Hand back the slots of batches nothing references any more (the trainer moved on)."""
@@ -164,7 +164,7 @@ class SlotCache:
             still = []
             for i, ref in self.held:
                 if ref.expired():
-                    self.flags[i] = _FREE
+                    self.flags[i] = FREE
                 else:
                     still.append((i, ref))
             self.held = still

@@ -83,19 +83,33 @@ class MixOptions:
     weights: Mapping[str, float] | None = option(
         None, "each named corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes); with "
               "--mix-by, each part's (CORPUS/VALUE, or VALUE for one unnamed corpus)", kind=WEIGHTS, plan=True,
-        common=True)
+        common=True,
+        doc="named corpora's shares of the utterances drawn, {'en': 1, 'zh': 3} (with mix_by, each part's: VALUE,"
+            " or CORPUS/VALUE for named corpora). Without weights, temperature or schedule: their own "
+            "proportions, as if they were one corpus")
     # A number applies at every level; two numbers are (across corpora, across each corpus's parts).
     temperature: float | tuple[float, ...] | None = option(
         None, "weights from hours: hours^(1/T), e.g. 5; with --mix-by, one T for every level or two: across corpora, "
-              "then across each corpus's parts", kind=LEVELS, to_value=_temperature, plan=True, common=True)
+              "then across each corpus's parts", kind=LEVELS, to_value=_temperature, plan=True, common=True,
+        doc="weights ∝ each corpus's hours^(1/temperature) (1: as large as they are); with mix_by, one number "
+            "applies at every level, or (T_corpora, T_parts): across the corpora by their hours, then across each"
+            " corpus's parts by theirs")
     schedule: Sequence[tuple[int, Mapping[str, float]]] | None = option(
         None, "weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1", kind=SCHEDULE,
-        plan=True, common=True)
+        plan=True, common=True,
+        doc="[(step, {name: weight}), ...]: weights over the global training step, linear between points, "
+            "constant after the last")
     steps_per_epoch: int | None = option(None, "steps of a mixed epoch (default: one pass's worth of batches)",
-                                         plan=True)
+                                         plan=True,
+                                         doc="steps of a mixed loader epoch (default: one pass's worth of every "
+                                             "corpus's batches, divided over the ranks)")
     mix_by: str | None = option(None, "split each corpus by this index column (lang: each utterance's language, "
                                       "pack --utt2lang) into parts mixed as named corpora are", kind=PATH,
-                                metavar="FIELD", plan=True, common=True)
+                                metavar="FIELD", plan=True, common=True,
+                                doc="split each corpus (named or not) by this index column (lang) into parts, "
+                                    "mixed as named corpora are (weights and schedule name the parts VALUE, or "
+                                    "CORPUS/VALUE for named corpora; temperature per level); loader.corpora and "
+                                    "batch.corpus name the parts")
 
     def __post_init__(self) -> None:
         if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
@@ -118,20 +132,33 @@ class FetchOptions:
     """How a reader brings its shards: read-ahead, the optional cache, retries (make_loader's options)."""
 
     read_ahead: int = option(2, "shards each reader fetches ahead of the one in use (remote: downloaded; local: "
-                                "into the page cache); 0 fetches each when needed", metavar="SHARDS")
+                                "into the page cache); 0 fetches each when needed", metavar="SHARDS",
+                             doc="shards each reader fetches ahead of the one in use, in the order it reads them "
+                                 "(remote: downloaded in the background; local: into the page cache); 0 fetches "
+                                 "each when needed")
     read_ahead_bytes: int | None = option(None, "at most this many bytes of remote shards fetched ahead and waiting, "
                                                 "per reader (at least one shard is)", metavar="BYTES")
     cache_dir: str | None = option(None, "keep fetched remote shards in this local directory (shareable by the ranks "
-                                         "of a node)", kind=PATH, metavar="DIR")
+                                         "of a node)", kind=PATH, metavar="DIR",
+                                   doc="keep fetched remote shards in this local directory and read them from "
+                                       "there (safe to share between the ranks of a node); without it they are "
+                                       "held in memory while used")
     cache_bytes: int | None = option(None, "bound on --cache-dir; least recently used shards go first",
                                      metavar="BYTES")
     retries: int = option(RetryPolicy.retries, "retries of a remote fetch whose connection drops, that gets HTTP "
-                                               "5xx or a cut-off body")
+                                               "5xx or a cut-off body",
+                          doc="attempts after the first for a remote shard or index whose connection drops, whose"
+                              " server answers 5xx or whose body is cut short; each is counted in stats.retries. "
+                              "A shard still not fetched is an error (on_error='raise') or skipped and counted")
     retry_backoff: float = option(RetryPolicy.backoff, "seconds before the first retry, doubling each time (at most "
                                                        "30 s)", kind=NUMBER, metavar="SECONDS")
     min_rate: float = option(RetryPolicy.min_rate, "bytes/s a remote download must average after a grace of the "
                                                    "time 1 MiB takes at it, else it is cut off and retried (0: no "
-                                                   "minimum)", kind=NUMBER, metavar="BYTES_PER_S")
+                                                   "minimum)", kind=NUMBER, metavar="BYTES_PER_S",
+                             doc="bytes/s a remote download must average, after a grace of the time 1 MiB takes "
+                                 "at that rate (at least 1 s); a slower one (a server that trickles) is cut off "
+                                 "and retried, and the error names this option. 0: no minimum (the read timeout "
+                                 "alone)")
     timeout: float = RetryPolicy.timeout  # seconds to connect or between two reads before an attempt fails
 
     def __post_init__(self) -> None:
@@ -163,7 +190,14 @@ class GrowOptions:
 
     growing: bool = option(False, "plan every epoch over the shards published when it starts (pack and pack-audio "
                                   "publish them one by one); without it such a folder is refused", kind=SWITCH,
-                           plan=True, common=True)
+                           plan=True, common=True,
+                           doc="follow shard folders a pack is still writing (pack and pack-audio publish shards "
+                               "one by one): every epoch is planned over the shards published when "
+                               "Loader.set_epoch is called (rank 0's view, shared), len(loader) is exact for it, "
+                               "and the state records it, so a resume plans the same epoch. Once the pack is "
+                               "complete an epoch is the one an ordinary loader plans; loader.stats.growing says "
+                               "how much of the final corpus the epoch covers. Without it such a folder is "
+                               "refused")
     min_shards: int | None = option(None, "with --growing: wait for N shards before the first epoch")
     min_hours: float | None = option(None, "with --growing: wait for H hours before the first epoch", kind=NUMBER,
                                      metavar="H")
@@ -205,32 +239,60 @@ def _check_fbank(given: Mapping[str, Any] | None) -> None:
 class ReadOptions:
     """What a reader makes of the rows it reads: labels, features, augmentation, errors."""
 
-    on_error: str = option("warn", "a damaged shard: warn and count, or stop", kind=choice(*ON_ERROR))
+    on_error: str = option("warn", "a damaged shard: warn and count, or stop", kind=choice(*ON_ERROR),
+                           doc="a damaged shard: 'warn' (skip the rest of it, counted) or 'raise'")
     subword_sampling: SubwordSampling | None = option(None, "SentencePiece subword sampling with this alpha",
-                                                      kind=NUMBER, metavar="ALPHA", to_value=_sampling)
+                                                      kind=NUMBER, metavar="ALPHA", to_value=_sampling,
+                                                      doc="SentencePiece subword sampling in training (a "
+                                                          "SubwordSampling; the command line and hyper-p.json "
+                                                          "give its alpha), reseeded per (seed, epoch, shard)")
     tokenize_group: int = option(256, "utterances per block when a shard is read")
     augment: Augment | None = option(
         None, "augmentation in training, e.g. '{\"speed\": {\"factors\": [0.9, 1.0, 1.1]}, \"specaugment\": {}}' "
               "(also noise: {\"dir\": D, \"snr\": [10, 20]}, reverb: {\"dir\": D}, clip, lowpass, "
               "codec: {\"formats\": [\"mulaw\", \"opus\"]}), or a JSON file of it "
-              "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True)
+              "(docs/audio.md)", kind=JSON_OR_FILE, to_value=_checked_augment, plan=True, common=True,
+        doc="augmentation in training, every draw a function of (seed, corpus epoch, utterance) (docs/audio.md): "
+            "{'speed': {'factors': [0.9, 1.0, 1.1], 'probs': [...]}, 'noise': {'dir': D, 'snr': [10, 20], 'prob':"
+            " 1}, 'reverb': {'dir': D, 'prob': 1}, 'specaugment': {'freq_masks': 2, 'freq_width': 27, "
+            "'time_masks': 2, 'time_width': 40, 'max_time_ratio': 0.2, 'time_warp': 0, 'fill': 'mean'}} (any "
+            "effect, or its dataclass from wdsprep.plan.augment), its JSON text or a JSON file. Speed, noise and "
+            "reverb need audio shards; speed is drawn by the plan, which cuts batches with the perturbed lengths "
+            "(batch.keys then name a perturbed utterance sp0.9-ID)")
     fbank: Mapping[str, Any] | None = option(
         None, "audio shards: fbank options in place of the index's, e.g. '{\"num_mel_bins\": 40}' (num_mel_bins, "
-              "dither, backend, sample_rate: audio at other rates is resampled to it)", kind=JSON_OBJECT)
+              "dither, backend, sample_rate: audio at other rates is resampled to it)", kind=JSON_OBJECT,
+        doc="for audio shards, fbank options in place of their index's: num_mel_bins, dither (seeded per "
+            "utterance; backend numpy only), backend (numpy, kaldi-native-fbank, torchaudio), sample_rate (the "
+            "readers resample every row to it)")
     features: str = option(
         "fbank", "audio shards: what batches carry, fbank (batch.feats) or waveform (batch.audio, batch.audio_lens, "
                  "augmented as for fbank; compute features on the device with wdsprep.Fbank)",
-        kind=choice(*FEATURES))
+        kind=choice(*FEATURES),
+        doc="for audio shards, what batches carry: 'fbank' (batch.feats), or 'waveform': batch.audio float32 [B, "
+            "S] zero-padded and batch.audio_lens int64 [B], speed-perturbed, noised, reverberated, clipped, "
+            "low-passed and coded as for fbank (the same draws, plan, keys and len), to compute fbank on the "
+            "device with wdsprep.Fbank (batch.feats is then empty, [B, T, 0], feat_lens the frames fbank will "
+            "give). Refused for feature shards and with SpecAugment (use wdsprep.SpecAugmentModule)")
     fields: Sequence[str] | None = option(
         None, "fields of the samples to deliver as strings, batch.fields[NAME] (pack --field NAME=FILE; batch.lang "
-              "comes with any language)", kind=NAMES)
+              "comes with any language)", kind=NAMES,
+        doc="fields of the samples (pack --field NAME=FILE) to deliver as strings, batch.fields[NAME]; batch.lang"
+            " holds each utterance's language whenever the index has one. A field the shards' index does not list"
+            " is refused")
     text_fields: Sequence[str] | None = option(
         None, "fields delivered tokenized and padded like the labels too: batch.field_tokens[NAME], "
-              "batch.field_lens[NAME] (e.g. prev_text)", kind=NAMES)
+              "batch.field_lens[NAME] (e.g. prev_text)", kind=NAMES,
+        doc="fields delivered tokenized too, like the labels (the utterance's tokenizer, language and text "
+            "treatment): batch.field_tokens[NAME] (padded with 0) and batch.field_lens[NAME]; e.g. a "
+            "previous-text prompt")
     normalize: Normalizer | None = option(
         None, "the text treatment before tokenizing, steps in order: nfkc, nfc, lower, upper, strip_punct, "
               "collapse_spaces, remove_spaces, strip, or MODULE:FUNC (as tokenizer train --normalize)", kind=NAMES,
-        to_value=parse_normalize)
+        to_value=parse_normalize,
+        doc="the text treatment before tokenizing, its steps in order (nfkc, nfc, lower, upper, strip_punct, "
+            "collapse_spaces, remove_spaces, strip) or MODULE:FUNC; tokenizer train --normalize applies the same."
+            " A resume with another treatment is refused")
 
     @property
     def read_fields(self) -> tuple[str, ...]:
@@ -294,11 +356,21 @@ class WorkerOptions:
     num_workers: int = option(0, "DataLoader worker processes per rank; the rank's streams are split among them",
                               common=True)
     prefetch_factor: int | None = option(None, "batches each worker prepares ahead (torch's default: 2)")
-    pin_memory: bool = option(False, "page-locked batches for asynchronous copies to the GPU (CUDA)", kind=SWITCH)
+    pin_memory: bool = option(False, "page-locked batches for asynchronous copies to the GPU (CUDA)", kind=SWITCH,
+                              doc="page-locked batches for asynchronous host-to-GPU copies: the main process "
+                                  "copies each batch into pinned memory (CUDA only; without CUDA it warns and "
+                                  "does nothing)")
     persistent_workers: bool = option(True, "start the workers anew every epoch", kind=SWITCH,
-                                      flag="--no-persistent-workers")
+                                      flag="--no-persistent-workers",
+                                      doc="keep the worker processes (and their buffers) from one epoch to the "
+                                          "next instead of starting them every epoch (the flag "
+                                          "--no-persistent-workers starts them anew); the batches are the same "
+                                          "either way")
     collective_timeout: float = option(300.0, "seconds a rank waits for the others before naming those that did "
-                                              "not come", kind=NUMBER, metavar="SECONDS")
+                                              "not come", kind=NUMBER, metavar="SECONDS",
+                                       doc="seconds a rank waits for the others at the loader's start and at the "
+                                           "end of each epoch (under DDP) before naming the ranks that did not "
+                                           "come")
     rank: int | None = option(None, "this rank (default: torch.distributed's, else 0)", flag=False, ld=False)
     world_size: int | None = option(None, "ranks (default: torch.distributed's, else 1)", flag=False, ld=False)
 
@@ -353,6 +425,15 @@ class LoaderOptions:
         plan = PlanOptions(**given["plan"], speed=None if read.augment is None else read.augment.speed)
         return cls(**top, plan=plan, read=read, **{g: GROUPS[g][0](**given[g]) for g in ("workers", "fetch", "grow",
                                                                                        "mix")})
+
+    def values(self) -> dict[str, Any]:
+        """Every option's value by name, as held (what :meth:`of` takes back)."""
+        groups = {"": self, **{g: getattr(self, g) for g in GROUPS}}
+        return {name: getattr(groups[group], name) for name, group in OWNER.items()}
+
+    def replaced(self, **overrides: Any) -> LoaderOptions:
+        """These options with ``overrides`` in place of their values, checked as :meth:`of` checks them."""
+        return LoaderOptions.of(**{**self.values(), **overrides}) if overrides else self
 
     def with_topology(self, rank: int, world_size: int) -> LoaderOptions:
         """These options on ``rank`` of ``world_size``."""

@@ -101,30 +101,54 @@ class Window(NamedTuple):
 class PlanOptions:
     """Everything besides the shards, the seed and the epoch that decides the batches."""
 
-    max_frames: int | None = option(None, "padded frames per rank batch (B x longest)", plan=True, common=True)
+    max_frames: int | None = option(None, "padded frames per rank batch (B x longest)", plan=True, common=True,
+                                    doc="per-rank bound on padded frames per batch (B x longest); a longer "
+                                        "utterance becomes a batch of its own. Give it, or cost and max_cost, or "
+                                        "both (a batch then fits both)")
     max_batch_size: int | None = option(None, "utterances per batch at most", plan=True, common=True)
     shuffle_buffer: int = option(2000, "utterances each stream's shuffle buffer holds", plan=True, common=True)
-    pool_size: int = option(DEFAULT_POOL_SIZE, "utterances sorted together into batches", plan=True)
+    pool_size: int = option(DEFAULT_POOL_SIZE, "utterances sorted together into batches", plan=True,
+                            doc="utterances sorted together into batches by the bucketing (wdsprep.plan.batching)")
     min_frames: int | None = option(None, "drop shorter utterances (counted)", plan=True)
     max_utt_frames: int | None = option(None, "drop longer utterances (counted)", plan=True)
     streams: int | None = option(None, "canonical streams the epoch is planned in (default: min(shards, 64, "
-                                       "utterances // 2000))", plan=True)
+                                       "utterances // 2000))", plan=True,
+                                 doc="canonical streams the epoch is planned in (default: min(shards, 64, "
+                                     "utterances // 2000), at least 1); each is read by one reader, so at least "
+                                     "world_size x num_workers keeps every worker busy")
     train: bool = option(True, "dev/validation: no shuffle, every batch once, ranks may differ", kind=SWITCH,
-                         flag="--dev", plan=True, common=True)
+                         flag="--dev", plan=True, common=True,
+                         doc="False for dev/validation: no shuffle, every batch yielded once, ranks may differ in"
+                             " steps")
     max_utts_per_speaker: int | None = option(None, "at most N utterances of one speaker per batch (speakers from "
-                                                    "the index)", plan=True)
+                                                    "the index)", plan=True,
+                                              doc="at most this many utterances of one speaker per batch "
+                                                  "(speakers from the index: pack --utt2spk, else the speaker "
+                                                  "each id names; docs/shuffle.md)")
     cost: CostModel | None = option(None, "the cost model of a training step (JSON, e.g. from wdsprep calibrate): "
                                           "batches are cut by what they cost, within --max-cost", kind=FILE_OR_OBJECT,
-                                    plan=True, when_set=True, common=True)
+                                    plan=True, when_set=True, common=True,
+                                    doc="what a batch costs a training step, B x c(t, u) (wdsprep.plan.cost): a "
+                                        "CostModel, a dict of its coefficients, or the JSON file wdsprep "
+                                        "calibrate writes")
     max_cost: float | None = option(None, "per-rank bound on a batch's cost under --cost", kind=NUMBER,
-                                    plan=True, when_set=True, common=True)
+                                    plan=True, when_set=True, common=True,
+                                    doc="per-rank bound on a batch's cost under cost; an utterance over it is a "
+                                        "batch of its own. A model that counts label tokens needs every label's "
+                                        "length: counted once per index folder and tokenizer and kept beside the "
+                                        "index (docs/batching.md)")
     # Speed perturbation (plan/augment.py), the part of augment the plan draws: the corpus plans
     # with the perturbed lengths.  Not an option of its own.
     speed: Speed | None = field(default=None, metadata={"when_set": True})
     # Label filters: counted by reason, decided with the plan from the token column.
     max_tokens_per_second: float | None = option(
         None, "drop utterances with more label tokens per second of audio than this (counted; dry-run --plan prints "
-              "the distribution)", kind=NUMBER, metavar="X", plan=True, when_set=True)
+              "the distribution)", kind=NUMBER, metavar="X", plan=True, when_set=True,
+        doc="drop utterances whose label has more tokens of the tokenizer per second of audio than this: "
+            "misaligned transcripts (400 characters on one second of audio) that would blow up a batch's labels. "
+            "Decided when the epoch is planned, from the label lengths counted once per index folder and "
+            "tokenizer (docs/batching.md), so len stays exact; counted by reason in stats.dropped. dry-run --plan"
+            " prints the distribution to choose from")
     min_tokens_per_second: float | None = option(
         None, "drop utterances with fewer label tokens per second of audio than this (counted)", kind=NUMBER,
         metavar="X", plan=True, when_set=True)
@@ -132,7 +156,15 @@ class PlanOptions:
                                           plan=True, when_set=True)
     ctc_subsampling: int | None = option(None, "drop utterances with frames // N <= label length (CAT's CTC rule; "
                                                "decided with the plan, counted as ctc_too_short)", plan=True,
-                                         when_set=True, common=True)
+                                         when_set=True, common=True,
+                                         doc="drop utterances with frames // ctc_subsampling <= label length "
+                                             "(CAT's CTC rule), decided when the epoch is planned, with the "
+                                             "frames the readers deliver (after speed perturbation) and each "
+                                             "label's length counted once per index folder and tokenizer, so no "
+                                             "planned batch is emptied by it; the readers apply it again to the "
+                                             "labels they make (subword sampling can lengthen one: dry-run --plan"
+                                             " counts the batches that could end empty then). Counted as "
+                                             "ctc_too_short")
 
     def __post_init__(self) -> None:
         if self.cost is not None:
