@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from wdsprep.plan.mix.deal import MixPosition, mix_run, next_epoch, start_position
-from wdsprep.plan.mix.weights import Mixture, draw_probabilities, make_mixture
+from wdsprep.plan.mix.weights import Mixture, draw_probabilities
+from wdsprep.plan.mix.weights import make_mixture as mixture_of
+from wdsprep.plan.options import MixOptions
+
+
+def make_mixture(names, *, hours=None, utts=None, **given):
+    return mixture_of(names, MixOptions(**given), hours=hours, utts=utts)
 
 NAMES = ("en", "zh")
 

@@ -126,7 +126,7 @@ def build_source(trset: Trset | Corpora, options: LoaderOptions, *, tokenizer: T
     def planned(shards: ShardSet) -> EpochSource:
         return epoch_source(shards, plan, seed=options.seed, world_size=options.world_size,
                             num_workers=options.workers.num_workers, named=isinstance(corpora.trset, Mapping),
-                            plans=plans, **options.mix.given())
+                            mix=options.mix, plans=plans)
 
     def build(view: View | None, wait: float = 0.0) -> EpochSource:
         shards = load(view, wait)

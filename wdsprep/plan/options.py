@@ -112,6 +112,9 @@ class MixOptions:
                                     "batch.corpus name the parts")
 
     def __post_init__(self) -> None:
+        ways = [name for name in ("weights", "temperature", "schedule") if getattr(self, name) is not None]
+        if len(ways) > 1:
+            raise ValueError(f"give the mixture one way: weights, temperature or schedule, not {' and '.join(ways)}")
         if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1, got {self.steps_per_epoch}")
         if self.temperature is not None:

@@ -29,7 +29,8 @@ import numpy as np
 from wdsprep.plan.corpus import Corpus
 from wdsprep.plan.epochs import CorpusEpochs
 from wdsprep.plan.mix.epochs import MixedEpochs
-from wdsprep.plan.mix.weights import Mixture, SchedulePoints, level_mixture, make_mixture
+from wdsprep.plan.mix.weights import Mixture, level_mixture, make_mixture
+from wdsprep.plan.options import MixOptions
 from wdsprep.plan.shardset import ShardSet
 from wdsprep.plan.state import SavedState
 from wdsprep.plan.stats import LoaderStats
@@ -142,12 +143,11 @@ class EpochSource(Protocol):
         """What the source knows of the epoch beyond the plan, into ``stats``."""
 
 
-def mixture_for(shards: ShardSet, *, weights: Mapping[str, float] | None = None, temperature: float | None = None,
-                schedule: SchedulePoints | None = None) -> Mixture:
-    """The mixture of the named corpora of ``shards`` given one way (their own sizes when none)."""
+def mixture_for(shards: ShardSet, mix: MixOptions) -> Mixture:
+    """The mixture of the named corpora of ``shards`` that ``mix`` gives (their own sizes when none)."""
     parts = [shards.part(c) for c in range(len(shards.corpora))]
-    return make_mixture(shards.corpora, weights=weights, temperature=temperature, schedule=schedule,
-                        hours=[hours(int(p.frames.sum())) for p in parts], utts=[p.num_utts for p in parts])
+    return make_mixture(shards.corpora, mix, hours=[hours(int(p.frames.sum())) for p in parts],
+                        utts=[p.num_utts for p in parts])
 
 
 def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, seed: int,
@@ -189,23 +189,20 @@ def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, see
 
 
 def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_size: int, num_workers: int,
-                 named: bool = False, weights: Mapping[str, float] | None = None,
-                 temperature: float | tuple[float, ...] | None = None, schedule: SchedulePoints | None = None,
-                 steps_per_epoch: int | None = None, mix_by: str | None = None,
+                 named: bool = False, mix: MixOptions = MixOptions(),
                  plans: Sequence[PlanOptions] | None = None) -> EpochSource:
     """The epoch source of ``shards`` on ``world_size`` ranks of ``num_workers`` readers each.
 
     ``named``: the corpora were given by name; in training several of them, or one with mixing
-    options, are mixed.  ``mix_by``: each corpus (named or not) split by that index column into
-    parts, mixed as named corpora are (:func:`split_by`).  ``plans``: each named corpus's plan
-    options, where they differ from ``options`` (their augmentation's speed).  ``shards.speakers``
-    (when known) feeds the shuffle report, and the plan itself under ``options.max_utts_per_speaker``.
+    options (``mix``), are mixed.  ``mix.mix_by``: each corpus (named or not) split by that index
+    column into parts, mixed as named corpora are (:func:`split_by`).  ``plans``: each named
+    corpus's plan options, where they differ from ``options`` (their augmentation's speed).
+    ``shards.speakers`` (when known) feeds the shuffle report, and the plan itself under
+    ``options.max_utts_per_speaker``.
     """
-    mixing = {"weights": weights, "temperature": temperature, "schedule": schedule, "steps_per_epoch": steps_per_epoch,
-              "mix_by": mix_by}
-    given = [k for k, v in mixing.items() if v is not None]
-    if given and not ((named or mix_by is not None) and options.train):
-        why = ("a dev loader (train=False) reads every corpus once, unmixed" if named or mix_by is not None
+    given = list(mix.given())
+    if given and not ((named or mix.mix_by is not None) and options.train):
+        why = ("a dev loader (train=False) reads every corpus once, unmixed" if named or mix.mix_by is not None
                else "give trset as {name: pattern, ...}, or mix_by")
         raise ValueError(f"{', '.join(given)}: only named corpora are mixed (or their parts, with mix_by), in "
                          f"training; {why}")
@@ -214,20 +211,15 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
                          "are in no index: run wdsprep index on a local copy, or leave the option out")
     planned = None if options.max_utts_per_speaker is None or shards.speakers is None else shards.speakers.ids
     each = list(plans) if plans is not None else [options] * len(shards.corpora)
-    if mix_by is not None:
-        names, units, part_hours = split_by(shards, mix_by, each, seed=seed, planned=planned)
-        if temperature is not None and (weights is not None or schedule is not None):
-            raise ValueError("give the mixture one way: weights, temperature or schedule, not several")
-        if temperature is not None:
-            levels = temperature if isinstance(temperature, tuple) else (temperature, temperature)
-            mixture = level_mixture(names, part_hours, levels, by=mix_by)
+    if mix.mix_by is not None:
+        names, units, part_hours = split_by(shards, mix.mix_by, each, seed=seed, planned=planned)
+        if mix.temperature is not None:
+            t = mix.temperature
+            mixture = level_mixture(names, part_hours, t if isinstance(t, tuple) else (t, t), by=mix.mix_by)
         else:
-            mixture = make_mixture(names, weights=weights, schedule=schedule,
-                                   utts=[u.shards.num_utts for u in units])
-        return MixedEpochs(shards, units, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
+            mixture = make_mixture(names, mix, utts=[u.shards.num_utts for u in units])
+        return MixedEpochs(shards, units, seed=seed, mixture=mixture, steps_per_epoch=mix.steps_per_epoch,
                            world_size=world_size, num_workers=num_workers, speakers=shards.speakers, names=names)
-    if isinstance(temperature, tuple):
-        raise ValueError("a temperature per level needs mix_by; give one number")
     if named and options.train and (len(shards.corpora) > 1 or given):
         corpora = []
         for c, name in enumerate(shards.corpora):
@@ -235,8 +227,8 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
             row0 = int(shards.starts[shards.shards_of(c).start])
             corpora.append(Corpus(part, each[c], seed=derive_seed(seed, zlib.crc32(name.encode())), row0=row0,
                                   speakers=None if planned is None else planned[row0:row0 + part.num_utts], parent=c))
-        mixture = mixture_for(shards, weights=weights, temperature=temperature, schedule=schedule)
-        return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, steps_per_epoch=steps_per_epoch,
+        mixture = mixture_for(shards, mix)
+        return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, steps_per_epoch=mix.steps_per_epoch,
                            world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
     source = CorpusEpochs(Corpus(shards, each[0] if options.train else options, seed=seed, speakers=planned),
                           corpora=shards.corpora, world_size=world_size, num_workers=num_workers,

@@ -24,6 +24,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from wdsprep.plan.options import MixOptions
+
 Weights = Mapping[str, float]
 SchedulePoints = Sequence[tuple[int, Weights]]
 
@@ -100,10 +102,9 @@ def _shares(weights: Weights, names: Sequence[str], where: str) -> tuple[float, 
     return tuple(v / total for v in scaled)
 
 
-def make_mixture(names: Sequence[str], *, weights: Weights | None = None, temperature: float | None = None,
-                 schedule: SchedulePoints | None = None, hours: Sequence[float] | None = None,
+def make_mixture(names: Sequence[str], mix: MixOptions, *, hours: Sequence[float] | None = None,
                  utts: Sequence[int] | None = None) -> Mixture:
-    """The mixture given one way (at most one of ``weights``, ``temperature``, ``schedule``).
+    """The mixture ``mix`` gives (its one way: ``weights``, ``temperature`` or ``schedule``).
 
     None given: the corpora's own proportions of utterances (``utts``), as if they were one corpus.
     ``temperature`` needs ``hours`` per corpus.
@@ -111,8 +112,7 @@ def make_mixture(names: Sequence[str], *, weights: Weights | None = None, temper
     names = tuple(names)
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"corpus names must be distinct and at least one, got {list(names)}")
-    if sum(x is not None for x in (weights, temperature, schedule)) > 1:
-        raise ValueError("give the mixture one way: weights, temperature or schedule, not several")
+    weights, temperature, schedule = mix.weights, mix.temperature, mix.schedule
     if schedule is not None:
         points = list(schedule)
         if not points:
