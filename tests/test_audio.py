@@ -27,7 +27,7 @@ from wdsprep.format.reindex import index_shards
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.writer import ShardWriter, write_audio_shard
 from wdsprep.plan import augment as augment_module
-from wdsprep.plan.augment import Draw, Draws, Noise, Part, SpecAugment, add_noise, parse_augment, spec_augment
+from wdsprep.plan.augment import Draw, Draws, Effect, Noise, SpecAugment, add_noise, parse_augment, spec_augment
 from wdsprep.plan.state import StateError
 from wdsprep.prep.fbank import Fbank, FbankOptions
 from wdsprep.units import fbank_frames
@@ -537,7 +537,7 @@ def test_time_warp_keeps_the_length_and_moves_frames(corpus):
     assert moved > 100
 
 
-# ---------------------------------------------------------------- the parts' draws
+# ---------------------------------------------------------------- the effects' draws
 
 
 def _philox(seed: int, epoch: int, row: int, n: int, purpose: int = 0) -> np.ndarray:
@@ -550,13 +550,13 @@ def _philox(seed: int, epoch: int, row: int, n: int, purpose: int = 0) -> np.nda
 NOISE, REVERB = {"dir": "n"}, {"dir": "r"}
 
 
-def test_todays_parts_read_fixed_slots_whatever_else_is_on():
+def test_todays_effects_read_fixed_slots_whatever_else_is_on():
     """The draws of speed, noise, reverb and SpecAugment are pinned: noise reads uniforms 0-3 of
     the utterance's stream, reverb 4-5, SpecAugment 6 on (two per mask and two for the warp), each
-    whether or not the others are on.  A part placed before SpecAugment would fail here."""
-    assert [k.name for k in augment_module.PARTS[:4]] == ["speed", "noise", "reverb", "specaugment"]
-    assert len({k.name for k in augment_module.PARTS}) == len({k.order for k in augment_module.PARTS}) == \
-        len(augment_module.PARTS)
+    whether or not the others are on.  An effect placed before SpecAugment would fail here."""
+    assert [k.name for k in augment_module.EFFECTS[:4]] == ["speed", "noise", "reverb", "specaugment"]
+    assert len({k.name for k in augment_module.EFFECTS}) == len({k.order for k in augment_module.EFFECTS}) == \
+        len(augment_module.EFFECTS)
     spec = {"freq_masks": 3, "time_masks": 1, "time_warp": 4}
     raw = _philox(7, 2, 41, 6 + 2 * (3 + 1 + 1))
     for on in ({"noise": NOISE}, {"reverb": REVERB}, {"specaugment": spec}, {"noise": NOISE, "specaugment": spec},
@@ -576,7 +576,7 @@ def test_todays_parts_read_fixed_slots_whatever_else_is_on():
 
 
 @dataclass(frozen=True)
-class PeakClip(Part):
+class PeakClip(Effect):
     """A part as a coming issue would add one: clips the waveform at ``level`` of its peak, with
     probability ``prob`` (its two uniforms: whether, and a level jitter)."""
 
@@ -597,11 +597,11 @@ class PeakClip(Part):
 
 @pytest.fixture
 def with_clip(monkeypatch):
-    monkeypatch.setattr(augment_module, "PARTS", (*augment_module.PARTS, PeakClip))
+    monkeypatch.setattr(augment_module, "EFFECTS", (*augment_module.EFFECTS, PeakClip))
 
 
-def test_a_part_appended_moves_no_draw_and_needs_nothing_else(corpus, with_clip):
-    """A part appended to PARTS (here a test's own clipping) leaves every draw of today's parts where
+def test_an_effect_appended_moves_no_draw_and_needs_nothing_else(corpus, with_clip):
+    """An effect appended to EFFECTS (here a test's own clipping) leaves every draw of today's effects where
     it was, reads a stream of its own (the same uniforms whatever SpecAugment's options), and the
     loader applies it, checks it and fingerprints it with no other change."""
     root, feats, flac, wav, tok = corpus
@@ -712,7 +712,7 @@ CHANNEL = {"lowpass": {"cutoff": [2500, 3500], "prob": 0.7}, "clip": {"gain": [6
 def test_channel_parts_take_stream_one_after_todays_parts_and_move_none_of_their_draws():
     """lowpass, clip and codec are appended: they read uniforms 0-1, 2-3 and 4-6 of stream 1, on or
     off, whatever SpecAugment's options; the parts before keep their slots."""
-    assert [k.name for k in augment_module.PARTS] == ["speed", "noise", "reverb", "specaugment", "lowpass", "clip",
+    assert [k.name for k in augment_module.EFFECTS] == ["speed", "noise", "reverb", "specaugment", "lowpass", "clip",
                                                       "codec"]
     today = {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": {"freq_masks": 3}}
     raw = _philox(7, 2, 41, 7, 101)

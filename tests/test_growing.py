@@ -30,7 +30,7 @@ from shardsets import make_kaldi_dir, train_char_tokenizer
 from wdsprep import inspect_shards, make_loader, pack_data, verify_shards
 from wdsprep.errors import DataError
 from wdsprep.format.commit import PLAN_NAME, UncommittedPackError, published_count, read_plan
-from wdsprep.format.index import DamagedIndexError, part_dir, read_index
+from wdsprep.format.index import DamagedIndexError, entry_dir, read_index
 from wdsprep.format.keys import decode_key
 from wdsprep.plan.state import StateError
 
@@ -265,7 +265,7 @@ def test_a_growing_folder_is_refused_without_growing_and_read_as_published_with_
 def test_a_damaged_published_entry_is_named(kaldi, stopped, tmp_path):
     root, kd, utts, tok = kaldi
     out = copy_of(stopped, tmp_path / "out")
-    bad = part_dir(out / "0_150", 2) / "index.frames.npy"
+    bad = entry_dir(out / "0_150", 2) / "index.frames.npy"
     bad.write_bytes(bad.read_bytes()[:-4])
     with pytest.raises(DamagedIndexError, match=str(bad)):
         make_loader(f"{out}/*/data-*.tar", tok, max_frames=3000, growing=True)

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wdsprep.format.commit import PARTS_DIR
+from wdsprep.format.commit import ENTRIES_DIR
 from wdsprep.pack.output import prepare_output
 
 
 def _target(tmp_path: Path) -> tuple[Path, list[Path]]:
     """A folder outside the pack, holding files an --overwrite must never touch."""
     target = tmp_path / "elsewhere"
-    (target / PARTS_DIR).mkdir(parents=True)
-    files = [target / "data-00000.tar", target / "index.json", target / PARTS_DIR / "00000000",
+    (target / ENTRIES_DIR).mkdir(parents=True)
+    files = [target / "data-00000.tar", target / "index.json", target / ENTRIES_DIR / "00000000",
              target / "pack_report.json", target / ".w000-00000.tar"]
     for f in files:
         f.write_bytes(b"precious")
@@ -46,14 +46,14 @@ def test_item1_overwrite_removes_linked_files_and_parts_themselves_never_their_t
     target, files = _target(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    (out / PARTS_DIR).symlink_to(target / PARTS_DIR, target_is_directory=True)
+    (out / ENTRIES_DIR).symlink_to(target / ENTRIES_DIR, target_is_directory=True)
     (out / "data-00001.tar").symlink_to(target / "data-00000.tar")
     (out / "index.json").symlink_to(target / "index.json")
     (out / "notes.txt").write_text("kept")
     with prepare_output(out, overwrite=True):
         pass
     assert all(f.read_bytes() == b"precious" for f in files)
-    assert not os.path.lexists(out / PARTS_DIR) and not os.path.lexists(out / "data-00001.tar")
+    assert not os.path.lexists(out / ENTRIES_DIR) and not os.path.lexists(out / "data-00001.tar")
     assert not os.path.lexists(out / "index.json") and (out / "notes.txt").read_text() == "kept"
 
 
@@ -622,7 +622,7 @@ def test_item15_a_gap_in_the_published_entries_no_longer_wedges_resume(tmp_path)
     from shardsets import make_kaldi_dir
 
     from wdsprep import pack_data
-    from wdsprep.format.index import part_dir
+    from wdsprep.format.index import entry_dir
 
     kd = tmp_path / "kaldi"
     make_kaldi_dir(kd, 60, seed=5)
@@ -630,7 +630,7 @@ def test_item15_a_gap_in_the_published_entries_no_longer_wedges_resume(tmp_path)
     pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
     out = tmp_path / "out"
     args = _stopped_pack(kd, out, after=4)
-    shutil.rmtree(part_dir(out, 1))  # a gap: entries 2 and 3 stand after it
+    shutil.rmtree(entry_dir(out, 1))  # a gap: entries 2 and 3 stand after it
     pack_data(**args, resume=True)
     assert _tars(out) == _tars(whole) and (out / "index.json").is_file()
 
@@ -676,7 +676,7 @@ def test_item18_a_damaged_published_entry_advises_what_works_and_it_does(tmp_pat
     from shardsets import make_kaldi_dir, train_char_tokenizer
 
     from wdsprep import make_loader, pack_data
-    from wdsprep.format.index import DamagedIndexError, part_dir
+    from wdsprep.format.index import DamagedIndexError, entry_dir
 
     kd = tmp_path / "kaldi"
     make_kaldi_dir(kd, 60, seed=8)
@@ -684,16 +684,16 @@ def test_item18_a_damaged_published_entry_advises_what_works_and_it_does(tmp_pat
     pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
     out = tmp_path / "out"
     args = _stopped_pack(kd, out, after=3)
-    bad = part_dir(out, 1) / "index.frames.npy"
+    bad = entry_dir(out, 1) / "index.frames.npy"
     bad.write_bytes(bad.read_bytes()[:-4])
     tok = train_char_tokenizer(tmp_path, kd / "text")
-    with pytest.raises(DamagedIndexError, match=rf"remove {part_dir(out, 1)} and run the pack again with --resume") \
+    with pytest.raises(DamagedIndexError, match=rf"remove {entry_dir(out, 1)} and run the pack again with --resume") \
             as e:
         make_loader(f"{out}/data-*.tar", tok, max_frames=2000, growing=True)
     assert "index --force" not in str(e.value)
     import shutil
 
-    shutil.rmtree(part_dir(out, 1))  # as it says
+    shutil.rmtree(entry_dir(out, 1))  # as it says
     pack_data(**args, resume=True)
     assert _tars(out) == _tars(whole)
 
@@ -800,13 +800,13 @@ def test_item6_a_growing_entry_naming_another_shard_is_refused_not_hiding_the_pu
     from shardsets import make_kaldi_dir, train_char_tokenizer
 
     from wdsprep import make_loader
-    from wdsprep.format.index import DamagedIndexError, part_dir
+    from wdsprep.format.index import DamagedIndexError, entry_dir
 
     kd = tmp_path / "kaldi"
     make_kaldi_dir(kd, 60, seed=9)
     out = tmp_path / "out"
     _stopped_pack(kd, out, after=3)
-    entry = part_dir(out, 1) / "index.json"
+    entry = entry_dir(out, 1) / "index.json"
     entry.write_text(entry.read_text().replace('"data-00001.tar"', '"data-00005.tar"'))
     tok = train_char_tokenizer(tmp_path, kd / "text")
     with pytest.raises(DamagedIndexError, match=rf"{entry}: names shard 'data-00005.tar', but the pack names its "

@@ -116,7 +116,7 @@ def pack_run(work: Path, copies: int, nj: int) -> dict:
 
 def index_strategies(work: Path, shards: int, utts: int = 2000) -> dict:
     """Per-shard entries against a folder index rewritten after each shard."""
-    from wdsprep.format.index import FolderIndex, ShardInfo, read_index, write_index, write_part
+    from wdsprep.format.index import FolderIndex, ShardInfo, read_index, write_entry, write_index
 
     rng = np.random.default_rng(0)
     infos = [ShardInfo(f"data-{s:05d}.tar", [f"spk{s % 97:03d}-utt{s:05d}-{i:05d}" for i in range(utts)],
@@ -127,7 +127,7 @@ def index_strategies(work: Path, shards: int, utts: int = 2000) -> dict:
     parts.mkdir(parents=True)
     t0 = time.perf_counter()
     for k, info in enumerate(infos):
-        write_part(parts, k, FolderIndex.from_shards("cat", 80, "float32", [info], sizes=[10**9], mtimes=[1]),
+        write_entry(parts, k, FolderIndex.from_shards("cat", 80, "float32", [info], sizes=[10**9], mtimes=[1]),
                    {"plan_shard": k, "report": {"dropped": {}, "flagged": {}}})
     per_part = (time.perf_counter() - t0) / shards
     part_bytes = tree_bytes(parts)

@@ -38,7 +38,7 @@ class SpecAugmentModule(torch.nn.Module):
         if opts is not None and options:
             raise ValueError("give SpecAugmentModule either a SpecAugment or its options, not both")
         self.opts = opts if opts is not None else SpecAugment(**options)
-        # The part's slots do not move when other parts are on (Augment.layout), so these are the
+        # The effect's slots do not move when other effects are on (Augment.layout), so these are the
         # loader's whatever else it augments with.
         self.slots = Augment(specaugment=self.opts).layout()["specaugment"]
 

@@ -13,7 +13,7 @@ A pack decides its whole shard plan before it writes the first shard, records it
 digests and the options), and then *publishes* its shards one by one, in plan order within each
 folder: a shard gets its final name once it is written and synced, and is published by the
 atomic rename of its index entry into ``FOLDER/.index.parts/NNNNNNNN/``
-(:func:`wdsprep.format.index.write_part`).  A folder whose pack holds the marker and a plan is
+(:func:`wdsprep.format.index.write_entry`).  A folder whose pack holds the marker and a plan is
 *growing* (:func:`growth`): a loader may follow it (``growing=True``), and ``pack --resume``
 finishes it after a kill, keeping every published shard.  The plan stays after the commit: it
 says what the folder was packed from.
@@ -39,8 +39,8 @@ PLAN_NAME = "pack_plan.json"
 PLAN_VERSION = 1
 PLAN_LIMIT = 64 << 20  # bytes: a plan records its inputs' digests and a few numbers per folder
 # Per shard folder: one sub-folder per published shard, holding that shard's index entry.
-PARTS_DIR = ".index.parts"
-_PART_RE = re.compile(r"[0-9]{8}")
+ENTRIES_DIR = ".index.parts"
+_ENTRY_RE = re.compile(r"[0-9]{8}")
 
 _MARKER_TEXT = (
     "wdsprep pack is writing this directory, or was stopped before it finished (killed, out of disk, "
@@ -154,7 +154,7 @@ def published_count(folder: str | os.PathLike) -> int:
     """How many shards of ``folder`` are published so far: its index entries 0, 1, ... without a gap
     (a listing, nothing read: for messages and waiting; readers read the entries themselves)."""
     try:
-        names = {n for n in os.listdir(Path(folder) / PARTS_DIR) if _PART_RE.fullmatch(n)}
+        names = {n for n in os.listdir(Path(folder) / ENTRIES_DIR) if _ENTRY_RE.fullmatch(n)}
     except (FileNotFoundError, NotADirectoryError):
         return 0
     k = 0
@@ -222,10 +222,10 @@ def _unmarked_parts(folder: Path) -> str | None:
     """Why a folder without a marker is no complete pack's: published entries and no ``index.json``
     (a pack commits only after its indexes are written, and drops the entries after that), so the
     marker of a pack that did not finish was removed by hand; None for any other folder."""
-    if not os.path.isdir(folder / PARTS_DIR) or os.path.lexists(folder / "index.json"):  # the index's file name
+    if not os.path.isdir(folder / ENTRIES_DIR) or os.path.lexists(folder / "index.json"):  # the index's file name
         return None
     d = folder if os.path.lexists(folder / PLAN_NAME) else folder.parent
-    return (f"holds the published entries of a pack ({folder / PARTS_DIR}) but no index.json, and no {MARKER_NAME}: "
+    return (f"holds the published entries of a pack ({folder / ENTRIES_DIR}) but no index.json, and no {MARKER_NAME}: "
             f"the pack did not finish and its marker was removed by hand, so its shards may be a part of the corpus "
             f"only. Put the marker back (touch {d / MARKER_NAME}) and run the pack again with --resume, or pack "
             f"again with --overwrite")

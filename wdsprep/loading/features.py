@@ -24,7 +24,7 @@ from wdsprep.format.audio import FileAudio
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.records import AUDIO, IN_MEMORY, Records
 from wdsprep.format.shardfile import FileFeats, ShardError, ShardFile
-from wdsprep.plan.augment import NO_UNIFORMS, Augment, Draw, Draws, Part
+from wdsprep.plan.augment import NO_UNIFORMS, Augment, Draw, Draws, Effect
 from wdsprep.plan.corpus import Corpus
 from wdsprep.plan.stats import WorkerTally
 from wdsprep.plan.streams import BatchId
@@ -80,7 +80,7 @@ def load_bank(folder: str, sample_rate: int, what: str) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class FeatureOptions:
     """What the features stage does: ``fbank`` for audio shards (None: feature shards), and the
-    augmentation (its speed part is the plan's, applied as drawn); ``augments``: each named
+    augmentation (its speed effect is the plan's, applied as drawn); ``augments``: each named
     corpus's, where corpora augment differently (``transforms.py``)."""
 
     fbank: FbankOptions | None = None
@@ -96,12 +96,12 @@ class FeatureOptions:
     @property
     def needed(self) -> bool:
         """Whether the stage has anything to do (feature shards without augmentation: nothing)."""
-        return self.fbank is not None or any(a is not None and a.features_part() is not None for a in self.each)
+        return self.fbank is not None or any(a is not None and a.feature_effects() is not None for a in self.each)
 
     def to_json(self) -> dict[str, Any]:
         """For the loader's fingerprint: every setting the features depend on, and the banks' files."""
         a = self.augment
-        banks = {p.name: bank_listing(p.bank) for p in (a.parts if a is not None else ()) if p.bank is not None}
+        banks = {p.name: bank_listing(p.bank) for p in (a.effects if a is not None else ()) if p.bank is not None}
         doc = {"fbank": None if self.fbank is None else {f.name: getattr(self.fbank, f.name)
                                                           for f in fields(self.fbank) if f.name != "channel"},
                "augment": None if a is None else a.to_json(), "banks": banks}
@@ -109,20 +109,20 @@ class FeatureOptions:
             doc["waveform"] = True
         if self.augments is not None:
             doc["corpora"] = [None if x is None else {"augment": x.to_json(), "banks": {
-                p.name: bank_listing(p.bank) for p in x.parts if p.bank is not None}} for x in self.augments]
+                p.name: bank_listing(p.bank) for p in x.effects if p.bank is not None}} for x in self.augments]
         return doc
 
 
 class _Chain:
-    """One augmentation as the reader applies it: the parts on the waveform and on the features,
-    in order, and where each part's uniforms sit in a row's draws."""
+    """One augmentation as the reader applies it: the effects on the waveform and on the features,
+    in order, and where each effect's uniforms sit in a row's draws."""
 
     def __init__(self, augment: Augment | None) -> None:
         aug = augment or Augment()
-        self.parts = aug.parts
+        self.effects = aug.effects
         self.on_wave, self.on_features = aug.chain(on_audio=True), aug.chain(on_audio=False)
         self.layout = aug.layout()
-        self.reads = any(s.stop > s.start for s in self.layout.values())  # whether any part reads uniforms
+        self.reads = any(s.stop > s.start for s in self.layout.values())  # whether any effect reads uniforms
 
 
 class FeatureMaker:
@@ -136,8 +136,8 @@ class FeatureMaker:
         self.on_error = on_error
         self.chains = [_Chain(a) for a in opts.each]  # per named corpus (one for all)
         first = self.chains[0]
-        self.parts, self.on_wave, self.on_features = first.parts, first.on_wave, first.on_features
-        self.layout, self.reads = first.layout, first.reads  # where each part's uniforms sit in a row's draws
+        self.effects, self.on_wave, self.on_features = first.effects, first.on_wave, first.on_features
+        self.layout, self.reads = first.layout, first.reads  # where each effect's uniforms sit in a row's draws
         self._fbank: Fbank | None = None
         self._banks: dict[str, list[np.ndarray]] = {}
         self._draws: OrderedDict[tuple[int, int], Draws] = OrderedDict()
@@ -147,20 +147,20 @@ class FeatureMaker:
             yield bid, self.batch(bid, rows, counts)
 
     def load(self) -> FeatureMaker:
-        """Load the parts' recordings now (ValueError naming a file that cannot be used)."""
+        """Load the effects' recordings now (ValueError naming a file that cannot be used)."""
         for chain in self.chains:
-            for part in chain.parts:
-                self._bank(part)
+            for effect in chain.effects:
+                self._bank(effect)
         return self
 
-    def _bank(self, part: Part) -> list[np.ndarray]:
-        """The recordings of ``part``'s folder (none when it has no folder)."""
-        if part.bank is None:
+    def _bank(self, effect: Effect) -> list[np.ndarray]:
+        """The recordings of ``effect``'s folder (none when it has no folder)."""
+        if effect.bank is None:
             return []
-        if part.bank not in self._banks:  # by folder: two corpora may draw noise from two
+        if effect.bank not in self._banks:  # by folder: two corpora may draw noise from two
             assert self.opts.fbank is not None
-            self._banks[part.bank] = load_bank(part.bank, self.opts.fbank.sample_rate, part.name)
-        return self._banks[part.bank]
+            self._banks[effect.bank] = load_bank(effect.bank, self.opts.fbank.sample_rate, effect.name)
+        return self._banks[effect.bank]
 
     def draws(self, seed: int, epoch: int) -> Draws:
         """The per-utterance draws of a corpus epoch (the last few kept)."""
@@ -213,8 +213,8 @@ class FeatureMaker:
                 keep[i] = False
                 self._bad(out, i, e, counts)
                 continue
-            for part in chain.on_features:
-                feats = part.apply(feats, Draw(u.get(part.name, NO_UNIFORMS), self._bank(part)))
+            for effect in chain.on_features:
+                feats = effect.apply(feats, Draw(u.get(effect.name, NO_UNIFORMS), self._bank(effect)))
             out.sources[i] = feats
             out.num[i, :4] = (IN_MEMORY, feats.shape[0], feats.shape[1], feats.dtype.itemsize)
         return out if keep.all() else out[keep]
@@ -233,9 +233,9 @@ class FeatureMaker:
                  choices: np.ndarray | None, chain: _Chain | None = None) -> tuple[np.ndarray, str]:
         """The waveform an audio row's features are computed from: decoded, downmixed (the mean of its
         channels), resampled to the fbank's rate (exactly the length the plan counted), then each
-        waveform part applied in turn (speed,
+        waveform effect applied in turn (speed,
         reverb, noise, clip, lowpass, codec) as the row's draws say; and the prefix of its name.
-        ``row``: its place in its corpus; ``u``: its uniforms of each part (:meth:`Draws.read`);
+        ``row``: its place in its corpus; ``u``: its uniforms of each effect (:meth:`Draws.read`);
         ``choices``: the corpus epoch's speed factors, as the plan drew them; ``chain``: the corpus's
         augmentation (the loader's when None)."""
         fb = self.opts.fbank
@@ -251,11 +251,11 @@ class FeatureMaker:
         if audio.header.sample_rate != fb.sample_rate:  # exact rational resampling: the plan counted its length
             wave = resample(wave, audio.header.sample_rate, fb.sample_rate)
         prefix = ""
-        for part in (chain or self.chains[0]).on_wave:
-            draw = Draw(u.get(part.name, NO_UNIFORMS), self._bank(part),
-                        int(choices[row]) if part.planned and choices is not None else None, fb.sample_rate)
-            wave = part.apply(wave, draw)
-            prefix = part.prefix(draw) + prefix
+        for effect in (chain or self.chains[0]).on_wave:
+            draw = Draw(u.get(effect.name, NO_UNIFORMS), self._bank(effect),
+                        int(choices[row]) if effect.planned and choices is not None else None, fb.sample_rate)
+            wave = effect.apply(wave, draw)
+            prefix = effect.prefix(draw) + prefix
         return wave, prefix
 
     def _bad(self, rows: Records, i: int, e: Exception, counts: WorkerTally) -> None:

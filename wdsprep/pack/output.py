@@ -13,7 +13,7 @@
 4. :class:`Publisher`: each shard a worker wrote (:mod:`wdsprep.pack.sink`) is *published* in plan
    order within its folder, as soon as it and every one before it are written: it gets its final
    name (``fmt % k``, ``k`` its place among the folder's published shards), the folder is synced,
-   and its index entry is published (:func:`wdsprep.format.index.write_part`).  A loader with
+   and its index entry is published (:func:`wdsprep.format.index.write_entry`).  A loader with
    ``growing=True`` follows the folders.
 5. :func:`finish`: each folder's ``index.json`` and ``pack_report.json`` from the published
    entries, then the commit (the marker goes).
@@ -49,7 +49,7 @@ from typing import Any, Iterator, Sequence
 from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync, temp_path, write_text
 from wdsprep.format.commit import (
-    PARTS_DIR,
+    ENTRIES_DIR,
     PLAN_NAME,
     PackPlan,
     PlannedFolder,
@@ -68,11 +68,11 @@ from wdsprep.format.index import (
     Speakers,
     index_file_names,
     is_index_file,
-    read_part_record,
-    read_parts,
+    read_entries,
+    read_entry_record,
     stale_reason,
+    write_entry,
     write_index,
-    write_part,
 )
 from wdsprep.format.keys import decode_key, encode_key, speaker_of
 from wdsprep.pack.options import PackOptions, Part
@@ -214,8 +214,8 @@ def _prepare(d: Path, overwrite: bool, resume: bool) -> PackPlan | None:
     begin(d)
     if overwrite:
         for folder in [d, *own_folders(d)]:
-            remove_path(folder / PARTS_DIR)
-            remove_path(folder / f"{PARTS_DIR}.done")
+            remove_path(folder / ENTRIES_DIR)
+            remove_path(folder / f"{ENTRIES_DIR}.done")
             remove_path(folder / STAGED_DIR)
             for p in folder.iterdir():
                 if (p.is_file() or p.is_symlink()) and (p.name.endswith((".tar", TMP_SUFFIX))
@@ -242,7 +242,7 @@ def refuse_linked_folders(d: Path, removable: bool) -> None:
     if not d.is_dir():
         return
     for p in sorted(d.iterdir()):
-        hidden_work = p.name in (PARTS_DIR, f"{PARTS_DIR}.done") or p.name.startswith((".w", "..w"))
+        hidden_work = p.name in (ENTRIES_DIR, f"{ENTRIES_DIR}.done") or p.name.startswith((".w", "..w"))
         if p.is_symlink() and p.is_dir() and not (removable and hidden_work):
             raise FileExistsError(f"{p} is a symbolic link to the folder {os.path.realpath(p)}; a pack never "
                                   f"removes or writes anything through a link inside its output folder: remove the "
@@ -444,7 +444,7 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
         out.count[folder] = k_count
         if not k_count:
             continue
-        index = read_parts(where)
+        index = read_entries(where)
         assert len(index.names) == k_count
         position = {j: n for n, j in enumerate(shard_ids)}
         last = -1
@@ -467,7 +467,7 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
                 why = "its bytes differ from the SHA-256 its entry records: it was changed in place"
             if why is not None:
                 raise refuse(f"it changed since ({why})")
-            record = read_part_record(where, k)
+            record = read_entry_record(where, k)
             j = record.get("plan_shard")
             if type(j) is not int or j not in position or position[j] <= last:
                 raise refuse(f"its entry names planned shard {j!r}, not one after the last in {folder or '.'}")
@@ -493,7 +493,7 @@ def _as_planned(plan: ShardPlan, j: int, keys: Sequence[str], frames: Sequence[i
 def _entry_reports(record: dict[str, Any], where: Path) -> list[tuple[int, Report]]:
     """(planned shard, what it dropped) of a published entry's shard and of the shards written empty
     just before it."""
-    at = str(where / PARTS_DIR)
+    at = str(where / ENTRIES_DIR)
     skipped = record.get("skipped", [])
     if not isinstance(skipped, list) or not all(isinstance(x, dict) and type(x.get("plan_shard")) is int
                                                  for x in skipped):
@@ -508,10 +508,10 @@ def _remove_unpublished(d: Path, plan: ShardPlan, count: dict[str, int], fmt: st
     remove_partial(d)
     for folder in plan.folders:
         where = d / folder
-        for p in where.glob(f"{PARTS_DIR}/.tmp-*"):
+        for p in where.glob(f"{ENTRIES_DIR}/.tmp-*"):
             remove_path(p)
         published = count.get(folder, 0)
-        for p in where.glob(f"{PARTS_DIR}/[0-9]*"):
+        for p in where.glob(f"{ENTRIES_DIR}/[0-9]*"):
             # entries past a gap (one removed by hand) publish nothing: their shards are written
             # again, and a stale entry in a new one's place would stop its publication for good
             if p.name.isdigit() and len(p.name) == 8 and int(p.name) >= published:
@@ -560,7 +560,7 @@ class Publisher:
             entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[st.st_size],
                                             mtimes=[st.st_mtime_ns], speakers=speakers, audio=self.audio,
                                             fields=self.fields)
-            write_part(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
+            write_entry(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
                                          "skipped": self.skipped.pop(w.folder, [])})
         except BaseException:
             final.unlink(missing_ok=True)  # named but not published (its entry did not fit): written again
@@ -577,9 +577,9 @@ class Publisher:
         k = published_count(where)
         start = 0
         if k:
-            last = read_part_record(where, k - 1).get("plan_shard")
+            last = read_entry_record(where, k - 1).get("plan_shard")
             if last not in shard_ids:
-                raise DataError(f"{where / PARTS_DIR}: entry {k - 1} names planned shard {last!r}, none of this "
+                raise DataError(f"{where / ENTRIES_DIR}: entry {k - 1} names planned shard {last!r}, none of this "
                                 f"folder's; pack again with --overwrite")
             start = shard_ids.index(last) + 1
         self.count[folder] = k
@@ -701,10 +701,10 @@ def finish(d: Path, folders: Sequence[str], report: Report, *, languages: dict[s
     folders_with_shards = []
     for folder in folders:
         where = d / folder
-        index = read_parts(where) if (where / PARTS_DIR).is_dir() else None
+        index = read_entries(where) if (where / ENTRIES_DIR).is_dir() else None
         infos = len(index.names) if index is not None else 0
         for k in range(infos):
-            for _, r in _entry_reports(read_part_record(where, k), where):
+            for _, r in _entry_reports(read_entry_record(where, k), where):
                 report.merge(r)
         if index is not None and infos:
             write_index(where, index)
@@ -737,8 +737,8 @@ def finish(d: Path, folders: Sequence[str], report: Report, *, languages: dict[s
 def drop_parts(folder: Path) -> None:
     """Remove a folder's published entries once its ``index.json`` holds them: moved away in one
     rename first, so a reader listing them finds all or none (and then the index)."""
-    parts = folder / PARTS_DIR
-    gone = folder / f"{PARTS_DIR}.done"
+    parts = folder / ENTRIES_DIR
+    gone = folder / f"{ENTRIES_DIR}.done"
     shutil.rmtree(gone, ignore_errors=True)
     if parts.is_dir():
         os.rename(parts, gone)
@@ -765,9 +765,9 @@ def stopped(out: LockedOutput, shards_total: int, part: tuple[Part, ShardPlan] |
                 f"again to finish it")
     try:
         remove_partial(d)
-        for parts in (p for folder in [d, *own_folders(d)] for p in folder.glob(f"{PARTS_DIR}/.tmp-*")):
+        for parts in (p for folder in [d, *own_folders(d)] for p in folder.glob(f"{ENTRIES_DIR}/.tmp-*")):
             remove_path(parts)
-        published = sum(published_count(p.parent) for p in [*d.glob(PARTS_DIR), *d.glob(f"*/{PARTS_DIR}")])
+        published = sum(published_count(p.parent) for p in [*d.glob(ENTRIES_DIR), *d.glob(f"*/{ENTRIES_DIR}")])
     except OSError:
         return None
     if published == 0 and out.prior is None:
@@ -783,7 +783,7 @@ def abandon(d_out: Path) -> None:
     try:
         remove_partial(d_out)
         for p in [d_out, *own_folders(d_out)]:
-            remove_path(p / PARTS_DIR)
+            remove_path(p / ENTRIES_DIR)
         (d_out / REPORT_NAME).unlink(missing_ok=True)
         for p in own_folders(d_out):
             if not any(p.iterdir()):

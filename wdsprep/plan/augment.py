@@ -1,4 +1,4 @@
-"""Augmentation the plan knows: the parts, every draw as a pure function, and the transforms.
+"""Augmentation the plan knows: the effects, every draw as a pure function, and the transforms.
 
 Every draw is a function of (the corpus's seed, the corpus epoch, the utterance's row in its
 corpus), from seeded numpy generators, never global state; so a batch and its augmented features
@@ -13,11 +13,11 @@ are the same for any world size and worker count, and after a resume:
   (any shards): uniforms drawn per
   utterance from a Philox generator keyed by (seed, corpus epoch) at a counter set by its row
   (:class:`Draws`): random access to any utterance's draws, no state carried from one to the next.
-  Each part reads its own slots of them (:meth:`Augment.layout`).
+  Each effect reads its own slots of them (:meth:`Augment.layout`).
 
-Each part is a :class:`Part`: a frozen dataclass of its options that declares its name, whether it
+Each effect is an :class:`Effect`: a frozen dataclass of its options that declares its name, whether it
 acts on audio, how many uniforms it reads, its folder of recordings and its transform.
-:data:`PARTS` lists them; the reader applies them (``loading/features.py``) and the loader checks
+:data:`EFFECTS` lists them; the reader applies them (``loading/features.py``) and the loader checks
 the shards (:meth:`Augment.check_shards`) from that list alone.
 
 Options come as a dict (``{"speed": {"factors": [0.9, 1.0, 1.1]}, "noise": {"dir": D, "snr":
@@ -66,12 +66,12 @@ def _check_prob(p: Any, what: str) -> None:
 
 @dataclass(frozen=True)
 class Draw:
-    """What a part's transform reads for one utterance."""
+    """What an effect's transform reads for one utterance."""
 
     u: np.ndarray  # its uniforms in [0, 1): its own slots of the utterance's draws
     bank: Sequence[np.ndarray] = ()  # the recordings of its folder, at the shards' sample rate
-    choice: int | None = None  # a part the plan draws (speed): the row's choice
-    rate: int | None = None  # the waveform's sample rate (a waveform part's; what a filter's Hz refer to)
+    choice: int | None = None  # an effect the plan draws (speed): the row's choice
+    rate: int | None = None  # the waveform's sample rate (a waveform effect's; what a filter's Hz refer to)
 
     def sample_rate(self, what: str) -> int:
         if self.rate is None:
@@ -79,17 +79,17 @@ class Draw:
         return self.rate
 
 
-class Part:
+class Effect:
     """One augmentation: a frozen dataclass of its options (what ``augment`` gives under
     :attr:`name`) and the transform the reader applies to each utterance.
 
-    A new part is a subclass here, appended to :data:`PARTS`, and exported from ``wdsprep``: the
+    A new effect is a subclass here, appended to :data:`EFFECTS`, and exported from ``wdsprep``: the
     reader, the loader's checks, the fingerprint and ``augment``'s parsing follow from this list.
     """
 
     name: ClassVar[str]  # its key in the augment options
     on_audio: ClassVar[bool]  # acts on the waveform (audio shards only); else on the features
-    # Its place in the chain: lower first.  Waveform parts run before the fbank, feature parts after it.
+    # Its place in the chain: lower first.  Waveform effects run before the fbank, feature effects after it.
     order: ClassVar[int]
     # Uniforms it reads per utterance; None: as many as its options say (:meth:`num_uniforms`).
     uniforms: ClassVar[int | None] = 0
@@ -115,7 +115,7 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Speed(Part):
+class Speed(Effect):
     """Speed perturbation: each utterance plays at one of ``factors`` (0.9: slower, 1/0.9 as long,
     lower pitch, as ``sox speed``), drawn with ``probs`` (default: equal).  Audio shards only."""
 
@@ -160,7 +160,7 @@ class Speed(Part):
 
 
 @dataclass(frozen=True)
-class Noise(Part):
+class Noise(Effect):
     """Additive noise: a recording of ``dir`` (WAV, FLAC, ... at any rate; channel 0), a random
     stretch of it (looped when shorter than the utterance), at an SNR drawn uniformly from ``snr``
     (dB, speech power over noise power), with probability ``prob``.  Audio shards only."""
@@ -195,7 +195,7 @@ class Noise(Part):
 
 
 @dataclass(frozen=True)
-class Reverb(Part):
+class Reverb(Effect):
     """Reverberation: the utterance convolved with an impulse response of ``dir`` (drawn per
     utterance), aligned at its direct path and scaled back to the utterance's power, with
     probability ``prob``.  Audio shards only."""
@@ -221,7 +221,7 @@ class Reverb(Part):
 
 
 @dataclass(frozen=True)
-class SpecAugment(Part):
+class SpecAugment(Effect):
     """SpecAugment on the features (Park et al. 2019): ``freq_masks`` bands of up to ``freq_width``
     mel bins and ``time_masks`` stretches of up to ``time_width`` frames (and at most
     ``max_time_ratio`` of the utterance each) set to ``fill`` (``"mean"``: the utterance's mean
@@ -269,7 +269,7 @@ def _range(value: Any, what: str, low: float, high: float) -> tuple[float, float
 
 
 @dataclass(frozen=True)
-class Lowpass(Part):
+class Lowpass(Effect):
     """Band limiting: a Butterworth low-pass of order ``order`` at a cutoff drawn uniformly from
     ``cutoff`` (Hz), applied forward and backward (zero phase: nothing moves in time), with
     probability ``prob``; a cutoff at or above the Nyquist frequency leaves the audio as it is.
@@ -297,7 +297,7 @@ class Lowpass(Part):
 
 
 @dataclass(frozen=True)
-class Clip(Part):
+class Clip(Effect):
     """Clipping, as a recording made too loud: the waveform amplified by a gain drawn uniformly
     from ``gain`` (dB), then cut at 16-bit full scale, with probability ``prob`` (the gain stays:
     the features are those of the louder, clipped audio).  Audio shards only."""
@@ -318,11 +318,11 @@ class Clip(Part):
         return clip(x, self, draw.u)
 
 
-CODECS = ("mulaw", "opus", "mp3")  # what the codec part codes with: 8-bit mu-law (G.711), Ogg Opus, MP3
+CODECS = ("mulaw", "opus", "mp3")  # what the codec effect codes with: 8-bit mu-law (G.711), Ogg Opus, MP3
 
 
 @dataclass(frozen=True)
-class Codec(Part):
+class Codec(Effect):
     """Lossy coding: the waveform encoded and decoded again with one of ``formats`` (drawn with
     equal chance), with probability ``prob``: ``mulaw`` (8-bit G.711 mu-law, as telephone
     networks), ``opus`` (at a bitrate drawn from ``bitrate``, bit/s; audio at 8, 12, 16, 24 or 48
@@ -351,20 +351,20 @@ class Codec(Part):
         return codec(x, draw.sample_rate(self.name), self, draw.u)
 
 
-# Every part, in the order their uniforms are laid out (Augment.layout).  Append only: a part
+# Every effect, in the order their uniforms are laid out (Augment.layout).  Append only: an effect
 # placed before another moves that one's draws, and every batch it augments changes.
-PARTS: tuple[type[Part], ...] = (Speed, Noise, Reverb, SpecAugment, Lowpass, Clip, Codec)
+EFFECTS: tuple[type[Effect], ...] = (Speed, Noise, Reverb, SpecAugment, Lowpass, Clip, Codec)
 
-P = TypeVar("P", bound=Part)
+P = TypeVar("P", bound=Effect)
 
 
-def _kinds() -> dict[str, type[Part]]:
-    return {kind.name: kind for kind in PARTS}
+def _kinds() -> dict[str, type[Effect]]:
+    return {kind.name: kind for kind in EFFECTS}
 
 
 @dataclass(frozen=True)
 class Slots:
-    """Where a part's uniforms sit in an utterance's draws: ``[start, stop)`` of stream ``stream``."""
+    """Where an effect's uniforms sit in an utterance's draws: ``[start, stop)`` of stream ``stream``."""
 
     stream: int
     start: int
@@ -373,74 +373,75 @@ class Slots:
 
 @dataclass(frozen=True, init=False)
 class Augment:
-    """What to augment with: at most one part of each kind, kept in :data:`PARTS` order.
+    """What to augment with: at most one effect of each kind, kept in :data:`EFFECTS` order.
     ``Augment(Speed(), SpecAugment())``, or by name: ``Augment(speed=Speed(), noise=None)``.
-    The plan draws the speed part (:attr:`speed`); the reader applies the rest as it draws them."""
+    The plan draws the speed effect (:attr:`speed`); the reader applies the rest as it draws them."""
 
-    parts: tuple[Part, ...]
+    effects: tuple[Effect, ...]
 
-    def __init__(self, *parts: Part, **named: Part | None) -> None:
+    def __init__(self, *effects: Effect, **named: Effect | None) -> None:
         kinds = _kinds()
-        for name, part in named.items():
+        for name, effect in named.items():
             if name not in kinds:
-                raise TypeError(f"Augment has no part {name!r}; its parts are {list(kinds)}")
-            if part is not None and not isinstance(part, kinds[name]):
-                raise TypeError(f"Augment {name}= takes a {kinds[name].__name__}, got {type(part).__name__}")
-        given = [*parts, *(p for p in named.values() if p is not None)]
-        for part in given:
-            if type(part) not in PARTS:
-                raise TypeError(f"Augment takes parts of {[k.__name__ for k in PARTS]}, got {type(part).__name__}")
+                raise TypeError(f"Augment has no effect {name!r}; its effects are {list(kinds)}")
+            if effect is not None and not isinstance(effect, kinds[name]):
+                raise TypeError(f"Augment {name}= takes a {kinds[name].__name__}, got {type(effect).__name__}")
+        given = [*effects, *(p for p in named.values() if p is not None)]
+        for effect in given:
+            if type(effect) not in EFFECTS:
+                raise TypeError(f"Augment takes effects of {[k.__name__ for k in EFFECTS]}, got "
+                                f"{type(effect).__name__}")
         names = [p.name for p in given]
         if len(set(names)) != len(names):
             raise ValueError(f"augment gives {sorted(n for n in set(names) if names.count(n) > 1)} twice")
-        object.__setattr__(self, "parts", tuple(sorted(given, key=lambda p: PARTS.index(type(p)))))
+        object.__setattr__(self, "effects", tuple(sorted(given, key=lambda p: EFFECTS.index(type(p)))))
 
     def get(self, kind: type[P]) -> P | None:
-        """The part of that kind, or None when it is off."""
-        return next((p for p in self.parts if type(p) is kind), None)
+        """The effect of that kind, or None when it is off."""
+        return next((p for p in self.effects if type(p) is kind), None)
 
     @property
     def speed(self) -> Speed | None:
-        """The part the plan draws (it is :class:`~wdsprep.plan.streams.PlanOptions`'s ``speed``)."""
+        """The effect the plan draws (it is :class:`~wdsprep.plan.streams.PlanOptions`'s ``speed``)."""
         return self.get(Speed)
 
     @property
     def on_audio(self) -> bool:
-        """Whether a part acts on the waveform (audio shards only)."""
-        return any(p.on_audio for p in self.parts)
+        """Whether an effect acts on the waveform (audio shards only)."""
+        return any(p.on_audio for p in self.effects)
 
-    def chain(self, on_audio: bool) -> tuple[Part, ...]:
-        """The parts acting on the waveform (``on_audio``) or on the features, in the order they apply."""
-        return tuple(sorted((p for p in self.parts if p.on_audio == on_audio), key=lambda p: p.order))
+    def chain(self, on_audio: bool) -> tuple[Effect, ...]:
+        """The effects acting on the waveform (``on_audio``) or on the features, in the order they apply."""
+        return tuple(sorted((p for p in self.effects if p.on_audio == on_audio), key=lambda p: p.order))
 
     def to_json(self) -> dict[str, Any]:
         """The options as plain JSON (what the loader's fingerprint and hyper-p.json hold)."""
-        return json.loads(json.dumps({p.name: asdict(p) for p in self.parts}))
+        return json.loads(json.dumps({p.name: asdict(p) for p in self.effects}))
 
-    def features_part(self) -> Augment | None:
+    def feature_effects(self) -> Augment | None:
         """What acts on the features of planned batches (all but what the plan draws); None when nothing."""
-        rest = [p for p in self.parts if not p.planned]
+        rest = [p for p in self.effects if not p.planned]
         return Augment(*rest) if rest else None
 
     def check_shards(self, audio: bool) -> None:
-        """ValueError when a part acts on audio and the shards hold features (``audio`` False)."""
-        on_audio = [p.name for p in self.parts if p.on_audio]
+        """ValueError when an effect acts on audio and the shards hold features (``audio`` False)."""
+        on_audio = [p.name for p in self.effects if p.on_audio]
         if on_audio and not audio:
-            features = " or ".join(k.name for k in PARTS if not k.on_audio)
+            features = " or ".join(k.name for k in EFFECTS if not k.on_audio)
             raise ValueError(f"augment {', '.join(on_audio)} act on audio: these shards hold features computed at "
                              f"pack time; pack the audio (layout flac or wav) or augment with {features} only")
 
     def layout(self) -> dict[str, Slots]:
-        """Each part's uniforms, laid out in :data:`PARTS` order.  A part of a fixed count keeps
-        its slots whether on or off, so no part's draws move when another is turned on; a part
-        whose options set its count (SpecAugment) ends its stream, so the parts after it start
+        """Each effect's uniforms, laid out in :data:`EFFECTS` order.  An effect of a fixed count keeps
+        its slots whether on or off, so no effect's draws move when another is turned on; an effect
+        whose options set its count (SpecAugment) ends its stream, so the effects after it start
         the next stream and keep their draws whatever those options are."""
         out: dict[str, Slots] = {}
         stream = start = 0
-        for kind in PARTS:
-            part = self.get(kind)
-            width = kind.uniforms if kind.uniforms is not None else (0 if part is None else part.num_uniforms())
-            if part is not None:
+        for kind in EFFECTS:
+            effect = self.get(kind)
+            width = kind.uniforms if kind.uniforms is not None else (0 if effect is None else effect.num_uniforms())
+            if effect is not None:
                 out[kind.name] = Slots(stream, start, start + width)
             start += width
             if kind.uniforms is None:
@@ -449,7 +450,7 @@ class Augment:
 
 
 def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) -> Augment | None:
-    """An :class:`Augment` from itself, a dict of parts (each a dict or its dataclass), JSON text,
+    """An :class:`Augment` from itself, a dict of effects (each a dict or its dataclass), JSON text,
     or the path of a JSON file; None for None or ``{}``.  ValueError naming what is wrong."""
     if spec is None or isinstance(spec, Augment):
         return spec
@@ -473,13 +474,13 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
     unknown = sorted(set(spec) - set(kinds))
     if unknown:
         raise ValueError(f"augment has {unknown}; it takes {sorted(kinds)}")
-    parts: list[Part] = []
+    effects: list[Effect] = []
     for name, value in spec.items():
         kind = kinds[name]
         if value is None:
             continue
         if isinstance(value, kind):
-            parts.append(value)
+            effects.append(value)
             continue
         if not isinstance(value, Mapping):
             raise ValueError(f"augment {name} must be an object of options, got {value!r}")
@@ -488,10 +489,10 @@ def parse_augment(spec: Augment | Mapping[str, Any] | str | os.PathLike | None) 
         if extra:
             raise ValueError(f"augment {name} has {extra}; it takes {sorted(known)}")
         try:
-            parts.append(kind(**value))
+            effects.append(kind(**value))
         except TypeError as e:  # a required option missing
             raise ValueError(f"augment {name}: {e}") from None
-    return Augment(*parts) if parts else None
+    return Augment(*effects) if effects else None
 
 
 # -- draws -----------------------------------------------------------------------------------------
@@ -535,7 +536,7 @@ def speed_prefix(factor: float) -> str:
     return f"sp{factor:g}-"
 
 
-NO_UNIFORMS = np.zeros(0)  # the uniforms of a part that reads none
+NO_UNIFORMS = np.zeros(0)  # the uniforms of an effect that reads none
 
 
 @dataclass
@@ -558,7 +559,7 @@ class Draws:
         return self.generator(row, 0 if stream == 0 else _STREAM + stream).random(n)
 
     def read(self, row: int, layout: Mapping[str, Slots]) -> dict[str, np.ndarray]:
-        """Row ``row``'s uniforms of each part of ``layout`` (:meth:`Augment.layout`)."""
+        """Row ``row``'s uniforms of each effect of ``layout`` (:meth:`Augment.layout`)."""
         widths: dict[int, int] = {}
         for s in layout.values():
             widths[s.stream] = max(widths.get(s.stream, 0), s.stop)
@@ -570,12 +571,12 @@ class Draws:
         return self.generator(row, _DITHER)
 
 
-# -- transforms (pure: a waveform or features and the part's uniforms in, the result out) ---------
+# -- transforms (pure: a waveform or features and the effect's uniforms in, the result out) ---------
 
 def add_noise(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Noise,
               u: np.ndarray) -> tuple[np.ndarray, float | None]:
     """``wave`` plus a stretch of a noise recording of ``bank`` at the drawn SNR; (result, SNR in dB,
-    or None when the draw said no or the utterance is silent).  ``u``: the part's 4 uniforms."""
+    or None when the draw said no or the utterance is silent).  ``u``: the effect's 4 uniforms."""
     if u[3] >= opts.prob or not bank:
         return wave, None
     noise = bank[min(int(u[0] * len(bank)), len(bank) - 1)]
@@ -597,7 +598,7 @@ def add_noise(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Noise,
 def add_reverb(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Reverb, u: np.ndarray) -> np.ndarray:
     """``wave`` convolved with a drawn impulse response, shifted so its direct path (the response's
     peak) stays in place, cut to the utterance's length and scaled back to its power.  ``u``: the
-    part's 2 uniforms."""
+    effect's 2 uniforms."""
     if u[1] >= opts.prob or not bank:
         return wave
     from scipy.signal import fftconvolve
@@ -612,7 +613,7 @@ def add_reverb(wave: np.ndarray, bank: Sequence[np.ndarray], opts: Reverb, u: np
 
 
 def spec_augment(feats: np.ndarray, opts: SpecAugment, u: np.ndarray) -> np.ndarray:
-    """``feats`` (frames x bins) time-warped and masked as the part's uniforms ``u`` say (a new array)."""
+    """``feats`` (frames x bins) time-warped and masked as the effect's uniforms ``u`` say (a new array)."""
     out = np.array(feats, np.float32)
     t, d = out.shape
     w = opts.time_warp
@@ -651,7 +652,7 @@ def _warp(feats: np.ndarray, center: int, moved: int) -> np.ndarray:
 
 
 def lowpass(wave: np.ndarray, rate: int, opts: Lowpass, u: np.ndarray) -> np.ndarray:
-    """``wave`` low-passed at the drawn cutoff (zero phase, the same length).  ``u``: the part's 2 uniforms."""
+    """``wave`` low-passed at the drawn cutoff (zero phase, the same length).  ``u``: the effect's 2 uniforms."""
     if u[1] >= opts.prob:
         return wave
     cutoff = opts.cutoff[0] + float(u[0]) * (opts.cutoff[1] - opts.cutoff[0])
@@ -669,7 +670,7 @@ FULL_SCALE = 32767.0  # of the 16-bit samples the waveforms are in
 
 
 def clip(wave: np.ndarray, opts: Clip, u: np.ndarray) -> np.ndarray:
-    """``wave`` times the drawn gain, cut at 16-bit full scale.  ``u``: the part's 2 uniforms."""
+    """``wave`` times the drawn gain, cut at 16-bit full scale.  ``u``: the effect's 2 uniforms."""
     if u[1] >= opts.prob:
         return wave
     db = opts.gain[0] + float(u[0]) * (opts.gain[1] - opts.gain[0])
@@ -689,7 +690,7 @@ def mulaw(wave: np.ndarray) -> np.ndarray:
 
 
 def codec(wave: np.ndarray, rate: int, opts: Codec, u: np.ndarray) -> np.ndarray:
-    """``wave`` coded with the drawn format and decoded again, at its length.  ``u``: the part's 3 uniforms."""
+    """``wave`` coded with the drawn format and decoded again, at its length.  ``u``: the effect's 3 uniforms."""
     if u[0] >= opts.prob or not len(wave):
         return wave
     fmt = opts.formats[min(int(u[1] * len(opts.formats)), len(opts.formats) - 1)]

@@ -46,10 +46,10 @@ FEATURES = ("fbank", "waveform")
 
 
 def check_waveform_augment(augment: Augment | None, where: str = "") -> None:
-    """Refuse parts acting on features with ``features='waveform'``: the loader computes none."""
-    parts = [p.name for p in augment.chain(on_audio=False)] if augment is not None else []
-    if parts:
-        raise ValueError(f"{where}augment {parts} acts on features, and features='waveform' delivers none: apply "
+    """Refuse effects acting on features with ``features='waveform'``: the loader computes none."""
+    effects = [p.name for p in augment.chain(on_audio=False)] if augment is not None else []
+    if effects:
+        raise ValueError(f"{where}augment {effects} acts on features, and features='waveform' delivers none: apply "
                          f"wdsprep.SpecAugmentModule to wdsprep.Fbank's output on the device instead")
 
 

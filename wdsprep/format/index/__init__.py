@@ -9,9 +9,9 @@ elsewhere) beside the shards; the loader plans every epoch from it without readi
   :class:`AudioIndex`);
 - ``check.py``: a folder's ``index.json`` and columns read and checked whole (:func:`check_index`);
   ``write.py``: the writer (:func:`write_index`);
-- ``parts.py``: a growing pack's index, one part per published shard;
+- ``entries.py``: a growing pack's index, one entry per published shard;
 - ``read.py``: :func:`read_index`, the one entry every reader gets an index through (a complete
-  folder's, a growing folder's parts, or none); ``tokens.py``: token columns beside an index;
+  folder's, a growing folder's entries, or none); ``tokens.py``: token columns beside an index;
 - ``remote.py``: an index beside remote shards, fetched within size bounds.
 
 A damaged index is one :class:`DamagedIndexError` naming the file and field, whoever reads it, and
@@ -20,6 +20,7 @@ a tar.
 """
 
 from wdsprep.format.index.check import check_index
+from wdsprep.format.index.entries import entry_dir, read_entries, read_entry_record, write_entry
 from wdsprep.format.index.files import (
     AUDIO_INDEX_FILES,
     FRAMES_FILE,
@@ -45,7 +46,6 @@ from wdsprep.format.index.model import (
     frames_digest,
     stale_reason,
 )
-from wdsprep.format.index.parts import part_dir, read_part_record, read_parts, write_part
 from wdsprep.format.index.read import read_index
 from wdsprep.format.index.remote import FetchFile, index_file_limit, read_index_at, read_tokens_at
 from wdsprep.format.index.tokens import parse_tokens, tokens_name, write_tokens
@@ -56,7 +56,7 @@ __all__ = [
     "SPEAKER_NAMES_FILE", "SPEAKERS_FILE", "TEXT_LENS_FILE", "FROM_KEYS", "FROM_UTT2SPK",
     "AudioIndex", "DamagedIndexError", "FetchFile", "FolderIndex", "ShardInfo", "Speakers", "Values",
     "check_index", "field_files", "frames_digest", "index_file_limit", "index_file_names", "is_index_file",
-    "parse_tokens", "part_dir", "read_index", "read_index_at", "read_part_record", "read_parts", "read_tokens_at",
+    "parse_tokens", "entry_dir", "read_index", "read_index_at", "read_entry_record", "read_entries", "read_tokens_at",
     "stale_reason", "tokens_name",
-    "write_index", "write_part", "write_tokens",
+    "write_index", "write_entry", "write_tokens",
 ]

@@ -45,7 +45,7 @@ import numpy as np
 
 from wdsprep.errors import DataError
 from wdsprep.files import naming
-from wdsprep.format.commit import PARTS_DIR
+from wdsprep.format.commit import ENTRIES_DIR
 from wdsprep.format.npy import npy_header_end, parse_npy_header
 from wdsprep.format.shardlist import file_kind
 
@@ -80,7 +80,7 @@ class DamagedIndexError(DataError):
 
     def __init__(self, path: str | os.PathLike, what: str) -> None:
         self.path, self.what = str(path), what
-        entry = next((p for p in Path(path).parents if p.parent.name == PARTS_DIR), None)
+        entry = next((p for p in Path(path).parents if p.parent.name == ENTRIES_DIR), None)
         if entry is not None:  # a growing pack's published entry: index --force refuses an unfinished pack
             super().__init__(f"{path}: {what}; a published shard's entry is damaged: remove {entry} and run the pack "
                              f"again with --resume (the shards from there on are written again), or pack again with "

@@ -1,7 +1,7 @@
 """Which index a folder has: the one entry through which every reader gets an index.
 
 A complete folder's ``index.json`` (:mod:`~wdsprep.format.index.check`), a folder a pack is still
-writing by its published parts (:mod:`~wdsprep.format.index.parts`), or none.
+writing by its published parts (:mod:`~wdsprep.format.index.entries`), or none.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from wdsprep.format.commit import PARTS_DIR
+from wdsprep.format.commit import ENTRIES_DIR
 from wdsprep.format.index.check import read_index_json
+from wdsprep.format.index.entries import read_entries
 from wdsprep.format.index.files import INDEX_NAME, DamagedIndexError
 from wdsprep.format.index.model import FolderIndex
-from wdsprep.format.index.parts import read_parts
 
 
 def read_index(folder: str | os.PathLike) -> FolderIndex | None:
@@ -32,15 +32,15 @@ def read_index(folder: str | os.PathLike) -> FolderIndex | None:
     index = read_index_json(folder)
     if index is not None:
         return index
-    if not os.path.isdir(folder / PARTS_DIR):
+    if not os.path.isdir(folder / ENTRIES_DIR):
         return None
     try:
-        index = read_parts(folder)
+        index = read_entries(folder)
     except DamagedIndexError:
         index = None
         if not (folder / INDEX_NAME).is_file():
             raise
-    if index is None or not os.path.isdir(folder / PARTS_DIR):  # the pack finished while they were read
+    if index is None or not os.path.isdir(folder / ENTRIES_DIR):  # the pack finished while they were read
         if (folder / INDEX_NAME).is_file():
             return read_index(folder)
     return index

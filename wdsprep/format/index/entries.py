@@ -1,11 +1,11 @@
-"""A growing pack's index, one part per published shard: what a loader follows while the pack writes.
+"""A growing pack's index, one entry per published shard: what a loader follows while the pack writes.
 
 A folder a pack is still writing has no ``index.json`` yet: each shard it publishes gets an index
-of its own, in the format of a folder's, in ``FOLDER/.index.parts/NNNNNNNN/`` (:func:`write_part`:
+of its own, in the format of a folder's, in ``FOLDER/.index.parts/NNNNNNNN/`` (:func:`write_entry`:
 written whole in a hidden folder, synced, then renamed into place, so a reader sees a published
-shard's entry whole or not at all).  :func:`read_parts` reads such a folder as the index of the
-shards published so far (parts 0, 1, ... without a gap), every part checked as a whole index is;
-the pack's last step writes the folder's ``index.json`` from the parts and removes them.
+shard's entry whole or not at all).  :func:`read_entries` reads such a folder as the index of the
+shards published so far (entries 0, 1, ... without a gap), every entry checked as a whole index is;
+the pack's last step writes the folder's ``index.json`` from the entries and removes them.
 """
 
 from __future__ import annotations
@@ -18,46 +18,46 @@ from typing import Any, Sequence
 import numpy as np
 
 from wdsprep.files import sync, write_text
-from wdsprep.format.commit import PARTS_DIR, pending_folder, published_count
+from wdsprep.format.commit import ENTRIES_DIR, pending_folder, published_count
 from wdsprep.format.index.check import check_index, read_index_json
 from wdsprep.format.index.files import INDEX_NAME, DamagedIndexError, read_file
 from wdsprep.format.index.model import FROM_KEYS, FolderIndex, Speakers, Values
 from wdsprep.format.index.write import write_index
 
-PART_NAME = "part.json"  # in a published shard's part, beside its index: which planned shard, what it dropped
+ENTRY_NAME = "part.json"  # in a published shard's entry, beside its index: which planned shard, what it dropped
 
 
-def part_dir(folder: str | os.PathLike, k: int) -> Path:
+def entry_dir(folder: str | os.PathLike, k: int) -> Path:
     """Where the ``k``-th published shard of a growing ``folder`` has its index entry."""
-    return Path(folder) / PARTS_DIR / f"{k:08d}"
+    return Path(folder) / ENTRIES_DIR / f"{k:08d}"
 
 
-def write_part(folder: str | os.PathLike, k: int, index: FolderIndex, record: dict[str, Any]) -> Path:
+def write_entry(folder: str | os.PathLike, k: int, index: FolderIndex, record: dict[str, Any]) -> Path:
     """Publish shard ``k`` of a growing folder: its index (one shard, the format of a folder's) and
     ``record`` (JSON: which planned shard it is, what it dropped), written whole in a hidden
     folder, synced, and renamed into place: a reader sees all of it or nothing."""
     import shutil
 
-    parts = Path(folder) / PARTS_DIR
-    parts.mkdir(exist_ok=True)
-    tmp = parts / f".tmp-{k:08d}"
+    entries = Path(folder) / ENTRIES_DIR
+    entries.mkdir(exist_ok=True)
+    tmp = entries / f".tmp-{k:08d}"
     if tmp.exists():  # left by a pack that was killed here
         shutil.rmtree(tmp)
     tmp.mkdir()
     write_index(tmp, index)
-    write_text(tmp / PART_NAME, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+    write_text(tmp / ENTRY_NAME, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
     for p in tmp.iterdir():
         sync(p)
     sync(tmp)
-    final = part_dir(folder, k)
+    final = entry_dir(folder, k)
     os.rename(tmp, final)
-    sync(parts)
+    sync(entries)
     return final
 
 
-def read_part_record(folder: str | os.PathLike, k: int) -> dict[str, Any]:
-    """The record :func:`write_part` stored with published shard ``k`` (a JSON object)."""
-    path = part_dir(folder, k) / PART_NAME
+def read_entry_record(folder: str | os.PathLike, k: int) -> dict[str, Any]:
+    """The record :func:`write_entry` stored with published shard ``k`` (a JSON object)."""
+    path = entry_dir(folder, k) / ENTRY_NAME
     data = read_file(path)
     try:
         doc = json.loads(data.decode("utf-8"))  # type: ignore[union-attr]
@@ -68,12 +68,12 @@ def read_part_record(folder: str | os.PathLike, k: int) -> dict[str, Any]:
     return doc
 
 
-# A growing folder's parts, read once per process: (folder) -> (each part's stat, their index).
+# A growing folder's entries, read once per process: (folder) -> (each entry's stat, their index).
 _parts_read: dict[str, tuple[list[tuple[int, int]], FolderIndex]] = {}
 
 
-def read_parts(folder: str | os.PathLike) -> FolderIndex:
-    """The index of the shards a growing ``folder`` has published: its parts 0, 1, ... (up to the
+def read_entries(folder: str | os.PathLike) -> FolderIndex:
+    """The index of the shards a growing ``folder`` has published: its entries 0, 1, ... (up to the
     first gap), each read and checked as a folder's index is, holding one shard, all of one layout,
     dims and dtype.  Parts never change once published, so those read before are kept (by their
     files' identity) and only the new ones are read."""
@@ -82,8 +82,8 @@ def read_parts(folder: str | os.PathLike) -> FolderIndex:
     stats = []
     for k in range(count):
         try:
-            st = os.stat(part_dir(folder, k) / INDEX_NAME)
-        except FileNotFoundError:  # a part being removed (the pack just wrote index.json)
+            st = os.stat(entry_dir(folder, k) / INDEX_NAME)
+        except FileNotFoundError:  # an entry being removed (the pack just wrote index.json)
             count = k
             break
         stats.append((st.st_ino, st.st_mtime_ns))
@@ -97,15 +97,15 @@ def read_parts(folder: str | os.PathLike) -> FolderIndex:
     pieces = [have.head(keep)] if have is not None and keep else []
     fmt = _shard_format(folder) if count > keep else None
     for k in range(keep, count):
-        d = part_dir(folder, k)
-        part = read_index_json(d)
-        if part is None or len(part.names) != 1:
-            raise DamagedIndexError(d / INDEX_NAME, f"lists {0 if part is None else len(part.names)} shards; a "
+        d = entry_dir(folder, k)
+        entry = read_index_json(d)
+        if entry is None or len(entry.names) != 1:
+            raise DamagedIndexError(d / INDEX_NAME, f"lists {0 if entry is None else len(entry.names)} shards; a "
                                                     f"published shard's entry lists one")
-        if fmt is not None and part.names[0] != fmt % k:  # it would hide the shard published here
-            raise DamagedIndexError(d / INDEX_NAME, f"names shard {part.names[0]!r}, but the pack names its "
+        if fmt is not None and entry.names[0] != fmt % k:  # it would hide the shard published here
+            raise DamagedIndexError(d / INDEX_NAME, f"names shard {entry.names[0]!r}, but the pack names its "
                                                     f"published shard {k} {fmt % k!r}")
-        pieces.append(_in_memory(part))
+        pieces.append(_in_memory(entry))
     index = _concat(folder, pieces)
     _parts_read[key] = (stats, index)
     return index
@@ -121,18 +121,18 @@ def _shard_format(folder: Path) -> str | None:
         return None
 
 
-def _in_memory(part: FolderIndex) -> FolderIndex:
-    """A part's index with its columns copied out of their memory maps: thousands of parts must
+def _in_memory(entry: FolderIndex) -> FolderIndex:
+    """An entry's index with its columns copied out of their memory maps: thousands of entries must
     not hold a file descriptor each (a map keeps one open).  Its keys are still read when asked."""
-    sp = part._speakers
+    sp = entry._speakers
     speakers = None if sp is None else Speakers(np.array(sp.ids, np.int32), sp.names, sp.source)
-    return FolderIndex(part.layout, part.dims, part.dtype, part.names, part.utts, np.array(part.frames, np.int32),
-                       np.array(part.text_lens, np.int32), sizes=part.sizes, mtimes=part.mtimes,
-                       digests=part.digests, folder=part.folder, lost=part.lost, speakers=speakers,
-                       checksums=part.checksums, audio=part.audio,
-                       samples=None if part.samples is None else np.array(part.samples, np.int32),
-                       fields=part.fields,
-                       columns={k: Values(np.array(c.ids, np.int32), c.names) for k, c in part.columns.items()})
+    return FolderIndex(entry.layout, entry.dims, entry.dtype, entry.names, entry.utts, np.array(entry.frames, np.int32),
+                       np.array(entry.text_lens, np.int32), sizes=entry.sizes, mtimes=entry.mtimes,
+                       digests=entry.digests, folder=entry.folder, lost=entry.lost, speakers=speakers,
+                       checksums=entry.checksums, audio=entry.audio,
+                       samples=None if entry.samples is None else np.array(entry.samples, np.int32),
+                       fields=entry.fields,
+                       columns={k: Values(np.array(c.ids, np.int32), c.names) for k, c in entry.columns.items()})
 
 
 def _concat(folder: Path, pieces: Sequence[FolderIndex]) -> FolderIndex:
