@@ -27,7 +27,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -274,6 +274,60 @@ def one_audio(found: dict[str, AudioIndex | None], what: str) -> AudioIndex | No
                      f"(or index the audio folders with the same fbank options) or load them apart")
 
 
+@dataclass
+class ShardRows:
+    """One shard of a shard set as a record: its utterances' columns and what its index (or a scan
+    of its headers) says of it.  A new per-shard column is a field here and a line in :func:`_assemble`."""
+
+    where: str  # its folder (an indexed shard) or itself (a scanned one): what names its kind of audio
+    frames: np.ndarray  # int32, one per utterance
+    size: int = -1  # bytes, -1: unknown
+    digest: str = ""
+    checksum: str | None = None
+    lost: int = 0  # samples the loader cannot read
+    dims: frozenset[int] = frozenset()  # the feature dimensions it holds
+    audio: AudioIndex | None = None
+    samples: np.ndarray | None = None  # int32, an audio shard's sample counts
+    speakers: Speakers | None = None  # None: its index stores none
+    tokens: np.ndarray | None = None  # int32, its labels' lengths in tokens (when counted)
+    fields: frozenset[str] = frozenset()
+    columns: dict[str, Values] = field(default_factory=dict)
+
+
+class _Indexes:
+    """Folders' indexes, each read once (a remote one fetched with the retries), and their token
+    columns; ``known``: folders' indexes already read (a growing folder's, as it stood)."""
+
+    def __init__(self, policy: RetryPolicy, known: Mapping[str, FolderIndex] | None = None,
+                 tokens: TokenCounts | None = None) -> None:
+        self.policy, self.tokens = policy, tokens
+        self.read: dict[str, FolderIndex | None] = dict(known or {})
+        self.token_columns: dict[str, np.ndarray] = {}
+
+    def of(self, url: str, *, keys: bool = False) -> tuple[str, FolderIndex | None, int | None]:
+        """(the folder of ``url``, its index or None, the shard's place in it or None)."""
+        folder, name = index_place(url)
+        if folder not in self.read:
+            if has_folder(url):
+                self.read[folder] = read_index_at(folder, partial(fetch_file, policy=self.policy), keys=keys)
+            else:
+                self.read[folder] = None if is_url(url) else read_index(folder)
+        index = self.read[folder]
+        return folder, index, None if index is None else index.position(name)
+
+    def with_keys(self, folder: str) -> FolderIndex:
+        """A remote folder's index with its keys (fetched only when the key rule needs them)."""
+        index = self.read[folder] = read_index_at(folder, partial(fetch_file, policy=self.policy), keys=True)
+        return index
+
+    def token_rows(self, folder: str, index: FolderIndex, a: int, b: int) -> np.ndarray | None:
+        if self.tokens is None:
+            return None
+        if folder not in self.token_columns:
+            self.token_columns[folder] = self.tokens.folder(folder, index)
+        return np.asarray(self.token_columns[folder][a:b], np.int32)
+
+
 def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_speakers: bool = False,
               tokens: TokenCounts | None = None, indexes: Mapping[str, FolderIndex] | None = None) -> ShardSet:
     """The shard set of ``urls`` (in that order), from their folders' indexes, scanning what none lists.
@@ -286,141 +340,109 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     cost model that counts them needs it).  ``indexes``: folders' indexes already read (a growing
     folder's, as it stood when an epoch was planned), used instead of reading them."""
     policy = policy or RetryPolicy()
-    indexes: dict[str, FolderIndex | None] = dict(indexes or {})
-    utts: list[int] = []
-    sizes: list[int] = []
-    digests: list[str] = []
-    checksums: list[str | None] = []
-    frame_rows: list[np.ndarray] = []
-    unlisted: list[int] = []
-    retimed: dict[str, int] = {}  # folder -> its shards whose times are not the index's, checked by content
+    found = _Indexes(policy, indexes, tokens)
     started = time.perf_counter()
-    dims: set[int] = set()
-    lost_in = np.zeros(len(urls), np.int64)  # samples the loader cannot read, per shard
-    speakers: list[Speakers] | None = []  # per shard, while every index so far stores them
-    token_columns: dict[str, np.ndarray] = {}  # folder -> its index's token column
-    token_rows: list[np.ndarray] = []  # per shard, its labels' tokens (unlisted shards: counted below)
-    audios: dict[str, AudioIndex | None] = {}  # folder -> what its shards hold
-    sample_rows: list[np.ndarray] = []  # per shard, an audio shard's sample counts
-    rate_rows: list[np.ndarray] = []  # per shard, an audio shard's stored rate per row
-    fields: list[set[str]] = []  # per shard, the fields its samples carry
-    columns: list[dict[str, Values]] = []  # per shard, its rows' values of its index's columns
-    for k, url in enumerate(urls):
-        remote = has_folder(url)
-        folder, name = index_place(url)
-        if folder not in indexes:
-            if remote:
-                indexes[folder] = read_index_at(folder, partial(fetch_file, policy=policy))
-            else:
-                indexes[folder] = None if is_url(url) else read_index(folder)
-        index = indexes[folder]
-        i = None if index is None else index.position(name)
-        if i is None and remote:
-            raise DataError(f"shard {redact(url)} is not in {redact(folder)}/{INDEX_NAME}: index a local copy of the "
-                            f"folder again "
-                            f"(wdsprep index --refresh) and upload its index files, or leave the shard out of the "
-                            f"pattern")
-        if i is None:
-            speakers = None
-            unlisted.append(k)
-            fields.append(set())
-            columns.append({})
-            token_rows.append(np.zeros(0, np.int32))
-            sample_rows.append(np.zeros(0, np.int32))
-            rate_rows.append(np.zeros(0, np.int32))
-            utts.append(0)
-            sizes.append(-1)
-            digests.append("")
-            checksums.append(None)
-            frame_rows.append(np.zeros(0, np.int32))
-            continue
-        assert index is not None
-        if index.dims is not None:
-            dims.add(int(index.dims))
-        if remote:
-            listed, size = take_listed_size(url), int(index.sizes[i])
-            why = (f"the store lists {listed:,} bytes, the index says {size:,}" if listed is not None and size >= 0
-                   and listed != size else None)  # without a listing: checked when it is downloaded
-        else:
-            st = os.stat(url)
-            if index.mtimes[i] >= 0 and st.st_mtime_ns != index.mtimes[i]:
-                retimed[folder] = retimed.get(folder, 0) + 1  # a copy's times: judged by content
-            why = stale_reason(index, i, st, url)
-        if why is not None and remote:
-            raise StaleIndexError(
-                f"shard {redact(url)} changed since it was indexed ({why}): its utterances may not be the ones "
-                f"{redact(folder)}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index "
-                f"--refresh) and upload its index files, or restore the shard")
-        if why is not None:
-            raise StaleIndexError(
-                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
-                f"{Path(folder) / INDEX_NAME} lists. If it was replaced on purpose, re-index the folder (wdsprep "
-                f"index --refresh '{Path(folder)}/*.tar'); otherwise copy it again, restore it or repack")
-        a, b = int(index.starts[i]), int(index.starts[i + 1])
-        if speakers is not None and (index.has_speakers or derive_speakers):
-            if not index.has_speakers and remote:  # the key rule needs the keys, not fetched for planning
-                index = indexes[folder] = read_index_at(folder, partial(fetch_file, policy=policy), keys=True)
-            speakers.append(index.speakers().rows(a, b))
-        else:
-            speakers = None
-        lost_in[k] = int(index.lost[i])
-        if tokens is not None:
-            if folder not in token_columns:
-                token_columns[folder] = tokens.folder(folder, index)
-            token_rows.append(np.asarray(token_columns[folder][a:b], np.int32))
-        utts.append(b - a)
-        sizes.append(int(index.sizes[i]))
-        digests.append(index.digests[i])
-        checksums.append(index.checksums[i])
-        frame_rows.append(np.asarray(index.frames[a:b], np.int32))
-        audios[folder] = index.audio
-        sample_rows.append(np.zeros(0, np.int32) if index.samples is None else np.asarray(index.samples[a:b], np.int32))
-        rate_rows.append(np.full(b - a, 0 if index.audio is None else index.audio.sample_rate, np.int32))
-        fields.append(set(index.fields))
-        columns.append({name: c.rows(a, b) for name, c in index.columns.items()})
-    lost = lost_in
+    retimed: dict[str, int] = {}  # folder -> its shards whose times are not the index's, checked by content
+    rows = [_indexed_rows(url, found, retimed, derive_speakers) for url in urls]
     if retimed:
         folder, n = next(iter(retimed.items()))
         warnings.warn(f"{sum(retimed.values())} shards (e.g. {n} in {redact(folder)}) have other modification times "
                       f"than their index records (a copy that did not keep them?): their bytes matched the index's "
                       f"SHA-256, checked at every start ({time.perf_counter() - started:.1f} s); `wdsprep index "
                       f"--refresh '{Path(folder)}/*.tar'` records the new times once", UserWarning, stacklevel=3)
+    unlisted = [k for k, r in enumerate(rows) if r is None]
     if unlisted:
         t0 = time.perf_counter()
         for k in unlisted:
-            # A pipe's shard is fetched (with the user's retries) and scanned from its copy.
-            url = urls[k]
-            scan = scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url) else scan_shard(url)
-            lost[k] = scan.lost
-            for problem in scan.problems:
-                warnings.warn(problem, RuntimeWarning, stacklevel=3)
-            frames = np.asarray(scan.info.frames, np.int32)
-            utts[k], frame_rows[k], digests[k] = len(frames), frames, frames_digest(frames)
-            dims |= scan.dims
-            audios[urls[k]] = _scanned_audio(urls[k], scan)
-            sample_rows[k] = np.asarray(scan.info.samples, np.int32)
-            rate_rows[k] = np.full(len(frames), 0 if audios[urls[k]] is None else audios[urls[k]].sample_rate, np.int32)
-            fields[k] = set(scan.fields)
-            columns[k] = {name: Values.of(v) for name, v in scan.info.values.items()}
-            if tokens is not None:
-                token_rows[k] = tokens.shard(urls[k])
-        some = urls[unlisted[0]]
-        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(some)}): read their "
-                      f"headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` writes "
-                      f"the index beside them once", UserWarning, stacklevel=3)
-    frames = np.concatenate(frame_rows) if frame_rows else np.zeros(0, np.int32)
-    audio = one_audio(audios, "folder")
-    common = set.intersection(*fields) if fields else set()
-    indexed = {name: Values.concat([c[name] for c in columns]) for name in (columns[0] if columns else {})
-               if all(name in c for c in columns)}
-    return ShardSet(list(urls), np.array(utts, np.int64), frames, digests, np.array(sizes, np.int64),
-                    audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, len(unlisted), lost,
-                    speakers=None if speakers is None else Speakers.concat(speakers),
-                    checksums=checksums,
-                    tokens=None if tokens is None else np.concatenate(token_rows or [np.zeros(0, np.int32)]),
-                    audio=audio, samples=None if audio is None else np.concatenate(sample_rows),
-                    rates=None if audio is None else np.concatenate(rate_rows),
-                    fields=tuple(sorted(common)), columns=indexed)
+            rows[k] = _scanned_rows(urls[k], policy, tokens)
+        warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(urls[unlisted[0]])}): "
+                      f"read their headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` "
+                      f"writes the index beside them once", UserWarning, stacklevel=3)
+    return _assemble(list(urls), rows, scanned=len(unlisted), tokens=tokens is not None)  # type: ignore[arg-type]
+
+
+def _indexed_rows(url: str, found: _Indexes, retimed: dict[str, int], derive_speakers: bool) -> ShardRows | None:
+    """Shard ``url`` as its folder's index lists it (None: in no index, to be scanned), checked for
+    staleness: a local shard by its size and time (a copy's time: by content, counted in
+    ``retimed``), a remote one by the store's listed size."""
+    remote = has_folder(url)
+    folder, index, i = found.of(url)
+    if i is None and remote:
+        raise DataError(f"shard {redact(url)} is not in {redact(folder)}/{INDEX_NAME}: index a local copy of the "
+                        f"folder again (wdsprep index --refresh) and upload its index files, or leave the shard out of "
+                        f"the pattern")
+    if index is None or i is None:
+        return None
+    if remote:
+        listed, size = take_listed_size(url), int(index.sizes[i])
+        why = (f"the store lists {listed:,} bytes, the index says {size:,}" if listed is not None and size >= 0
+               and listed != size else None)  # without a listing: checked when it is downloaded
+        if why is not None:
+            raise StaleIndexError(
+                f"shard {redact(url)} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{redact(folder)}/{INDEX_NAME} lists. Index a local copy of the folder again (wdsprep index "
+                f"--refresh) and upload its index files, or restore the shard")
+    else:
+        st = os.stat(url)
+        if index.mtimes[i] >= 0 and st.st_mtime_ns != index.mtimes[i]:
+            retimed[folder] = retimed.get(folder, 0) + 1
+        why = stale_reason(index, i, st, url)
+        if why is not None:
+            raise StaleIndexError(
+                f"shard {url} changed since it was indexed ({why}): its utterances may not be the ones "
+                f"{Path(folder) / INDEX_NAME} lists. If it was replaced on purpose, re-index the folder (wdsprep "
+                f"index --refresh '{Path(folder)}/*.tar'); otherwise copy it again, restore it or repack")
+    a, b = int(index.starts[i]), int(index.starts[i + 1])
+    speakers = None
+    if index.has_speakers or derive_speakers:
+        if not index.has_speakers and remote:  # the key rule needs the keys, not fetched for planning
+            index = found.with_keys(folder)
+        speakers = index.speakers().rows(a, b)
+    dims = frozenset() if index.dims is None else frozenset([int(index.dims)])
+    samples = None if index.samples is None else np.asarray(index.samples[a:b], np.int32)
+    return ShardRows(folder, np.asarray(index.frames[a:b], np.int32), int(index.sizes[i]), index.digests[i],
+                     index.checksums[i], int(index.lost[i]), dims, index.audio, samples, speakers,
+                     found.token_rows(folder, index, a, b), frozenset(index.fields),
+                     {name: c.rows(a, b) for name, c in index.columns.items()})
+
+
+def _scanned_rows(url: str, policy: RetryPolicy, tokens: TokenCounts | None) -> ShardRows:
+    """A shard no index lists, from its headers (a pipe's fetched first, with the user's retries)."""
+    scan = scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url) else scan_shard(url)
+    for problem in scan.problems:
+        warnings.warn(problem, RuntimeWarning, stacklevel=4)
+    frames = np.asarray(scan.info.frames, np.int32)
+    return ShardRows(url, frames, digest=frames_digest(frames), lost=scan.lost,
+                     dims=frozenset(scan.dims),
+                     audio=_scanned_audio(url, scan), samples=np.asarray(scan.info.samples, np.int32),
+                     tokens=None if tokens is None else tokens.shard(url), fields=frozenset(scan.fields),
+                     columns={name: Values.of(v) for name, v in scan.info.values.items()})
+
+
+def _assemble(urls: list[str], rows: list[ShardRows], *, scanned: int, tokens: bool) -> ShardSet:
+    """The shard set of ``rows``, shard after shard: each column concatenated; the set's speakers
+    where every shard has them, the fields every shard carries, the columns every shard's index has."""
+    audio = one_audio({r.where: r.audio for r in rows}, "folder")
+    dims = set().union(*(r.dims for r in rows))
+    fields = frozenset.intersection(*(r.fields for r in rows)) if rows else frozenset()
+    names = [n for n in (rows[0].columns if rows else {}) if all(n in r.columns for r in rows)]
+
+    def joined(column: Callable[[ShardRows], np.ndarray]) -> np.ndarray:
+        return np.concatenate([column(r) for r in rows]) if rows else np.zeros(0, np.int32)
+
+    def rates(r: ShardRows) -> np.ndarray:
+        return np.full(len(r.frames), 0 if r.audio is None else r.audio.sample_rate, np.int32)
+
+    speakers = [r.speakers for r in rows]
+    return ShardSet(urls, np.array([len(r.frames) for r in rows], np.int64), joined(lambda r: r.frames),
+                    [r.digest for r in rows], np.array([r.size for r in rows], np.int64),
+                    audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, scanned,
+                    np.array([r.lost for r in rows], np.int64),
+                    speakers=Speakers.concat(speakers) if rows and None not in speakers else None,  # type: ignore[arg-type]
+                    checksums=[r.checksum for r in rows], tokens=joined(lambda r: r.tokens) if tokens else None,
+                    audio=audio, samples=None if audio is None else joined(lambda r: r.samples),
+                    rates=None if audio is None else joined(rates), fields=tuple(sorted(fields)),
+                    columns={n: Values.concat([r.columns[n] for r in rows]) for n in names})
 
 
 def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
@@ -453,16 +475,10 @@ def _row_values(shards: ShardSet, indexed: Callable[[FolderIndex, int, int], Seq
     """A value per row, shard by shard: ``indexed(index, first row, end row)`` of the shard's folder
     index, else ``scanned`` of its headers' record; ``keys``: remote indexes are fetched with their keys."""
     policy = policy or RetryPolicy()
-    indexes: dict[str, FolderIndex | None] = {}
+    found = _Indexes(policy)
     out: list[Any] = []
     for k, url in enumerate(shards.urls):
-        folder, name = index_place(url)
-        if folder not in indexes:
-            remote = has_folder(url)
-            indexes[folder] = (read_index_at(folder, partial(fetch_file, policy=policy), keys=keys)
-                               if remote else None if is_url(url) else read_index(folder))
-        index = indexes[folder]
-        i = None if index is None else index.position(name)
+        _, index, i = found.of(url, keys=keys)
         if index is None or i is None:  # in no index: its headers
             values = scanned((scan_shard(redact(url), source=fetched_shard(url, policy=policy)) if is_url(url)
                               else scan_shard(url)).info)
