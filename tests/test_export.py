@@ -36,9 +36,10 @@ def shards(tmp_path_factory):
     (kaldi / "wav.scp").write_text("".join(f"{u} {DEMO / paths[u]}\n" for u in ids))
     (kaldi / "text").write_text("".join(f"{u} {texts[u]}\n" for u in ids), encoding="utf-8")
     (kaldi / "utt2spk").write_text("".join(f"{u} speaker-of-{u[:5]}\n" for u in ids))
+    (kaldi / "utt2lang").write_text("".join(f"{u} {u[:2]}\n" for u in ids))  # the corpus's ids start en_ or zh_
     audio = root / "audio"
-    pack_audio(kaldi / "wav.scp", kaldi / "text", audio, utt2spk=kaldi / "utt2spk", store="flac", utts_per_shard=15,
-               progress=False)
+    pack_audio(kaldi / "wav.scp", kaldi / "text", audio, utt2spk=kaldi / "utt2spk", utt2lang=kaldi / "utt2lang",
+               store="flac", utts_per_shard=15, progress=False)
     return {"feats": feats, "utts": utts, "audio": audio, "waves": {u: waves[u] for u in ids},
             "texts": {u: texts[u] for u in ids}}
 
@@ -94,6 +95,7 @@ def test_export_lhotse_writes_cuts_lhotse_loads(shards, tmp_path, capsys):
         (sup,) = c.supervisions
         assert c.duration == len(shards["waves"][c.id]) / 16000  # exact: the audio's samples
         assert sup.text == shards["texts"][c.id] and sup.speaker == f"speaker-of-{c.id[:5]}"  # utt2spk's
+        assert sup.language == c.id[:2]  # the index's language column
     assert main(["export", "lhotse", "--trset", f"{shards['audio']}/data-*.tar", "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     out = tmp_path / "feature_cuts.jsonl"
@@ -101,4 +103,5 @@ def test_export_lhotse_writes_cuts_lhotse_loads(shards, tmp_path, capsys):
     cuts = lhotse.load_manifest(out)
     assert {c.id: (c.duration, c.supervisions[0].text) for c in cuts} == \
         {u: (len(f) / 100, t) for u, (f, t) in shards["utts"].items()}  # frames x 10 ms
+    assert {c.supervisions[0].language for c in cuts} == {None}  # packed without languages
     assert cuts.split(2)[0].ids  # Lhotse's tooling works on it

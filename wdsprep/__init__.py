@@ -1,7 +1,15 @@
 """wdsprep: Kaldi data dirs to length-grouped tar shards, and a streaming loader for ASR training.
 
 Importing this package is cheap and safe on CPU-only machines: torch, torchaudio and webdataset
-are imported only by the functions that need them.
+are imported only by the functions that need them (``lazy``).
+
+The folders follow the data flow (docs/architecture.md): ``prep`` (Kaldi input, fbank), ``pack``
+(utterances to shards), ``format`` (the bytes on disk), ``remote`` (shards elsewhere), ``tokenizer``
+(text to ids), ``plan`` (every epoch planned from the index), ``loading`` (the readers), ``device``
+(the trainer's side), ``check`` (looking before training), ``export`` (shards as other projects'
+manifests).  In front: ``loader`` (``make_loader``), ``hyper`` (CAT's ``hyper-p.json``), ``cli``
+(the ``wdsprep`` command).  Beneath all: ``options`` (an option's one definition), ``errors`` (bad
+data against a bad command line), ``files`` (atomic writes), ``units``, ``report``.
 """
 
 from wdsprep.check.inspect import InspectResult, inspect_shards

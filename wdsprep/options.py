@@ -335,9 +335,8 @@ def fingerprinted(options: Any) -> dict[str, Any]:
     """A dataclass's fields as a resume fingerprint holds them.
 
     A field marked ``when_set`` (``metadata={"when_set": True}``, or :func:`option`'s argument) is
-    one that resume states saved before it existed never recorded: it is held only when set (not
-    None), so those states still resume while it is unused.  Every field added to a group that a
-    fingerprint holds is marked so.
+    held only when set (not None): a state that lacks it compares equal to one of the field unset.
+    Every field added to a group that a fingerprint holds is marked so.
     """
     return {f.name: getattr(options, f.name) for f in fields(options)
             if not (f.metadata.get("when_set") and getattr(options, f.name) is None)}

@@ -2,10 +2,10 @@
 
 The loader's readers compute features on the CPU; with many GPUs per node and a fast model, that
 CPU runs out first.  These modules take the work to the trainer's device instead, batched, with
-the loader's own results: :class:`Fbank` (Kaldi fbank of padded waveforms, equal to the
-``numpy`` backend) and :class:`SpecAugmentModule` (the loader's SpecAugment, from each
-utterance's draw key, ``draws.py``).  Importing this package imports torch; ``import wdsprep``
-does not (its names resolve here on first use).
+the loader's own results: ``fbank`` (:class:`Fbank`, Kaldi fbank of padded waveforms, equal to the
+``numpy`` backend) and ``specaugment`` (:class:`SpecAugmentModule`, the loader's SpecAugment),
+each reading an utterance's draws by its key (``draws``: corpus seed, epoch, row).  Importing this
+package imports torch; ``import wdsprep`` does not (its names resolve here on first use).
 """
 
 from wdsprep.device.draws import KEY_FIELDS, draw_keys

@@ -1,8 +1,8 @@
 """Shards as other projects' manifests: ``wdsprep export KIND --trset PATTERN --out FILE``.
 
 Each kind is a writer registered by name (:data:`EXPORTS`; the CLI's choices come from it) over the
-shard set's utterances as :func:`~wdsprep.export.utterances.utterances` reads them: id, duration,
-transcript, speaker and language.
+shard set's utterances as ``utterances`` (:func:`~wdsprep.export.utterances.utterances`) reads
+them: id, duration, transcript, speaker and language.
 
 - ``lhotse`` (``to_lhotse.py``): a ``CutSet`` manifest of cuts without recordings, for Lhotse's
   statistics and splits (``lhotse.load_manifest``, ``cuts.describe()``).

@@ -3,8 +3,8 @@
 The transcripts are read from the shards (each sample's transcript member; the features or audio
 stay unread), the speakers from each folder's index (by the key rule without one).  A duration is
 the audio's (samples / rate) for audio shards, and frames x 10 ms for feature shards, as Lhotse
-counts a cut's feature frames.  Each utterance's language comes from the index once it has a
-language column (issue 38); until then it is None.
+counts a cut's feature frames.  Each utterance's language comes from its folder's index (its
+``lang`` column: ``pack --utt2lang``, a manifest's languages), None where it has none.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 from wdsprep.format.audio import FileAudio
 from wdsprep.format.index import FolderIndex, read_index
-from wdsprep.format.keys import encode_key, speaker_of
+from wdsprep.format.keys import LANG, encode_key, speaker_of
 from wdsprep.format.samples import iter_decoded
 from wdsprep.format.shardlist import expand_shards, index_place, is_url, refuse_commands
 from wdsprep.units import FRAMES_PER_SECOND
@@ -37,23 +37,27 @@ def utterances(trset: str | os.PathLike | Sequence[str | os.PathLike]) -> Iterat
     remote = [p for p in paths if is_url(p)]
     if remote:
         raise ValueError(f"export reads local shards; {remote[0]} is not one (download the shards first)")
-    speakers: dict[str, dict[str, str]] = {}
+    described: dict[str, dict[str, tuple[str, str | None]]] = {}
     for path in paths:
         folder = index_place(path)[0]
-        if folder not in speakers:
-            speakers[folder] = _speakers(read_index(folder))
-        named = speakers[folder]
+        if folder not in described:
+            described[folder] = _described(read_index(folder))
+        named = described[folder]
         for uttid, data, text in iter_decoded(path, on_error="raise", lazy=True):
             if isinstance(data, FileAudio):
                 duration = data.header.samples / data.header.sample_rate
             else:
                 duration = data.shape[0] / FRAMES_PER_SECOND
-            yield Utterance(uttid, duration, text, named.get(encode_key(uttid)) or speaker_of(uttid))
+            speaker, language = named.get(encode_key(uttid), (None, None))
+            yield Utterance(uttid, duration, text, speaker or speaker_of(uttid), language)
 
 
-def _speakers(index: FolderIndex | None) -> dict[str, str]:
-    """{key: speaker} of a folder's index (empty without one: the key rule then)."""
+def _described(index: FolderIndex | None) -> dict[str, tuple[str, str | None]]:
+    """{key: (speaker, language)} of a folder's index (empty without one: the key rule then, and no
+    language); a language None where the index has no language column or no value for the row."""
     if index is None:
         return {}
     spk = index.speakers()
-    return {k: spk.names[i] for k, i in zip(index.keys(), spk.ids.tolist())}
+    column = index.columns.get(LANG)
+    langs = [None] * len(spk.ids) if column is None else column.values()
+    return {k: (spk.names[i], lang) for k, i, lang in zip(index.keys(), spk.ids.tolist(), langs)}

@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from wdsprep.errors import DataError
 from wdsprep.files import read_small, sync, write_text
@@ -280,7 +280,3 @@ def abandon_marker(d_out: str | os.PathLike) -> None:
     (Path(d_out) / PLAN_NAME).unlink(missing_ok=True)
     marker(d_out).unlink(missing_ok=True)
 
-
-def plan_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options as the plan file stores them: JSON values only (tuples become lists), for comparing."""
-    return json.loads(json.dumps(dict(options)))

@@ -226,7 +226,8 @@ def collate(batch: Records, *, shared: bool = False,
 def start_collate(batch: Records, *, shared: bool = False,
                   alloc: Callable[[int], tuple[torch.Tensor, int]] | None = None,
                   reader: Any = None, dims: int | None = None, on_error: str = "warn",
-                  fields: Sequence[str] = (), text_fields: Sequence[str] = ()) -> Callable[[], Packed]:
+                  fields: Sequence[str] = (), text_fields: Sequence[str] = (),
+                  waveform: bool = False) -> Callable[[], Packed]:
     """:func:`collate` in two halves: all but the bulk feature read now, that read on ``reader``'s
     thread (a :func:`~wdsprep.format.shardfile.row_reader`) while the caller goes on; calling the result
     waits for it and returns the :class:`Packed`.  The read is ~half a worker's time, so the
@@ -237,6 +238,8 @@ def start_collate(batch: Records, *, shared: bool = False,
     (in C, while in the CPU cache), and such an utterance leaves the batch, counted in
     ``Packed.nonfinite`` (``on_error="raise"``: a ShardError naming it).  ``fields``: the fields
     the rows' values hold, in order; ``text_fields``: those of them tokenized (:func:`sample_fields`).
+    ``waveform``: the rows are 1-D waveforms of dims 0 (``features="waveform"``), padded into
+    ``Packed.audio``; there are no features to read (feats [B, T, 0]).
     """
     batch = batch[np.argsort(-batch.frames, kind="stable")]  # longest first; ties keep their order
     n = len(batch)
@@ -263,9 +266,7 @@ def start_collate(batch: Records, *, shared: bool = False,
     # converted there, in the same thread: torch's conversion, parallel on every core, left its
     # threads spinning on the core the read needed).
     reads = None
-    # features="waveform": the rows are 1-D waveforms of dims 0, padded into Packed.audio; no
-    # features to read (feats [B, T, 0]).
-    waveform = bool(n) and d == 0 and isinstance(sources[0], np.ndarray) and sources[0].ndim == 1
+    waveform = waveform and bool(n)
     waves = _pad_waves(sources, shared) if waveform else None
     if not waveform and n and (offsets != IN_MEMORY).all() and (itemsizes == itemsizes[0]).all():
         reads = bulk_reads(sources, offsets, lens * d * itemsizes, int(itemsizes[0]))

@@ -10,7 +10,7 @@
       -> field filter -> CTC filter -> collate (in a C thread, overlapped) -> Batch
 
 The source is pure: the plan and this reader's share are computed alike in the main process and
-in every worker from the note the Loader writes (``source.note``: where the iteration starts),
+in every worker from what the Loader writes where an iteration starts (``source.reader_start``),
 so the batches are the same in any process layout; only which reader yields which batch depends
 on the topology.
 """
@@ -104,13 +104,13 @@ class ReaderStream(IterableDataset):
         planned = None if self.cfg.plan.max_utts_per_speaker is None or speakers is None else \
             hashlib.blake2b(np.ascontiguousarray(speakers.ids).tobytes(), digest_size=8).hexdigest()
         read = self.cfg.read
-        # "ctc" is also in the plan's options once set: kept here (None) so older states of loaders
-        # without it keep their fingerprints.
+        # "ctc" is here as well as in the plan's options (where it is held only once set): a state
+        # records it as None when unset.
         run = {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()], "ctc": self.cfg.plan.ctc_subsampling,
                "sampling": repr(read.subword_sampling), "speakers": planned}
-        if self.cfg.features.needed:  # only then: feature shards keep the fingerprints they had
+        if self.cfg.features.needed:  # a loader that makes no features records none
             run["features"] = self.cfg.features.to_json()
-        # What only some loaders do: recorded when done, so the others keep the fingerprints they had.
+        # Each corpus's text treatment is recorded only where one differs from the loader's tokenizer alone.
         texts = [t.text_json() for t in self.transforms]
         if any(t != {"tokenizer": run["tokenizer"], "normalize": None} for t in texts):
             run["corpora"] = texts
@@ -147,7 +147,8 @@ class ReaderStream(IterableDataset):
         under those ids, with their counts left out of every tally (``Loader.rehearse``)."""
         windows = [[(bid, self.source.rows(bid)) for bid in refs]]
         for bid, rows in self.stages(windows, epoch, WorkerTally()):
-            yield bid, start_collate(rows, dims=self.shards.dims, on_error=self.cfg.read.on_error)()
+            yield bid, start_collate(rows, dims=self.shards.dims, on_error=self.cfg.read.on_error,
+                                     waveform=self.cfg.features.waveform)()
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
@@ -194,7 +195,8 @@ class ReaderStream(IterableDataset):
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
                                                    alloc=pool.alloc if pool is not None else None,
                                                    on_error=self.cfg.read.on_error, fields=self.cfg.read.read_fields,
-                                                   text_fields=self.cfg.read.text_fields or ())))
+                                                   text_fields=self.cfg.read.text_fields or (),
+                                                   waveform=self.cfg.features.waveform)))
                 if len(pending) > ahead:
                     yield item(pending.popleft())
             while pending:

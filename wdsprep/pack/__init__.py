@@ -3,7 +3,8 @@ Kaldi files or, with a :class:`Manifest`, another project's (``sources/``: Lhots
 Face, WeNet).
 
 Each is a source (``from_feats.py``, ``from_audio.py``, ``sources/``) for the steps every pack takes
-(``driver.py``): its options (``options.py``), the length groups (``groups.py``), the shard plan
+(``driver.py``): its options (``options.py``), each utterance's language and fields, from tables
+or the source (``fields.py``), the length groups (``groups.py``), the shard plan
 (``plan.py``), the shards written in workers (``sink.py``) and the output folder's transaction,
 from the lock to the commit (``output.py``).
 """

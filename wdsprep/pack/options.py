@@ -172,7 +172,7 @@ class PackOptions:
         """The resume record, ``pack_plan.json``'s ``options``: a ``--resume`` is refused unless its
         record is this one.  The fields in order, as JSON values; a pack from audio has no ``dims``
         (its ``num_mel_bins`` decide them) and its :class:`AudioOptions` follow, flat.  The fields
-        are there only when given, so a pack stopped before fields existed resumes."""
+        are there only when given: a record without them is one of a pack without fields."""
         record = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("audio", "fields", "index_fields")}
         record["filter_group"] = None if self.filter_group is None else list(self.filter_group)

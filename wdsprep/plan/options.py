@@ -327,7 +327,7 @@ class ReadOptions:
                              f"'numpy' (seeded per utterance) or dither 0")
         if opts.dither and self.features == "waveform":
             raise ValueError(f"fbank dither {opts.dither} with features='waveform': the loader computes no fbank and "
-                             f"its batches do not carry the draw keys wdsprep.Fbank dithers with yet; give fbank="
+                             f"its batches do not carry the draw keys wdsprep.Fbank dithers with; give fbank="
                              f"{{'dither': 0}} (Kaldi's reproducible setting) or features='fbank'")
         return opts
 

@@ -15,8 +15,6 @@ of (the corpus's seed, its epoch, the utterance), whatever corpus they are drawn
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -54,10 +52,6 @@ class Transforms:
         """What the labels depend on, for fingerprints and token columns: the tokenizer and the treatment."""
         return {"tokenizer": [self.tokenizer.kind, self.tokenizer.to_dict()],
                 "normalize": None if self.normalize is None else self.normalize.to_json()}
-
-    def text_digest(self) -> str:
-        doc = json.dumps(self.text_json(), sort_keys=True, default=repr, ensure_ascii=False)
-        return hashlib.blake2b(doc.encode(), digest_size=8).hexdigest()
 
 
 def split_trset(trset: Trset) -> tuple[Trset, dict[str, dict[str, Any]]]:
