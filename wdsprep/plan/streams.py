@@ -393,13 +393,19 @@ def reservoir_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
-                options: PlanOptions, speakers: np.ndarray | None = None, tokens: np.ndarray | None = None,
-                pool: int | None = None) -> StreamPlan:
-    """One stream's batches from its shards' rows (``starts``: row offsets per shard; ``frames``,
-    ``speakers`` (needed by ``max_utts_per_speaker`` only) and ``tokens`` (each label's length,
-    needed by a cost model that counts them and by the label filters) per row), in pools of
-    ``pool`` utterances (the layout's; default ``pool_size``)."""
+class StreamRows(NamedTuple):
+    """A stream's utterances before they are batched: its rows in the order its shuffle buffer
+    gives them, those the filters keep, and what they left out by reason."""
+
+    rows: np.ndarray  # int64, the rows kept
+    dropped: dict[str, int]
+
+
+def stream_rows(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
+                options: PlanOptions, tokens: np.ndarray | None = None) -> StreamRows:
+    """One stream's rows: its shards' rows in reading order (``starts``: row offsets per shard),
+    through the shuffle buffer (training), then the length and label filters (:data:`FILTERS`;
+    ``tokens``: each label's length, needed by the label filters)."""
     if options.filters_tokens and tokens is None:
         raise ValueError(f"{', '.join(options.token_filters)} need every label's length in tokens")
     if len(shards):
@@ -423,15 +429,37 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
             if out.any():
                 dropped[reason] = int(out.sum())
                 keep &= ~out
-    if not keep.all():
-        rows, lens = rows[keep], lens[keep]
-        labels = None if labels is None else labels[keep]
-    positions, batch_starts = bucket_pools(lens, fit=options.fit, pool_size=pool or options.pool_size,
-                                           rng=np.random.default_rng([seed, epoch, stream, _BATCHES]),
-                                           tokens=labels if options.fit.uses_tokens else None,
+    return StreamRows(rows if keep.all() else rows[keep], dropped)
+
+
+Cut = tuple[np.ndarray, np.ndarray]  # (rows in batch order, batch starts)
+
+
+def cut_batches(rows: np.ndarray, frames: np.ndarray, rng: np.random.Generator, *, options: PlanOptions, pool: int,
+                speakers: np.ndarray | None = None, tokens: np.ndarray | None = None) -> Cut:
+    """``rows`` cut into batches in pools of ``pool`` utterances, by their ``frames[rows]`` (and,
+    where the plan needs them, ``speakers[rows]`` and label lengths ``tokens[rows]``): the rows in
+    batch order and where each batch starts, the batches in a random order."""
+    labels = None if not options.fit.uses_tokens or tokens is None else np.asarray(tokens[rows])
+    positions, batch_starts = bucket_pools(np.asarray(frames[rows], np.int64), fit=options.fit, pool_size=pool,
+                                           rng=rng, tokens=labels,
                                            speakers=None if speakers is None else np.asarray(speakers[rows]),
                                            max_utts_per_speaker=options.max_utts_per_speaker, vary=options.train)
-    return StreamPlan(stream, shards, rows[positions], batch_starts, dropped)
+    return rows[positions], batch_starts
+
+
+def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stream: int, *, seed: int, epoch: int,
+                options: PlanOptions, speakers: np.ndarray | None = None, tokens: np.ndarray | None = None,
+                pool: int | None = None) -> StreamPlan:
+    """One stream's batches from its shards' rows (:func:`stream_rows`, then :func:`cut_batches`;
+    ``speakers``, needed by ``max_utts_per_speaker`` only, and ``tokens``, each label's length,
+    needed by a cost model that counts them and by the label filters, per row), in pools of
+    ``pool`` utterances (the layout's; default ``pool_size``)."""
+    kept = stream_rows(starts, frames, shards, stream, seed=seed, epoch=epoch, options=options, tokens=tokens)
+    rows, batch_starts = cut_batches(kept.rows, frames, np.random.default_rng([seed, epoch, stream, _BATCHES]),
+                                     options=options, pool=pool or options.pool_size, speakers=speakers,
+                                     tokens=tokens)
+    return StreamPlan(stream, shards, rows, batch_starts, kept.dropped)
 
 
 def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
