@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import math
+import json
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from wdsprep.plan.mix.deal import MixPosition, mix_run, next_epoch, start_position
+from wdsprep.plan.mix.epochs import apportion
+from wdsprep.plan.mix.portions import Cursor, cut, merge_order, progress_prefix, take
 from wdsprep.plan.mix.weights import Mixture, draw_probabilities
 from wdsprep.plan.mix.weights import make_mixture as mixture_of
 from wdsprep.plan.options import MixOptions
+from wdsprep.plan.shardset import ShardSet, union
+from wdsprep.plan.source import epoch_source
+from wdsprep.plan.state import SavedState
+from wdsprep.plan.streams import PlanOptions
 
 
 def make_mixture(names, *, hours=None, utts=None, **given):
@@ -85,118 +90,158 @@ def test_draw_chances_give_the_utterance_shares():
     assert p[0] * per_batch[0] / (p @ per_batch) == pytest.approx(0.25)
 
 
-# -- the mixed plan -----------------------------------------------------------------------------
+# -- the mixed plan ---------------------------------------------------------------------------
 
-# Two corpora: "en" big (4 streams), "zh" small (2 streams) so it loops; batches per stream vary
-# with the corpus epoch, as real plans do.
-def counts(c: int, e: int) -> np.ndarray:
-    base = [np.array([30, 28, 31, 29]), np.array([5, 6])][c]
-    return base + (e % 3) * (np.arange(len(base)) % 2)
-
-
-UTTS_PER_BATCH = [20.0, 8.0]
-CHUNKS = [4, 2]
-SCHEDULE = make_mixture(NAMES, schedule=[(0, {"en": 9, "zh": 1}), (500, {"en": 1, "zh": 1})])
-
-
-def probabilities(steps: np.ndarray, mixture: Mixture = SCHEDULE) -> np.ndarray:
-    return draw_probabilities(mixture.at(steps), UTTS_PER_BATCH)
-
-
-def run(start: MixPosition, world: int, workers: int, steps: int | None = None, *, seed: int = 1, prob=probabilities):
-    return mix_run(start, world, workers, seed=seed, probabilities=prob, counts=counts, chunks=CHUNKS, steps=steps)
+def test_a_prefix_of_the_progress_order_is_a_prefix_of_every_stream_and_grows_with_it():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(0, 9, rng.integers(1, 7)).tolist()
+        # The order itself, by brute force: item j of a stream of n at (j + 0.5) / n, ties by stream.
+        order = sorted(((2 * j + 1) / (2 * n), s) for s, n in enumerate(sizes) for j in range(n))
+        before = np.zeros(len(sizes), np.int64)
+        for m in range(sum(sizes) + 1):
+            got = progress_prefix(sizes, m)
+            assert got.tolist() == np.bincount([s for _, s in order[:m]], minlength=len(sizes)).tolist()
+            assert (got >= before).all()
+            before = got
+    assert progress_prefix([10**9, 3 * 10**9 + 1], 2 * 10**9).sum() == 2 * 10**9  # large counts, exactly
 
 
-def epochs(world: int, workers: int, n: int, *, batches: int, seed: int = 1) -> list:
-    """n loader epochs from the start; each run's refs, [world, steps, 4]."""
-    pos, out = start_position(2, batches, world, workers), []
-    for _ in range(n):
-        r = run(pos, world, workers, seed=seed)
-        out.append(r)
-        pos = next_epoch(r.end, batches)
+def test_taken_items_cross_corpus_epochs_and_cut_into_equal_contiguous_pieces():
+    sizes = {0: np.array([3, 2]), 1: np.array([1, 1, 1])}
+    segments, end = take(lambda e: sizes[e % 2], Cursor(0, 1), 7)
+    assert end == Cursor(1, 3) or end == Cursor(2, 0)
+    assert sum(len(s) for s in segments) == 7
+    # every stream of a corpus epoch is taken as one range, and epoch 0's first item is not retaken
+    assert [(s.epoch, s.stream) for s in segments] == sorted({(s.epoch, s.stream) for s in segments})
+    pieces = cut(segments, 3)
+    assert [sum(len(s) for s in p) for p in pieces] == [3, 2, 2]
+    flat = [(s.epoch, s.stream, j) for p in pieces for s in p for j in range(s.start, s.stop)]
+    assert flat == [(s.epoch, s.stream, j) for s in segments for j in range(s.start, s.stop)]
+
+
+def test_sequences_merged_by_progress_keep_their_order_and_spread_evenly():
+    which, index = merge_order([9, 3, 1])
+    for c, n in enumerate([9, 3, 1]):
+        assert index[which == c].tolist() == list(range(n))
+    # 9: 1/18, 3/18 ... 17/18; 3: 3/18, 9/18, 15/18; 1: 9/18 (ties: the lower sequence first)
+    assert which.tolist() == [0, 0, 1, 0, 0, 0, 1, 2, 0, 0, 0, 1, 0]
+
+
+def test_apportioned_items_add_up_exactly_in_proportion():
+    assert apportion(np.array([1.0, 1.0, 1.0]), 10).tolist() == [4, 3, 3]
+    assert apportion(np.array([0.9, 0.1]), 7).tolist() == [6, 1]
+    assert apportion(np.array([1.0, 0.0]), 5).tolist() == [5, 0]
+
+
+def _shards(n_shards: int, per_shard: int, seed: int) -> ShardSet:
+    rng = np.random.default_rng(seed)
+    utts = np.full(n_shards, per_shard, np.int64)
+    frames = np.clip(rng.lognormal(6.2, 0.6, n_shards * per_shard), 50, 3000).astype(np.int32)
+    return ShardSet([f"c{seed}/s{i}.tar" for i in range(n_shards)], utts, frames, [""] * n_shards,
+                    np.full(n_shards, -1))
+
+
+# "en" big (8 shards of 400: 3 streams), "zh" small (2 shards of 150: 1 stream) so it loops.
+UNION = union({"en": _shards(8, 400, 0), "zh": _shards(2, 150, 1)})
+
+
+def _source(world: int, workers: int, *, seed: int = 1, unit: str = "batch", max_frames: int = 6000, **mix):
+    options = PlanOptions(max_frames=max_frames)
+    return epoch_source(UNION, options, seed=seed, world_size=world, num_workers=workers, named=True,
+                        mix=MixOptions(mix_unit=unit, **mix))
+
+
+def _epoch(source, epoch: int) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """Every batch of ``epoch`` any rank yields, as (rows, corpora, corpus epochs)."""
+    run = source.run(source.start(epoch))
+    out = []
+    for r in range(source.world_size):
+        for window in run.windows(r):
+            for bid in window.refs:
+                units, epochs = source.origins(bid)
+                out.append((tuple(source.rows(bid).tolist()), tuple(units.tolist()), tuple(epochs.tolist())))
     return out
 
 
-def check_corpus_epochs(refs: np.ndarray) -> None:
-    """No batch repeats within a corpus epoch; every corpus epoch that a later one followed was
-    handed out whole (nothing lost), except what readers still held when the next began."""
-    seen = Counter(map(tuple, refs.reshape(-1, 4).tolist()))
-    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:5]
-    for c in range(2):
-        mine = {k for k in seen if k[0] == c}
-        last = max(k[1] for k in mine)
-        for e in range(last - 1):  # the one before the last may still be finishing
-            got = {(s, j) for (_, ee, s, j) in mine if ee == e}
-            assert got == {(s, j) for s, n in enumerate(counts(c, e)) for j in range(n)}, (c, e)
+@pytest.mark.parametrize("unit", ["batch", "utterance"])
+def test_every_topology_yields_the_same_batches_at_most_one_per_rank_apart(unit):
+    one = [b for e in range(3) for b in _epoch(_source(1, 0, unit=unit, weights={"en": 1, "zh": 1}), e)]
+    for world, workers in [(2, 2), (3, 1), (5, 0)]:
+        many = [b for e in range(3) for b in _epoch(_source(world, workers, unit=unit, weights={"en": 1, "zh": 1}),
+                                                    e)]
+        left = Counter(one)
+        left.subtract(Counter(many))
+        assert not +(Counter(many) - Counter(one)), "a batch the one-rank plan has not"
+        assert sum(left.values()) <= 3 * (world - 1), (world, workers, sum(left.values()))
 
 
-def test_every_step_of_every_rank_yields_a_batch_and_steps_are_equal():
-    rs = epochs(3, 2, 2, batches=200)
-    for r in rs:
-        assert r.steps == math.ceil(200 / 3) and r.refs.shape == (3, r.steps, 4) and (r.refs >= 0).all()
-        # Each epoch is a new DataLoader iteration: its turns start at worker 0, no placeholder.
-        assert r.reader_of(0) == 0 and not r.lead(1)
-    assert rs[1].end.global_step == 2 * math.ceil(200 / 3)
+@pytest.mark.parametrize("unit", ["batch", "utterance"])
+def test_within_a_corpus_epoch_no_utterance_repeats_and_none_is_lost(unit):
+    source = _source(1, 0, unit=unit, weights={"en": 1, "zh": 1})
+    seen: Counter = Counter()
+    for e in range(4):
+        for rows, units, epochs in _epoch(source, e):
+            seen.update(zip(rows, units, epochs))
+    assert max(seen.values()) == 1
+    zh_epochs = {(e, r) for r, u, e in seen if u == 1}
+    last = max(e for e, _ in zh_epochs)
+    assert last >= 3  # the small corpus looped
+    zh_rows = set(range(3200, 3500))
+    for e in range(last):  # every corpus epoch but the last one was taken whole
+        assert {r for ee, r in zh_epochs if ee == e} == zh_rows
 
 
-def test_within_a_corpus_epoch_no_batch_repeats_and_none_is_lost():
-    rs = epochs(2, 3, 6, batches=150)  # zh (11-12 batches an epoch) loops many times
-    refs = np.concatenate([r.refs for r in rs], axis=1)
-    assert refs[..., 1][refs[..., 0] == 1].max() >= 5
-    check_corpus_epochs(refs)
+def test_shares_are_exact_over_each_epoch_and_follow_the_schedule_epoch_by_epoch():
+    source = _source(2, 0, unit="utterance", schedule=[(0, {"en": 9, "zh": 1}), (600, {"en": 1, "zh": 1})])
+    shares = []
+    for e in range(4):
+        units = np.concatenate([np.array(u) for _, u, _ in _epoch(source, e)])
+        at = source.planner.start(e)
+        steps = source.run(source.start(e)).steps(0)
+        scheduled = source.mixture.at(at.global_step + np.arange(steps)).mean(axis=0)
+        shares.append((units == 1).mean())
+        # every utterance the epoch takes is in some rank's batch, but for the discarded tail
+        assert abs(shares[-1] - scheduled[1]) <= 0.02, (e, shares[-1], scheduled)
+    assert shares[0] < 0.2 and shares[-1] > 0.4
 
 
-def test_the_share_of_each_50_step_window_follows_the_schedule_within_binomial_noise():
-    """Batches drawn per window are a sum of Bernoulli draws with the scheduled chance of each step."""
-    world = 2
-    rs = epochs(world, 0, 3, batches=400)  # 600 steps, past the schedule's end at 500
-    drawn = np.concatenate([r.corpus for r in rs], axis=1)  # [rank, step]
-    p = probabilities(np.arange(drawn.shape[1]))[:, 1]
-    for w0 in range(0, drawn.shape[1], 50):
-        got = (drawn[:, w0:w0 + 50] == 1).sum()
-        mean = world * p[w0:w0 + 50].sum()
-        sd = math.sqrt(world * (p[w0:w0 + 50] * (1 - p[w0:w0 + 50])).sum())
-        assert abs(got - mean) <= 4 * sd, (w0, got, mean, sd)
-    # And the schedule is visible: zh (10% of the utterances, batches of 8 against 20) starts at
-    # 22% of the draws and ends at 71% (50% of the utterances).
-    assert (drawn[:, :100] == 1).mean() < 0.3 and (drawn[:, 500:] == 1).mean() > 0.6
+def test_same_seed_same_plan_another_seed_another():
+    assert _epoch(_source(2, 1), 1) == _epoch(_source(2, 1), 1)
+    assert _epoch(_source(2, 1), 1) != _epoch(_source(2, 1, seed=2), 1)
 
 
-def test_same_seed_same_plan_and_another_seed_another():
-    a = epochs(2, 2, 2, batches=120)
-    b = epochs(2, 2, 2, batches=120)
-    c = epochs(2, 2, 2, batches=120, seed=2)
-    assert all(np.array_equal(x.refs, y.refs) for x, y in zip(a, b))
-    assert not np.array_equal(a[0].refs, c[0].refs)
+def test_a_weight_of_zero_is_never_taken():
+    source = _source(2, 0, weights={"en": 1, "zh": 0})
+    assert {u for e in range(2) for _, units, _ in _epoch(source, e) for u in units} == {0}
 
 
-@pytest.mark.parametrize("cut", [1, 17, 59])
-def test_resumed_on_the_same_topology_the_run_goes_on_as_if_never_stopped(cut):
-    start = start_position(2, 240, 2, 3)
-    whole = run(start, 2, 3)
-    first = run(start, 2, 3, steps=cut)
-    saved = MixPosition.from_json(first.end.to_json())  # through JSON, as a checkpoint holds it
-    rest = run(saved, 2, 3)
-    assert np.array_equal(np.concatenate([first.refs, rest.refs], axis=1), whole.refs)
-    assert rest.lead(0) == (cut % 3 != 0) and not rest.lead(cut % 3)  # the readers whose turn had passed
+@pytest.mark.parametrize("unit", ["batch", "utterance"])
+@pytest.mark.parametrize("to", [(3, 0), (1, 2)])
+@pytest.mark.parametrize("mix", [{"weights": {"en": 1, "zh": 3}},
+                                 {"schedule": [(0, {"en": 1, "zh": 1}), (40, {"en": 1, "zh": 3})]}],
+                         ids=["weights", "schedule"])
+def test_resumed_on_another_topology_an_epoch_yields_what_it_had_left(unit, to, mix):
+    """Two ranks of two workers stop after 4 steps of epoch 1; the position through JSON, as a
+    checkpoint holds it, resumes on another topology: together, the batches of the epoch as planned,
+    but for the tail the resumed ranks discard.  With weights that is the epoch one rank plans; a
+    schedule's clock follows the steps, so there it is the epoch the two ranks planned."""
+    first = _source(2, 2, unit=unit, **mix)
+    run = first.run(first.start(1))  # planned forward from epoch 0, as a loader does
+    done = [bid for r in range(2) for bid in [b for w in run.windows(r) for b in w.refs][:4]]
+    at = run.after(0, 4)
+    doc = json.loads(json.dumps(first.position_json(at)))
+    state = SavedState(epoch=1, step=4, complete=False, global_step=first.global_step(at), position=doc,
+                       mixture=None)
+    other = _source(*to, unit=unit, **mix)
+    other.resume(other.position(state))
+    rest = [bid for r in range(to[0]) for w in other.run(other.start(1)).windows(r) for bid in w.refs]
 
+    def batch(src, bid):
+        return tuple(src.rows(bid).tolist()), tuple(src.origins(bid)[0].tolist())
 
-@pytest.mark.parametrize("to", [(3, 0), (1, 4), (4, 2)])
-def test_resumed_on_another_topology_nothing_repeats_or_is_lost(to):
-    batches = 150
-    pos = start_position(2, batches, 2, 2)
-    parts = []
-    for _ in range(3):  # three loader epochs, each cut after 23 steps and finished on the other topology
-        a = run(pos, 2, 2, steps=23)
-        b = run(MixPosition.from_json(a.end.to_json()), *to)
-        assert b.steps == math.ceil((batches - 23 * 2) / to[0])
-        assert b.end.global_step == a.end.global_step + b.steps
-        parts += [a.refs.reshape(-1, 4), b.refs.reshape(-1, 4)]
-        pos = next_epoch(b.end, batches)
-    check_corpus_epochs(np.concatenate(parts))
-
-
-def test_a_weight_of_zero_is_never_drawn():
-    fade = make_mixture(NAMES, schedule=[(0, {"en": 1, "zh": 1}), (100, {"en": 1, "zh": 0})])
-    r = run(start_position(2, 600, 2, 0), 2, 0, prob=lambda g: probabilities(g, fade))
-    assert (r.corpus[:, 100:] == 0).all() and (r.corpus[:, :50] == 1).any()
+    planned = _source(1, 0, unit=unit, **mix) if "weights" in mix else first
+    whole = Counter(batch(planned, (0, 1, m, j)) for m, n in enumerate(planned.planner.counts(1)) for j in range(n))
+    got = Counter([batch(first, b) for b in done] + [batch(other, b) for b in rest])
+    assert not +(got - whole)  # nothing the epoch did not plan, nothing twice
+    assert sum((whole - got).values()) <= to[0] - 1  # only the tail the resumed ranks discard

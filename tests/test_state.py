@@ -116,44 +116,33 @@ def test_what_is_not_a_state_is_refused(data, state, match):
 
 
 def mixed_case(state, case):
-    """An edited mixed state, by name (the edits the hostile round tried)."""
-    pos = state["position"]
-    zh = pos["corpora"][1]
-    if case == "batches_left huge":
-        return edited(state, ("position", "batches_left"), 10**9)
-    if case == "batches_left negative":
-        return edited(state, ("position", "batches_left"), -5)
-    if case == "swapped corpora":
-        return edited(state, ("position", "corpora"), pos["corpora"][::-1])
-    if case == "held stream out of range":
-        held = zh["held"][0] if zh["held"] else [0, 0, 0, 0, 1]
-        return edited(state, ("position", "corpora", 1, "held"), [[held[0], held[1], 99, 0, 1]])
-    if case == "free run out of range":
-        free = [[[0, 10_000]] for _ in (zh["free"] or [[]])]
-        return edited(state, ("position", "corpora", 1, "free"), free)
-    if case == "duplicated leftover":
-        runs = [r for s, rs in enumerate(zh["free"] or []) for r in ([[zh["epoch"], s, *rs[0]]] if rs else [])]
-        assert runs, "the test needs a corpus with batches left"
-        return edited(state, ("position", "corpora", 1, "leftover"), [runs[0]])  # also still free: twice
-    if case == "own reader out of range":
-        return edited(state, ("position", "corpora", 1, "own"), [[10**6, 0]])
-    if case == "phase out of range":
-        return edited(state, ("position", "phase"), 3)
+    """An edited mixed state, by name (the edits the hostile rounds tried)."""
+    start = state["position"]["start"]
+    if case == "start of another epoch":
+        return edited(state, ("position", "start", "epoch"), 7)
+    if case == "a corpus dropped":
+        return edited(state, ("position", "start", "cursors"), start["cursors"][:1])
+    if case == "cursor past its epoch":
+        return edited(state, ("position", "start", "cursors", 1), [start["cursors"][1][0], 10**6])
+    if case == "takes huge":
+        return edited(state, ("position", "start", "takes"), [10**15, 1])
+    if case == "clock negative":
+        return edited(state, ("position", "start", "global_step"), -5)
     if case == "world size huge":
-        return edited(state, ("position", "world_size"), 10**7)
+        return edited(state, ("position", "runs"), [[10**7, 0, 3]])
+    if case == "per-step mixture of an older wdsprep":
+        return edited(state, ("position",), {"epoch": 1, "step": 4, "corpora": []})
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case,match", [
-    ("batches_left huge", r"batches_left is 1000000000; it must be in \[0, "),
-    ("batches_left negative", "batches_left is -5"),
-    ("swapped corpora", r"corpora\[0\].name is 'zh', this loader's corpus 0 is 'en'"),
-    ("held stream out of range", r"held names batches 0..1 of stream 99"),
-    ("free run out of range", r"free\[0\] names batches 0..10000"),
-    ("duplicated leftover", "would be yielded twice"),
-    ("own reader out of range", "own names reader 1000000"),
-    ("phase out of range", "phase is 3"),
-    ("world size huge", r"world_size is 10000000"),
+    ("start of another epoch", r"position.start.epoch is 7, its epoch 1"),
+    ("a corpus dropped", r"position has 1 corpora, this loader 2 \(en, zh\)"),
+    ("cursor past its epoch", r"cursors\[1\] says item 1000000 of corpus 'zh'"),
+    ("takes huge", r"takes ask 1,000,000,000,000,001 items of one epoch, more than 1024 passes"),
+    ("clock negative", r"global_step is -5"),
+    ("world size huge", r"a run on 10000000 ranks"),
+    ("per-step mixture of an older wdsprep", "planned per step by an older wdsprep"),
 ])
 def test_an_edited_mixed_state_is_refused_naming_the_field(data, case, match):
     _, named, tok = data
@@ -165,7 +154,7 @@ def test_a_huge_count_in_a_state_costs_nothing_to_refuse(data, tmp_path):
     """Under a 3 GB address-space limit and a timeout: refused in a line, not killed by the kernel."""
     trset, named, tok = data
     single = edited(saved_mid_epoch(trset, tok, **KW), ("position", "runs"), [[1, 0, 3]] * 20_000)
-    mixed = mixed_case(saved_mid_epoch(named, tok, steps=4, **MIX), "batches_left huge")
+    mixed = mixed_case(saved_mid_epoch(named, tok, steps=4, **MIX), "takes huge")
     for name, (pattern, state, kw) in {"single": (trset, single, KW), "mixed": (named, mixed, MIX)}.items():
         f = tmp_path / f"{name}.json"
         f.write_text(json.dumps({"trset": pattern, "tok": str(tok), "state": state, "kw": kw}))

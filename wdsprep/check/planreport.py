@@ -131,8 +131,11 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
                 rows = source.rows(bid)
                 f = source.planned_frames(bid)
                 total.add(f, options.max_frames, None if shards.tokens is None else shards.tokens[rows])
-                utts[k, bid[0]] += len(f)  # a mixture's batch holds one corpus, bid[0]
-                frames[k, bid[0]] += f.sum()
+                corpora = source.origins(bid)[0]
+                if corpora is None:  # one corpus: as the shards say
+                    corpora = shards.corpus[shards.shard_of(rows)]
+                np.add.at(utts[k], corpora, 1)
+                np.add.at(frames[k], corpora, f)
                 costs[r, k] = batch_cost(judge, f, None if shards.tokens is None else shards.tokens[rows])
                 if longest_labels is not None and options.ctc_subsampling and len(rows):
                     may_end_empty += bool((f // options.ctc_subsampling <= longest_labels[rows]).all())

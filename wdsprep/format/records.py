@@ -43,7 +43,7 @@ from wdsprep.format.shardfile import FileFeats, ShardFile
 from wdsprep.units import fbank_frames
 
 # Columns of ``num`` (int64; the first four in the order the C walk returns them) and of ``obj`` (object).
-_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS, _ROW = range(7)
+_OFFSET, _FRAMES, _DIMS, _ITEMSIZE, _LABEL_LEN, _CORPUS, _ROW, _EPOCH = range(8)
 _UTTID, _TEXT, _SOURCE, _LABELS, _VALUES, _FIELD_LABELS, _LANG = range(7)
 IN_MEMORY = -1  # the offset of features that are an array in ``sources``
 AUDIO = -2  # the offset of a row whose features are still to be made from its FileAudio in ``sources``
@@ -55,7 +55,7 @@ def _column(array: str, index: int, doc: str) -> property:
 
 
 class Records:
-    """A block of utterances: ``num`` int64 [n, 7] and ``obj`` object [n, 7] (see the columns below).
+    """A block of utterances: ``num`` int64 [n, 8] and ``obj`` object [n, 7] (see the columns below).
 
     Indexing with a slice, an index array or a boolean mask gives the selected rows as a new
     block (numpy semantics: a slice is a view).  Blocks passed between stages are not changed in
@@ -72,7 +72,7 @@ class Records:
     @classmethod
     def empty(cls, n: int = 0) -> Records:
         """``n`` rows of zeros, no labels (``()``) and None for the rest."""
-        r = cls(np.zeros((n, 7), np.int64), np.full((n, 7), None, object))
+        r = cls(np.zeros((n, 8), np.int64), np.full((n, 7), None, object))
         r.obj[:, _LABELS].fill(())
         return r
 
@@ -139,6 +139,14 @@ class Records:
         self.num[:, _CORPUS] = corpus
         return self
 
+    def from_plan(self, corpora: np.ndarray | None, epochs: np.ndarray) -> Records:
+        """These rows, marked in place with what the plan says of each: its corpus (None: as read,
+        its shard's) and that corpus's epoch."""
+        if corpora is not None:
+            self.num[:, _CORPUS] = corpora
+        self.num[:, _EPOCH] = epochs
+        return self
+
     def at_rows(self, first: int) -> Records:
         """These rows, numbered in place from ``first`` (a shard's first row in the loader's shard set)."""
         self.num[:, _ROW] = np.arange(first, first + len(self), dtype=np.int64)
@@ -167,6 +175,7 @@ class Records:
     label_lens = _column("num", _LABEL_LEN, "Tokens in each row's labels.")
     corpora = _column("num", _CORPUS, "Each row's corpus: its index in the loader's corpora (0 with one).")
     rows = _column("num", _ROW, "Each row's place in the loader's shard set.")
+    epochs = _column("num", _EPOCH, "Each row's corpus epoch, as the plan set it: what its augmentation is drawn by.")
     uttids = _column("obj", _UTTID, "Utterance ids.")
     texts = _column("obj", _TEXT, "Transcripts.")
     sources = _column("obj", _SOURCE, "Each row's ShardFile (features on disk) or features array (in memory).")

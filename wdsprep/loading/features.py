@@ -167,7 +167,7 @@ class FeatureMaker:
         key = (seed, epoch)
         if key not in self._draws:
             self._draws[key] = Draws(seed, epoch)
-            while len(self._draws) > 4:
+            while len(self._draws) > 64:  # a batch of a mixture of utterances draws from many
                 self._draws.popitem(last=False)
         return self._draws[key]
 
@@ -176,25 +176,30 @@ class FeatureMaker:
         if not len(rows):
             return rows
         self.load()  # outside the per-utterance handling: a folder that cannot be read is no utterance's fault
-        unit = self.unit(bid[0])
-        chain = self.chains[unit.parent if len(self.chains) > 1 else 0]
-        epoch = bid[1]
-        local = unit.local(rows.rows)
-        choices = unit.speeds(epoch)
-        planned = unit.frames(epoch)[local]
-        draws = self.draws(unit.seed, epoch) if chain.reads or (self.opts.fbank and self.opts.fbank.dither) else None
         out = Records(rows.num.copy(), rows.obj.copy())
         keep = np.ones(len(rows), bool)
         uttids = out.uttids
+        # Each row as its corpus planned it in its corpus epoch (a batch of a mixture of utterances
+        # holds several): its place in the corpus, speed factor, planned frames and draws.
+        corpora, epochs = rows.corpora, rows.epochs
+        local = np.empty(len(rows), np.int64)
+        for c, e in {(int(c), int(e)) for c, e in zip(corpora.tolist(), epochs.tolist())}:
+            mine = (corpora == c) & (epochs == e)
+            local[mine] = self.unit(c).local(rows.rows[mine])
         for i in range(len(rows)):
-            row = int(local[i])
+            unit, epoch, row = self.unit(int(corpora[i])), int(epochs[i]), int(local[i])
+            chain = self.chains[unit.parent if len(self.chains) > 1 else 0]
+            choices = unit.speeds(epoch)
+            planned = unit.frames(epoch)[row]
+            dithers = self.opts.fbank is not None and self.opts.fbank.dither
+            draws = self.draws(unit.seed, epoch) if chain.reads or dithers else None
             u = draws.read(row, chain.layout) if draws is not None and chain.reads else {}
             try:
                 if out.offsets[i] == AUDIO and self.opts.waveform:
                     wave, prefix = self.waveform(out.sources[i], row, u, choices, chain)
                     frames = int(fbank_frames(len(wave), self.opts.fbank.sample_rate))
-                    if frames != planned[i]:
-                        raise ValueError(f"its waveform gives {frames} frames, the plan {planned[i]}: the audio "
+                    if frames != planned:
+                        raise ValueError(f"its waveform gives {frames} frames, the plan {planned}: the audio "
                                          f"does not decode to the samples its header says")
                     uttids[i] = prefix + uttids[i]
                     # A 1-D row of dims 0: the collate pads it into batch.audio (feats stay [B, T, 0]).
@@ -203,8 +208,8 @@ class FeatureMaker:
                     continue
                 if out.offsets[i] == AUDIO:
                     feats, prefix = self._from_audio(out.sources[i], row, u, choices, draws, chain)
-                    if feats.shape[0] != planned[i]:
-                        raise ValueError(f"its features have {feats.shape[0]} frames, the plan {planned[i]}: the "
+                    if feats.shape[0] != planned:
+                        raise ValueError(f"its features have {feats.shape[0]} frames, the plan {planned}: the "
                                          f"audio does not decode to the samples its header says")
                     uttids[i] = prefix + uttids[i]
                 else:

@@ -27,6 +27,8 @@ from wdsprep.remote.urls import redact
 from wdsprep.tokenizer import SubwordSampling, Tokenizer
 
 Rows = tuple[BatchId, Records]
+# A planned batch's rows' corpora (None: their shards') and corpus epochs.
+Origins = Callable[[BatchId], tuple['np.ndarray | None', np.ndarray]]
 
 
 class _Shard:
@@ -40,9 +42,11 @@ class _Shard:
 
 def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, label: Callable[[int, Records], Records],
                  on_error: str, counts: WorkerTally, block: int, fetch: FetchOptions | None = None,
-                 fields: Sequence[str] = ()) -> Iterator[Rows]:
+                 fields: Sequence[str] = (), origins: Origins | None = None) -> Iterator[Rows]:
     """Each planned batch's rows, read from the shards (with their ``fields``) and labelled; rows a
-    shard does not deliver are left out of their batch and counted.
+    shard does not deliver are left out of their batch and counted.  ``origins(bid)``: per planned
+    row, its corpus (None: its shard's) and corpus epoch, marked on the rows (default: the batch
+    id's epoch).
 
     The batches come a window at a time (an epoch source deals a long epoch in windows).  Every
     shard they need is read once, when the first batch needs it (the next ``fetch.read_ahead``
@@ -72,7 +76,7 @@ def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, labe
             upcoming = next(windows, None)
             upcoming_owners = seen(upcoming) if upcoming is not None else []
             yield from _gather(current, owners, shards, fetcher, waiting, loaded, label=label, on_error=on_error,
-                               counts=counts, block=block, fields=fields)
+                               counts=counts, block=block, fields=fields, origins=origins)
             current, owners = upcoming, upcoming_owners
     finally:
         fetcher.close()  # stopped early: downloads in flight give up
@@ -80,7 +84,8 @@ def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, labe
 
 def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardSet, fetcher: ShardFetcher,
             waiting: dict[int, int], loaded: dict[int, _Shard], *, label: Callable[[int, Records], Records],
-            on_error: str, counts: WorkerTally, block: int, fields: Sequence[str]) -> Iterator[Rows]:
+            on_error: str, counts: WorkerTally, block: int, fields: Sequence[str],
+            origins: Origins | None) -> Iterator[Rows]:
     for (bid, rows), owner in zip(planned, owners):
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
@@ -97,8 +102,13 @@ def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardS
         slots = [np.flatnonzero((owner == s) & have) for s in present]
         parts = [loaded[s].rows[within[k]] for s, k in zip(present, slots)]
         got_rows = Records.concat(parts) if parts else Records.empty()
-        # Back to the planned order within the batch (the collate sorts by length, ties in this order).
-        yield bid, got_rows[np.argsort(np.concatenate(slots), kind="stable")] if parts else got_rows
+        if parts:  # back to the planned order within the batch (the collate sorts by length, ties in this order)
+            kept = np.concatenate(slots)
+            order = np.argsort(kept, kind="stable")
+            got_rows = got_rows[order]
+            corpora, epochs = origins(bid) if origins is not None else (None, np.full(len(rows), bid[1], np.int64))
+            got_rows.from_plan(None if corpora is None else corpora[kept[order]], epochs[kept[order]])
+        yield bid, got_rows
         for s in present:
             waiting[s] -= int((owner == s).sum())
             if waiting[s] <= 0:

@@ -110,6 +110,8 @@ class ReaderStream(IterableDataset):
                "sampling": repr(read.subword_sampling), "speakers": planned}
         if self.cfg.features.needed:  # a loader that makes no features records none
             run["features"] = self.cfg.features.to_json()
+        if self.source.mix_unit is not None:  # a mixture: what it mixes decides its batches
+            run["mix_unit"] = self.source.mix_unit
         # Each corpus's text treatment is recorded only where one differs from the loader's tokenizer alone.
         texts = [t.text_json() for t in self.transforms]
         if any(t != {"tokenizer": run["tokenizer"], "normalize": None} for t in texts):
@@ -133,7 +135,7 @@ class ReaderStream(IterableDataset):
                             langs=shards.values(LANG, rows.rows), text_fields=text)
 
         rows = read_batches(windows, shards, label=label, on_error=read.on_error, counts=counts,
-                            block=read.tokenize_group, fetch=cfg.fetch, fields=names)
+                            block=read.tokenize_group, fetch=cfg.fetch, fields=names, origins=self.source.origins)
         if self.features is not None:
             rows = self.features(rows, counts)
         if names:
@@ -188,10 +190,7 @@ class ReaderStream(IterableDataset):
         try:
             if lead:
                 yield item(None)
-            mixed = self.source.kind == "mixture"
             for bid, rows in self.stages(windows, epoch, counts):
-                if mixed:  # batch.corpus indexes what is mixed: corpora, or the parts mix_by made of them
-                    rows.in_corpus(bid[0])
                 pending.append((bid, start_collate(rows, shared=info is not None, reader=reader, dims=dims,
                                                    alloc=pool.alloc if pool is not None else None,
                                                    on_error=self.cfg.read.on_error, fields=self.cfg.read.read_fields,

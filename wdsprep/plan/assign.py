@@ -111,12 +111,13 @@ def _ranges(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def assign(counts: Sequence[int], world_size: int, num_workers: int, *, equal: bool = True,
-           consumed: Sequence[np.ndarray] | None = None) -> Assignment:
+           consumed: Sequence[np.ndarray] | None = None, interleave: int = INTERLEAVE) -> Assignment:
     """Deal the batches of an epoch whose streams hold ``counts[s]`` batches.
 
     ``consumed[s]`` (a boolean mask per stream) marks batches a resumed epoch already yielded;
     only the rest are dealt.  Streams go to ranks and readers by their whole size, so on the
     topology that consumed them each reader is left exactly the rest of its own batches.
+    ``interleave``: the streams a reader yields interleaved (see :meth:`Assignment.reader_order`).
     """
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"world size must be >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
@@ -180,7 +181,7 @@ def assign(counts: Sequence[int], world_size: int, num_workers: int, *, equal: b
         dealt = [0] * readers
         for weight, u in units:
             w = load.index(min(load))
-            per_reader[w].extend(Task(t.stream, t.start, t.stop, dealt[w] // INTERLEAVE) for t in u)
+            per_reader[w].extend(Task(t.stream, t.start, t.stop, dealt[w] // interleave) for t in u)
             load[w] += weight
             dealt[w] += 1
         for t in received[r]:  # after the reader's own streams, one after another
@@ -210,7 +211,7 @@ def rank_order(a: Assignment, rank: int, first: int = 0) -> list[tuple[int, int]
 
 
 def next_turn(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], world_size: int, num_workers: int,
-              rank: int, *, equal: bool = True) -> int:
+              rank: int, *, equal: bool = True, interleave: int = INTERLEAVE) -> int:
     """The reader whose turn is next after the last of ``runs``, when it ran on this topology (0 else):
     resumed, readers before it hand out a placeholder first, so the batches come in the order the
     interrupted run would have yielded them."""
@@ -218,26 +219,28 @@ def next_turn(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], world
         return 0
     # The last run started where the ones before it left off, with its own first turn.
     *before, (_, _, steps) = runs
-    first = next_turn(counts, before, world_size, num_workers, rank, equal=equal)
-    turns = _turns(epoch_assignment(counts, before, world_size, num_workers, equal=equal), rank, first)
+    first = next_turn(counts, before, world_size, num_workers, rank, equal=equal, interleave=interleave)
+    turns = _turns(epoch_assignment(counts, before, world_size, num_workers, equal=equal, interleave=interleave),
+                   rank, first)
     return turns[steps][0] if steps < len(turns) else 0
 
 
-def consumed(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], *, equal: bool = True) -> list[np.ndarray]:
+def consumed(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], *, equal: bool = True,
+             interleave: int = INTERLEAVE) -> list[np.ndarray]:
     """Per stream, the batches an epoch had yielded after ``runs``: runs of it, in turn, on
     ``(world_size, num_workers, steps)``, each resumed where the one before stopped."""
     done = [np.zeros(int(n), bool) for n in counts]
     for i, (world_size, num_workers, steps) in enumerate(runs):
-        a = assign(counts, world_size, num_workers, equal=equal, consumed=done)
+        a = assign(counts, world_size, num_workers, equal=equal, consumed=done, interleave=interleave)
         for rank in range(world_size):
-            first = next_turn(counts, runs[:i], world_size, num_workers, rank, equal=equal)
+            first = next_turn(counts, runs[:i], world_size, num_workers, rank, equal=equal, interleave=interleave)
             for stream, j in rank_order(a, rank, first)[:steps]:
                 done[stream][j] = True
     return done
 
 
 def epoch_assignment(counts: Sequence[int], runs: Sequence[tuple[int, int, int]], world_size: int, num_workers: int,
-                     *, equal: bool = True) -> Assignment:
+                     *, equal: bool = True, interleave: int = INTERLEAVE) -> Assignment:
     """The assignment of what an epoch has left after ``runs`` (see :func:`consumed`), on this topology."""
-    done = consumed(counts, runs, equal=equal) if runs else None
-    return assign(counts, world_size, num_workers, equal=equal, consumed=done)
+    done = consumed(counts, runs, equal=equal, interleave=interleave) if runs else None
+    return assign(counts, world_size, num_workers, equal=equal, consumed=done, interleave=interleave)

@@ -27,7 +27,17 @@ from wdsprep.plan.augment import perturbed_frames, speed_choices
 from wdsprep.plan.shardset import ShardSet
 from wdsprep.plan.state import read_published
 from wdsprep.plan.stats import LoaderStats
-from wdsprep.plan.streams import EpochPlan, Layout, PlanOptions, StreamPlan, layout, plan_epoch
+from wdsprep.plan.streams import (
+    EpochPlan,
+    Layout,
+    PlanOptions,
+    StreamPlan,
+    StreamRows,
+    layout,
+    plan_epoch,
+    stream_rows,
+    stream_shards,
+)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -122,6 +132,8 @@ class Corpus:
         self._plans: LRU[int, EpochPlan] = LRU(1)
         self._streams: LRU[tuple[int, int], StreamPlan] = LRU(256)
         self._tallies: LRU[int, EpochBatches] = LRU(4)
+        self._dealt: LRU[int, list[np.ndarray]] = LRU(2)  # epoch -> each stream's shards
+        self._rows: LRU[tuple[int, int], StreamRows] = LRU(256)  # (epoch, stream) -> its rows before batches
 
     @property
     def num_streams(self) -> int:
@@ -202,8 +214,37 @@ class Corpus:
 
     def rows(self, epoch: int, stream: int, batch: int) -> np.ndarray:
         """A planned batch's rows in the loader's shard set."""
-        local = self.stream(epoch, stream).batch(batch)
+        return self.to_global(self.stream(epoch, stream).batch(batch))
+
+    def batch_frames(self, epoch: int, stream: int, batch: int) -> np.ndarray:
+        """The frames a planned batch's rows were planned with (after speed perturbation)."""
+        return self.frames(epoch)[self.stream(epoch, stream).batch(batch)]
+
+    def to_global(self, local: np.ndarray) -> np.ndarray:
+        """This corpus's rows as rows of the loader's shard set."""
         return local + self.row0 if self.rowmap is None else self.rowmap[local]
+
+    def stream_rows(self, epoch: int, stream: int) -> StreamRows:
+        """A stream's rows of ``epoch`` before they are batched (its own rows, in the order its
+        shuffle buffer gives them, those the filters keep): what a mixture of utterances takes."""
+        epoch = self._epoch(epoch)
+        return self._rows.get((epoch, stream), lambda: stream_rows(
+            self.shards.starts, self.frames(epoch), self._stream_shards(epoch)[stream], stream, seed=self.seed,
+            epoch=epoch, options=self.options, tokens=self.tokens))
+
+    def _stream_shards(self, epoch: int) -> list[np.ndarray]:
+        return self._dealt.get(epoch, lambda: stream_shards(self.shards.utts, self.frames(epoch), self.layout.streams,
+                                                            seed=self.seed, epoch=epoch, shuffle=self.options.train))
+
+    def kept(self, epoch: int) -> np.ndarray:
+        """Per stream, the utterances of ``epoch`` the filters keep."""
+        return np.array([len(self.stream_rows(epoch, s).rows) for s in range(self.num_streams)], np.int64)
+
+    def left_out(self, epoch: int, stream: int) -> Counter[str]:
+        """:meth:`dropped`, from the stream's rows alone (no batch is cut)."""
+        shards = self._stream_shards(self._epoch(epoch))[stream]
+        unreadable = int(self.shards.lost[shards].sum()) if len(shards) else 0
+        return Counter(self.stream_rows(epoch, stream).dropped) + Counter({"unreadable": unreadable})
 
     def local(self, rows: np.ndarray) -> np.ndarray:
         """Rows of the loader's shard set as this corpus's own rows (what its draws are keyed by)."""

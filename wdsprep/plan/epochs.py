@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from wdsprep.format.index import Speakers
-from wdsprep.plan.assign import Assignment, epoch_assignment, next_turn, rank_order
+from wdsprep.plan.assign import INTERLEAVE, Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.plan.corpus import LRU, Corpus, FixedShards
 from wdsprep.plan.quality import plan_quality
 from wdsprep.plan.state import (
@@ -59,6 +59,8 @@ class CorpusEpochs(FixedShards):
 
     kind = "corpus"
     mixture = None
+    mix_unit = None  # what a mixture mixes ("batch", "utterance"); None: one corpus
+    interleave = INTERLEAVE  # the streams a reader yields interleaved
 
     def __init__(self, corpus: Corpus, *, corpora: tuple[str, ...], world_size: int, num_workers: int,
                  speakers: Speakers | None = None) -> None:
@@ -109,14 +111,20 @@ class CorpusEpochs(FixedShards):
     def planned_frames(self, bid: BatchId) -> np.ndarray:
         """The frames a planned batch's rows were planned with (after speed perturbation)."""
         _, epoch, stream, batch = bid
-        return self.corpus.frames(epoch)[self.corpus.stream(epoch, stream).batch(batch)]
+        return self.corpus.batch_frames(epoch, stream, batch)
+
+    def origins(self, bid: BatchId) -> tuple[np.ndarray | None, np.ndarray]:
+        """Per row of a planned batch: its corpus, as ``batch.corpus`` says it (None: the shard's, as
+        read), and that corpus's epoch (what its augmentation is drawn by)."""
+        return None, np.full(len(self.rows(bid)), bid[1], np.int64)
 
     def assignment(self, at: CorpusPosition, world_size: int | None = None,
                    num_workers: int | None = None) -> Assignment:
         """Who yields what is left of the epoch after ``at`` (on this topology, or the one given)."""
         w = self.world_size if world_size is None else world_size
         nw = self.num_workers if num_workers is None else num_workers
-        return epoch_assignment(self.corpus.counts(at.epoch), list(at.runs), w, nw, equal=self.train)
+        return epoch_assignment(self.corpus.counts(at.epoch), list(at.runs), w, nw, equal=self.train,
+                                interleave=self.interleave)
 
     def complete(self, at: CorpusPosition) -> bool:
         """Whether the last run ended the epoch on its topology (what another topology would still
@@ -179,7 +187,7 @@ class CorpusRun:
     def _first_turn(self, rank: int) -> int:
         s = self.source
         return next_turn(s.corpus.counts(self.at.epoch), list(self.at.runs), s.world_size, s.num_workers, rank,
-                         equal=s.train)
+                         equal=s.train, interleave=s.interleave)
 
     def windows(self, rank: int) -> Iterator[Window]:
         """The batches ``rank`` yields, in order (its readers in turn, as torch's DataLoader takes
@@ -226,9 +234,16 @@ class CorpusRun:
                            for t in a.discarded)
         st.discarded_fraction = st.discarded / total if total else 0.0
         if s.speakers is not None:  # from the plan and the index: no feature read
-            st.shuffle = plan_quality(plan, a, s.speakers.ids, s.corpus.frames(e), ranks=[rank],
-                                      source=s.speakers.source).to_dict()
+            self.report_shuffle(st, rank)
         return st
+
+    def report_shuffle(self, st: LoaderStats, rank: int) -> None:
+        """The shuffle report of ``rank``'s batches, into ``st``."""
+        s = self.source
+        assert s.speakers is not None
+        e = self.at.epoch
+        st.shuffle = plan_quality(s.corpus.plan(e), self.assignment, s.speakers.ids, s.corpus.frames(e), ranks=[rank],
+                                  source=s.speakers.source).to_dict()
 
     def discarded(self) -> list[BatchId]:
         """The epoch's tail no rank yields (fewer batches than ranks)."""

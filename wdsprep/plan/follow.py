@@ -154,6 +154,10 @@ class GrowingSource:
         return self.held.mixture
 
     @property
+    def mix_unit(self) -> str | None:
+        return self.held.mix_unit
+
+    @property
     def world_size(self) -> int:
         return self.held.world_size
 
@@ -180,8 +184,11 @@ class GrowingSource:
     def rows(self, bid: BatchId) -> np.ndarray:
         return self.held.rows(bid)
 
-    def corpus(self, c: int) -> Corpus:
-        return self.held.corpus(c)
+    def corpus_of(self, c: int) -> Corpus:
+        return self.held.corpus_of(c)
+
+    def origins(self, bid: BatchId) -> tuple[np.ndarray | None, np.ndarray]:
+        return self.held.origins(bid)
 
     def planned_frames(self, bid: BatchId) -> np.ndarray:
         return self.held.planned_frames(bid)

@@ -103,6 +103,12 @@ class MixOptions:
                                          plan=True,
                                          doc="steps of a mixed loader epoch (default: one pass's worth of every "
                                              "corpus's batches, divided over the ranks)")
+    mix_unit: str = option("batch", "what is mixed: whole batches, each of one corpus, or utterances, so a batch holds "
+                                    "several corpora", kind=choice("batch", "utterance"), plan=True, common=True,
+                           doc="what is mixed: 'batch' (each batch of one corpus, the corpora's own batches in "
+                               "turn) or 'utterance' (the corpora's utterances merged before pools and batches are "
+                               "cut, so a batch holds several corpora, each utterance with its own corpus's "
+                               "tokenizer, text treatment and augmentation; batch.corpus names each)")
     mix_by: str | None = option(None, "split each corpus by this index column (lang: each utterance's language, "
                                       "pack --utt2lang) into parts mixed as named corpora are", kind=PATH,
                                 metavar="FIELD", plan=True, common=True,
@@ -126,8 +132,9 @@ class MixOptions:
             check_field_name(self.mix_by)
 
     def given(self) -> dict[str, Any]:
-        """The mixing options set, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The mixing options set, by name (``mix_unit`` when not its default)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
 
 
 @dataclass(frozen=True)

@@ -21,21 +21,19 @@ same way, ``(corpus, corpus epoch, stream, batch)``.
 from __future__ import annotations
 
 import os
-import zlib
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from wdsprep.plan.corpus import Corpus
 from wdsprep.plan.epochs import CorpusEpochs
-from wdsprep.plan.mix.epochs import MixedEpochs
+from wdsprep.plan.mix.epochs import MixedEpochs, mixed_seed
 from wdsprep.plan.mix.weights import Mixture, level_mixture, make_mixture
 from wdsprep.plan.options import MixOptions
 from wdsprep.plan.shardset import ShardSet
 from wdsprep.plan.state import SavedState
 from wdsprep.plan.stats import LoaderStats
 from wdsprep.plan.streams import BatchId, Planned, PlanOptions, TooFewBatches, Window
-from wdsprep.tokenizer import derive_seed
 from wdsprep.units import hours
 
 Trset = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]]
@@ -74,6 +72,7 @@ class EpochSource(Protocol):
     """Every batch of every epoch on one topology; see the module's docstring."""
 
     kind: str  # what the resume state says it is: "corpus" or "mixture"
+    mix_unit: str | None  # what a mixture mixes, "batch" or "utterance" (None: no mixture)
     corpora: tuple[str, ...]  # the named corpora (``("",)`` for one unnamed): ``batch.corpus`` indexes them
     shards: ShardSet
     mixture: Mixture | None
@@ -95,6 +94,10 @@ class EpochSource(Protocol):
 
     def rows(self, bid: BatchId) -> np.ndarray:
         """A planned batch's rows in the shard set."""
+
+    def origins(self, bid: BatchId) -> tuple[np.ndarray | None, np.ndarray]:
+        """Per row of a planned batch: its corpus as ``batch.corpus`` says it (None: its shard's, as
+        read), and that corpus's epoch (what its augmentation is drawn by)."""
 
     def corpus_of(self, c: int) -> Corpus:
         """The corpus ``c`` of a batch id is planned by: its seed, first row and speed draws (what
@@ -183,7 +186,7 @@ def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, see
             counted.update(used.tolist())
             names.append(name)
             hours_of[-1].append(hours(int(part.frames.sum())))
-            units.append(Corpus(part, plans[c], seed=derive_seed(seed, zlib.crc32(name.encode())), rowmap=rows,
+            units.append(Corpus(part, plans[c], seed=mixed_seed(seed, name), rowmap=rows,
                                 parent=c, speakers=None if planned is None else planned[rows]))
     return names, units, hours_of
 
@@ -218,18 +221,20 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
             mixture = level_mixture(names, part_hours, t if isinstance(t, tuple) else (t, t), by=mix.mix_by)
         else:
             mixture = make_mixture(names, mix, utts=[u.shards.num_utts for u in units])
-        return MixedEpochs(shards, units, seed=seed, mixture=mixture, steps_per_epoch=mix.steps_per_epoch,
-                           world_size=world_size, num_workers=num_workers, speakers=shards.speakers, names=names)
+        return MixedEpochs(shards, units, seed=seed, mixture=mixture, options=options, mix_unit=mix.mix_unit,
+                           steps_per_epoch=mix.steps_per_epoch, world_size=world_size, num_workers=num_workers,
+                           speakers=shards.speakers, names=names)
     if named and options.train and (len(shards.corpora) > 1 or given):
         corpora = []
         for c, name in enumerate(shards.corpora):
             part = shards.part(c)
             row0 = int(shards.starts[shards.shards_of(c).start])
-            corpora.append(Corpus(part, each[c], seed=derive_seed(seed, zlib.crc32(name.encode())), row0=row0,
+            corpora.append(Corpus(part, each[c], seed=mixed_seed(seed, name), row0=row0,
                                   speakers=None if planned is None else planned[row0:row0 + part.num_utts], parent=c))
         mixture = mixture_for(shards, mix)
-        return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, steps_per_epoch=mix.steps_per_epoch,
-                           world_size=world_size, num_workers=num_workers, speakers=shards.speakers)
+        return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, options=options, mix_unit=mix.mix_unit,
+                           steps_per_epoch=mix.steps_per_epoch, world_size=world_size, num_workers=num_workers,
+                           speakers=shards.speakers)
     source = CorpusEpochs(Corpus(shards, each[0] if options.train else options, seed=seed, speakers=planned),
                           corpora=shards.corpora, world_size=world_size, num_workers=num_workers,
                           speakers=shards.speakers)

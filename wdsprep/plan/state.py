@@ -8,7 +8,8 @@
      [, "normalize": [...]]}
 
 ``position`` is where the epoch source stands (``epochs.CorpusPosition``: the epoch's runs so far; a
-mixture's ``mix.deal.MixPosition``: where every corpus stands), a few numbers; the other fields
+mixture's ``mix.epochs.MixPosition`` adds where its epoch started: every corpus's cursor, the
+schedule's clock and the items each corpus gives the epoch), a few numbers; the other fields
 repeat what follows from it (epoch, step, complete, global step) for people and tools, and must
 agree with it.  A state is read by :func:`read_state` and the source's ``position`` parser, which
 check every field's type and range against the plan before the loader uses any of it: an edited

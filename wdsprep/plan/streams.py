@@ -351,6 +351,17 @@ def describe_rates(rates: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3g}" for k, v in rates.items() if k != "utterances")
 
 
+def stream_shards(utts: np.ndarray, frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
+                  shuffle: bool) -> list[np.ndarray]:
+    """Shard indices of each stream of ``epoch``, in reading order, for shards of ``utts[i]``
+    utterances whose frames are ``frames`` (shard after shard): :func:`deal_shards` by their frames."""
+    starts = np.concatenate([[0], np.cumsum(utts)]).astype(np.int64)
+    shard_frames = (np.add.reduceat(frames, starts[:-1], dtype=np.int64) if len(frames)  # no int64 copy of frames
+                    else np.zeros(len(utts)))
+    shard_frames = np.where(utts > 0, shard_frames, 0)  # reduceat repeats a value for empty shards
+    return deal_shards(shard_frames, num_streams, seed=seed, epoch=epoch, shuffle=shuffle)
+
+
 def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
                 shuffle: bool) -> list[np.ndarray]:
     """Shard indices of each stream, in reading order: a fresh permutation per (seed, epoch), dealt
@@ -479,12 +490,9 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
         raise ValueError("max_utts_per_speaker needs every utterance's speaker (from the index)")
     utts = np.asarray(utts, np.int64)
     starts = np.concatenate([[0], np.cumsum(utts)]).astype(np.int64)
-    shard_frames = (np.add.reduceat(frames, starts[:-1], dtype=np.int64) if len(frames)  # no int64 copy of frames
-                    else np.zeros(len(utts)))
-    shard_frames = np.where(utts > 0, shard_frames, 0)  # reduceat repeats a value for empty shards
     epoch = epoch if options.train else 0  # dev mode: the same batches every epoch
     laid_out = laid_out or layout(options, utts, frames, tokens)
-    dealt = deal_shards(shard_frames, laid_out.streams, seed=seed, epoch=epoch, shuffle=options.train)
+    dealt = stream_shards(utts, frames, laid_out.streams, seed=seed, epoch=epoch, shuffle=options.train)
     wanted = set(range(len(dealt))) if streams is None else set(streams)
     plans = []
     for s, shards in enumerate(dealt):

@@ -1,4 +1,5 @@
-"""Named corpora mixed in one loader: ``weights`` (how much of each corpus at every step: weights,
-temperature or a schedule), ``deal`` (which corpus each rank's step draws, and which planned batch
-of it each reader yields) and ``epochs`` (the epoch source over the corpora's own plans).
+"""Named corpora mixed in one loader, every loader epoch planned like one corpus's: ``weights`` (how
+much of each corpus: weights, a temperature or a schedule), ``portions`` (each corpus's portion of
+a loader epoch, cut into the epoch's streams without regard to the topology) and ``epochs`` (the
+mixed epochs as one corpus's plan, and their epoch source).
 """
