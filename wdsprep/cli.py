@@ -102,8 +102,9 @@ def _add_from(p: argparse.ArgumentParser, source: argparse._ActionsContainer, ki
     source.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"),
                         help=f"the utterances, transcripts, speakers and languages in another project's format "
                              f"(docs/import.md), in place of the Kaldi files. KIND: {listed}")
-    if any(kind.columns for kind in kinds.values()):
-        add_flags(p.add_argument_group("--from hf: which columns hold what"), Manifest)
+    if any(kind.options for kind in kinds.values()):
+        add_flags(p.add_argument_group("--from: which columns hold what (hf), where text files may be (nemo)"),
+                  Manifest)
 
 
 def _input(args: argparse.Namespace, kaldi: str) -> object:

@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 TMP_SUFFIX = ".tmp"
+# The longest line a line-by-line input (a Kaldi table, a JSON-lines manifest) may have, in bytes:
+# a longer one is no table's line (a device such as /dev/zero, a gzip bomb's one line of gigabytes).
+MAX_LINE_BYTES = 16 << 20
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -143,3 +146,15 @@ def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def bounded_lines(f: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) of each line of ``f``, each read up to ``limit`` bytes; a longer line is
+    yielded as None and ends the reading (what follows it is not read: it has no end in sight)."""
+    number = 0
+    while line := f.readline(limit + 1):
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            yield number, None
+            return
+        yield number, line

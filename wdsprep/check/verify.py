@@ -55,6 +55,7 @@ from wdsprep.format.keys import (
     is_field_member,
     member_layouts,
     member_role,
+    name_problem,
     split_member,
 )
 from wdsprep.format.samples import (
@@ -455,9 +456,9 @@ def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: 
     if "." in s.key:
         result.notes.append(Problem(path, "key contains '.': wdsprep reads it whole, but webdataset and CAT's own "
                                           "readers end a key at the first '.'", key=s.key))
-    if not uttid or any(c.isspace() for c in uttid):
-        problems.append(Problem(path, f"id {uttid!r} is empty or has whitespace, which Kaldi ids cannot; repack it",
-                                key=s.key))
+    wrong = name_problem(uttid)
+    if wrong is not None:
+        problems.append(Problem(path, f"id {uttid!r} {wrong}; repack it", key=s.key))
     first = seen.get(uttid)
     if first is None:
         seen[uttid] = (path, s.key)
