@@ -974,3 +974,22 @@ def test_r5_item16_a_growing_loader_says_again_what_it_still_waits_for(tmp_path,
     err = capfd.readouterr().err
     assert err.count("wdsprep loader: waiting for a pack to begin publishing") == 1, err
     assert err.count("wdsprep loader: still waiting after") >= 2 and "at most 1 s (wait_timeout)" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_r5_item6_num_mel_bins_beyond_what_speech_features_have_is_refused_when_given(audio_pack, tmp_path, capsys):
+    """``num_mel_bins=10**6`` was accepted; the epoch's first batches allocated 1.9 GiB and it died in
+    MemoryError after 46 s.  Now every place the option is given refuses it at once, naming the bound."""
+    import wdsprep
+    from wdsprep.cli import main
+
+    pattern, tok, _, _ = audio_pack
+    match = r"fbank num_mel_bins must be in \[1, 1,024\] \(80 is usual\), got 1,000,000"
+    with pytest.raises(ValueError, match=match):
+        wdsprep.make_loader(pattern, tok, max_frames=2000, fbank={"num_mel_bins": 10**6})
+    with pytest.raises(ValueError, match=match):
+        wdsprep.Fbank(num_mel_bins=10**6)
+    assert main(["pack-audio", "--wav-scp", str(tmp_path / "none.scp"), "--text", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "o"), "--num-mel-bins", str(10**6)]) == 2
+    err = capsys.readouterr().err
+    assert "num_mel_bins must be in [1, 1,024]" in err and "unexpected" not in err and not (tmp_path / "o").exists()
