@@ -993,3 +993,46 @@ def test_r5_item6_num_mel_bins_beyond_what_speech_features_have_is_refused_when_
                  "--out", str(tmp_path / "o"), "--num-mel-bins", str(10**6)]) == 2
     err = capsys.readouterr().err
     assert "num_mel_bins must be in [1, 1,024]" in err and "unexpected" not in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("planted", ["link", "fifo", "dangling", "tmp-link"])
+def test_r5_item3_export_overwrite_replaces_a_link_or_fifo_never_writing_through_or_waiting(small_pack, tmp_path,
+                                                                                               planted):
+    """``export lhotse --overwrite`` wrote through a link at --out into its target (anywhere on the
+    disk) and blocked forever on a FIFO; the pack's outputs were made safe last round, and export now
+    writes as they do: a new file renamed into place."""
+    import lhotse
+
+    from wdsprep.cli import main
+
+    target = tmp_path / "elsewhere" / "precious.txt"
+    target.parent.mkdir()
+    target.write_text("precious")
+    out = tmp_path / "cuts.jsonl.gz"
+    if planted == "link":
+        out.symlink_to(target)
+    elif planted == "fifo":
+        os.mkfifo(out)
+    elif planted == "dangling":
+        out.symlink_to(tmp_path / "elsewhere" / "new.txt")
+    else:  # a link where the temporary file goes
+        (tmp_path / f".{out.name}.tmp").symlink_to(target.parent, target_is_directory=True)
+    assert main(["export", "lhotse", "--trset", f"{small_pack[0]}/*/data-*.tar", "--out", str(out),
+                 "--overwrite"]) == 0
+    assert target.read_text() == "precious" and sorted(p.name for p in target.parent.iterdir()) == ["precious.txt"]
+    assert out.is_file() and not out.is_symlink() and len(lhotse.load_manifest(out)) == 60
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts.jsonl.gz", "elsewhere"]
+
+
+@pytest.mark.timeout(60)
+def test_r5_item3_dry_run_dump_keys_replaces_a_link_never_writing_through(small_pack, tmp_path):
+    from wdsprep.cli import main
+
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    dump = tmp_path / "keys.tsv"
+    dump.symlink_to(target)
+    assert main(["dry-run", "--trset", f"{small_pack[0]}/*/data-*.tar", "--tokenizer", str(small_pack[2]),
+                 "--max-frames", "2000", "--plan", "--dump-keys", str(dump)]) == 0
+    assert target.read_text() == "precious" and not dump.is_symlink() and len(dump.read_text().splitlines()) == 60

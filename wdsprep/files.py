@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 TMP_SUFFIX = ".tmp"
 # The longest line a line-by-line input (a Kaldi table, a JSON-lines manifest) may have, in bytes:
@@ -46,18 +46,61 @@ def naming(path: str | os.PathLike, *aliases: str | os.PathLike) -> Iterator[Non
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Write to the yielded temporary path; on leaving the block it becomes ``path``, or is removed
-    if the block raised.  An ``OSError`` of the write or the rename names ``path``."""
+    if the block raised.  An ``OSError`` of the write or the rename names ``path``.
+
+    Nothing at ``path`` is opened, so nothing there is followed or waited on: a symbolic link there
+    is replaced, not written through (into a file anywhere on the disk), and a FIFO is replaced, not
+    opened (which waits for a reader forever).  Whatever a killed job left at the temporary name (a
+    planted link too) is removed first, never written through."""
     tmp = temp_path(path)
     try:
         with naming(path, tmp):
+            clear_path(tmp)
             yield tmp
             os.replace(tmp, path)
     except BaseException:
         try:
-            tmp.unlink(missing_ok=True)
+            clear_path(tmp)
         except OSError:  # e.g. its folder is a file: the error being raised already says so
             pass
         raise
+
+
+@contextmanager
+def atomic_named(path: str | os.PathLike) -> Iterator[Path]:
+    """:func:`atomic_path` for a writer that picks its format by the file's name (lhotse's
+    ``to_file``: ``.jsonl.gz``): the yielded path has ``path``'s name, in a hidden temporary folder
+    beside it, which goes once the file is renamed into place (or the block raised)."""
+    path = Path(path)
+    folder = temp_path(path)
+    inside = folder / path.name
+    with naming(path, folder, inside):
+        clear_path(folder)
+        folder.mkdir()
+        try:
+            yield inside
+            os.replace(inside, path)
+        finally:
+            clear_path(folder)
+
+
+@contextmanager
+def open_output(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """``open(path, mode)`` for writing a file whole (:func:`atomic_path`): the writes go to the
+    temporary name, created anew (mode ``x``, ``O_EXCL``: never a link's target)."""
+    with atomic_path(path) as tmp, open(tmp, mode.replace("w", "x"), **kwargs) as f:
+        yield f
+
+
+def clear_path(p: Path) -> None:
+    """Remove what ``p`` names, whatever it is, without following it: a file, a link, a FIFO or a
+    folder (its own entries; links in it are removed, not followed)."""
+    import shutil
+
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif os.path.lexists(p):
+        p.unlink()
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
