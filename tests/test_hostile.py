@@ -1036,3 +1036,128 @@ def test_r5_item3_dry_run_dump_keys_replaces_a_link_never_writing_through(small_
     assert main(["dry-run", "--trset", f"{small_pack[0]}/*/data-*.tar", "--tokenizer", str(small_pack[2]),
                  "--max-frames", "2000", "--plan", "--dump-keys", str(dump)]) == 0
     assert target.read_text() == "precious" and not dump.is_symlink() and len(dump.read_text().splitlines()) == 60
+
+
+# -- item 2: one damaged member costs its sample alone wherever shards are read -------------------------------
+
+
+def _ogg_pages(data: bytes) -> list:
+    from wdsprep.format import ogg
+
+    return ogg.pages(data)
+
+
+def _with_granule(data: bytes, page, granule: int) -> bytes:
+    import struct
+
+    out = bytearray(data)
+    struct.pack_into("<q", out, page.offset + 6, granule)
+    return bytes(out)
+
+
+def _damaged_opus(data: bytes, how: str) -> bytes:
+    """An Opus member damaged as ``how`` says (the tar around it stays whole)."""
+    import struct
+
+    pages = _ogg_pages(data)
+    last = pages[-1]
+    if how == "cut by 37 bytes":
+        return data[:-37]
+    if how == "empty":
+        return b""
+    if how == "garbage":
+        return np.random.default_rng(5).integers(0, 256, len(data), np.uint8).tobytes()
+    if how == "no end of stream":
+        out = bytearray(data)
+        out[last.offset + 5] &= ~4
+        return bytes(out)
+    if how == "two streams":
+        other = bytearray(data)
+        for p in pages:
+            struct.pack_into("<I", other, p.offset + 14, 12345)
+        return data + bytes(other)
+    if how == "pre-skip above the last granule":
+        out = bytearray(data)
+        struct.pack_into("<H", out, pages[0].body + 10, 65535)
+        return _with_granule(bytes(out), last, 1000)
+    assert how == "negative last granule"
+    return _with_granule(data, last, -5)
+
+
+OPUS_DAMAGE = ["cut by 37 bytes", "empty", "garbage", "no end of stream", "two streams",
+               "pre-skip above the last granule", "negative last granule"]
+
+
+@pytest.fixture(scope="module")
+def twelve(audio_pack, tmp_path_factory):
+    """Twelve utterances' ids and members as Opus and as FLAC (written by the shard writer)."""
+    import tarfile
+
+    from wdsprep.format.writer import write_audio_shard
+
+    _, _, waves, texts = audio_pack
+    ids = sorted(waves)[:12]
+    out = {}
+    root = tmp_path_factory.mktemp("twelve")
+    for fmt in ("opus", "flac"):
+        write_audio_shard(root / f"{fmt}.tar", [(u, waves[u], texts[u]) for u in ids], fmt=fmt, sample_rate=16000)
+        with tarfile.open(root / f"{fmt}.tar") as t:
+            out[fmt] = [(m.name, t.extractfile(m).read()) for m in t]
+    return ids, out
+
+
+def _check_dropped_alone(folder: Path, tok: Path, ids: list[str], bad: str, member: str) -> None:
+    """index, the loader and verify leave out the sample ``bad`` alone, each counting or naming it."""
+    from wdsprep import index_shards, make_loader, verify_shards
+
+    result = index_shards(f"{folder}/data-*.tar", progress=False)
+    assert result.utterances == len(ids) - 1 and len(result.problems) == 1, result.format()
+    assert f"'{member}'" in result.problems[0] and "leaves this sample out" in result.problems[0]
+    loader = make_loader(f"{folder}/data-*.tar", tok, max_frames=600, train=False)
+    with pytest.warns(RuntimeWarning, match=rf"utterance '{bad}': .*left out \(counted as unreadable\)"):
+        got = sorted(k for b in loader for k in b.keys)
+    assert got == sorted(set(ids) - {bad}) and loader.stats.dropped == {"unreadable": 1}, loader.stats.dropped
+    r = verify_shards(f"{folder}/data-*.tar")
+    assert [p.member or p.key for p in r.problems] == [member], r.format()
+    assert "leaves this sample out" in r.problems[0].what
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", OPUS_DAMAGE)
+def test_r5_item2_a_damaged_opus_member_costs_its_sample_alone(audio_pack, twelve, tmp_path, how):
+    """Index lost all 12 of the shard ("12 are lost") for one member cut by 37 bytes, the tar intact."""
+    ids, members = twelve
+    victim = f"{ids[3]}.opus"
+    crafted = [(n, _damaged_opus(d, how) if n == victim else d) for n, d in members["opus"]]
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", crafted)
+    _check_dropped_alone(d, audio_pack[1], ids, ids[3], victim)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["random bytes", "empty"])
+def test_r5_item2_a_damaged_flac_member_costs_its_sample_alone(audio_pack, twelve, tmp_path, how):
+    ids, members = twelve
+    victim = f"{ids[0]}.flac"
+    bad = np.random.default_rng(1).integers(0, 256, 3000, np.uint8).tobytes() if how == "random bytes" else b""
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", [(n, bad if n == victim else data) for n, data in members["flac"]])
+    _check_dropped_alone(d, audio_pack[1], ids, ids[0], victim)
+
+
+@pytest.mark.timeout(120)
+def test_r5_item2_a_feature_member_with_a_broken_magic_costs_its_sample_alone(small_pack, tmp_path):
+    """A feature shard whose first .npy member had a broken magic was lost whole (all 8)."""
+    from shard_helpers import cat_members
+
+    ids = [f"spk{i % 2}-utt{i}" for i in range(8)]
+    feats = {u: np.full((40 + i, 80), i, np.float32) for i, u in enumerate(ids)}
+    members = cat_members(feats, {u: "ab cd" for u in ids}, "cat")
+    assert members[0][0] == f"{ids[0]}.npy"
+    members[0] = (members[0][0], b"\x93NUMPX" + members[0][1][6:])
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", members)
+    _check_dropped_alone(d, small_pack[2], ids, ids[0], f"{ids[0]}.npy")

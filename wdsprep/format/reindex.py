@@ -17,7 +17,6 @@ from typing import Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import file_sha256
-from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     FROM_KEYS,
     INDEX_FILES,
@@ -34,6 +33,7 @@ from wdsprep.format.keys import (
     AUDIO_LAYOUTS,
     LANG,
     check_field_name,
+    decode_key,
     is_field_member,
     member_role,
     speaker_of,
@@ -90,9 +90,10 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     ``path`` then only names it.  The entry holds the values of the language and of
     ``index_fields`` (``info.values``) where every sample carries them.
 
-    Like the loader, the scan stops at the first sample the loader refuses: what is before it is
-    the entry, and that sample and every one after it are counted in ``lost`` and named in
-    ``problems``, as is damage to the tar (``verify`` gives the full diagnosis).
+    Like the loader, the scan leaves out alone each sample the loader refuses in a tar that is whole
+    (a member cut short, of garbage, with a header the readers do not use, a key that does not
+    decode: ``format/samples.py``), and stops at damage to the tar itself; every sample left out
+    is counted in ``lost`` and named in ``problems`` (``verify`` gives the full diagnosis).
     """
     path = str(path)
     scan = ShardScan(ShardInfo(os.path.basename(path)))
@@ -100,10 +101,11 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     carried: set[str] | None = None  # the field names of every sample so far
     wanted = list(dict.fromkeys([LANG, *index_fields]))
     values: dict[str, list[str | None]] = {n: [] for n in wanted}
-    skipped: list[str] = []  # the samples left out alone (RefusedAudio), and why
+    skipped: list[str] = []  # the samples left out alone, and why
     for key, group in samples_before_damage(members, problem):
         where = f"key {key!r}"
         try:
+            decode_key(key)
             feat_m, text_m = split_sample(group)
             where = f"member {feat_m[0]!r}"
             role = member_role(feat_m[0])
@@ -118,12 +120,9 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
             where = f"key {key!r}: a field member"
             for name, value in zip(wanted, decode_fields(src, group, wanted)):
                 values[name].append(value)
-        except RefusedAudio as e:  # well-formed, not usable: left out alone, the shard read on (as the loader does)
+        except ValueError as e:  # refused in a tar that is whole: left out alone, the shard read on (as the loader)
             skipped.append(f"{where}: {e}")
             continue
-        except ValueError as e:
-            problem = f"{where}: {e}"
-            break
         names = {ext for ext in group if is_field_member(ext)}
         carried = names if carried is None else carried & names
         scan.layouts.add(role[1] if role else "?")
@@ -142,7 +141,7 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
                         if k in scan.fields and None not in v[:n]}
     for why in skipped:
         scan.problems.append(f"{path}: {why}; the loader leaves this sample out (counted as unreadable) and reads on "
-                             f"(repack it from the audio: pack-audio resamples and picks a channel)")
+                             f"(repack the shard from its source to keep it)")
     if problem is not None or skipped:
         scan.lost = sum(1 for _ in group_samples(members)) - scan.info.num_utts
     if problem is not None:
