@@ -1161,3 +1161,23 @@ def test_r5_item2_a_feature_member_with_a_broken_magic_costs_its_sample_alone(sm
     d.mkdir()
     _tar_of(d / "data-00000.tar", members)
     _check_dropped_alone(d, small_pack[2], ids, ids[0], f"{ids[0]}.npy")
+
+
+# -- item 10: index run again over a shard it lost samples of says so again ----------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_r5_item10_index_again_over_a_shard_with_lost_samples_names_them_again_and_exits_1(twelve, tmp_path, capsys):
+    """It said "up to date", exit 0, so a script's ``wdsprep index ... && train`` went on."""
+    from wdsprep.cli import main
+
+    ids, members = twelve
+    victim = f"{ids[5]}.opus"
+    d = tmp_path / "crafted"
+    d.mkdir()
+    _tar_of(d / "data-00000.tar", [(n, data[:-37] if n == victim else data) for n, data in members["opus"]])
+    for run in range(2):
+        assert main(["index", f"{d}/data-*.tar"]) == 1, run
+        out = capsys.readouterr().out
+        assert f"member '{victim}'" in out and "leaves this sample out" in out and "up to date" not in out, out
+    assert "1 shard(s) read again: the index counts samples in them the loader cannot read" in out

@@ -177,7 +177,9 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                  force: bool = False, index_fields: Sequence[str] = (), progress: bool | None = None) -> IndexResult:
     """Write the index of every folder the pattern(s) name, from the shards' headers (no feature data).
 
-    A folder without an index gets one.  A folder whose index is current is left alone.  One whose
+    A folder without an index gets one.  A folder whose index is current is left alone, but for
+    the shards it counts samples lost in: those are read again, and their samples named again
+    (``ok`` stays False while a shard loses one: a script's ``index && train`` stops).  One whose
     shards changed since it was indexed (size or mtime) is an error, unless ``refresh``: then the
     changed shards (and those it does not list) are read again and the rest kept.  ``force`` reads
     every shard again and needs nothing of the old index: a damaged one is rebuilt from the shards
@@ -218,6 +220,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             carried: dict[str, tuple[str, ...]] = {}  # name -> the fields its samples carry
             indexed = list(dict.fromkeys([*index_fields, *(old.columns if old is not None else ())]))
             stale: list[str] = []
+            lossy: list[str] = []  # shards the old index counts samples lost in
             gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
             if gone:
                 notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
@@ -231,6 +234,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                         continue
                     if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
                         stale.append(name)
+                    elif old.lost[i] > 0:  # read again, so what the loader cannot read is named again, not passed over
+                        lossy.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
                         carried[name] = old.fields
@@ -290,6 +295,9 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             except DataError as e:  # damaged keys: the key rule it is
                 notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
                              f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
+            if lossy:
+                notes.append(f"{len(lossy)} shard(s) read again: the index counts samples in them the loader cannot "
+                             f"read (named below)")
             what = "indexed" if old is None and not notes else "upgraded from version 1" if version1 else "re-indexed"
             layout = layouts.pop() if layouts else "cat"
             audio = _folder_audio(old, layout, rates.pop() if rates else None, notes)
