@@ -1181,3 +1181,42 @@ def test_r5_item10_index_again_over_a_shard_with_lost_samples_names_them_again_a
         out = capsys.readouterr().out
         assert f"member '{victim}'" in out and "leaves this sample out" in out and "up to date" not in out, out
     assert "1 shard(s) read again: the index counts samples in them the loader cannot read" in out
+
+
+# -- item 11: rehearse has a time bound, and says why it ends ------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("step,extra,status,says", [
+    ("forever", ["--max-seconds", "3"], 1, "rehearse: the steps ran past --max-seconds 3"),
+    ("exits", [], 2, "raised SystemExit (it called sys.exit(3))"),
+    ("forever", ["--max-seconds", "nan"], 2, "max_seconds must be a finite number of seconds > 0, got nan"),
+])
+def test_r5_item11_rehearse_ends_within_its_time_and_says_why(small_pack, tmp_path, capsys, step, extra, status, says):
+    """A step that never returned ran until killed; one calling sys.exit(3) ended the command with no word."""
+    import time
+
+    from wdsprep.cli import main
+
+    (tmp_path / "steps.py").write_text(STEPS + "\n\ndef exits(model, *batch):\n    raise SystemExit(3)\n")
+    models = Path(__file__).parent / "calibrate_models.py"
+    t0 = time.monotonic()
+    assert main(["rehearse", "--trset", f"{small_pack[0]}/*/data-*.tar", "--tokenizer", str(small_pack[2]),
+                 "--model", f"{models}:conv", "--step", f"{tmp_path / 'steps.py'}:{step}", "--max-frames", "2000",
+                 "--k", "2", *extra]) == status
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "unexpected" not in err, err
+    if step == "forever" and status == 1:  # the bound is wall-clock time, whatever the load
+        assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.timeout(60)
+def test_r5_item11_a_model_file_that_is_a_fifo_is_named_as_such_not_waited_on(small_pack, tmp_path, capsys):
+    """It was reported as "no such file"."""
+    from wdsprep.cli import main
+
+    os.mkfifo(tmp_path / "model.py")
+    code = main(["rehearse", "--trset", f"{small_pack[0]}/*/data-*.tar", "--tokenizer", str(small_pack[2]),
+                 "--model", f"{tmp_path / 'model.py'}:conv", "--max-frames", "2000"])
+    err = capsys.readouterr().err
+    assert code != 0 and f"{tmp_path / 'model.py'} is a FIFO, not a regular file" in err and "no such file" not in err

@@ -172,10 +172,7 @@ def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
-                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
-                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise ValueError(f"{path} is {kind}, not a regular file ({what} must be one)")
+            raise ValueError(f"{path} is {_kind(st.st_mode)}, not a regular file ({what} must be one)")
         if st.st_size > limit:
             raise ValueError(f"{path} holds {st.st_size:,} bytes, more than {what} can ({limit:,}); is it the "
                              f"right file?")
@@ -201,3 +198,23 @@ def bounded_lines(f: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[tuple[i
             yield number, None
             return
         yield number, line
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is there but no regular file (``"a FIFO"``, ``"a device"``, ...), for
+    a message; None for a regular file or nothing there.  Links are followed, as ``open`` does."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
