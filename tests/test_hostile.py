@@ -1220,3 +1220,22 @@ def test_r5_item11_a_model_file_that_is_a_fifo_is_named_as_such_not_waited_on(sm
                  "--model", f"{tmp_path / 'model.py'}:conv", "--max-frames", "2000"])
     err = capsys.readouterr().err
     assert code != 0 and f"{tmp_path / 'model.py'} is a FIFO, not a regular file" in err and "no such file" not in err
+
+
+# -- item 13: a label filter that drops everything is named --------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("named", [False, True])
+def test_r5_item13_a_filter_that_drops_every_utterance_is_named_not_blamed_on_ranks_or_data(small_pack, named):
+    """``max_tokens_per_second=0`` was reported as too few batches, with advice about ranks and data."""
+    from wdsprep import make_loader
+
+    out, _, tok = small_pack
+    trset = {"short": f"{out}/0_150/data-*.tar", "long": f"{out}/150_inf/data-*.tar"} if named else \
+        f"{out}/*/data-*.tar"
+    with pytest.raises(ValueError) as e:
+        make_loader(trset, tok, max_frames=2000, max_tokens_per_second=0)
+    msg = str(e.value)
+    assert "the plan's filters leave out every one of its" in msg and "by max_tokens_per_second=0 " in msg, msg
+    assert "relax max_tokens_per_second" in msg and "more data" not in msg and "fewer ranks" not in msg, msg

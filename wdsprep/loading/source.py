@@ -30,7 +30,7 @@ from wdsprep.loading.corpus import Corpus
 from wdsprep.loading.epochs import CorpusEpochs
 from wdsprep.loading.mix.epochs import MixedEpochs
 from wdsprep.loading.mix.weights import Mixture, SchedulePoints, level_mixture, make_mixture
-from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window
+from wdsprep.loading.plan import BatchId, Planned, PlanOptions, TooFewBatches, Window, filtered_out
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import SavedState
 from wdsprep.loading.stats import LoaderStats
@@ -243,6 +243,7 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
                           speakers=shards.speakers)
     batches = int(source.corpus.counts(0).sum())
     if options.train and batches < world_size:
+        why = filtered_out(source.corpus.plan(0), source.corpus.options)
         raise TooFewBatches(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
-                         f"least one (fewer ranks, a smaller max_frames, or more data)")
+                            f"least one" + (why or " (fewer ranks, a smaller max_frames, or more data)"))
     return source

@@ -26,7 +26,7 @@ from wdsprep.loading.mix.deal import (
     start_position,
 )
 from wdsprep.loading.mix.weights import Mixture, draw_probabilities
-from wdsprep.loading.plan import BatchId, Planned, TooFewBatches, Window
+from wdsprep.loading.plan import BatchId, Planned, TooFewBatches, Window, filtered_out
 from wdsprep.loading.quality import corpus_quality
 from wdsprep.loading.shardset import ShardSet
 from wdsprep.loading.state import (
@@ -77,10 +77,10 @@ class MixedEpochs(FixedShards):
         self.world_size, self.num_workers = world_size, num_workers
         self.speakers = speakers  # for the shuffle report
         first = [c.plan(0) for c in self.parts]
-        for name, plan in zip(self.corpora, first):
+        for name, plan, part in zip(self.corpora, first, self.parts):
             if not plan.num_batches:
-                raise TooFewBatches(f"corpus {name!r} has no batches: every utterance is outside "
-                                 f"min_frames/max_utt_frames")
+                raise TooFewBatches(f"corpus {name!r} has no batches" + (filtered_out(plan, part.options) or
+                                                                         ": it has no utterance"))
         # Mean utterances per batch: what turns a corpus's share of utterances into its chance per draw.
         self.utts_per_batch = [sum(int(s.starts[-1]) for s in p.streams) / p.num_batches for p in first]
         # A reader takes about a shard's worth of a corpus's batches at a time.
