@@ -1239,3 +1239,59 @@ def test_r5_item13_a_filter_that_drops_every_utterance_is_named_not_blamed_on_ra
     msg = str(e.value)
     assert "the plan's filters leave out every one of its" in msg and "by max_tokens_per_second=0 " in msg, msg
     assert "relax max_tokens_per_second" in msg and "more data" not in msg and "fewer ranks" not in msg, msg
+
+
+# -- item 15 (from round 4): a noise file rewritten in place; a marker removed by hand ----------------------
+
+
+@pytest.mark.timeout(120)
+def test_r5_item15_a_noise_file_rewritten_in_place_is_seen_by_a_resumed_loader(audio_pack, tmp_path):
+    """Same size, new bytes and time: the resumed epoch's noise differed from the saved one's without
+    a word.  A file only touched (same bytes, new time) still resumes."""
+    import soundfile as sf
+
+    from wdsprep import make_loader
+
+    pattern, tok, _, _ = audio_pack
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    noise = bank / "n.wav"
+    sf.write(noise, (np.sin(np.arange(8000) / 5) * 0.3).astype(np.float32), 16000, subtype="PCM_16")
+    opts = dict(max_frames=2000, seed=1, augment={"noise": {"dir": str(bank), "snr": [5, 10], "prob": 1.0}})
+    loader = make_loader(pattern, tok, **opts)
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    os.utime(noise, ns=(noise.stat().st_atime_ns, noise.stat().st_mtime_ns + 10**9))  # touched: same bytes
+    make_loader(pattern, tok, **opts).load_state_dict(state)
+    size = noise.stat().st_size
+    sf.write(noise, (np.cos(np.arange(8000) / 3) * 0.3).astype(np.float32), 16000, subtype="PCM_16")
+    assert noise.stat().st_size == size
+    with pytest.raises(ValueError, match=r"the bytes of its noise or impulse-response files\) \(fingerprint differs"):
+        make_loader(pattern, tok, **opts).load_state_dict(state)
+
+
+@pytest.mark.timeout(120)
+def test_r5_item15_a_pack_whose_marker_was_removed_by_hand_finishes_with_resume(tmp_path):
+    """--resume failed on the missing pack_report.json and advised --overwrite, which discards the
+    published shards."""
+    from shardsets import make_kaldi_dir
+
+    from wdsprep import pack_data, verify_shards
+    from wdsprep.format.commit import marker
+
+    kd = tmp_path / "kaldi"
+    make_kaldi_dir(kd, 60, seed=5)
+    whole = tmp_path / "whole"
+    pack_data(kd / "feats.scp", kd / "text", whole, utts_per_shard=10, progress=False)
+    out = tmp_path / "out"
+    args = _stopped_pack(kd, out, after=3)
+    published = _tars(out)
+    assert len(published) == 3
+    marker(out).unlink()  # by hand
+    pack_data(**args, resume=True)
+    assert _tars(out) == _tars(whole) and all(_tars(out)[n] == b for n, b in published.items())
+    assert not marker(out).exists() and (out / "pack_report.json").is_file()
+    assert verify_shards(f"{out}/data-*.tar").ok
