@@ -1295,3 +1295,24 @@ def test_r5_item15_a_pack_whose_marker_was_removed_by_hand_finishes_with_resume(
     assert _tars(out) == _tars(whole) and all(_tars(out)[n] == b for n, b in published.items())
     assert not marker(out).exists() and (out / "pack_report.json").is_file()
     assert verify_shards(f"{out}/data-*.tar").ok
+
+
+@pytest.mark.timeout(60)
+def test_r5_item3_fbank_never_writes_through_a_link_at_its_temporary_name(tmp_path):
+    """fbank writes each ark under a hidden temporary name; a link left there (by anyone) was
+    followed, and the ark's bytes went into its target."""
+    import soundfile as sf
+
+    from wdsprep.prep.fbank import compute_fbank
+
+    wav = tmp_path / "a.wav"
+    sf.write(wav, (np.sin(np.arange(8000) / 5) * 3000).astype(np.int16), 16000)
+    (tmp_path / "wav.scp").write_text(f"u1 {wav}\n")
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    out = tmp_path / "fbank"
+    out.mkdir()
+    (out / ".feats.1.ark.tmp").symlink_to(target)
+    compute_fbank(tmp_path / "wav.scp", out, progress=False)
+    assert target.read_text() == "precious" and (out / "feats.1.ark").is_file()
+    assert not os.path.lexists(out / ".feats.1.ark.tmp")

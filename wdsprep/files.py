@@ -87,9 +87,17 @@ def atomic_named(path: str | os.PathLike) -> Iterator[Path]:
 @contextmanager
 def open_output(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
     """``open(path, mode)`` for writing a file whole (:func:`atomic_path`): the writes go to the
-    temporary name, created anew (mode ``x``, ``O_EXCL``: never a link's target)."""
-    with atomic_path(path) as tmp, open(tmp, mode.replace("w", "x"), **kwargs) as f:
+    temporary name, created anew (:func:`open_new`)."""
+    with atomic_path(path) as tmp, open_new(tmp, mode, **kwargs) as f:
         yield f
+
+
+def open_new(tmp: str | os.PathLike, mode: str = "wb", **kwargs: Any) -> IO[Any]:
+    """A temporary file opened for writing as a new file: whatever stands at ``tmp`` (a killed job's
+    leftover, a planted link or FIFO) is removed first, and the open is exclusive (mode ``x``,
+    ``O_EXCL``), so no write goes through a link or waits on a FIFO."""
+    clear_path(Path(tmp))
+    return open(tmp, mode.replace("w", "x"), **kwargs)
 
 
 def clear_path(p: Path) -> None:
