@@ -1316,3 +1316,17 @@ def test_r5_item3_fbank_never_writes_through_a_link_at_its_temporary_name(tmp_pa
     compute_fbank(tmp_path / "wav.scp", out, progress=False)
     assert target.read_text() == "precious" and (out / "feats.1.ark").is_file()
     assert not os.path.lexists(out / ".feats.1.ark.tmp")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["pack", "pack-audio", "fbank"])
+def test_r5_a_worker_count_no_machine_has_is_refused_when_given(tmp_path, capsys, command):
+    """--nj 100000 was taken as it was (capped only by the utterances: up to one process each)."""
+    from wdsprep.cli import main
+
+    given = {"pack": ["--scp", "none.scp", "--text", "none"], "pack-audio": ["--wav-scp", "none.scp", "--text",
+             "none"], "fbank": ["--wav-scp", "none.scp"]}[command]
+    out = ["--out-dir" if command == "fbank" else "--out", str(tmp_path / "o")]
+    assert main([command, *given, *out, "--nj", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "nj must be a whole number of worker processes from 1 to" in err and not (tmp_path / "o").exists(), err

@@ -44,7 +44,7 @@ from wdsprep.prep.audio import (
 )
 from wdsprep.prep.fbank import Fbank, one_torch_thread
 from wdsprep.prep.fbank_options import FbankOptions
-from wdsprep.prep.parallel import run_chunks
+from wdsprep.prep.parallel import check_nj, run_chunks
 from wdsprep.report import Report
 from wdsprep.units import fbank_frames, frame_samples
 
@@ -117,6 +117,7 @@ def pack_audio(
         (``bad_audio``, ``bad_segment``, ``too_short``, ``missing_recording``, ``missing_audio``,
         ``missing_label``, ``outside_groups``, ...).
     """
+    check_nj(nj)
     audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store, bitrate)
     if audio.stores_audio:
         layout, dtype = store, "float32"

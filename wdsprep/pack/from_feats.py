@@ -30,7 +30,7 @@ from wdsprep.pack.options import PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.sink import ShardSink, feature_problem
 from wdsprep.prep.ark import ArkError, ArkReader
 from wdsprep.prep.kaldi import read_feats_scp
-from wdsprep.prep.parallel import run_chunks
+from wdsprep.prep.parallel import check_nj, run_chunks
 from wdsprep.report import Report
 
 
@@ -130,6 +130,7 @@ def pack_data(
     Returns:
         The report, also written to ``d_out/pack_report.json``.
     """
+    check_nj(nj)
     options = PackOptions(fmt, filter_group, utts_per_shard, layout, dtype, dims, shuffle, seed,
                           index_fields=index_fields)
     if isinstance(f_scps, FeaturesInput):

@@ -38,7 +38,7 @@ from wdsprep.files import TMP_SUFFIX, make_dir, naming, open_new, temp_path, wri
 from wdsprep.format.audio import FBANK_BACKENDS as BACKENDS
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
 from wdsprep.prep.fbank_options import FbankOptions
-from wdsprep.prep.parallel import run_chunks
+from wdsprep.prep.parallel import check_nj, run_chunks
 from wdsprep.report import Report
 from wdsprep.units import FRAME_LENGTH_MS, FRAME_SHIFT_MS, fbank_frames, frame_samples, hours
 
@@ -315,6 +315,7 @@ def compute_fbank(
     Returns:
         The report (every skipped utterance by reason), also in ``out_dir/fbank_report.json``.
     """
+    check_nj(nj)
     opts = resolve_options(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel))
     d = Path(out_dir).absolute()
     if d.exists() and not d.is_dir():
