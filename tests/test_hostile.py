@@ -1330,3 +1330,20 @@ def test_r5_a_worker_count_no_machine_has_is_refused_when_given(tmp_path, capsys
     assert main([command, *given, *out, "--nj", "100000"]) == 2
     err = capsys.readouterr().err
     assert "nj must be a whole number of worker processes from 1 to" in err and not (tmp_path / "o").exists(), err
+
+
+@pytest.mark.timeout(60)
+def test_r5_item8_a_kaldi_id_with_a_control_character_is_refused_naming_the_line(tmp_path, capsys):
+    """An id holding a NUL packed, and the fresh pack then failed verify."""
+    import soundfile as sf
+
+    from wdsprep.cli import main
+
+    wav = tmp_path / "a.wav"
+    sf.write(wav, (np.sin(np.arange(8000) / 5) * 3000).astype(np.int16), 16000)
+    (tmp_path / "wav.scp").write_text(f"u1 {wav}\nu\x002 {wav}\n")
+    (tmp_path / "text").write_text("u1 A\nu\x002 B\n")
+    assert main(["pack-audio", "--wav-scp", str(tmp_path / "wav.scp"), "--text", str(tmp_path / "text"),
+                 "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'wav.scp'}:2: id 'u\\x002' holds '\\x00'" in err and "unexpected" not in err, err

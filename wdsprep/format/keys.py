@@ -102,6 +102,8 @@ def name_problem(name: str) -> str | None:
         return "is empty"
     if len(name) > MAX_NAME_CHARS:
         return f"has {len(name):,} characters, more than {MAX_NAME_CHARS:,}"
+    if name.isprintable() and " " not in name:  # in C: no whitespace (but " ") nor control character is printable
+        return None
     bad = next((c for c in name if c.isspace() or not c.isprintable()), None)
     if bad is not None:
         return f"holds {bad!r}: a name has no whitespace or control characters (as in Kaldi's tables)"

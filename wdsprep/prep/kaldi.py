@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import MAX_LINE_BYTES, bounded_lines, naming
+from wdsprep.format.keys import name_problem
 
 PathLike = str | os.PathLike
 BOM = "\ufeff"
@@ -68,6 +69,9 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
                 continue
             parts = line.split(maxsplit=1)
             uttid = parts[0]
+            wrong = name_problem(uttid)
+            if wrong is not None:  # a NUL or control character: the pack would make ids verify refuses
+                raise KaldiDataError(f"{path}:{lineno}: id {uttid!r} {wrong}")
             value = parts[1] if len(parts) > 1 else ""
             if not value and not allow_empty_value:
                 raise KaldiDataError(f"{path}:{lineno}: expected 'uttid value', got only {uttid!r}")
