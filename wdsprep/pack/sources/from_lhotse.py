@@ -158,8 +158,8 @@ def _supervisions(path: str, report: Report) -> list[tuple[int, Any]]:
         try:
             name(sup.id, "the supervision id", where, "bad_id")
             name(sup.recording_id, "the recording id", where, "bad_line")
-            seconds(sup.start, "start", where)
-            seconds(sup.duration, "duration", where)
+            seconds(sup.start, "start", where, required=True)
+            seconds(sup.duration, "duration", where, required=True)
         except Bad as e:
             e.count(report, where)
             continue
@@ -171,7 +171,7 @@ def _recording_problem(rec: Any, where: str) -> tuple[str, str] | None:
     """(reason, why) a recording's fields are unusable (its id, duration or rate), or None."""
     try:
         name(rec.id, "the recording id", where, "bad_line")
-        seconds(rec.duration, "the recording's duration", where)
+        seconds(rec.duration, "the recording's duration", where, required=True)
     except Bad as e:
         return e.reason, e.why
     rate = rec.sampling_rate
@@ -275,7 +275,8 @@ def _cut_item(cut: Any, path: str, line: int) -> Item:
     if problem is not None:
         raise Bad(*problem, uttid)
     try:
-        start, duration = seconds(cut.start, "start", where), seconds(cut.duration, "duration", where)
+        start = seconds(cut.start, "start", where, required=True)
+        duration = seconds(cut.duration, "duration", where, required=True)
     except Bad as e:
         e.uttid = uttid
         raise
@@ -343,7 +344,8 @@ def _shar_item(cut: Any, path: str, line: int, members: dict[str, TarMember], ta
     if member is None:
         raise Bad("missing_file", f"{where}: no member {uttid}.* in {tar}", uttid)
     try:
-        start, duration = seconds(cut.start, "start", where), seconds(cut.duration, "duration", where)
+        start = seconds(cut.start, "start", where, required=True)
+        duration = seconds(cut.duration, "duration", where, required=True)
     except Bad as e:
         e.uttid = uttid
         raise

@@ -46,13 +46,14 @@ class Bad(Exception):
     """A line or a value a pack leaves out: the reason it is counted under, and why (naming the file
     and line).  ``uttid``: the utterance's id when it is known."""
 
-    def __init__(self, reason: str, why: str, uttid: str | None = None) -> None:
+    def __init__(self, reason: str, why: str, uttid: Any = None) -> None:
         super().__init__(why)
         self.reason, self.why, self.uttid = reason, why, uttid
 
     def count(self, report: Report, where: str) -> None:
-        """Count it in ``report`` (under ``where``, the file and line, when the id is not known)."""
-        report.drop(self.reason, self.uttid if self.uttid is not None else where, self.why)
+        """Count it in ``report`` (under ``where``, the file and line, when the id is not a usable one)."""
+        known = isinstance(self.uttid, str) and name_problem(self.uttid) is None
+        report.drop(self.reason, self.uttid if known else where, self.why)
 
 
 def open_input(path: str) -> IO[bytes]:
@@ -112,10 +113,12 @@ def parse_line(raw: bytes, what: str) -> Any:
 # -- values ---------------------------------------------------------------------------------------------
 
 
-def seconds(value: Any, what: str, where: str) -> float | None:
-    """A time in seconds (None when absent); :class:`Bad` (``bad_segment``) for anything but a finite
-    number from 0 to :data:`MAX_SECONDS` (NaN, 1e308, a string)."""
+def seconds(value: Any, what: str, where: str, *, required: bool = False) -> float | None:
+    """A time in seconds (None when absent, unless ``required``); :class:`Bad` (``bad_segment``) for
+    anything but a finite number from 0 to :data:`MAX_SECONDS` (NaN, 1e308, a string)."""
     if value is None:
+        if required:
+            raise Bad("bad_segment", f"{where}: no {what}")
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Bad("bad_segment", f"{where}: {what} must be a number of seconds, got {_brief(value)}")
