@@ -251,7 +251,7 @@ def _lhotse_cuts(path: Path, mutate: dict[str, dict]) -> Path:
     from lhotse import CutSet, Recording, SupervisionSegment
 
     cuts = []
-    for k, rec in enumerate(RECORDINGS * 3):
+    for k, rec in enumerate(RECORDINGS * 4):
         r = Recording.from_file(_audio(rec), recording_id=f"r{k}")
         cut = r.to_cut().with_id(f"c{k}")
         cut.supervisions = [SupervisionSegment(f"s{k}", r.id, 0, r.duration, text=f"T{k}", speaker="spk")]
@@ -276,13 +276,14 @@ def test_r5_items5_8_12_14_bad_lhotse_cuts_are_counted_and_commands_are_not_run(
     cuts = _lhotse_cuts(tmp_path / "cuts.jsonl.gz", {
         "c1": {"duration": float("nan")}, "c2": {"duration": 1e308}, "c3": {"start": float("inf")},
         "c4": {"id": "c\n4"}, "c5": {"sup.speaker": "a\nb"}, "c6": {"sup.text": {"a": [1, 2]}},
-        "c7": {"rec.sources": [command]}, "c8": {"rec.sampling_rate": 0}})
+        "c7": {"rec.sources": [command]}, "c8": {"rec.sampling_rate": 0}, "c9": {"start": None},
+        "c10": {"id": 10}, "c11": {"supervisions": "x"}})
     out = tmp_path / "out"
     pack_audio(Manifest("lhotse", cuts), None, out, **PACK)
-    assert _packed(out) == {"c0": "T0"} and not ran.exists()
+    assert _packed(out) == {"c0": "T0", "10": "T10"} and not ran.exists()
     report = _report(out)
-    assert report["counts"] == {"bad_segment": 3, "bad_id": 1, "bad_speaker": 1, "bad_text": 1,
-                                "unsupported_cut": 1, "bad_audio": 1}, report["not_written"]
+    assert report["counts"] == {"bad_segment": 4, "bad_id": 1, "bad_speaker": 1, "bad_text": 1,
+                                "unsupported_cut": 1, "bad_audio": 1, "bad_line": 1}, report["not_written"]
     command_why = report["not_written"]["unsupported_cut"][0]["why"]
     assert command_why.startswith(f"{cuts}:8: recording 'r7' is made by a command; wdsprep runs no command")
 
