@@ -1,6 +1,7 @@
-"""Hostile testing, round 4 (issue 36): crafted files, tampered packs and bad options end as one-line
-errors naming the file, option or field, or as counted drops; never lost data, a hang or a traceback.
-One test per item (or sub-item); every input is built here, every hang bounded by a timeout."""
+"""Hostile testing, rounds 4 (issue 36) and 5 (issue 46, the tests named ``test_r5_*``; its manifests are in
+test_hostile_manifests.py): crafted files, tampered packs and bad options end as one-line errors naming
+the file, option or field, or as counted drops; never lost data, a hang or a traceback.  One test per
+item (or sub-item); every input is built here, every hang bounded by a timeout."""
 
 from __future__ import annotations
 
