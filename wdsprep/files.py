@@ -180,7 +180,7 @@ def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is {_kind(st.st_mode)}, not a regular file ({what} must be one)")
+            raise ValueError(f"{path} is {file_kind(st.st_mode)}, not a regular file ({what} must be one)")
         if st.st_size > limit:
             raise ValueError(f"{path} holds {st.st_size:,} bytes, more than {what} can ({limit:,}); is it the "
                              f"right file?")
@@ -208,7 +208,8 @@ def bounded_lines(f: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[tuple[i
         yield number, line
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) that is no regular file is, for a message: ``"a FIFO"``, ..."""
     import stat
 
     return ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
@@ -225,4 +226,4 @@ def not_regular(path: str | os.PathLike) -> str | None:
         mode = os.stat(path).st_mode
     except OSError:
         return None
-    return None if stat.S_ISREG(mode) else _kind(mode)
+    return None if stat.S_ISREG(mode) else file_kind(mode)

@@ -28,10 +28,11 @@ import gzip
 import json
 import os
 import stat
+from contextlib import contextmanager
 from typing import IO, Any, Iterator, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import MAX_LINE_BYTES, bounded_lines, read_small
+from wdsprep.files import MAX_LINE_BYTES, bounded_lines, file_kind, read_small
 from wdsprep.format.keys import name_problem
 from wdsprep.pack.sources.items import Blob, Item
 from wdsprep.report import Report
@@ -56,20 +57,21 @@ class Bad(Exception):
         report.drop(self.reason, self.uttid if known else where, self.why)
 
 
-def open_input(path: str) -> IO[bytes]:
+@contextmanager
+def open_input(path: str) -> Iterator[IO[bytes]]:
     """A manifest opened for reading bytes (gunzipped when it ends in ``.gz``); refused unless it is a
     regular file: a FIFO would wait for a writer, a device never end."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, a device or a folder); give the manifest file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without a writer
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is {file_kind(mode)}, not a regular file; give the manifest file")
         os.set_blocking(fd, True)
-        f: IO[bytes] = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    return gzip.open(f) if path.endswith(".gz") else f  # type: ignore[return-value]
+        if not path.endswith(".gz"):
+            yield f
+            return
+        with gzip.GzipFile(fileobj=f) as g:
+            yield g  # type: ignore[misc]
 
 
 def json_lines(path: str, report: Report, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
