@@ -107,11 +107,12 @@ def test_a_damaged_shard_is_indexed_as_the_loader_reads_it_and_the_loss_counted(
     members[10] = (members[10][0], npy(np.ones((3, 5), ">f4")))  # the sixth sample's features: refused
     write_tar(victim, members)
     result = index_shards(f"{d}/data-*.tar")
-    assert not result.ok and "'>f4' refused" in result.problems[0] and "10 are lost" in result.problems[0]
-    assert read_index(d).utts.tolist() == [15, 5, 15, 15]
+    assert not result.ok and "'>f4' refused" in result.problems[0] and "leaves this sample out" in result.problems[0]
+    assert read_index(d).utts.tolist() == [15, 14, 15, 15]  # the tar is whole: that sample alone is left out
+    assert read_index(d).lost.tolist() == [0, 1, 0, 0]
     loader = make_loader(f"{d}/data-*.tar", tok, max_frames=2000)
     loader.set_epoch(0)
     with pytest.warns(RuntimeWarning, match="'>f4' refused"):
         got = sum(len(b.keys) for b in loader)
-    assert got == 50 and loader.stats.dropped == {"unreadable": 10} and loader.stats.corrupt_shards == 1
+    assert got == 59 and loader.stats.dropped == {"unreadable": 1} and loader.stats.corrupt_shards == 0
     assert run_cli("index", "--force", f"{d}/data-*.tar").returncode == 1  # the CLI says so too

@@ -109,8 +109,9 @@ def test_inspect_counts_what_the_loader_reads_and_names_the_rest(tmp_path):
     members = [m for m in members if m[0] != "b.txt"] + [("c.npy", b"\x93NUMPY garbage"), ("c.txt", b"z")]
     write_tar(tmp_path / "g" / "x.tar", members)
     r = inspect_shards(str(tmp_path / "g/x.tar"), max_frames_list=())
-    assert r.shards[0].frames.tolist() == [20]  # the loader stops at 'b' (no transcript): 'b' and 'c' are lost
-    assert any("'b'" in p and "transcript" in p and "2 are lost" in p for p in r.problems)
+    assert r.shards[0].frames.tolist() == [20]  # 'b' (no transcript) and 'c' (garbage) are left out, each alone
+    assert any("'b'" in p and "transcript" in p and "leaves this sample out" in p for p in r.problems)
+    assert any("'c.npy'" in p and "leaves this sample out" in p for p in r.problems)
 
 
 def test_inspect_names_a_truncated_tar(tmp_path):

@@ -95,10 +95,10 @@ def test_corrupt_npy_header_is_named(pack_dir):
     rewrite_tar(path, lambda ms: [(n, b"\x93NUMPY\x01\x00\x10\x00{'descr': <bad>}\n" + data[26:] if n == name else data)
                                   for n, data in ms])
     found = problems_for(d, path)
-    assert [p.member for p in found] == [name, None]
+    assert [p.member for p in found] == [name]
     assert "npy header" in found[0].what
-    # ... and where the loader stops reading the shard: at that sample, after the one before it.
-    assert found[1].key == name[:-len(".npy")] and "1 of 4 samples read before it" in found[1].what
+    # ... and that the loader leaves that sample out alone and reads the rest (the tar is whole).
+    assert "the loader leaves this sample out (counted as unreadable) and reads on" in found[0].what
 
 
 def test_pickled_object_array_is_refused_not_loaded(pack_dir, tmp_path):
@@ -115,7 +115,7 @@ def test_pickled_object_array_is_refused_not_loaded(pack_dir, tmp_path):
     rewrite_tar(path, lambda ms: [(n, evil if n == name else data) for n, data in ms])
     found = problems_for(d, path)
     assert not marker.exists(), "verify unpickled a shard member"
-    assert [p.member for p in found] == [name, None] and "pickled" in found[0].what
+    assert [p.member for p in found] == [name] and "pickled" in found[0].what
 
 
 def test_missing_text_member_is_named(pack_dir):
@@ -125,8 +125,8 @@ def test_missing_text_member_is_named(pack_dir):
     key = text_name[: -len(".txt")]
     rewrite_tar(path, lambda ms: [m for m in ms if m[0] != text_name])
     found = problems_for(d, path)
-    assert [(p.key, f"no {key}.txt" in p.what) for p in found] == [(key, True), (key, False)]
-    assert "the loader stops reading this shard" in found[1].what
+    assert [(p.key, f"no {key}.txt" in p.what) for p in found] == [(key, True)]
+    assert "the loader leaves this sample out" in found[0].what
 
 
 def test_index_mismatch_is_named(pack_dir):
@@ -185,9 +185,9 @@ def test_content_faults_without_index(tmp_path):
     assert "UTF-8" in msgs["latin.txt"]
     assert "2-D" in msgs["flat.npy"]
     assert "known layout" in msgs["x.json"]
-    # The loader reads up to the first sample it refuses (the non-UTF-8 transcript), after 3.
-    assert "3 of 6 samples read before it" in msgs["latin"]
-    assert len(r.problems) == 6, r.format()
+    # The loader leaves out the samples it refuses (the non-UTF-8 transcript, the 1-D features), alone.
+    assert all("leaves this sample out" in msgs[m] for m in ("latin.txt", "flat.npy"))
+    assert len(r.problems) == 5, r.format()
     # wdsprep reads a dotted key whole (by its layout suffix); other readers would cut it.
     assert [n.key for n in r.notes] == ["sp1.1-u"] and "'.'" in r.notes[0].what
 

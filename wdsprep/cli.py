@@ -63,8 +63,9 @@ def _add_from(p: argparse.ArgumentParser, source: argparse._ActionsContainer, ki
     source.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"),
                         help=f"the utterances, transcripts, speakers and languages in another project's format "
                              f"(docs/import.md), in place of the Kaldi files. KIND: {listed}")
-    if any(kind.columns for kind in kinds.values()):
-        add_flags(p.add_argument_group("--from hf: which columns hold what"), Manifest)
+    if any(kind.options for kind in kinds.values()):
+        add_flags(p.add_argument_group("--from: which columns hold what (hf), where text files may be (nemo)"),
+                  Manifest)
 
 
 def _input(args: argparse.Namespace, kaldi: str) -> object:
@@ -477,7 +478,7 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
 
     result = rehearse(args.model, _trset(args), _tokenizer_arg(args.tokenizer), k=args.k, epoch=args.epoch,
                       device=args.device, step=args.step, optimizer=args.optimizer, world_size=args.world_size,
-                      **_loader_options(args))
+                      max_seconds=args.max_seconds, **_loader_options(args))
     print(result.format())
     return 1 if result.failed else 0
 
@@ -506,6 +507,9 @@ def _add_rehearse(sub: argparse._SubParsersAction, every_help: bool = False) -> 
                         "call (e.g. under torch.autocast)")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                    help="the optimizer whose step runs, and whose state counts in the memory (default: %(default)s)")
+    p.add_argument("--max-seconds", type=float, default=600.0,
+                   help="the rehearsal's steps must end within this, all together; past it the step is stopped and "
+                        "the command fails saying so (default: %(default)s)")
     _add_loader_options(p, every_help)
     p.set_defaults(func=_cmd_rehearse)
 

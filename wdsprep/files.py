@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Any, Iterator
 
 TMP_SUFFIX = ".tmp"
+# The longest line a line-by-line input (a Kaldi table, a JSON-lines manifest) may have, in bytes:
+# a longer one is no table's line (a device such as /dev/zero, a gzip bomb's one line of gigabytes).
+MAX_LINE_BYTES = 16 << 20
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -43,18 +46,69 @@ def naming(path: str | os.PathLike, *aliases: str | os.PathLike) -> Iterator[Non
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Write to the yielded temporary path; on leaving the block it becomes ``path``, or is removed
-    if the block raised.  An ``OSError`` of the write or the rename names ``path``."""
+    if the block raised.  An ``OSError`` of the write or the rename names ``path``.
+
+    Nothing at ``path`` is opened, so nothing there is followed or waited on: a symbolic link there
+    is replaced, not written through (into a file anywhere on the disk), and a FIFO is replaced, not
+    opened (which waits for a reader forever).  Whatever a killed job left at the temporary name (a
+    planted link too) is removed first, never written through."""
     tmp = temp_path(path)
     try:
         with naming(path, tmp):
+            clear_path(tmp)
             yield tmp
             os.replace(tmp, path)
     except BaseException:
         try:
-            tmp.unlink(missing_ok=True)
+            clear_path(tmp)
         except OSError:  # e.g. its folder is a file: the error being raised already says so
             pass
         raise
+
+
+@contextmanager
+def atomic_named(path: str | os.PathLike) -> Iterator[Path]:
+    """:func:`atomic_path` for a writer that picks its format by the file's name (lhotse's
+    ``to_file``: ``.jsonl.gz``): the yielded path has ``path``'s name, in a hidden temporary folder
+    beside it, which goes once the file is renamed into place (or the block raised)."""
+    path = Path(path)
+    folder = temp_path(path)
+    inside = folder / path.name
+    with naming(path, folder, inside):
+        clear_path(folder)
+        folder.mkdir()
+        try:
+            yield inside
+            os.replace(inside, path)
+        finally:
+            clear_path(folder)
+
+
+@contextmanager
+def open_output(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """``open(path, mode)`` for writing a file whole (:func:`atomic_path`): the writes go to the
+    temporary name, created anew (:func:`open_new`)."""
+    with atomic_path(path) as tmp, open_new(tmp, mode, **kwargs) as f:
+        yield f
+
+
+def open_new(tmp: str | os.PathLike, mode: str = "wb", **kwargs: Any) -> IO[Any]:
+    """A temporary file opened for writing as a new file: whatever stands at ``tmp`` (a killed job's
+    leftover, a planted link or FIFO) is removed first, and the open is exclusive (mode ``x``,
+    ``O_EXCL``), so no write goes through a link or waits on a FIFO."""
+    clear_path(Path(tmp))
+    return open(tmp, mode.replace("w", "x"), **kwargs)
+
+
+def clear_path(p: Path) -> None:
+    """Remove what ``p`` names, whatever it is, without following it: a file, a link, a FIFO or a
+    folder (its own entries; links in it are removed, not followed)."""
+    import shutil
+
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif os.path.lexists(p):
+        p.unlink()
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -126,10 +180,7 @@ def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
-                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
-                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise ValueError(f"{path} is {kind}, not a regular file ({what} must be one)")
+            raise ValueError(f"{path} is {file_kind(st.st_mode)}, not a regular file ({what} must be one)")
         if st.st_size > limit:
             raise ValueError(f"{path} holds {st.st_size:,} bytes, more than {what} can ({limit:,}); is it the "
                              f"right file?")
@@ -143,3 +194,36 @@ def read_small(path: str | os.PathLike, limit: int, what: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def bounded_lines(f: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) of each line of ``f``, each read up to ``limit`` bytes; a longer line is
+    yielded as None and ends the reading (what follows it is not read: it has no end in sight)."""
+    number = 0
+    while line := f.readline(limit + 1):
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            yield number, None
+            return
+        yield number, line
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) that is no regular file is, for a message: ``"a FIFO"``, ..."""
+    import stat
+
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is there but no regular file (``"a FIFO"``, ``"a device"``, ...), for
+    a message; None for a regular file or nothing there.  Links are followed, as ``open`` does."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)

@@ -123,18 +123,27 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   extra=()
   [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
   : > "$exp/grow/train.log"
+  # What the waits below wait for (published_shards: local/common.sh).
+  reminders() { grep -c "still waiting" "$exp/grow/train.log" || true; }
+  ranks_wait() {
+    grep -q "waiting for" "$exp/grow/train.log" || ! kill -0 "$train_pid" 2>/dev/null \
+      || { [ -f "$grow/pack_report.json" ] && [ ! -e "$grow/PACK_INCOMPLETE" ]; }  # packed by an earlier run
+  }
+  three_published() { [ "$(published_shards "$grow")" -ge 3 ] || ! kill -0 "$pack_pid" 2>/dev/null; }
+  first_epoch_or_waiting() {
+    grep -q "shards published" "$exp/grow/train.log" || ! kill -0 "$train_pid" 2>/dev/null \
+      || [ "$(reminders)" -gt "$reminded" ]
+  }
   (torchrun --standalone --nproc_per_node="$nproc" local/train.py \
      --hyper "$exp/grow/hyper-p.json" --exp-dir "$exp/grow" "${extra[@]}" 2>&1 | tee "$exp/grow/train.log") &
   train_pid=$!
   # Either may start first; here the ranks start first and wait for the first shards (on this tiny
   # corpus the pack is done in seconds, before the ranks are up).  The pack runs niced: the CPU is
-  # the training's first.  --resume: a pack stopped half-way goes on where it stopped.
-  for _ in $(seq 300); do
-    grep -q "waiting for" "$exp/grow/train.log" && break
-    [ -f "$grow/pack_report.json" ] && [ ! -e "$grow/PACK_INCOMPLETE" ] && break  # packed by an earlier run
-    kill -0 "$train_pid" 2>/dev/null || break
-    sleep 0.2
-  done
+  # the training's first.  --resume: a pack stopped half-way goes on where it stopped.  Every wait
+  # below is bounded, and one that runs out says what it waited for.
+  if ! wait_until 60 0.2 ranks_wait; then
+    log 6 "the ranks have not said within 60 s that they wait for shards (see $exp/grow/train.log); the pack starts"
+  fi
   log 6 "pack-audio into $grow in the background ($pack_opts --resume; log: $exp/pack-grow.log)"
   # shellcheck disable=SC2086
   nice -n 19 wdsprep pack-audio --wav-scp "$data/train/wav.scp" --text "$data/train/text" \
@@ -142,21 +151,20 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   pack_pid=$!
   # A real corpus's pack runs for hours; this one would be done before the first epoch is planned.
   # So, as a slow pack would, it holds still (SIGSTOP) once 3 shards are published, until training
-  # has run its first epoch over them, and then goes on.
-  for _ in $(seq 1200); do
-    # (find may meet a file the pack renames meanwhile: not an error here)
-    published=$({ find "$grow" -path '*/.index.parts/*' -name part.json 2>/dev/null || true; } | wc -l)
-    [ "$published" -ge 3 ] && break
-    kill -0 "$pack_pid" 2>/dev/null || break
-    sleep 0.05
-  done
+  # has run its first epoch over them, and then goes on.  The pause ends sooner when the loader
+  # says it still waits (it needs more shards than the 3 to give every rank a batch), and after
+  # 120 s in any case: a paused pack must never leave the training waiting for it.
+  if ! wait_until 120 0.05 three_published; then
+    log 6 "after 120 s the pack has published $(published_shards "$grow") shards, not 3 (see $exp/pack-grow.log)"
+  fi
+  reminded=$(reminders)
   if kill -STOP "$pack_pid" 2>/dev/null; then
-    log 6 "pack paused at $published published shards until training has run its first epoch over them"
-    for _ in $(seq 1200); do
-      grep -q "shards published" "$exp/grow/train.log" && break
-      kill -0 "$train_pid" 2>/dev/null || break
-      sleep 0.25
-    done
+    log 6 "pack paused at $(published_shards "$grow") published shards until training has run its first epoch over them"
+    if ! wait_until 120 0.25 first_epoch_or_waiting; then
+      log 6 "after 120 s paused, training has not ended its first epoch (see $exp/grow/train.log); the pack goes on"
+    elif [ "$(reminders)" -gt "$reminded" ]; then
+      log 6 "the loader still waits for shards (see $exp/grow/train.log); the pack goes on"
+    fi
     kill -CONT "$pack_pid" 2>/dev/null || true
   fi
   if ! wait "$pack_pid"; then

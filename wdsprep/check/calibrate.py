@@ -64,7 +64,7 @@ from wdsprep.check.costfit import (
     timing_noise,
 )
 from wdsprep.errors import MeasurementError
-from wdsprep.files import write_text
+from wdsprep.files import not_regular, write_text
 from wdsprep.loading.rehearsal import out_of_memory
 from wdsprep.plan.compose import load_shards
 from wdsprep.plan.cost import COEFFICIENTS, CostModel
@@ -241,6 +241,9 @@ def load_callable(spec: str, option: str) -> Callable:
     path = Path(module)
     if module.endswith(".py") or os.sep in module or "/" in module:
         if not path.is_file():
+            kind = not_regular(path)
+            if kind is not None:  # a FIFO would wait for a writer forever, a device never end
+                raise ModelError(f"{option}: {path} is {kind}, not a regular file: give the .py file of the module")
             raise FileNotFoundError(f"{path}: no such file ({option} takes MODULE:NAME, MODULE a dotted module on "
                                     f"the Python path or the path of a .py file)")
         mod_name = f"wdsprep_user_{path.stem}_{abs(hash(str(path.resolve()))):x}"
@@ -254,10 +257,10 @@ def load_callable(spec: str, option: str) -> Callable:
         sys.modules[mod_name] = mod  # classes defined in it must find their module (dataclasses, pickling)
         try:
             spec_.loader.exec_module(mod)
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             del sys.modules[mod_name]
-            raise ModelError(f"{option}: importing {path} raised {type(e).__name__}: {_first_line(e)} (fix the module; "
-                             f"'python {path}' shows where)") from e
+            raise ModelError(f"{option}: importing {path} raised {_raised(e)} (fix the module; 'python {path}' shows "
+                             f"where)") from e
         where = str(path)
     else:
         try:
@@ -268,9 +271,9 @@ def load_callable(spec: str, option: str) -> Callable:
                                  f"folder to PYTHONPATH, or give the path of its .py file") from None
             raise ModelError(f"{option}: importing {module} failed: {_first_line(e)} (a module it imports is not "
                              f"installed)") from e
-        except Exception as e:
-            raise ModelError(f"{option}: importing {module} raised {type(e).__name__}: {_first_line(e)} (fix the "
-                             f"module; 'python -c \"import {module}\"' shows where)") from e
+        except (Exception, SystemExit) as e:
+            raise ModelError(f"{option}: importing {module} raised {_raised(e)} (fix the module; 'python -c \"import "
+                             f"{module}\"' shows where)") from e
         where = module
     try:
         func = getattr(mod, name)
@@ -281,14 +284,21 @@ def load_callable(spec: str, option: str) -> Callable:
     return func
 
 
+def _raised(e: BaseException) -> str:
+    """What the user's code raised, for a message: ``sys.exit`` said as such."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit (it called sys.exit({e.code!r}))"
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
 def build_model(factory: Callable, spec: str, *, feat_dim: int, vocab_size: int) -> torch.nn.Module:
     """``factory(feat_dim=, vocab_size=)``, checked to be a module with parameters."""
     try:
         model = factory(feat_dim=feat_dim, vocab_size=vocab_size)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ModelError(f"--model {spec}: calling it with feat_dim={feat_dim}, vocab_size={vocab_size} raised "
-                         f"{type(e).__name__}: {_first_line(e)} (the factory must take those two keyword arguments and "
-                         f"return the model)") from e
+                         f"{_raised(e)} (the factory must take those two keyword arguments and return the "
+                         f"model)") from e
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"--model {spec}: returned a {type(model).__name__}, not a torch.nn.Module: the factory must "
                          f"return the model")
@@ -320,11 +330,11 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             loss = self.call(self.model, *batch)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # a step calling sys.exit(3) ended the command with no word
             if out_of_memory(e) or isinstance(e, MeasurementError):  # the step's time ran out: not its fault
                 raise
             feats = batch[0]
-            raise ModelError(f"{self.what} raised {type(e).__name__}: {_first_line(e)} on a batch of "
+            raise ModelError(f"{self.what} raised {_raised(e)} on a batch of "
                              f"feats {list(feats.shape)} and labels {list(batch[2].shape)} (the loader's batch: "
                              f"feats, feat_lens, labels, label_lens; fix the model, or give --step MODULE:FUNC "
                              f"that calls it)") from e
@@ -385,16 +395,15 @@ def _clock(device: torch.device) -> Callable[[], float]:
 
 
 @contextmanager
-def _bounded(seconds: float) -> Iterator[None]:
-    """Timed steps that end within ``seconds`` from now; one that runs past (a step too slow for
-    the budget, or one that never returns) is stopped by SIGALRM and raises MeasurementError
-    (main thread only: elsewhere steps are not bounded)."""
+def bounded(seconds: float, why: str) -> Iterator[None]:
+    """A block that ends within ``seconds`` from now; one that runs past (a step too slow for the
+    budget, or one that never returns) is stopped by SIGALRM and raises MeasurementError saying
+    ``why`` (main thread only: elsewhere it is not bounded).  ``calibrate`` and ``rehearse`` bound
+    the user's steps with it."""
     main = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
 
     def expire(*_: object) -> None:
-        raise MeasurementError(f"calibrate: a training step ran past the {seconds:.0f} s its --max-seconds allows "
-                               f"(a step this slow, or one that never returns): nothing was written; give more "
-                               f"--max-seconds, or check that the step returns")
+        raise MeasurementError(why)
 
     if not main:
         yield
@@ -547,7 +556,10 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
 
         lengths = length_grid(frames)
         # The grid's rounds stop within max_seconds; a step may run past it, and no step past twice it.
-        with _bounded(2 * max_seconds + 10):
+        bound = 2 * max_seconds + 10
+        with bounded(bound, f"calibrate: a training step ran past the {bound:.0f} s its --max-seconds allows (a step "
+                            f"this slow, or one that never returns): nothing was written; give more --max-seconds, "
+                            f"or check that the step returns"):
             # The first step shows whether the model runs at all, on a batch too small to be slow.
             _time_shape(train_step, batch, Timing(Shape(2, int(lengths[0]), tokens(int(lengths[0]))), 0.0), dev)
             t_timing = time.perf_counter()  # max_seconds counts from here: loading and building are the user's

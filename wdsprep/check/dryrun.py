@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import ExitStack
 from typing import Any, Mapping, TextIO
 
 import numpy as np
 
 from wdsprep.check.planreport import corpus_shuffle_lines, merged_shuffle, shuffle_lines
-from wdsprep.files import naming, write_text
+from wdsprep.files import naming, open_output, write_text
 from wdsprep.plan.growing import describe
 from wdsprep.plan.stats import efficiency
 
@@ -61,11 +62,11 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
             raise ValueError("--plot draws the mixture of named corpora in training: give --corpus (or an ld object)")
         per_step: list[np.ndarray] = []  # utterances of each corpus at each step, this rank
         first_step = loader.source.global_step(loader.position()) or 0
-        dump = open(f"{dump_keys}.rank{rank}" if dump_keys and world > 1 else dump_keys, "w",
-                    encoding="utf-8") if dump_keys else None
         results = []
         every_rank: list[list[dict[str, Any]]] = []
-        try:
+        with ExitStack() as stack:  # the dump is written as every output is: whole, never through a link
+            dump = stack.enter_context(open_output(f"{dump_keys}.rank{rank}" if world > 1 else dump_keys,
+                                                   encoding="utf-8")) if dump_keys else None
             for epoch in range(epochs):
                 loader.set_epoch(epoch)
                 for step, batch in enumerate(loader):
@@ -81,9 +82,6 @@ def dry_run(*, hyper: str | None = None, trset: str | Mapping[str, str] | None =
                 if rank == 0:
                     out.write(_summary(epoch, gathered) + "\n")
                     out.flush()
-        finally:
-            if dump:
-                dump.close()
         if stats_json and rank == 0:
             write_text(stats_json, json.dumps(every_rank, indent=1))
         if plot:

@@ -15,11 +15,12 @@ import os
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from typing import Any, TextIO
 
 import numpy as np
 
-from wdsprep.files import naming, write_text
+from wdsprep.files import naming, open_output, write_text
 from wdsprep.plan.compose import build_source
 from wdsprep.plan.cost import CostModel, batch_cost, load_cost
 from wdsprep.plan.growing import describe
@@ -74,19 +75,16 @@ def plan_report(trset: Trset, tokenizer: TokenizerSpec | None = None, *, epochs:
     # word-start mark (sentencepiece without byte fallback).
     sampled = options.plan.train and options.read.subword_sampling is not None and options.plan.ctc_subsampling
     longest_labels = row_text_lens(shards, policy=options.fetch.policy()) + 1 if sampled else None
-    dump = open(dump_keys, "w", encoding="utf-8") if dump_keys is not None else None
     reports = []
     per_step: list[np.ndarray] = []  # each corpus's utterances at each step, over all ranks
-    try:
+    with ExitStack() as stack:  # the dump is written as every output is: whole, never through a link
+        dump = stack.enter_context(open_output(dump_keys, encoding="utf-8")) if dump_keys is not None else None
         for epoch in range(epochs):
             reports.append(epoch_report(source, options.plan, epoch, windows=windows, keys=keys, dump=dump,
                                         judge=judge, per_step=per_step, longest_labels=longest_labels))
             if planned.growing is not None:
                 reports[-1]["growing"] = planned.growing
             out.write(plan_summary(reports[-1], shards.num_utts) + "\n")
-    finally:
-        if dump is not None:
-            dump.close()
     if stats_json is not None:
         write_text(stats_json, json.dumps(reports, indent=1))
     if plot is not None and source.mixture is not None:

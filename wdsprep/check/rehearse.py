@@ -10,12 +10,13 @@ run hours in.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import torch
 
-from wdsprep.check.calibrate import TrainStep, build_model, device_of, load_callable
+from wdsprep.check.calibrate import TrainStep, bounded, build_model, device_of, load_callable
 from wdsprep.loader import make_loader
 from wdsprep.loading.rehearsal import Rehearsal
 from wdsprep.plan.source import Trset
@@ -24,7 +25,7 @@ from wdsprep.tokenizer import Tokenizer
 
 def rehearse(model: str, trset: Trset, tokenizer: Tokenizer | str | os.PathLike, *, k: int = 8, epoch: int = 0,
              device: str = "cpu", step: str | None = None, optimizer: str = "adamw", world_size: int = 1,
-             **loader_options: Any) -> Rehearsal:
+             max_seconds: float = 600.0, **loader_options: Any) -> Rehearsal:
     """Run a training step of ``model`` on the ``k`` costliest batches of ``epoch``, every rank's.
 
     Args:
@@ -38,7 +39,12 @@ def rehearse(model: str, trset: Trset, tokenizer: Tokenizer | str | os.PathLike,
         step: ``MODULE:FUNC`` called as ``FUNC(model, feats, feat_lens, labels, label_lens) -> loss``
             instead of the forward call.
         optimizer: ``adamw`` (its state counts in the memory) or ``sgd``.
+        max_seconds: the time the rehearsal's steps may take, all ``k`` together (reading the batches
+            included): past it, the step running is stopped and a MeasurementError says so (a step
+            that never returns would hold the command forever).
     """
+    if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not 0 < max_seconds < math.inf:
+        raise ValueError(f"max_seconds must be a finite number of seconds > 0, got {max_seconds!r}")
     dev = device_of(device)
     factory = load_callable(model, "--model")
     step_func = load_callable(step, "--step") if step is not None else None
@@ -53,4 +59,7 @@ def rehearse(model: str, trset: Trset, tokenizer: Tokenizer | str | os.PathLike,
     train = TrainStep(net.to(dev).train(), device=dev, optimizer=optimizer, step=step_func, model_spec=model,
                       step_spec=step)
     loader.set_epoch(epoch)
-    return loader.rehearse(lambda batch: train(tuple(x.to(dev) for x in batch[:4])), k=k)
+    with bounded(max_seconds, f"rehearse: the steps ran past --max-seconds {max_seconds:g} (a step this slow, or "
+                              f"one that never returns): give more --max-seconds or fewer --k, or check that the "
+                              f"step returns"):
+        return loader.rehearse(lambda batch: train(tuple(x.to(dev) for x in batch[:4])), k=k)

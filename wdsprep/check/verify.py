@@ -6,9 +6,10 @@ features and one transcript member of a layout, an ``.npy`` member the readers r
 object arrays from their header, never loaded; big-endian or integer data; not 2-D; empty;
 truncated), an audio member (``flac``/``wav`` layouts) whose header is not 16-bit mono PCM of at
 least one frame or that does not decode to the samples it says, a transcript that is not UTF-8,
-a key that does not percent-decode.  The loader stops
-reading a shard at its first refused sample; verify goes on, names every problem, and says where
-the loader stops.  On top of that: features with NaN/Inf values, ids that are empty, hold
+a key that does not percent-decode.  The loader leaves a refused sample out alone and reads on
+(counted as unreadable: the index counts it lost), and stops reading a shard only where the tar
+itself is damaged; verify names every problem, and how many samples the loader leaves out.  On
+top of that: features with NaN/Inf values, ids that are empty, hold
 whitespace or occur twice across the given shards, and, where a folder has an index, every
 difference between the index and the tars (keys in order, frames, transcript lengths, layout,
 dims, dtype; an audio folder's sample counts and rate; the shard's SHA-256, so a shard changed in
@@ -37,7 +38,6 @@ import numpy as np
 
 from wdsprep.files import file_sha256, naming
 from wdsprep.format import commit
-from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     INDEX_NAME,
     DamagedIndexError,
@@ -55,6 +55,7 @@ from wdsprep.format.keys import (
     is_field_member,
     member_layouts,
     member_role,
+    name_problem,
     split_member,
 )
 from wdsprep.format.samples import (
@@ -135,8 +136,8 @@ class _Sample:
     text_len: int | None = None
     samples: int | None = None  # an audio member's
     rate: int | None = None
-    refused: bool = False  # the loader refuses its members (and stops reading the shard here, unless skipped)
-    skipped: bool = False  # refused alone: a well-formed audio member it does not use; it reads on
+    refused: bool = False  # the loader refuses its members or its key
+    skipped: bool = False  # refused alone (in a tar that is whole): the loader leaves it out and reads on
     fields: dict[str, str] = field(default_factory=dict)  # its field members' values (KEY.NAME), by name
 
 
@@ -336,6 +337,10 @@ def _check_remote_shard(url: str, expected: int | None, checksum: str | None, po
         source.copy.close()
 
 
+# What the loader does with a sample it refuses in a tar that is whole (format/samples.py).
+LEFT_OUT = "the loader leaves this sample out (counted as unreadable) and reads on"
+
+
 def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str]],
                  source: ShardFile | None = None) -> list[_Sample]:
     """Every sample of a shard checked as the loader reads it; a sample is a run of members sharing a key.
@@ -343,22 +348,14 @@ def _check_shard(path: str, result: VerifyResult, seen: dict[str, tuple[str, str
     problems = result.problems
     src, members, damage = open_members(path, source=source)
     samples: list[_Sample] = []
-    stop: str | None = None  # the first sample the loader refuses: it reads no further
     for key, group in samples_before_damage(members, damage):
         s = _Sample(key)
-        refused = s.refused = _check_sample(path, src, s, group, problems)
-        if not refused:
-            refused = _check_key(path, s, seen, result)
-        if refused and stop is None and not s.skipped:
-            stop = key
+        s.refused = _check_sample(path, src, s, group, problems) or _check_key(path, s, seen, result)
+        s.skipped = s.refused  # in a tar that is whole: left out alone, the shard read on
         samples.append(s)
     if damage is not None:
         problems.append(Problem(path, f"the tar is damaged: {damage}; everything from there on is lost (the loader "
                                       f"stops there); copy the shard again or repack it"))
-    if stop is not None:
-        read = next(i for i, s in enumerate(samples) if s.key == stop)
-        problems.append(Problem(path, f"the loader stops reading this shard at this sample ({read} of "
-                                      f"{len(samples)} samples read before it) and skips the rest", key=stop))
     return samples
 
 
@@ -372,7 +369,8 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
             try:
                 s.fields[ext] = member_bytes(src, m).decode("utf-8")
             except UnicodeDecodeError as e:
-                problems.append(Problem(path, f"field {ext} is not UTF-8 ({e}); fix its table and repack", member=m[0]))
+                problems.append(Problem(path, f"field {ext} is not UTF-8 ({e}); {LEFT_OUT}; fix its table and repack",
+                                        member=m[0]))
                 refused = True
         elif role is None:
             problems.append(Problem(path, f"not a member of a known layout; expected {describe_layouts()} (and "
@@ -393,8 +391,8 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
             have = {r[2] for r in roles if r is not None}
             missing = " or ".join(sorted({f"{s.key}.{LAYOUTS[layout][0 if 'text' in have else 1]}"
                                           for layout in layouts}))
-            problems.append(Problem(path, f"has {', '.join(names)} but no {missing}; the loader cannot use this "
-                                          f"sample; repack it", key=s.key))
+            problems.append(Problem(path, f"has {', '.join(names)} but no {missing}; {LEFT_OUT}; repack it",
+                                    key=s.key))
         return True
     s.layout = sample_layout(group, feat_m)
     check = _check_audio if s.layout in AUDIO_LAYOUTS else _check_feats
@@ -402,7 +400,8 @@ def _check_sample(path: str, src: object, s: _Sample, group: dict[str, Member], 
     try:
         s.text_len = len(member_bytes(src, text_m).decode("utf-8"))
     except UnicodeDecodeError as e:
-        problems.append(Problem(path, f"transcript is not UTF-8 ({e}); fix the text file and repack", member=text_m[0]))
+        problems.append(Problem(path, f"transcript is not UTF-8 ({e}); {LEFT_OUT}; fix the text file and repack",
+                                member=text_m[0]))
         refused = True
     return refused
 
@@ -412,7 +411,7 @@ def _check_feats(path: str, src: object, s: _Sample, m: Member, problems: list[P
     try:
         feats = read_features(src, m, s.key, float32=False, lazy=False)
     except ValueError as e:
-        problems.append(Problem(path, f"{e}; repack the shard from the Kaldi features", member=m[0]))
+        problems.append(Problem(path, f"{e}; {LEFT_OUT}; repack the shard from the Kaldi features", member=m[0]))
         return True
     finite = np.isfinite(feats)
     if not finite.all():
@@ -426,13 +425,8 @@ def _check_audio(path: str, src: object, s: _Sample, m: Member, problems: list[P
     """An audio member: its header as the loader reads it, then every sample decoded; True when refused."""
     try:
         audio = read_audio(src, m, s.key)
-    except RefusedAudio as e:
-        problems.append(Problem(path, f"{e}; the loader leaves this sample out (counted as unreadable) and reads on; "
-                                      f"repack the shard from the audio", member=m[0]))
-        s.skipped = True
-        return True
-    except ValueError as e:
-        problems.append(Problem(path, f"{e}; repack the shard from the audio", member=m[0]))
+    except ValueError as e:  # RefusedAudio too
+        problems.append(Problem(path, f"{e}; {LEFT_OUT}; repack the shard from the audio", member=m[0]))
         return True
     try:
         pcm = audio.pcm()
@@ -451,14 +445,15 @@ def _check_key(path: str, s: _Sample, seen: dict[str, tuple[str, str]], result: 
     try:
         uttid = decode_key(s.key)
     except UnicodeDecodeError as e:
-        problems.append(Problem(path, f"key does not percent-decode to a UTF-8 id ({e}); repack it", key=s.key))
+        problems.append(Problem(path, f"key does not percent-decode to a UTF-8 id ({e}); {LEFT_OUT}; repack it",
+                                key=s.key))
         return True
     if "." in s.key:
         result.notes.append(Problem(path, "key contains '.': wdsprep reads it whole, but webdataset and CAT's own "
                                           "readers end a key at the first '.'", key=s.key))
-    if not uttid or any(c.isspace() for c in uttid):
-        problems.append(Problem(path, f"id {uttid!r} is empty or has whitespace, which Kaldi ids cannot; repack it",
-                                key=s.key))
+    wrong = name_problem(uttid)
+    if wrong is not None:
+        problems.append(Problem(path, f"id {uttid!r} {wrong}; repack it", key=s.key))
     first = seen.get(uttid)
     if first is None:
         seen[uttid] = (path, s.key)
@@ -473,8 +468,7 @@ def _compare_lost(path: str, lost: int, samples: list[_Sample], problems: list[P
     """The index's count of a shard's samples lost (from the first one the loader refuses on, as
     ``wdsprep index`` counts them) must not exceed the tar's: the loader reports them as unreadable
     drops.  (Fewer is a shard damaged since it was indexed: named above, sample by sample.)"""
-    first = next((j for j, s in enumerate(samples) if s.refused and not s.skipped), len(samples))
-    tar_lost = sum(s.skipped for s in samples[:first]) + len(samples) - first
+    tar_lost = sum(s.skipped for s in samples)
     if lost > tar_lost:
         problems.append(Problem(path, f"{INDEX_NAME} of {os.path.dirname(path) or '.'} says {lost:,} samples of this "
                                       f"shard are lost, the tar has {tar_lost:,}; the loader reports them "
@@ -485,7 +479,9 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
                    problems: list[Problem]) -> None:
     """The index's record of a shard must match the tar, key by key."""
     where = f"{INDEX_NAME} of {os.path.dirname(path) or '.'}"
-    samples = [s for s in samples if not s.skipped]  # left out alone, as the index leaves them out: named above
+    # Left out alone, as the index leaves them out: named above (one the index lists is compared by key alone).
+    listed = set(info.keys)
+    samples = [s for s in samples if not s.skipped or s.key in listed]
     if not len(info.keys) == len(info.frames) == len(info.text_lens):
         problems.append(Problem(path, f"{where} has {len(info.keys)} keys, {len(info.frames)} frame counts and "
                                       f"{len(info.text_lens)} text lengths; the index is damaged, repack the folder"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from wdsprep.errors import need_packages
+from wdsprep.files import atomic_named, make_dir
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,20 @@ EXPORTS: dict[str, Export] = {
 def export_shards(kind: str, trset: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
                   overwrite: bool = False) -> int:
     """Write the utterances of the local shards ``trset`` names as a ``kind`` manifest at ``out``;
-    returns how many.  ``out`` is refused when it exists, unless ``overwrite``."""
+    returns how many.  ``out`` is refused when it exists, unless ``overwrite``; it is written as a
+    pack's outputs are (``files.atomic_named``): whole or not at all, replacing a link or a FIFO at
+    ``out``, never writing through the one or waiting on the other."""
     spec = EXPORTS.get(kind)
     if spec is None:
         raise ValueError(f"export {kind}: choose one of {', '.join(EXPORTS)}")
-    if os.path.exists(out) and not overwrite:
+    if os.path.lexists(out) and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
+    if os.path.isdir(out) and not os.path.islink(out):
+        raise IsADirectoryError(f"{out} is a folder; give the manifest file to write")
     need_packages(spec.packages, spec.extra, f"export {kind}")
     from wdsprep.export.utterances import utterances
 
     write = getattr(importlib.import_module(f"{__name__}.{spec.module}"), spec.writer)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    return write(utterances(trset), str(out))
+    make_dir(Path(out).parent)
+    with atomic_named(out) as tmp:
+        return write(utterances(trset), str(tmp))

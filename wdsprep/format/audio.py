@@ -34,6 +34,7 @@ from wdsprep.format.shardfile import ShardError, ShardFile, Source
 AUDIO_BITS = 16  # what the writer stores and the readers accept (Opus: what it is decoded to)
 # The fbank backends an audio folder's index may name for the loader (wdsprep.prep.fbank implements them).
 FBANK_BACKENDS = ("torchaudio", "kaldi-native-fbank", "numpy")
+MAX_MEL_BINS = 1024  # mel bins an audio folder's fbank may have (more are no speech feature; 10^6 took 1.9 GiB)
 # The sample rates an audio member may have: below 100 Hz a 10 ms frame shift is no sample at all.
 MIN_RATE, MAX_RATE = 1000, 768_000
 MAX_SAMPLES = 2**31 - 1  # an index counts an utterance's samples in int32

@@ -90,6 +90,26 @@ def is_field_member(ext: str) -> bool:
     return FIELD_NAME.fullmatch(ext) is not None and ext not in RESERVED_FIELDS
 
 
+MAX_NAME_CHARS = 1024  # an utterance id, a speaker or a language: a name, not a document
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an utterance id, a speaker or a language in a pack (None: it can): the
+    rule of Kaldi's tables, which the index's files follow (one name a line, names apart by
+    whitespace): not empty, no whitespace and no control characters (a newline, a NUL), at most
+    :data:`MAX_NAME_CHARS` characters."""
+    if not name:
+        return "is empty"
+    if len(name) > MAX_NAME_CHARS:
+        return f"has {len(name):,} characters, more than {MAX_NAME_CHARS:,}"
+    if name.isprintable() and " " not in name:  # in C: no whitespace (but " ") nor control character is printable
+        return None
+    bad = next((c for c in name if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        return f"holds {bad!r}: a name has no whitespace or control characters (as in Kaldi's tables)"
+    return None
+
+
 def encode_key(uttid: str) -> str:
     """Make an utterance id safe as a tar sample key; ``urllib.parse.unquote`` inverts it.
 

@@ -37,7 +37,7 @@ from wdsprep.format.samples import (
     decode_keys,
     iter_decoded,
     native_samples,
-    report_undecodable,
+    skip_sample,
 )
 from wdsprep.format.shardfile import FileFeats, ShardFile
 from wdsprep.units import fbank_frames
@@ -200,13 +200,15 @@ def iter_records(url: str, *, on_error: str = "warn", on_corrupt: OnCorrupt | No
     found = native_samples(url, source, fields)
     if found is not None:
         src, keys, texts, layout, values = found
-        uttids, bad = decode_keys(keys)
-        n = len(uttids)
-        rows = Records.in_shard(src, uttids, texts[:n], layout[:n], values)
-        for start in range(0, n, block):
+        uttids, kept, bad = decode_keys(keys)
+        for key, e in bad:  # left out alone, as the index scan leaves them out
+            skip_sample(url, key, e, on_error)
+        if kept is not None:
+            texts, layout = [texts[i] for i in kept], layout[kept]
+            values = [[v[i] for i in kept] for v in values]
+        rows = Records.in_shard(src, uttids, texts, layout, values)
+        for start in range(0, len(uttids), block):
             yield rows[start:start + block]
-        if bad is not None:
-            report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
     samples = iter_decoded(url, on_error=on_error, on_corrupt=on_corrupt, float32=False, lazy=True, source=source,
                            fields=list(fields) if fields else None)

@@ -17,7 +17,6 @@ from typing import Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import file_sha256
-from wdsprep.format.audio import RefusedAudio
 from wdsprep.format.index import (
     FROM_KEYS,
     INDEX_FILES,
@@ -34,6 +33,7 @@ from wdsprep.format.keys import (
     AUDIO_LAYOUTS,
     LANG,
     check_field_name,
+    decode_key,
     is_field_member,
     member_role,
     speaker_of,
@@ -90,9 +90,10 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     ``path`` then only names it.  The entry holds the values of the language and of
     ``index_fields`` (``info.values``) where every sample carries them.
 
-    Like the loader, the scan stops at the first sample the loader refuses: what is before it is
-    the entry, and that sample and every one after it are counted in ``lost`` and named in
-    ``problems``, as is damage to the tar (``verify`` gives the full diagnosis).
+    Like the loader, the scan leaves out alone each sample the loader refuses in a tar that is whole
+    (a member cut short, of garbage, with a header the readers do not use, a key that does not
+    decode: ``format/samples.py``), and stops at damage to the tar itself; every sample left out
+    is counted in ``lost`` and named in ``problems`` (``verify`` gives the full diagnosis).
     """
     path = str(path)
     scan = ShardScan(ShardInfo(os.path.basename(path)))
@@ -100,10 +101,11 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     carried: set[str] | None = None  # the field names of every sample so far
     wanted = list(dict.fromkeys([LANG, *index_fields]))
     values: dict[str, list[str | None]] = {n: [] for n in wanted}
-    skipped: list[str] = []  # the samples left out alone (RefusedAudio), and why
+    skipped: list[str] = []  # the samples left out alone, and why
     for key, group in samples_before_damage(members, problem):
         where = f"key {key!r}"
         try:
+            decode_key(key)
             feat_m, text_m = split_sample(group)
             where = f"member {feat_m[0]!r}"
             role = member_role(feat_m[0])
@@ -118,12 +120,9 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
             where = f"key {key!r}: a field member"
             for name, value in zip(wanted, decode_fields(src, group, wanted)):
                 values[name].append(value)
-        except RefusedAudio as e:  # well-formed, not usable: left out alone, the shard read on (as the loader does)
+        except ValueError as e:  # refused in a tar that is whole: left out alone, the shard read on (as the loader)
             skipped.append(f"{where}: {e}")
             continue
-        except ValueError as e:
-            problem = f"{where}: {e}"
-            break
         names = {ext for ext in group if is_field_member(ext)}
         carried = names if carried is None else carried & names
         scan.layouts.add(role[1] if role else "?")
@@ -142,7 +141,7 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
                         if k in scan.fields and None not in v[:n]}
     for why in skipped:
         scan.problems.append(f"{path}: {why}; the loader leaves this sample out (counted as unreadable) and reads on "
-                             f"(repack it from the audio: pack-audio resamples and picks a channel)")
+                             f"(repack the shard from its source to keep it)")
     if problem is not None or skipped:
         scan.lost = sum(1 for _ in group_samples(members)) - scan.info.num_utts
     if problem is not None:
@@ -178,7 +177,9 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                  force: bool = False, index_fields: Sequence[str] = (), progress: bool | None = None) -> IndexResult:
     """Write the index of every folder the pattern(s) name, from the shards' headers (no feature data).
 
-    A folder without an index gets one.  A folder whose index is current is left alone.  One whose
+    A folder without an index gets one.  A folder whose index is current is left alone, but for
+    the shards it counts samples lost in: those are read again, and their samples named again
+    (``ok`` stays False while a shard loses one: a script's ``index && train`` stops).  One whose
     shards changed since it was indexed (size or mtime) is an error, unless ``refresh``: then the
     changed shards (and those it does not list) are read again and the rest kept.  ``force`` reads
     every shard again and needs nothing of the old index: a damaged one is rebuilt from the shards
@@ -219,6 +220,7 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             carried: dict[str, tuple[str, ...]] = {}  # name -> the fields its samples carry
             indexed = list(dict.fromkeys([*index_fields, *(old.columns if old is not None else ())]))
             stale: list[str] = []
+            lossy: list[str] = []  # shards the old index counts samples lost in
             gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
             if gone:
                 notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
@@ -232,6 +234,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
                         continue
                     if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
                         stale.append(name)
+                    elif old.lost[i] > 0:  # read again, so what the loader cannot read is named again, not passed over
+                        lossy.append(name)
                     else:
                         entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
                         carried[name] = old.fields
@@ -291,6 +295,9 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             except DataError as e:  # damaged keys: the key rule it is
                 notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
                              f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
+            if lossy:
+                notes.append(f"{len(lossy)} shard(s) read again: the index counts samples in them the loader cannot "
+                             f"read (named below)")
             what = "indexed" if old is None and not notes else "upgraded from version 1" if version1 else "re-indexed"
             layout = layouts.pop() if layouts else "cat"
             audio = _folder_audio(old, layout, rates.pop() if rates else None, notes)

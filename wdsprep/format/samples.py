@@ -4,11 +4,13 @@ What counts as a usable sample is decided here once, for the loader and for ``ve
 (:func:`decode_sample`): one features member and one transcript member of a layout, an
 ``.npy`` header of little-endian float16/32/64, 2-D, at least one frame (in an audio layout: an
 audio header of 16-bit mono PCM with at least one frame's samples, ``audio.py``), a UTF-8
-transcript and a key that percent-decodes.  A sample that fails any of these ends the shard: one
-bad sample most likely means the shard was damaged in writing or copying; but a well-formed audio
-member whose header says what the readers do not use (stereo, 24-bit, a rate no speech has:
-:class:`~wdsprep.format.audio.RefusedAudio`) is left out alone and the shard read on, as the index
-scan does (it counts that sample lost, and the loader reports it as unreadable).  A sample's fields
+transcript and a key that percent-decodes.  A sample that fails any of these in a tar that is
+whole (its members all there, the tar's own headers intact) is left out alone and the shard read
+on: a member cut short, empty or of garbage, an Opus stream without its end, an ``.npy`` whose
+magic is broken, a header saying what the readers do not use (stereo, 24-bit, a rate no speech
+has: :class:`~wdsprep.format.audio.RefusedAudio`).  The index scan does the same (it counts that
+sample lost, and the loader reports it as unreadable), and so does ``verify``.  Damage to the tar
+itself ends the shard: what follows cannot be found.  A sample's fields
 (members ``KEY.NAME``, ``keys.py``) are read when asked for (:func:`decode_fields`): UTF-8 text,
 None where the sample has no such member.
 """
@@ -239,25 +241,29 @@ def native_samples(url: str, source: ShardFile | None = None, fields: Sequence[s
     return src, keys, texts, np.frombuffer(layout, np.int64).reshape(-1, 4), values
 
 
-def decode_keys(keys: list[str]) -> tuple[list[str], tuple[str, Exception] | None]:
-    """The utterance ids of ``keys`` up to the first that does not decode, and that key and why."""
+def decode_keys(keys: list[str]) -> tuple[list[str], list[int] | None, list[tuple[str, Exception]]]:
+    """The utterance ids of the ``keys`` that decode, their places among ``keys`` (None: all of
+    them), and each key that does not, with why."""
     if not any("%" in k for k in keys):  # rare; unquoting costs more than the walk
-        return keys, None
-    uttids = []
-    for k in keys:
+        return keys, None, []
+    uttids, kept, bad = [], [], []
+    for i, k in enumerate(keys):
         try:
             uttids.append(decode_key(k))
+            kept.append(i)
         except UnicodeDecodeError as e:
-            return uttids, (k, e)
-    return uttids, None
+            bad.append((k, e))
+    return uttids, (kept if bad else None), bad
 
 
-def report_undecodable(url: str, key: str, e: Exception, on_error: str, on_corrupt: OnCorrupt | None) -> None:
-    """Report a sample that cannot be decoded (raise or warn, per ``on_error``)."""
-    problem = f"sample cannot be decoded ({e})"
-    if on_corrupt is not None:
-        on_corrupt(url, key, problem)
-    report_damage(url, f"utterance {uttid_for_message(key)!r}: {problem}", on_error, e)
+def skip_sample(url: str, key: str, e: Exception, on_error: str) -> None:
+    """A sample the readers refuse in a tar that is whole (see the module's doc): a ShardError
+    (``on_error="raise"``), else a warning that it alone is left out and the shard read on."""
+    if on_error == "raise":
+        raise ShardError(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}. Repack the shard, or remove it "
+                         f"from the shard list") from None
+    warnings.warn(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}; this sample is left out (counted as "
+                  f"unreadable) and the rest of the shard read", RuntimeWarning, stacklevel=3)
 
 
 def iter_decoded(
@@ -280,22 +286,23 @@ def iter_decoded(
     or URL's fetched copy) as :class:`FileFeats` until read; with ``float32=False`` float16 stays
     float16.  ``source``: the shard already open (a fetched copy); ``url`` then only names it.
 
-    A sample that cannot be decoded counts as corruption of the shard (same warning/raise path),
-    because a shard that holds one bad sample was most likely damaged in writing or copying.
+    A sample that cannot be decoded in a tar that is whole is left out alone (a warning, or a
+    ShardError with ``on_error="raise"``); damage to the tar itself ends the shard (see the module's
+    doc).
     """
     check_on_error(on_error)
     # The plain shards our writer makes in one C call per shard.
     found = native_samples(url, source, fields or ()) if lazy and not whole else None
     if found is not None:
         src, keys, texts, layout, values = found
-        uttids, bad = decode_keys(keys)
+        uttids, kept, bad = decode_keys(keys)
+        for key, e in bad:
+            skip_sample(url, key, e, on_error)
         rows = list(zip(*values)) if fields else []
-        for i, uttid in enumerate(uttids):
+        for uttid, i in zip(uttids, kept if kept is not None else range(len(keys))):
             offset, frames, dims, itemsize = layout[i].tolist()
             feats = FileFeats(src, offset, (frames, dims), _ITEMSIZE_DTYPES[itemsize], keys[i])
             yield (uttid, feats, texts[i], rows[i]) if fields is not None else (uttid, feats, texts[i])
-        if bad is not None:
-            report_undecodable(url, bad[0], bad[1], on_error, on_corrupt)
         return
     samples = shard_samples(url, on_error=on_error, on_corrupt=on_corrupt, whole=whole, source=source)
     for src, key, group in samples:
@@ -303,15 +310,7 @@ def iter_decoded(
             decoded = decode_sample(src, key, group, float32=float32, lazy=lazy)
             if fields is not None:
                 decoded = (*decoded, decode_fields(src, group, fields))
-        except RefusedAudio as e:  # well-formed, not usable: the index counts it lost (unreadable); read on
-            if on_error == "raise":
-                raise ShardError(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}. Repack the shard from the "
-                                 f"audio or remove it from the shard list") from None
-            warnings.warn(f"shard {url}: utterance {uttid_for_message(key)!r}: {e}; this sample is left out (counted "
-                          f"as unreadable) and the rest of the shard read", RuntimeWarning, stacklevel=2)
+        except ValueError as e:  # a sample refused in a whole tar: the index counts it lost (unreadable); read on
+            skip_sample(url, key, e, on_error)
             continue
-        except ValueError as e:
-            samples.close()
-            report_undecodable(url, key, e, on_error, on_corrupt)
-            return
         yield decoded

@@ -21,7 +21,7 @@ from typing import BinaryIO, Iterable, Mapping
 
 import numpy as np
 
-from wdsprep.files import temp_path
+from wdsprep.files import open_new, temp_path
 from wdsprep.format.audio import AUDIO_FORMATS, LOSSY_FORMATS, encode_audio
 from wdsprep.format.index import ShardInfo
 from wdsprep.format.keys import AUDIO_LAYOUTS, encode_key, layout_exts
@@ -71,7 +71,7 @@ class ShardWriter:
         # A fixed mtime makes shards byte-for-byte reproducible from the same inputs.
         self.mtime = time.time() if mtime is None else mtime
         # A large buffer: tarfile copies members in 16 KiB pieces, one write() syscall each otherwise.
-        self._file = open(self.tmp_path, "wb", buffering=4 << 20)
+        self._file = open_new(self.tmp_path, "wb", buffering=4 << 20)
         self._hashing = _Hashing(self._file)
         self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.PAX_FORMAT)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from wdsprep.files import file_sha256
 from wdsprep.format.audio import FileAudio
 from wdsprep.format.keys import uttid_for_message
 from wdsprep.format.records import AUDIO, IN_MEMORY, Records
@@ -51,9 +52,23 @@ def bank_files(folder: str) -> list[Path]:
     return files
 
 
-def bank_listing(folder: str) -> list[tuple[str, int]]:
-    """(name, bytes) of a bank's files: what the loader's fingerprint holds of it."""
-    return [(p.name, p.stat().st_size) for p in bank_files(folder)]
+# SHA-256 of bank files by their identity (path, size, mtime, inode): a fingerprint taken again
+# (every state_dict) reads nothing; a file rewritten in place has a new mtime and is read again.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def bank_listing(folder: str) -> list[tuple[str, int, str]]:
+    """(name, bytes, SHA-256) of a bank's files: what the loader's fingerprint holds of it.  By
+    content: a file rewritten in place with its size kept changes the noise every draw adds, so a
+    resume must see it; a copy of the folder (new times, same bytes) resumes."""
+    out = []
+    for p in bank_files(folder):
+        st = p.stat()
+        key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = file_sha256(p)
+        out.append((p.name, st.st_size, _DIGESTS[key]))
+    return out
 
 
 def load_bank(folder: str, sample_rate: int, what: str) -> list[np.ndarray]:

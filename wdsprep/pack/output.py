@@ -63,6 +63,7 @@ from wdsprep.format.commit import (
 )
 from wdsprep.format.index import (
     FROM_UTT2SPK,
+    INDEX_NAME,
     FolderIndex,
     ShardInfo,
     Speakers,
@@ -363,6 +364,9 @@ def resumed_report(out: LockedOutput, command: str, inputs: dict[str, Any], opti
     d, prior = out.d, out.prior
     assert prior is not None
     check_same(d, prior, command, inputs, options)
+    if not os.path.lexists(marker(d)) and not (d / REPORT_NAME).is_file() and _unfinished(d, prior):
+        begin(d)  # its marker was removed by hand: the pack did not finish, and goes on
+        return None
     if os.path.lexists(marker(d)):
         # The report is written after every folder's index.json, and before the entries go.
         if not (d / REPORT_NAME).is_file():
@@ -374,6 +378,12 @@ def resumed_report(out: LockedOutput, command: str, inputs: dict[str, Any], opti
     report = Report.read(d / REPORT_NAME)
     print(report.summary(f"{command}: {d} is complete"))
     return report
+
+
+def _unfinished(d: Path, prior: PackPlan) -> bool:
+    """Whether a pack folder holds a pack that did not commit, marker or not: a planned folder has
+    published entries, or no ``index.json`` (a commit leaves every folder an index and no entries)."""
+    return any(published_count(d / f) or not (d / f / INDEX_NAME).is_file() for f in prior.folders)
 
 
 # -- 3. the plan, recorded before any shard is written ---------------------------------------------------

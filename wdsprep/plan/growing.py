@@ -34,6 +34,8 @@ from wdsprep.units import hours
 
 # How long a rank waits to see shards rank 0 saw published (a network file system may show them late).
 VISIBLE_WITHIN = 30.0
+# How often a wait for shards says again what it waits for.
+REMIND_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -222,16 +224,27 @@ def _refuse_beyond_plans(c: Mapping[str, Any], patterns: Sequence[str], want_sha
 
 
 def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | None, min_hours: float | None,
-             timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 0.2) -> View:
+             timeout: float, check: Callable[[ShardSet], object] | None = None, poll: float = 0.2,
+             remind: float = REMIND_EVERY) -> View:
     """Wait until the trset's published shards reach ``min_shards`` and ``min_hours`` (at least one
     shard either way) and ``check`` (planning the epoch) does not find too few batches for the ranks,
     checking every ``poll`` s (a look at each growing folder's index: cheap, and the first epoch then
     starts within a fraction of a second of its shards); a TimeoutError after ``timeout`` s saying how
-    far they got and what to do."""
+    far they got and what to do.  What it waits for is said on stderr when it begins, and again every
+    ``remind`` s (``still waiting``): a log then shows a wait that goes on."""
     want_shards = max(1, min_shards or 0)
     patterns = patterns_of(trset)  # for the messages
     start = time.monotonic()
-    said = False
+    said = start - remind  # the first wait is said at once
+
+    def say(what: str) -> None:
+        nonlocal said
+        now = time.monotonic()
+        if now - said >= remind:
+            again = f"still waiting after {now - start:.0f} s" if now > start + remind / 2 else "waiting"
+            print(f"wdsprep loader: {again} for {what}; at most {timeout:g} s (wait_timeout)", file=sys.stderr,
+                  flush=True)
+            said = now
     while True:
         try:
             view = observe(trset)
@@ -244,10 +257,7 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
             if time.monotonic() - start >= timeout:
                 raise TimeoutError(f"growing loader: after {timeout:g} s there are still no shards: {e}. Is the "
                                    f"pack running, into the folder the pattern names?") from None
-            if not said:
-                print(f"wdsprep loader: waiting for a pack to begin publishing {patterns} ({e})",
-                      file=sys.stderr)
-                said = True
+            say(f"a pack to begin publishing {patterns} ({e})")
             time.sleep(poll)
             continue
         have_hours = hours(int(shards.frames.sum(dtype=np.int64)))
@@ -270,8 +280,5 @@ def wait_for(trset: Any, load: Callable[[View], ShardSet], *, min_shards: int | 
                 f"{patterns} are published, and it waits for {want} (min_shards/min_hours). Is the pack "
                 f"running? A stopped one finishes with the same pack command and --resume; to wait longer, raise "
                 f"wait_timeout (--wait-timeout)")
-        if not said:
-            print(f"wdsprep loader: waiting for {want} of {patterns} to be published "
-                  f"({len(shards):,} shards, {have_hours:.2f} h so far; at most {timeout:g} s)", file=sys.stderr)
-            said = True
+        say(f"{want} of {patterns} to be published ({len(shards):,} shards, {have_hours:.2f} h so far)")
         time.sleep(min(poll, max(0.0, timeout - waited)))

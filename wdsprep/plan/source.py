@@ -33,7 +33,7 @@ from wdsprep.plan.options import MixOptions
 from wdsprep.plan.shardset import ShardSet
 from wdsprep.plan.state import SavedState
 from wdsprep.plan.stats import LoaderStats
-from wdsprep.plan.streams import BatchId, Planned, PlanOptions, TooFewBatches, Window
+from wdsprep.plan.streams import BatchId, Planned, PlanOptions, TooFewBatches, Window, filtered_out
 from wdsprep.units import hours
 
 Trset = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike | Sequence[str]]
@@ -240,6 +240,7 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
                           speakers=shards.speakers)
     batches = int(source.corpus.counts(0).sum())
     if options.train and batches < world_size:
+        why = filtered_out(source.corpus.plan(0), source.corpus.options)
         raise TooFewBatches(f"{batches} batches in an epoch for {world_size} ranks: every rank needs at "
-                         f"least one (fewer ranks, a smaller max_frames, or more data)")
+                            f"least one" + (why or " (fewer ranks, a smaller max_frames, or more data)"))
     return source

@@ -177,7 +177,8 @@ def read_state(state: Any, *, kind: str, seed: int, options: Mapping[str, Any], 
                f"older wdsprep whose readers applied it: its batches differ): resume with the options and wdsprep "
                f"that saved it, or start from the next epoch (loader.set_epoch({nxt}) without load_state_dict)"
                if added else "")
-        raise StateError("the loader state was saved for other shards, index, tokenizer or batching options "
+        raise StateError("the loader state was saved for other shards, index, tokenizer, batching options or "
+                         f"augmentation (its options, or the bytes of its noise or impulse-response files) "
                          f"(fingerprint differs): resuming would not continue the same epoch{why}")
     complete = need(state, "complete")
     if not isinstance(complete, bool):

@@ -295,6 +295,19 @@ class EpochPlan:
         return out
 
 
+def filtered_out(plan: EpochPlan, options: PlanOptions) -> str:
+    """What the plan's filters left out of an epoch, naming each filter and its value (for a
+    message when the epoch has too few batches); empty when they left nothing out."""
+    dropped = plan.dropped
+    if not dropped:
+        return ""
+    kept = sum(len(s.rows) for s in plan.streams)
+    parts = [f"{n:,} by {FILTERS[r][0]}={getattr(options, FILTERS[r][0])!r} ({r})" for r, n in dropped.items()]
+    every = "every one" if not kept else f"{sum(dropped.values()):,}"
+    return (f"; the plan's filters leave out {every} of its {kept + sum(dropped.values()):,} utterances: "
+            f"{', '.join(parts)}: relax {' or '.join(FILTERS[r][0] for r in dropped)}")
+
+
 def options_json(options: PlanOptions) -> dict[str, object]:
     """The plan's options as a fingerprint holds them (and a resume state should): fields marked
     ``when_set`` only when set (``options.fingerprinted``), the cost model as its JSON, where a

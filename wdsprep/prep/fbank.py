@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from wdsprep.errors import StrictError, Unavailable
-from wdsprep.files import TMP_SUFFIX, make_dir, naming, temp_path, write_text
+from wdsprep.files import TMP_SUFFIX, make_dir, naming, open_new, temp_path, write_text
 from wdsprep.format.audio import FBANK_BACKENDS as BACKENDS
 from wdsprep.options import documented
 from wdsprep.prep.audio import AudioProblem, Utterance, iter_waveforms, read_utterances
@@ -312,6 +312,7 @@ def compute_fbank(
     Returns:
         The report (every skipped utterance by reason), also in ``out_dir/fbank_report.json``.
     """
+    JobOptions(nj, strict, progress)  # checked when given, before anything is read
     opts = resolve_options(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel))
     d = Path(out_dir).absolute()
     if d.exists() and not d.is_dir():
@@ -348,7 +349,7 @@ def fbank_chunk(chunk: Sequence[Utterance], worker: int, tick: Callable[[int], N
     fbank = Fbank(opts)  # imports the backend, and torch with torchaudio, before one_torch_thread
     final = d_out / f"feats.{worker + 1}.ark"
     res = ArkResult(temp_path(final), final)
-    with one_torch_thread(), naming(res.tmp_path), open(res.tmp_path, "wb") as f:  # ENOSPC names the ark
+    with one_torch_thread(), naming(res.tmp_path), open_new(res.tmp_path) as f:  # ENOSPC names the ark
         for u, feats in iter_features(chunk, fbank):
             if isinstance(feats, AudioProblem):
                 res.report.drop(feats.reason, u.uttid, feats.detail)

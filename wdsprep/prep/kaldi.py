@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from wdsprep.errors import DataError
-from wdsprep.files import naming
+from wdsprep.files import MAX_LINE_BYTES, bounded_lines, naming
+from wdsprep.format.keys import name_problem
 
 PathLike = str | os.PathLike
 BOM = "\ufeff"
@@ -50,7 +51,10 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
     with f, naming(path):  # a read error (EIO) names the table
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in bounded_lines(f):
+            if raw is None:  # /dev/zero has one endless line
+                raise KaldiDataError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES:,} bytes, which no Kaldi "
+                                     f"table has; is it the right file?")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -65,6 +69,9 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
                 continue
             parts = line.split(maxsplit=1)
             uttid = parts[0]
+            wrong = name_problem(uttid)
+            if wrong is not None:  # a NUL or control character: the pack would make ids verify refuses
+                raise KaldiDataError(f"{path}:{lineno}: id {uttid!r} {wrong}")
             value = parts[1] if len(parts) > 1 else ""
             if not value and not allow_empty_value:
                 raise KaldiDataError(f"{path}:{lineno}: expected 'uttid value', got only {uttid!r}")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from wdsprep.format.audio import FBANK_BACKENDS
+from wdsprep.format.audio import FBANK_BACKENDS, MAX_MEL_BINS
 from wdsprep.options import NUMBER, PATH, SWITCH, TOGGLE, choice, option
+from wdsprep.prep.parallel import check_nj
 
 # The largest dither that means anything: the 16-bit full scale the samples are read at.
 MAX_DITHER = 32768.0
@@ -40,8 +41,9 @@ class FbankOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise ValueError(f"fbank {name} must be a whole number, got {v!r}")
-        if self.num_mel_bins < 1:
-            raise ValueError(f"fbank num_mel_bins must be >= 1, got {self.num_mel_bins}")
+        if not 1 <= self.num_mel_bins <= MAX_MEL_BINS:  # each bin costs memory per frame of every batch
+            raise ValueError(f"fbank num_mel_bins must be in [1, {MAX_MEL_BINS:,}] (80 is usual), got "
+                             f"{self.num_mel_bins:,}")
         if not 1000 <= self.sample_rate <= MAX_SAMPLE_RATE:
             raise ValueError(f"sample_rate {self.sample_rate} Hz is not a speech sample rate")
         d = self.dither
@@ -73,3 +75,6 @@ class JobOptions:
                           doc="raise StrictError (exit 1), after writing the report, if any utterance was not "
                               "written, has an empty transcript or no speaker in utt2spk")
     progress: bool | None = option(None, "progress bar (default: only on a terminal)", kind=TOGGLE, ld=False)
+
+    def __post_init__(self) -> None:
+        check_nj(self.nj)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import os
 import sys
 import time
 from collections import deque
@@ -28,6 +29,20 @@ def _init_worker(counter) -> None:
 def _tick(n: int = 1) -> None:
     with _counter.get_lock():
         _counter.value += n
+
+
+def max_jobs() -> int:
+    """The most worker processes a job takes: far more than the cores only costs memory and forks."""
+    return max(64, 8 * (os.cpu_count() or 1))
+
+
+def check_nj(nj: object) -> int:
+    """``nj`` when it is a number of worker processes from 1 to :func:`max_jobs`; else a ValueError
+    (checked when given, before a job reads anything)."""
+    if isinstance(nj, bool) or not isinstance(nj, int) or not 1 <= nj <= max_jobs():
+        raise ValueError(f"nj must be a whole number of worker processes from 1 to {max_jobs()} (8 per core here), "
+                         f"got {nj!r}")
+    return nj
 
 
 def split(items: Sequence[T], n: int) -> list[Sequence[T]]:

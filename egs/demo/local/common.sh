@@ -13,6 +13,21 @@ need() {
   fi
 }
 
+# wait_until SECONDS STEP COMMAND: run COMMAND every STEP seconds until it succeeds (status 0), or
+# SECONDS have passed (status 1: the caller says what it waited for).
+wait_until() {
+  local end=$((SECONDS + $1))
+  until "$3"; do
+    [ "$SECONDS" -lt "$end" ] || return 1
+    sleep "$2"
+  done
+}
+
+# published_shards DIR: how many shards the pack into DIR has published so far.  A published
+# shard's index entry is DIR[/GROUP]/.index.parts/NNNNNNNN; one being written is a hidden
+# .tmp-NNNNNNNN folder until its rename, and is not published yet (a reader does not see it).
+published_shards() { { find "$1" -path '*/.index.parts/[0-9]*/part.json' 2>/dev/null || true; } | wc -l; }
+
 # The stages call `wdsprep`, `python` and `torchrun` from the environment wdsprep is installed in.
 if ! python -c 'import wdsprep' 2>/dev/null || ! command -v wdsprep >/dev/null; then
   echo "$0: error: wdsprep is not installed for this shell's python; from the repository root run" \

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from wdsprep.format.audio import AUDIO_BITS, FBANK_BACKENDS
+from wdsprep.format.audio import AUDIO_BITS, FBANK_BACKENDS, MAX_MEL_BINS
 from wdsprep.format.index.files import (
     FRAMES_FILE,
     INDEX_NAME,
@@ -166,7 +166,8 @@ def _audio_field(path: Path, d: dict, layout: str) -> AudioIndex | None:
     rate = _field(path, raw, "sample_rate", *_whole(1000, 1_000_000), "audio.")
     _field(path, raw, "bits", str(AUDIO_BITS), lambda v: type(v) is int and v == AUDIO_BITS, "audio.")
     fb = _field(path, raw, "fbank", "a JSON object", lambda v: isinstance(v, dict), "audio.")
-    audio = AudioIndex(layout, rate, num_mel_bins=_field(path, fb, "num_mel_bins", *_whole(1, 1024), "audio.fbank."),
+    bins = _field(path, fb, "num_mel_bins", *_whole(1, MAX_MEL_BINS), "audio.fbank.")
+    audio = AudioIndex(layout, rate, num_mel_bins=bins,
                        dither=_field(path, fb, "dither", "a number >= 0", lambda v: not isinstance(v, bool) and
                                      isinstance(v, (int, float)) and 0 <= v < 1e6, "audio.fbank."),
                        backend=_field(path, fb, "backend", f"one of {list(FBANK_BACKENDS)}",

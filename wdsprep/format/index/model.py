@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from wdsprep.format.audio import AUDIO_BITS, AUDIO_FORMATS, FBANK_BACKENDS
+from wdsprep.format.audio import AUDIO_BITS, AUDIO_FORMATS, FBANK_BACKENDS, MAX_MEL_BINS
 from wdsprep.format.index.files import INDEX_NAME, INDEX_VERSION, KEYS_FILE, DamagedIndexError, read_lines
 
 FROM_UTT2SPK, FROM_KEYS = "utt2spk", "key prefix"  # where a speakers column came from
@@ -167,8 +167,8 @@ def audio_problem(a: AudioIndex) -> str | None:
         return f"format {a.layout!r} is not one of {sorted(AUDIO_FORMATS)}"
     if type(a.sample_rate) is not int or not 1000 <= a.sample_rate <= 1_000_000:
         return f"sample_rate {a.sample_rate!r} is not a whole number of Hz in [1,000, 1,000,000]"
-    if type(a.num_mel_bins) is not int or not 1 <= a.num_mel_bins <= 1024:
-        return f"num_mel_bins {a.num_mel_bins!r} is not a whole number in [1, 1,024]"
+    if type(a.num_mel_bins) is not int or not 1 <= a.num_mel_bins <= MAX_MEL_BINS:
+        return f"num_mel_bins {a.num_mel_bins!r} is not a whole number in [1, {MAX_MEL_BINS:,}]"
     if isinstance(a.dither, bool) or not isinstance(a.dither, (int, float)) or not 0 <= a.dither < 1e6:
         return f"dither {a.dither!r} is not a number >= 0"
     if a.backend not in FBANK_BACKENDS:

@@ -11,6 +11,9 @@ planned, published and resumed as a pack from a ``wav.scp`` is:
 - ``from_hf``: Hugging Face datasets (``datasets`` and ``pyarrow``);
 - ``from_wenet``: WeNet's ``data.list`` and shard lists (plain JSON and tar).
 
+Every manifest is input from strangers: ``untrusted`` holds the rules each reader applies to it
+(paths resolved and bounded, values typed and finite, ids and speakers held to the index's rules).
+
 A kind whose library is an optional extra (``pip install 'wdsprep[lhotse]'``, ``[hf]``) says so
 in one line when the library is missing.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from wdsprep.errors import need_packages
@@ -38,7 +41,10 @@ class Kind:
     help: str
     packages: tuple[str, ...] = ()  # imported by the reader
     extra: str | None = None  # wdsprep's extra that installs them
-    columns: bool = False  # takes the column options
+    options: tuple[str, ...] = ()  # the Manifest options the reader takes (keyword arguments)
+
+
+_COLUMNS = ("audio_column", "text_column", "lang_column", "id_column", "speaker_column")
 
 
 AUDIO_KINDS: dict[str, Kind] = {
@@ -47,11 +53,11 @@ AUDIO_KINDS: dict[str, Kind] = {
     "lhotse-shar": Kind("from_lhotse", "read_shar", "a Lhotse Shar directory with a recording field",
                         ("lhotse",), "lhotse"),
     "nemo": Kind("from_nemo", "read_manifest", "a NeMo manifest (JSON lines: audio_filepath, duration, text, "
-                 "[offset, lang, speaker])"),
+                 "[offset, lang, speaker])", options=("text_root",)),
     "nemo-tarred": Kind("from_nemo", "read_tarred", "a NeMo tarred audio dataset: its folder, or its "
-                        "tarred_audio_manifest.json with audio_N.tar beside it"),
+                        "tarred_audio_manifest.json with audio_N.tar beside it", options=("text_root",)),
     "hf": Kind("from_hf", "read_dataset", "a Hugging Face dataset save_to_disk wrote, or its parquet files",
-               ("datasets", "pyarrow"), "hf", columns=True),
+               ("datasets", "pyarrow"), "hf", options=_COLUMNS),
     "wenet": Kind("from_wenet", "read_list", "a WeNet data.list (JSON lines: key, wav, txt) or shard list"),
 }
 FEATURE_KINDS: dict[str, Kind] = {
@@ -60,6 +66,7 @@ FEATURE_KINDS: dict[str, Kind] = {
 }
 
 _COLUMN = Spelling("NAME", str, str)
+_FOLDER = Spelling("DIR", str, str)
 
 
 @dataclass(frozen=True)
@@ -79,19 +86,27 @@ class Manifest:
                                    "utt_id or key; else the audio's file name)", kind=_COLUMN, ld=False)
     speaker_column: str | None = option(None, "--from hf: the column of the speakers (default: speaker_id, speaker "
                                         "or client_id, if there is one)", kind=_COLUMN, ld=False)
+    text_root: str | None = option(None, "--from nemo: a folder besides the manifest's whose files text_filepath "
+                                   "may name (a manifest's text files are read there only)", kind=_FOLDER, ld=False)
 
     def __post_init__(self) -> None:
         if self.kind not in AUDIO_KINDS and self.kind not in FEATURE_KINDS:
             raise ValueError(f"--from {self.kind}: choose one of {', '.join(AUDIO_KINDS)}")
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"--from {self.kind} {self.path}: no such file or directory")
-        given = [f.name for f, _ in options_of(Manifest) if getattr(self, f.name) is not None]
-        if given and not AUDIO_KINDS.get(self.kind, FEATURE_KINDS.get(self.kind)).columns:  # type: ignore[union-attr]
-            raise ValueError(f"--{given[0].replace('_', '-')} is for --from hf, not --from {self.kind}")
+        kind = AUDIO_KINDS.get(self.kind, FEATURE_KINDS.get(self.kind))
+        assert kind is not None
+        for f, _ in options_of(Manifest):
+            if getattr(self, f.name) is not None and f.name not in kind.options:
+                takers = [k for k, v in {**FEATURE_KINDS, **AUDIO_KINDS}.items() if f.name in v.options]
+                raise ValueError(f"--{f.name.replace('_', '-')} is for --from {' or '.join(takers)}, not --from "
+                                 f"{self.kind}")
+        if self.text_root is not None and not os.path.isdir(self.text_root):
+            raise NotADirectoryError(f"--text-root {self.text_root}: no such folder")
 
-    @property
-    def columns(self) -> dict[str, str | None]:
-        return {k: v for k, v in asdict(self).items() if k not in ("kind", "path")}
+    def options(self, kind: Kind) -> dict[str, str | None]:
+        """The options ``kind``'s reader takes, as given."""
+        return {name: getattr(self, name) for name in kind.options}
 
     def audio_source(self, audio: AudioOptions) -> PackSource:
         """The pack source of the utterances, for ``pack-audio``."""
@@ -99,7 +114,7 @@ class Manifest:
 
         kind = _kind(self.kind, AUDIO_KINDS, "pack-audio", FEATURE_KINDS, "pack")
         read = _load(self.kind, kind)
-        imported = read(str(self.path), **self.columns) if kind.columns else read(str(self.path))
+        imported = read(str(self.path), **self.options(kind))
         return ItemsSource(imported, audio)
 
     def features_source(self, dims: int | None) -> PackSource:

@@ -23,6 +23,7 @@ from typing import Any
 
 from wdsprep.errors import DataError
 from wdsprep.pack.sources.items import Blob, Imported, Item
+from wdsprep.pack.sources.untrusted import Bad, item
 from wdsprep.report import Report
 
 TEXT_COLUMNS = ("text", "sentence", "transcription", "transcript", "normalized_text")
@@ -100,12 +101,33 @@ def _parts(path: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
 
     parts, features = [], {}
     for f in files:
-        meta = pq.ParquetFile(f)
+        try:
+            meta = pq.ParquetFile(f)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{f}: not a readable parquet file ({e})") from None
         parts += [(f, g) for g in range(meta.num_row_groups)]
-        hf = (meta.schema_arrow.metadata or {}).get(b"huggingface")
-        if hf and not features:
-            features = json.loads(hf).get("info", {}).get("features", {})
+        if not features:
+            features = _hf_features(f, meta.schema_arrow)
     return parts, features
+
+
+def _hf_features(file: str, schema: Any) -> dict[str, Any]:
+    """The ``datasets`` features a parquet file's metadata lists, of the columns it has (a column
+    dropped after the metadata was written is not one); DataError naming the file for metadata that
+    is not the JSON ``datasets`` writes."""
+    hf = (schema.metadata or {}).get(b"huggingface")
+    if not hf:
+        return {}
+    try:
+        doc = json.loads(hf)
+        features = doc.get("info", {}).get("features", {})
+        if not isinstance(features, dict):
+            raise ValueError(f"features are a {type(features).__name__}")
+    except (ValueError, RecursionError, AttributeError) as e:
+        raise DataError(f"{file}: its huggingface metadata is not what datasets writes ({type(e).__name__}: "
+                        f"{str(e)[:200]}); rewrite the file with datasets, or drop the metadata "
+                        f"(pyarrow: table.replace_schema_metadata())") from None
+    return {k: v for k, v in features.items() if k in schema.names}
 
 
 def _pick(given: str | None, defaults: tuple[str, ...], names: list[str], what: str, flag: str,
@@ -125,7 +147,7 @@ def read_dataset(path: str, *, audio_column: str | None = None, text_column: str
                  speaker_column: str | None = None) -> Imported:
     """The utterances of a Hugging Face audio dataset (see the module's doc)."""
     parts, features = _parts(path)
-    names = list(features) if features else [f.name for f in _table(*parts[0]).schema] if parts else []
+    names = [f.name for f in _table(*parts[0]).schema] if parts else list(features)
     if audio_column is None:
         audio = [c for c, f in features.items() if isinstance(f, dict) and f.get("_type") == "Audio"]
         if len(audio) != 1:
@@ -140,10 +162,14 @@ def read_dataset(path: str, *, audio_column: str | None = None, text_column: str
     assert audio_column is not None and text_column is not None
     report = Report()
     items: list[Item] = []
+    wanted = [c for c in (audio_column, text_column, lang_column, speaker_column, id_column) if c is not None]
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     seen: dict[str, int] = {}  # rows of each file before the part being read
     for file, group in parts:
         table = _table(file, group)
+        lacking = [c for c in wanted if c not in table.column_names]
+        if lacking:
+            raise DataError(f"{file}: no column {lacking[0]!r}, which {parts[0][0]} has; give the files of one dataset")
         first = seen.get(file, 0)
         seen[file] = first + table.num_rows
         has_bytes, named = _audio_cells(table, audio_column)
@@ -151,21 +177,22 @@ def read_dataset(path: str, *, audio_column: str | None = None, text_column: str
                   for c in (text_column, lang_column, speaker_column, id_column)]
         for row, (there, name, text, lang, speaker, uid) in enumerate(zip(has_bytes, named, *values)):
             cell = ArrowCell(file, group, row, audio_column)
-            source: str | Blob
-            if there:
-                source = cell
-            elif name:
-                beside = os.path.join(folder, name)
-                source = name if os.path.isabs(name) or not os.path.isfile(beside) else beside
-            else:
-                report.drop("missing_file", str(uid) if uid is not None else f"{first + row:08d}",
-                            f"{cell.key}: the {audio_column} cell has neither bytes nor a path")
-                continue
-            if uid is None:
-                uid = os.path.splitext(os.path.basename(name))[0] if name else f"{first + row:08d}"
-            items.append(Item(str(uid), file, first + row + 1, source, "" if text is None else str(text),
-                              speaker=None if speaker is None else str(speaker),
-                              language=None if lang is None else str(lang)))
+            try:
+                source: str | Blob
+                if there:
+                    source = cell
+                elif isinstance(name, str) and name and "\0" not in name:
+                    beside = os.path.join(folder, name)
+                    source = name if os.path.isabs(name) or not os.path.isfile(beside) else beside
+                else:
+                    raise Bad("missing_file", f"{cell.key}: the {audio_column} cell has neither bytes nor a path",
+                              uid if isinstance(uid, str) else None)
+                if uid is None:
+                    uid = os.path.splitext(os.path.basename(name))[0] if name else f"{first + row:08d}"
+                items.append(item(file, first + row + 1, uttid=uid, audio=source, text_value=text, speaker=speaker,
+                                  language=lang))
+            except Bad as e:
+                e.count(report, f"{file}:{first + row + 1}")
     given = {"audio_column": audio_column, "text_column": text_column, "lang_column": lang_column,
              "speaker_column": speaker_column, "id_column": id_column}
     data = sorted({f for f, _ in parts}) + [it.audio for it in items if isinstance(it.audio, str)]

@@ -1,8 +1,9 @@
 """NeMo's manifests (``--from nemo``) and tarred audio datasets (``--from nemo-tarred``), read as NeMo reads them.
 
 A manifest is JSON lines: ``audio_filepath`` (or ``audio_filename``), ``duration``, ``text`` (else
-``normalized_text``, else the file ``text_filepath`` names), and optionally ``offset``, ``lang`` and
-``speaker``.  A relative audio path is the file beside the manifest when there is one (NeMo's
+``normalized_text``, else the file ``text_filepath`` names: read only under the manifest's folder
+or ``text_root``, see ``untrusted.py``), and optionally ``offset``, ``lang`` and ``speaker``.  A
+relative audio path is the file beside the manifest when there is one (NeMo's
 ``manifest.get_full_path``), else the path as given, from where the pack runs.  An entry with an
 ``offset`` is the segment ``[offset, offset + duration)``; one without is the whole file (its
 ``duration`` is checked against the file).  The utterance's id is the entry's ``id`` (or
@@ -17,34 +18,38 @@ the entry's offset.  Read without NeMo: plain JSON and tar.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from wdsprep.errors import DataError
-from wdsprep.pack.sources.items import Blob, Imported, Item, TarMember, seconds, tar_members
+from wdsprep.pack.sources.items import Blob, Imported, Item, TarMember, tar_members
+from wdsprep.pack.sources.untrusted import Bad, item, json_lines, read_text_file, seconds
 from wdsprep.report import Report
 
 TARRED_MANIFEST = "tarred_audio_manifest.json"
 _SUB = re.compile(r"-sub\d+(?=\.[^./]+$|$)")  # a repeated file's entry: NeMo's "-subN" before the extension
 
 
-def read_manifest(path: str) -> Imported:
-    """The utterances of a NeMo manifest (see the module's doc)."""
+def read_manifest(path: str, *, text_root: str | None = None) -> Imported:
+    """The utterances of a NeMo manifest (see the module's doc); ``text_root``: a folder besides the
+    manifest's whose files ``text_filepath`` may name."""
     report = Report()
     items, audio = [], []
     here = os.path.dirname(path)
-    for line, entry in _entries(path):
-        name = _audio_name(entry, path, line)
-        full = _full_path(os.path.expanduser(name), here)
-        items.append(_item(entry, path, line, full, name))
+    for line, entry in json_lines(path, report, "NeMo"):
+        try:
+            name = _audio_name(entry, path, line)
+            full = _full_path(os.path.expanduser(name), here)
+            items.append(_item(entry, path, line, full, name, text_root))
+        except Bad as e:
+            e.count(report, f"{path}:{line}")
+            continue
         audio.append(full)
-    return Imported("nemo", items, report, files={"manifest": [path]}, data=audio)
+    return Imported("nemo", items, report, files={"manifest": [path]}, data=audio, given=_given(text_root))
 
 
-def read_tarred(path: str) -> Imported:
+def read_tarred(path: str, *, text_root: str | None = None) -> Imported:
     """The utterances of a NeMo tarred audio dataset: its folder, or its manifest with the tars beside it."""
     manifest = os.path.join(path, TARRED_MANIFEST) if os.path.isdir(path) else path
     if not os.path.isfile(manifest):
@@ -61,41 +66,36 @@ def read_tarred(path: str) -> Imported:
     everywhere = sorted(str(p) for p in Path(folder).glob("audio_*.tar"))
     report = Report()
     items = []
-    for line, entry in _entries(manifest):
-        name = _audio_name(entry, manifest, line)
-        member = _SUB.sub("", name)
-        shard = entry.get("shard_id")
-        candidates = [os.path.join(folder, f"audio_{shard}.tar")] if shard is not None else everywhere
-        found: Blob | None = next((members(t)[member] for t in candidates if member in members(t)), None)
-        if found is None:
-            where = candidates[0] if len(candidates) == 1 else f"any audio_*.tar in {folder}"
-            report.drop("missing_file", _uttid(entry, name, manifest, line),
-                        f"{manifest}:{line}: no member {member!r} in {where}")
-        else:
-            items.append(_item(entry, manifest, line, found, name))
-    return Imported("nemo-tarred", items, report, files={"manifest": [manifest]}, data=sorted(tars))
+    for line, entry in json_lines(manifest, report, "NeMo"):
+        try:
+            name = _audio_name(entry, manifest, line)
+            member = _SUB.sub("", name)
+            shard = entry.get("shard_id")
+            if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or shard < 0):
+                raise Bad("bad_line", f"{manifest}:{line}: shard_id must be a whole number, got {shard!r}")
+            candidates = [os.path.join(folder, f"audio_{shard}.tar")] if shard is not None else everywhere
+            found: Blob | None = next((members(t)[member] for t in candidates if member in members(t)), None)
+            if found is None:
+                where = candidates[0] if len(candidates) == 1 else f"any audio_*.tar in {folder}"
+                raise Bad("missing_file", f"{manifest}:{line}: no member {member!r} in {where}",
+                          _uttid(entry, name, manifest, line))
+            items.append(_item(entry, manifest, line, found, name, text_root))
+        except Bad as e:
+            e.count(report, f"{manifest}:{line}")
+    return Imported("nemo-tarred", items, report, files={"manifest": [manifest]}, data=sorted(tars),
+                    given=_given(text_root))
 
 
-def _entries(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, entry) of each non-blank line; a line that is not a JSON object fails naming it."""
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                entry = json.loads(text)
-            except ValueError as e:
-                raise DataError(f"{path}:{line}: not JSON ({e}); a NeMo manifest has one JSON object per "
-                                f"line") from None
-            if not isinstance(entry, dict):
-                raise DataError(f"{path}:{line}: a JSON {type(entry).__name__}, not an object")
-            yield line, entry
+def _given(text_root: str | None) -> dict[str, Any]:
+    """How the manifest was read, for a resume to hold: the text root, when one was given."""
+    return {} if text_root is None else {"text_root": os.path.abspath(text_root)}
 
 
 def _audio_name(entry: dict[str, Any], path: str, line: int) -> str:
     name = entry.get("audio_filepath", entry.get("audio_filename"))
-    if not isinstance(name, str) or not name:
-        raise DataError(f"{path}:{line}: no audio_filepath; each entry of a NeMo manifest names its audio file")
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise Bad("bad_line", f"{path}:{line}: no audio_filepath (a path); each entry of a NeMo manifest names its "
+                              f"audio file")
     return name
 
 
@@ -107,32 +107,42 @@ def _full_path(name: str, here: str) -> str:
     return os.path.abspath(beside) if os.path.isfile(beside) else name
 
 
-def _text(entry: dict[str, Any], here: str) -> str:
+def _text(entry: dict[str, Any], path: str, line: int, uttid: str, text_root: str | None) -> Any:
+    """The entry's transcript: ``text``, else ``normalized_text``, else the file ``text_filepath``
+    names (read only as :func:`~wdsprep.pack.sources.untrusted.read_text_file` reads one)."""
     text = entry.get("text", entry.get("normalized_text"))
-    if text is None and isinstance(entry.get("text_filepath"), str):
-        with open(_full_path(entry["text_filepath"], here), encoding="utf-8") as f:
-            text = f.read().replace("\n", "")
-    return "" if text is None else str(text)
+    named = entry.get("text_filepath")
+    if text is None and named is not None:
+        if not isinstance(named, str) or not named or "\0" in named:
+            raise Bad("bad_text", f"{path}:{line}: text_filepath must be a path, got {named!r}", uttid)
+        text = read_text_file(named, path, [text_root] if text_root else [], f"{path}:{line}", uttid)
+    return text
 
 
-def _uttid(entry: dict[str, Any], name: str, path: str, line: int) -> str:
+def _uttid(entry: dict[str, Any], name: str, path: str, line: int) -> Any:
     """The entry's id, else its audio file's name (and segment times)."""
     if "id" in entry or "utt_id" in entry:
-        return str(entry.get("id", entry.get("utt_id")))
+        return entry.get("id", entry.get("utt_id"))
     stem = os.path.splitext(os.path.basename(name))[0]
-    offset = seconds(entry, "offset", path, line)
+    where = f"{path}:{line}"
+    offset = seconds(entry.get("offset"), "offset", where)
     if offset is None:
         return stem
-    duration = seconds(entry, "duration", path, line)
+    duration = seconds(entry.get("duration"), "duration", where)
     end = "" if duration is None else f"-{round((offset + duration) * 100):07d}"
     return f"{stem}-{round(offset * 100):07d}{end}"
 
 
-def _item(entry: dict[str, Any], path: str, line: int, audio: str | Blob, name: str) -> Item:
-    duration = seconds(entry, "duration", path, line)
-    offset = seconds(entry, "offset", path, line)
-    lang, speaker = entry.get("lang"), entry.get("speaker")
-    return Item(_uttid(entry, name, path, line), path, line, audio, _text(entry, os.path.dirname(path)),
-                speaker=None if speaker is None else str(speaker), language=None if lang is None else str(lang),
-                start=offset or 0.0, end=-1.0 if offset is None or duration is None else offset + duration,
-                duration=duration if offset is None else None)
+def _item(entry: dict[str, Any], path: str, line: int, audio: str | Blob, name: str, text_root: str | None) -> Item:
+    where = f"{path}:{line}"
+    uttid = _uttid(entry, name, path, line)
+    try:
+        duration = seconds(entry.get("duration"), "duration", where)
+        offset = seconds(entry.get("offset"), "offset", where)
+    except Bad as e:
+        e.uttid = uttid if isinstance(uttid, str) else None
+        raise
+    text = _text(entry, path, line, uttid if isinstance(uttid, str) else where, text_root)
+    return item(path, line, uttid=uttid, audio=audio, text_value=text, speaker=entry.get("speaker"),
+                language=entry.get("lang"), start=offset, end=None if offset is None or duration is None
+                else offset + duration, duration=duration if offset is None else None)

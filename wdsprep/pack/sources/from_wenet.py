@@ -13,49 +13,63 @@ written, from where the pack runs.  Read without WeNet: plain JSON and tar.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
-from wdsprep.errors import DataError
-from wdsprep.pack.sources.items import Imported, Item, TarMember, seconds, tar_members
+from wdsprep.files import bounded_lines
+from wdsprep.pack.sources.items import Imported, TarMember, tar_members
+from wdsprep.pack.sources.untrusted import MAX_TEXT_FILE_BYTES, Bad, item, json_lines, open_input, seconds
 from wdsprep.report import Report
 
+MAX_PATH_LINE = 1 << 16  # a line of a shard list: a path
 AUDIO_EXTS = frozenset({"flac", "mp3", "m4a", "ogg", "opus", "wav", "wma"})  # WeNet's AUDIO_FORMAT_SETS
 
 
 def read_list(path: str) -> Imported:
     """A ``data.list`` or a shard list (see the module's doc)."""
-    with open(path, encoding="utf-8") as f:
-        lines = [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip()]
-    if lines and lines[0][1].startswith("{"):
-        return _data_list(path, lines)
-    return _shard_list(path, lines)
-
-
-def _data_list(path: str, lines: list[tuple[int, str]]) -> Imported:
-    items = []
-    for n, text in lines:
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise DataError(f"{path}:{n}: not JSON ({e}); a WeNet data.list has one JSON object per line") from None
-        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("key", "wav")):
-            raise DataError(f"{path}:{n}: expected {{\"key\": ..., \"wav\": ..., \"txt\": ...}}, got {text[:200]}")
-        start, end = seconds(obj, "start", path, n), seconds(obj, "end", path, n)
-        if (start is None) != (end is None):
-            raise DataError(f"{path}:{n}: give both start and end (a segment), or neither (the whole file)")
-        items.append(Item(obj["key"], path, n, obj["wav"], str(obj.get("txt", "")), speaker=_opt(obj, "spk"),
-                          language=_opt(obj, "lang"), start=start or 0.0, end=-1.0 if end is None else end))
-    return Imported("wenet", items, files={"data.list": [path]}, data=[it.audio for it in items
-                                                                       if isinstance(it.audio, str)])
-
-
-def _shard_list(path: str, lines: list[tuple[int, str]]) -> Imported:
     report = Report()
+    with open_input(path) as f:
+        first = next((raw for _, raw in bounded_lines(f) if raw is None or raw.strip()), b"")
+    if first is None or first.lstrip().startswith(b"{"):  # one too long to be a path: JSON lines say so
+        return _data_list(path, report)
+    return _shard_list(path, report)
+
+
+def _data_list(path: str, report: Report) -> Imported:
+    items = []
+    for n, obj in json_lines(path, report, "WeNet data.list"):
+        where = f"{path}:{n}"
+        try:
+            wav = obj.get("wav")
+            if not isinstance(wav, str) or not wav or "\0" in wav:
+                raise Bad("bad_line", f"{where}: expected {{\"key\": ..., \"wav\": PATH, \"txt\": ...}}, got "
+                                      f"wav={wav!r}", obj["key"] if isinstance(obj.get("key"), str) else None)
+            try:
+                start, end = seconds(obj.get("start"), "start", where), seconds(obj.get("end"), "end", where)
+            except Bad as e:
+                e.uttid = obj.get("key") if isinstance(obj.get("key"), str) else None
+                raise
+            if (start is None) != (end is None):
+                raise Bad("bad_segment", f"{where}: give both start and end (a segment), or neither (the whole file)",
+                          obj.get("key") if isinstance(obj.get("key"), str) else None)
+            items.append(item(path, n, uttid=obj.get("key"), audio=wav, text_value=obj.get("txt"),
+                              speaker=obj.get("spk"), language=obj.get("lang"), start=start, end=end))
+        except Bad as e:
+            e.count(report, where)
+    return Imported("wenet", items, report, files={"data.list": [path]},
+                    data=[it.audio for it in items if isinstance(it.audio, str)])
+
+
+def _shard_list(path: str, report: Report) -> Imported:
     items = []
     tars = []
-    for n, tar in lines:
+    with open_input(path) as f:
+        lines = [(n, raw) for n, raw in bounded_lines(f, MAX_PATH_LINE) if raw is None or raw.strip()]
+    for n, raw in lines:
+        try:
+            tar = parse_path(raw, f"{path}:{n}")
+        except Bad as e:
+            e.count(report, f"{path}:{n}")
+            continue
         if not os.path.isfile(tar):
             raise FileNotFoundError(f"{path}:{n}: {tar!r}: no such file (paths in a shard list are relative to where "
                                     f"you run)")
@@ -69,18 +83,37 @@ def _shard_list(path: str, lines: list[tuple[int, str]]) -> Imported:
             elif ext in AUDIO_EXTS:
                 audio[key] = member
         for k, key in enumerate(dict.fromkeys([*audio, *texts]), 1):
-            if key not in audio:
-                report.drop("missing_file", key, f"{tar}: {key}.txt has no audio member beside it")
-                continue
             try:
-                text = texts[key].read().decode("utf-8").strip() if key in texts else ""
-            except UnicodeDecodeError as e:
-                raise DataError(f"{texts[key].key}: not UTF-8 ({e.reason} at byte {e.start}); WeNet's transcripts "
-                                f"are UTF-8: convert them and make the shards again") from None
-            items.append(Item(key, tar, k, audio[key], text))
+                if key not in audio:
+                    raise Bad("missing_file", f"{tar}: {key}.txt has no audio member beside it", key)
+                text = _member_text(texts[key], key) if key in texts else ""
+                items.append(item(tar, k, uttid=key, audio=audio[key], text_value=text))
+            except Bad as e:
+                e.count(report, f"{tar}:{k}")
     return Imported("wenet", items, report, files={"shard list": [path]}, data=tars)
 
 
-def _opt(obj: dict[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    return None if value is None else str(value)
+def parse_path(raw: bytes | None, where: str) -> str:
+    """A line of a list of paths; :class:`Bad` (``bad_line``) when it is none."""
+    if raw is None:
+        raise Bad("bad_line", f"{where}: a line longer than any path ({MAX_PATH_LINE:,} bytes); the list is not read "
+                              f"on")
+    try:
+        line = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise Bad("bad_line", f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    if "\0" in line:
+        raise Bad("bad_line", f"{where}: a NUL in a path")
+    return line
+
+
+def _member_text(member: TarMember, key: str) -> str:
+    """A shard's ``KEY.txt``: UTF-8 of at most a transcript file's size; :class:`Bad` (``bad_text``)."""
+    if member.size > MAX_TEXT_FILE_BYTES:
+        raise Bad("bad_text", f"{member.key}: {member.size:,} bytes, more than a transcript ({MAX_TEXT_FILE_BYTES:,})",
+                  key)
+    try:
+        return member.read().decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise Bad("bad_text", f"{member.key}: not UTF-8 ({e.reason} at byte {e.start}); WeNet's transcripts are "
+                              f"UTF-8: convert them and make the shards again", key) from None

@@ -10,8 +10,9 @@ header (a file soundfile reads, or bytes inside a bigger file: a tar member, an 
 
 What is not packed is counted by reason: ``missing_file`` (no such file or tar member),
 ``bad_audio`` (unreadable), ``bad_segment`` (an offset past the end, a segment too short or
-reaching too far), ``too_short``, ``empty_text``, ``duplicate_id``; an utterance whose audio lasts
-other than its manifest says is packed and flagged ``duration_differs``.
+reaching too far), ``too_short``, ``empty_text``, ``duplicate_id``, and what the readers refuse of
+a manifest's lines and values (``untrusted.py``); an utterance whose audio lasts other than its
+manifest says is packed and flagged ``duration_differs``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from wdsprep.errors import DataError
 from wdsprep.pack.driver import Headers, Labels
 from wdsprep.pack.driver import Item as PackItem
 from wdsprep.pack.from_audio import AudioJob, AudioSource
@@ -97,16 +97,6 @@ def tar_members(path: str) -> dict[str, TarMember]:
     except tarfile.TarError as e:
         raise ValueError(f"{path}: not a readable tar ({e}); is it one of the dataset's tars?") from None
     return out
-
-
-def seconds(entry: dict[str, Any], key: str, path: str, line: int) -> float | None:
-    """A manifest entry's time field in seconds (None when absent); anything but a number fails naming the line."""
-    value = entry.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataError(f"{path}:{line}: {key} must be a number of seconds, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,16 @@ from wdsprep.plan.quality import corpus_quality
 from wdsprep.plan.shardset import ShardSet
 from wdsprep.plan.state import MAX_EPOCH, SavedState, StateError, ints, need, need_int, need_list
 from wdsprep.plan.stats import CorpusStats, LoaderStats
-from wdsprep.plan.streams import EpochPlan, Layout, PlanOptions, StreamPlan, TooFewBatches, cut_batches, layout
+from wdsprep.plan.streams import (
+    EpochPlan,
+    Layout,
+    PlanOptions,
+    StreamPlan,
+    TooFewBatches,
+    cut_batches,
+    filtered_out,
+    layout,
+)
 from wdsprep.tokenizer import derive_seed
 
 MIX_UNITS = ("batch", "utterance")
@@ -122,10 +131,10 @@ class MixedPlan:
         self.seed, self.mix_unit, self.world_size = seed, mix_unit, world_size
         self.speakers = speakers if options.max_utts_per_speaker is not None else None
         first = [u.plan(0) for u in self.units]
-        for name, plan in zip(mixture.names, first):
+        for name, plan, unit in zip(mixture.names, first, self.units):
             if not plan.num_batches:
-                raise TooFewBatches(f"corpus {name!r} has no batches: every utterance is outside "
-                                    f"min_frames/max_utt_frames")
+                raise TooFewBatches(f"corpus {name!r} has no batches" + (filtered_out(plan, unit.options) or
+                                                                         ": it has no utterance"))
         # Mean utterances per batch: what turns a corpus's share of utterances into its share of batches.
         self.utts_per_batch = np.array([sum(int(s.starts[-1]) for s in p.streams) / p.num_batches for p in first])
         self.by_batch = mix_unit == "batch"
