@@ -164,7 +164,7 @@ def test_load_errors(toks: dict[str, Tokenizer], tmp_path: Path) -> None:
         "not a wdsprep tokenizer": {"hello": 1},
         "unknown tokenizer kind": {**doc, "kind": "wordpiece"},
         "version": {**doc, "version": 99},
-        "versions 1 to 2": {**doc, "version": 0},
+        "versions 1 to 3": {**doc, "version": 0},
         "damaged": {**doc, "model": base64.b64encode(b"not a model proto").decode()},
         "lacks the 'model' field": {k: v for k, v in doc.items() if k != "model"},
     }

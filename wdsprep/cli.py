@@ -142,7 +142,7 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
                           user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
                           character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
-                          normalize=args.normalize, overwrite=args.overwrite)
+                          normalize=args.normalize, special_tokens=args.special_tokens or (), overwrite=args.overwrite)
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
 
 
@@ -150,10 +150,11 @@ def _cmd_tokenizer_aggregate(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import aggregate_tokenizers
 
     tok = aggregate_tokenizers(_named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json"), args.out,
-                               overwrite=args.overwrite)
+                               special_tokens=args.special_tokens or (), overwrite=args.overwrite)
     ranges = ", ".join(f"{lang} {tok.offsets[lang]}..{tok.offsets[lang] + t.vocab_size - 3}"
                        for lang, t in tok.tokenizers.items())
-    print(f"{args.out}: aggregate tokenizer, vocab_size {tok.vocab_size} (ids 0 and 1 shared; {ranges})",
+    specials = f", special tokens 2..{1 + len(tok.special_tokens)}" if tok.special_tokens else ""
+    print(f"{args.out}: aggregate tokenizer, vocab_size {tok.vocab_size} (ids 0 and 1 shared{specials}; {ranges})",
           file=sys.stderr)
 
 
@@ -198,6 +199,13 @@ def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
         print(f"{folder}: {what}")
 
 
+def _add_special_tokens(p: argparse.ArgumentParser, *, shared: bool = False) -> None:
+    p.add_argument("--special-tokens", nargs="+", metavar="SYMBOL",
+                   help="symbols encoded as one id each wherever they appear, in transcripts and text fields, never "
+                        "split or changed by a text treatment, e.g. '<|en|>' '<|transcribe|>'"
+                        + (" (one id shared by every language, as each language tokenizer's own)" if shared else ""))
+
+
 def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
     tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
@@ -222,6 +230,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--normalize", nargs="+", metavar="STEP",
                    help="treat every transcript before training, as the loader's --normalize does: named steps "
                         "(nfkc, lower, upper, strip_punct, collapse_spaces, remove_spaces, ...) or MODULE:FUNC")
+    _add_special_tokens(p)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_tokenizer_train)
     p = tsub.add_parser("aggregate", help="one tokenizer per language -> one JSON tokenizer file: each language's "
@@ -229,6 +238,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("languages", nargs="+", metavar="LANG=FILE",
                    help="each language's tokenizer file, in the order their ids are laid out, e.g. en=exp/en.json")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    _add_special_tokens(p, shared=True)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_tokenizer_aggregate)
     p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "

@@ -24,7 +24,7 @@ from wdsprep.plan.streams import BatchId, Planned
 from wdsprep.plan.transforms import Transforms
 from wdsprep.remote.fetch import ChangedError, FetchError
 from wdsprep.remote.urls import redact
-from wdsprep.tokenizer import SubwordSampling, Tokenizer
+from wdsprep.tokenizer import UNK_ID, SubwordSampling, Tokenizer
 
 Rows = tuple[BatchId, Records]
 # A planned batch's rows' corpora (None: their shards') and corpus epochs.
@@ -168,7 +168,8 @@ def _refuse_stale(msg: str, on_error: str, counts: WorkerTally) -> tuple[Records
 
 
 def tokenize(rows: Records, tokenizer: Tokenizer | Transforms, *, sampling: SubwordSampling | None, seed: int,
-             langs: Sequence[str] | None = None, text_fields: Sequence[int] = ()) -> Records:
+             langs: Sequence[str] | None = None, text_fields: Sequence[int] = (),
+             field_names: Sequence[str] | None = None) -> Records:
     """Labels from raw text for one shard's rows, in one ``encode_batch`` call (per language, where
     the tokenizer has one per language: ``langs``, each row's, from the index); subword sampling
     seeded by ``seed``.  A corpus's :class:`~wdsprep.plan.transforms.Transforms` treat the text
@@ -186,8 +187,30 @@ def tokenize(rows: Records, tokenizer: Tokenizer | Transforms, *, sampling: Subw
                          "language column (pack with --utt2lang)")
     labels = t.encode(rows.texts.tolist(), langs=langs, sampling=sampling)
     values = rows.values.tolist() if text_fields else []
-    field_labels = [t.encode([v[k] or "" for v in values], langs=langs, sampling=sampling) for k in text_fields]
+    field_labels = []
+    for k, name in zip(text_fields, field_names or [str(k) for k in text_fields]):
+        texts = [v[k] or "" for v in values]
+        field_labels.append(t.encode(texts, langs=langs, sampling=sampling))
+        _say_unknown(name, texts, field_labels[-1])
     return rows.with_labels(labels, field_labels, langs)
+
+
+# Text fields said to be mostly <unk>, once per process.
+_SAID_UNKNOWN: set[str] = set()
+
+
+def _say_unknown(name: str, texts: Sequence[str], ids: Sequence[Sequence[int]]) -> None:
+    """Warn, once per field, when most of a text field's tokens are ``<unk>``: a prompt of symbols
+    the tokenizer does not know (give them as special tokens) or text of another script."""
+    total = sum(map(len, ids))
+    unknown = sum(list(x).count(UNK_ID) for x in ids)
+    if name in _SAID_UNKNOWN or unknown * 2 <= total:
+        return
+    _SAID_UNKNOWN.add(name)
+    example = next((x for x, i in zip(texts, ids) if UNK_ID in i), "")
+    warnings.warn(f"text field {name!r}: {unknown:,} of its {total:,} tokens in a shard are <unk> (e.g. "
+                  f"{example!r}): the tokenizer does not know them; symbols such as <|en|> need to be special tokens "
+                  f"(tokenizer train --special-tokens)", UserWarning, stacklevel=2)
 
 
 def filter_fields(batches: Iterator[Rows], *, counts: WorkerTally) -> Iterator[Rows]:

@@ -132,7 +132,8 @@ class ReaderStream(IterableDataset):
             # Subword sampling seeded per (seed, epoch, shard): whichever rank or reader reads a shard.
             t = transforms[int(shards.corpus[s]) if len(transforms) > 1 else 0]
             return tokenize(rows, t, sampling=sampling, seed=derive_seed(cfg.seed, epoch, s),
-                            langs=shards.values(LANG, rows.rows), text_fields=text)
+                            langs=shards.values(LANG, rows.rows), text_fields=text,
+                            field_names=[names[k] for k in text])
 
         rows = read_batches(windows, shards, label=label, on_error=read.on_error, counts=counts,
                             block=read.tokenize_group, fetch=cfg.fetch, fields=names, origins=self.source.origins)

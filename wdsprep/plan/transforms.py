@@ -42,8 +42,9 @@ class Transforms:
 
     def encode(self, texts: Sequence[str], *, langs: Sequence[str] | None, sampling: Any = None) -> list[list[int]]:
         """``texts`` treated and tokenized (each by its language's tokenizer, where there is one per language)."""
-        if self.normalize is not None:
-            texts = self.normalize.batch(texts)
+        if self.normalize is not None:  # special tokens are left as they are (a tag is no text)
+            specials = getattr(self.tokenizer, "specials", None)
+            texts = [specials.plain(x, self.normalize) for x in texts] if specials else self.normalize.batch(texts)
         if self.by_language:
             return self.tokenizer.encode_batch(texts, sampling=sampling, langs=langs)  # type: ignore[call-arg]
         return self.tokenizer.encode_batch(texts, sampling=sampling)

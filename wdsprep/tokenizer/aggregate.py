@@ -10,7 +10,10 @@ languages are given::
     vocab_size = 2 + sum(V_l - 2) = 528
 
 So one output layer covers every language, a language's ids never collide with another's, and
-:meth:`AggregateTokenizer.decode` finds each id's language by its range.  The file holds each
+:meth:`AggregateTokenizer.decode` finds each id's language by its range.  Special tokens (a
+language tag ``<|en|>``, a task ``<|transcribe|>``: the ones given, and every language tokenizer's
+own) are shared too, one id each for every language, right after ``<unk>``; the languages' ranges
+follow them.  The file holds each
 language's tokenizer whole with its offset (``"languages": [{"lang", "offset", "tokenizer"}]``):
 ``load_tokenizer`` reads it back as it is, and a tokenizer changed since is a changed file.
 """
@@ -25,6 +28,7 @@ from wdsprep.tokenizer.base import (
     FORMAT,
     REGISTRY,
     FieldError,
+    Specials,
     SubwordSampling,
     Tokenizer,
     TokenizerBase,
@@ -33,6 +37,7 @@ from wdsprep.tokenizer.base import (
     field,
     is_int,
     register,
+    special_tokens_field,
 )
 
 SHARED = 2  # ids 0 and 1, every language's
@@ -47,12 +52,15 @@ class AggregateTokenizer(TokenizerBase):
 
     kind = "aggregate"
 
-    def __init__(self, tokenizers: Mapping[str, Tokenizer]) -> None:
+    def __init__(self, tokenizers: Mapping[str, Tokenizer], special_tokens: Sequence[str] = ()) -> None:
         if not tokenizers:
             raise ValueError("an aggregate tokenizer needs at least one language's tokenizer")
         self.languages = tuple(tokenizers)
         self.tokenizers = dict(tokenizers)
-        offsets, at = [], SHARED
+        symbols = list(dict.fromkeys([*special_tokens, *(s for tok in self.tokenizers.values()
+                                                         for s in getattr(tok, "special_tokens", ()))]))
+        self.specials = Specials({s: SHARED + k for k, s in enumerate(symbols)})
+        offsets, at = [], SHARED + len(symbols)
         for lang, tok in self.tokenizers.items():
             if not isinstance(lang, str) or not lang or len(lang.split()) != 1:
                 raise ValueError(f"language {describe(lang)}: a language is one word, e.g. en")
@@ -75,6 +83,12 @@ class AggregateTokenizer(TokenizerBase):
         shift = self.offsets[lang] - SHARED
         return [i if i < SHARED else i + shift for i in local]
 
+    def _encode(self, lang: str, texts: list[str], sampling: SubwordSampling | None = None) -> list[list[int]]:
+        """Texts in language ``lang``: the shared special tokens' ids, the rest by its tokenizer."""
+        tok = self._tokenizer(lang)
+        return self.specials.encode_batch(texts, lambda ts: [self._ids(lang, x) for x in
+                                                             (tok.encode_batch(ts, sampling=sampling) if ts else [])])
+
     def _tokenizer(self, lang: str | None) -> Tokenizer:
         if lang not in self.tokenizers:
             raise ValueError(f"no tokenizer for language {lang!r}; this aggregate tokenizer has {list(self.languages)}")
@@ -86,7 +100,7 @@ class AggregateTokenizer(TokenizerBase):
             raise ValueError(f"an aggregate tokenizer encodes a text by its language: encode(text, lang) with lang "
                              f"one of {list(self.languages)}")
         lang = self.languages[0] if lang is None else lang
-        return self._ids(lang, self._tokenizer(lang).encode(text))
+        return self._encode(lang, [text])[0]
 
     def encode_batch(self, texts: Sequence[str], *, sampling: SubwordSampling | None = None,
                      langs: Sequence[str] | None = None) -> list[list[int]]:
@@ -105,9 +119,8 @@ class AggregateTokenizer(TokenizerBase):
             by_lang.setdefault(lang, []).append(k)
         for lang in [x for x in self.languages if x in by_lang] + sorted(set(by_lang) - set(self.languages)):
             rows = by_lang[lang]
-            ids = self._tokenizer(lang).encode_batch([texts[k] for k in rows], sampling=sampling)
-            for k, local in zip(rows, ids):
-                out[k] = self._ids(lang, local)
+            for k, ids in zip(rows, self._encode(lang, [texts[k] for k in rows], sampling)):
+                out[k] = ids
         return out
 
     def seed(self, seed: int) -> None:
@@ -115,9 +128,10 @@ class AggregateTokenizer(TokenizerBase):
             tok.seed(seed)
 
     def language_of(self, i: int) -> tuple[str | None, int]:
-        """(the language of id ``i``, its id in that language's tokenizer); None for a shared id."""
+        """(the language of id ``i``, its id in that language's tokenizer); None for a shared id
+        (``<s>``, ``<unk>`` and the special tokens, each its own id)."""
         check_ids([i], self.vocab_size)
-        if i < SHARED:
+        if i < SHARED + len(self.specials.ids):
             return None, i
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         lang = self.languages[k]
@@ -125,6 +139,8 @@ class AggregateTokenizer(TokenizerBase):
 
     def id_to_piece(self, i: int) -> str:
         lang, local = self.language_of(i)
+        if lang is None and local >= SHARED:
+            return self.specials.symbol(local)
         return self.tokenizers[lang or self.languages[0]].id_to_piece(local)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -133,20 +149,25 @@ class AggregateTokenizer(TokenizerBase):
         runs: list[tuple[str, list[int]]] = []
         for i in (int(x) for x in ids):
             lang, local = self.language_of(i)
+            if lang is None and local >= SHARED:  # a special token: a run of its own, its symbol
+                runs.append(("", [local]))
+                continue
             if lang is None:
                 lang = runs[-1][0] if runs else self.languages[0]
             if runs and runs[-1][0] == lang:
                 runs[-1][1].append(local)
             else:
                 runs.append((lang, [local]))
-        return " ".join(t for t in (self.tokenizers[lang].decode(local) for lang, local in runs) if t)
+        return " ".join(t for t in (self.specials.symbol(local[0]) if not lang else self.tokenizers[lang].decode(local)
+                                    for lang, local in runs) if t)
 
     def file_version(self) -> int:
         return 2  # version 1 readers do not know the kind
 
     def to_dict(self) -> dict[str, Any]:
-        return {"languages": [{"lang": lang, "offset": self.offsets[lang],
-                               "tokenizer": {"format": FORMAT, "version": tok.file_version(), "kind": tok.kind,
+        return {**self.specials_json(),
+                "languages": [{"lang": lang, "offset": self.offsets[lang],
+                               "tokenizer": {"format": FORMAT, "version": tok.stored_version(), "kind": tok.kind,
                                              "vocab_size": tok.vocab_size, **tok.to_dict()}}
                               for lang, tok in self.tokenizers.items()]}
 
@@ -167,7 +188,7 @@ class AggregateTokenizer(TokenizerBase):
                 raise FieldError(f"has languages[{k}] ({lang}) of tokenizer kind {describe(kind)}, which must be one "
                                  f"of {sorted(set(REGISTRY) - {cls.kind})}")
             tokenizers[lang] = REGISTRY[kind].from_dict(sub, num_threads)  # type: ignore[assignment]
-        tok = cls(tokenizers)
+        tok = cls(tokenizers, special_tokens_field(doc))
         if offsets != [tok.offsets[lang] for lang in tok.languages]:
             raise FieldError(f"has offsets {offsets}, but its tokenizers' sizes lay the languages out at "
                              f"{list(tok.offsets.values())}")

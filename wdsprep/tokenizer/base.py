@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import stat
 from collections import Counter
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ PathLike = str | os.PathLike
 
 FORMAT = "wdsprep-tokenizer"
 # The newest file version this wdsprep reads and writes.  A file says the lowest version that
-# holds everything in it (TokenizerBase.file_version), so files older readers can use stay 1.
-VERSION = 2
+# holds everything in it (TokenizerBase.stored_version), so files older readers can use stay 1.
+# 3: special tokens (a reader that does not know them would split them into pieces).
+VERSION = 3
 BOS, UNK = "<s>", "<unk>"
 BOS_ID, UNK_ID = 0, 1
 # A visible piece for the space in the char tokenizer; a literal " " in a vocab listing is unreadable.
@@ -107,6 +109,74 @@ class SubwordSampling:
             raise ValueError(f"SubwordSampling.nbest_size must be -1 (whole lattice) or > 1, got {self.nbest_size}")
 
 
+class Specials:
+    """A tokenizer's special tokens: symbols (a language tag ``<|en|>``, a task ``<|transcribe|>``,
+    a noise mark ``[laughter]``) each encoded as one id wherever they appear in a text, never split
+    and never changed by a text treatment; the text between them is encoded as it would be alone
+    (ESPnet's non-linguistic symbols, WeNet's ``non_lang_syms``, NeMo's special tokens)."""
+
+    def __init__(self, ids: Mapping[str, int] | None = None) -> None:
+        self.ids = dict(ids or {})
+        for s in self.ids:
+            if not isinstance(s, str) or not s or s != s.strip() or len(s.split()) != 1:
+                raise ValueError(f"special token {describe(s)}: a special token is one word without spaces, e.g. "
+                                 f"<|en|>")
+        # The longest first, so a symbol that holds another is matched whole.
+        self._pattern = re.compile("|".join(map(re.escape, sorted(self.ids, key=lambda s: (-len(s), s))))) \
+            if self.ids else None
+
+    def __bool__(self) -> bool:
+        return bool(self.ids)
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(self.ids)
+
+    def split(self, text: str) -> list[str | int]:
+        """``text`` as its plain stretches (non-empty) and its special tokens' ids, in order."""
+        if self._pattern is None:
+            return [text] if text else []
+        out: list[str | int] = []
+        at = 0
+        for m in self._pattern.finditer(text):
+            if m.start() > at:
+                out.append(text[at:m.start()])
+            out.append(self.ids[m.group()])
+            at = m.end()
+        if at < len(text):
+            out.append(text[at:])
+        return out
+
+    def encode_batch(self, texts: Sequence[str], plain: Callable[[list[str]], list[list[int]]]) -> list[list[int]]:
+        """Each text's ids: its special tokens' own, the stretches between them by ``plain`` (one
+        call for all of them, so a sampling tokenizer draws in one sequence)."""
+        if self._pattern is None:
+            return plain(list(texts))
+        parts = [self.split(t) for t in texts]
+        stretches = [p for ps in parts for p in ps if isinstance(p, str)]
+        encoded = iter(plain(stretches) if stretches else [])
+        return [[i for p in ps for i in ([p] if isinstance(p, int) else next(encoded))] for ps in parts]
+
+    def plain(self, text: str, treat: Callable[[str], str]) -> str:
+        """``text`` with ``treat`` applied to the stretches between its special tokens (a text
+        treatment that would lowercase or strip a tag's punctuation leaves the tags whole)."""
+        if self._pattern is None:
+            return treat(text)
+        return "".join(self.symbol(p) if isinstance(p, int) else treat(p) for p in self.split(text))
+
+    def symbol(self, i: int) -> str:
+        return next(s for s, j in self.ids.items() if j == i)
+
+    def strip(self, text: str) -> str:
+        """``text`` without its special tokens (what a tokenizer learns its pieces from)."""
+        return " ".join(p for p in self.split(text) if isinstance(p, str))
+
+
+def special_tokens_field(doc: Mapping[str, Any]) -> list[str]:
+    """A stored tokenizer's ``special_tokens`` (none when absent: files made before them)."""
+    return field(doc, "special_tokens", is_texts, "a list of strings", default=[])
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the loader and the CLI use; every kind implements it."""
@@ -176,6 +246,7 @@ def is_ids(x: Any) -> bool:
 class TokenizerBase:
     kind = ""
     vocab_size = 0
+    specials = Specials()
 
     @classmethod
     def train(cls: type[T], text_files: Sequence[PathLike], vocab_size: int | None) -> T:
@@ -219,8 +290,20 @@ class TokenizerBase:
         raise NotImplementedError
 
     def file_version(self) -> int:
-        """The lowest file version that holds this tokenizer (see ``VERSION``)."""
+        """The lowest file version that holds this kind (see ``VERSION``)."""
         return 1
+
+    def stored_version(self) -> int:
+        """The lowest file version that holds this tokenizer: its kind's, or 3 with special tokens."""
+        return max(self.file_version(), 3 if self.specials else 1)
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        return self.specials.symbols
+
+    def specials_json(self) -> dict[str, Any]:
+        """What the file holds of the special tokens (nothing without them: older files compare equal)."""
+        return {"special_tokens": list(self.special_tokens)} if self.specials else {}
 
     def save(self, path: PathLike, *, overwrite: bool = False) -> None:
         """Write the tokenizer as one JSON file, atomically (a crash never leaves half a file)."""
@@ -228,7 +311,7 @@ class TokenizerBase:
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
         make_dir(path.parent)
-        doc = {"format": FORMAT, "version": self.file_version(), "kind": self.kind, "vocab_size": self.vocab_size,
+        doc = {"format": FORMAT, "version": self.stored_version(), "kind": self.kind, "vocab_size": self.vocab_size,
                **self.to_dict()}
         write_text(path, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
 
@@ -242,9 +325,10 @@ class TokenizerBase:
 
 
 class VocabTokenizer(TokenizerBase):
-    """Shared by char and jieba: an explicit list of pieces whose index is the id."""
+    """Shared by char, jieba and simple: an explicit list of pieces whose index is the id, special
+    tokens among them; a kind encodes the text between special tokens (:meth:`encode_plain`)."""
 
-    def __init__(self, vocab: Sequence[str]) -> None:
+    def __init__(self, vocab: Sequence[str], special_tokens: Sequence[str] = ()) -> None:
         vocab = list(vocab)
         if vocab[:2] != [BOS, UNK]:
             raise ValueError(f"vocabulary must start with {BOS!r}, {UNK!r} (ids 0 and 1), got {describe(vocab[:2])}")
@@ -254,6 +338,17 @@ class VocabTokenizer(TokenizerBase):
         self._pieces = vocab
         self._ids = {p: i for i, p in enumerate(vocab)}
         self.vocab_size = len(vocab)
+        missing = [s for s in special_tokens if s not in self._ids]
+        if missing:
+            raise ValueError(f"special tokens {missing} are not in the vocabulary")
+        self.specials = Specials({s: self._ids[s] for s in special_tokens})
+
+    def encode_plain(self, text: str) -> list[int]:
+        """A text without special tokens."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        return self.specials.encode_batch([text], lambda ts: [self.encode_plain(t) for t in ts])[0]
 
     def id_to_piece(self, i: int) -> str:
         check_ids([i], self.vocab_size)
@@ -294,6 +389,16 @@ def transcripts(text_files: Sequence[PathLike]) -> Iterator[str]:
         for e in iter_table(path, allow_empty_value=True):
             if e.value.strip():
                 yield e.value
+
+
+def check_special_tokens(special_tokens: Sequence[str], fixed: Sequence[str]) -> list[str]:
+    """The special tokens given for training, checked: distinct symbols, none a fixed piece."""
+    given = list(special_tokens)
+    Specials(dict.fromkeys(given, 0))  # each one a word without spaces
+    clash = [s for s in given if s in fixed]
+    if clash or len(set(given)) != len(given):
+        raise ValueError(f"special tokens {given}: each once, and none of {list(fixed)}")
+    return given
 
 
 def vocabulary(counts: Counter[str], vocab_size: int | None, specials: Sequence[str]) -> list[str]:

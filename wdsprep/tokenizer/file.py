@@ -6,7 +6,7 @@ import json
 import os
 import pickletools
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from wdsprep.tokenizer.aggregate import AggregateTokenizer
 from wdsprep.tokenizer.base import (
@@ -124,10 +124,10 @@ def as_tokenizer(spec: TokenizerSpec, *, num_threads: int = 1) -> Tokenizer:
 
 
 def aggregate_tokenizers(languages: Mapping[str, Tokenizer | PathLike], out: PathLike, *,
-                         overwrite: bool = False) -> AggregateTokenizer:
+                         special_tokens: Sequence[str] = (), overwrite: bool = False) -> AggregateTokenizer:
     """One tokenizer per language (``{lang: tokenizer or path}``, in the order their ids are laid
-    out) saved as one aggregate tokenizer file at ``out``; returned."""
-    tok = as_tokenizer(dict(languages))
-    assert isinstance(tok, AggregateTokenizer)
+    out) saved as one aggregate tokenizer file at ``out``; returned.  ``special_tokens``: symbols
+    each encoded as one id shared by every language (the languages' own special tokens are too)."""
+    tok = AggregateTokenizer({str(lang): as_tokenizer(t) for lang, t in dict(languages).items()}, special_tokens)
     tok.save(out, overwrite=overwrite)
     return tok

@@ -10,12 +10,15 @@ from wdsprep.tokenizer.base import (
     UNK,
     UNK_ID,
     PathLike,
+    Specials,
     VocabTokenizer,
     check_ids,
+    check_special_tokens,
     check_vocab_size,
     field,
     is_texts,
     register,
+    special_tokens_field,
     transcripts,
     vocabulary,
 )
@@ -33,12 +36,15 @@ class SimpleTokenizer(VocabTokenizer):
     kind = "simple"
 
     @classmethod
-    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None) -> SimpleTokenizer:
-        check_vocab_size(vocab_size, 2)
-        counts = Counter(u for t in transcripts(text_files) for u in t.split())
-        return cls(vocabulary(counts, vocab_size, [BOS, UNK]))
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *,
+              special_tokens: Sequence[str] = ()) -> SimpleTokenizer:
+        given = check_special_tokens(special_tokens, [BOS, UNK])
+        check_vocab_size(vocab_size, 2 + len(given))
+        strip = Specials(dict.fromkeys(given, 0)).strip
+        counts = Counter(u for t in transcripts(text_files) for u in strip(t).split())
+        return cls(vocabulary(counts, vocab_size, [BOS, UNK, *given]), given)
 
-    def encode(self, text: str) -> list[int]:
+    def encode_plain(self, text: str) -> list[int]:
         get = self._ids.get
         return [get(u, UNK_ID) for u in text.split()]
 
@@ -50,8 +56,8 @@ class SimpleTokenizer(VocabTokenizer):
         return 2  # version 1 readers do not know the kind
 
     def to_dict(self) -> dict[str, Any]:
-        return {"vocab": self._pieces}
+        return {"vocab": self._pieces, **self.specials_json()}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> SimpleTokenizer:
-        return cls(field(doc, "vocab", is_texts, "a list of strings"))
+        return cls(field(doc, "vocab", is_texts, "a list of strings"), special_tokens_field(doc))

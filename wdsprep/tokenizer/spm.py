@@ -15,13 +15,16 @@ from wdsprep.tokenizer.base import (
     UNK_ID,
     FieldError,
     PathLike,
+    Specials,
     SubwordSampling,
     TokenizerBase,
     check_ids,
+    check_special_tokens,
     check_vocab_size,
     derive_seed,
     field,
     register,
+    special_tokens_field,
     transcripts,
 )
 
@@ -48,7 +51,7 @@ class SentencePieceTokenizer(TokenizerBase):
 
     kind = "sentencepiece"
 
-    def __init__(self, model_proto: bytes, *, num_threads: int = 1) -> None:
+    def __init__(self, model_proto: bytes, *, num_threads: int = 1, special_tokens: Sequence[str] = ()) -> None:
         import sentencepiece as spm
 
         self._spm = spm
@@ -57,6 +60,14 @@ class SentencePieceTokenizer(TokenizerBase):
         self.vocab_size = int(self._sp.vocab_size())
         if self.vocab_size < 2:
             raise ValueError(f"a sentencepiece model with {self.vocab_size} pieces")
+        # Each special token is a piece of the model (trained as a user-defined symbol); the text
+        # between them is encoded alone, so a prompt changes nothing of the transcript's pieces.
+        ids = {s: int(self._sp.piece_to_id(s)) for s in special_tokens}
+        missing = [s for s, i in ids.items() if i == self._sp.unk_id() or self._sp.id_to_piece(i) != s]
+        if missing:
+            raise ValueError(f"special tokens {missing} are no pieces of this sentencepiece model: train it with them "
+                             f"(tokenizer train --special-tokens)")
+        self.specials = Specials(ids)
         # Threads per call: 1 by default because DataLoader workers already use the cores.
         self.num_threads = num_threads
         self._seed = 0
@@ -64,9 +75,15 @@ class SentencePieceTokenizer(TokenizerBase):
 
     @classmethod
     def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *, model_type: str = "unigram",
-              character_coverage: float = 0.9995,
-              spm_options: Mapping[str, Any] | None = None) -> SentencePieceTokenizer:
-        return cls(_train_spm(text_files, vocab_size, model_type, character_coverage, dict(spm_options or {})))
+              character_coverage: float = 0.9995, spm_options: Mapping[str, Any] | None = None,
+              special_tokens: Sequence[str] = ()) -> SentencePieceTokenizer:
+        given = check_special_tokens(special_tokens, [BOS, UNK])
+        options = dict(spm_options or {})
+        if given:  # pieces of their own, ids 2 on; never learned from the text around them
+            listed = options.get("user_defined_symbols", [])
+            listed = listed.split(",") if isinstance(listed, str) else list(listed)
+            options["user_defined_symbols"] = given + [s for s in listed if s not in given]
+        return cls(_train_spm(text_files, vocab_size, model_type, character_coverage, options), special_tokens=given)
 
     def id_convention_problem(self) -> str | None:
         """How the model's ids differ from CAT's convention (0 = ``<s>``/blank, 1 = ``<unk>``), or None.
@@ -88,10 +105,12 @@ class SentencePieceTokenizer(TokenizerBase):
         self._calls = 0
 
     def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
+        return self.specials.encode_batch([text], lambda ts: [self._sp.encode(t) for t in ts])[0]
 
     def encode_batch(self, texts: Sequence[str], *, sampling: SubwordSampling | None = None) -> list[list[int]]:
-        texts = list(texts)
+        return self.specials.encode_batch(list(texts), lambda ts: self._encode_batch(ts, sampling))
+
+    def _encode_batch(self, texts: list[str], sampling: SubwordSampling | None) -> list[list[int]]:
         if sampling is None:
             return self._sp.encode(texts, num_threads=self.num_threads)
         self._spm.set_random_generator_seed(derive_seed(self._seed, self._calls))
@@ -110,7 +129,7 @@ class SentencePieceTokenizer(TokenizerBase):
 
     def to_dict(self) -> dict[str, Any]:
         # num_threads is a property of the machine, not of the tokenizer: not saved.
-        return {"model": base64.b64encode(self._proto).decode("ascii")}
+        return {"model": base64.b64encode(self._proto).decode("ascii"), **self.specials_json()}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], num_threads: int = 1) -> SentencePieceTokenizer:
@@ -119,7 +138,7 @@ class SentencePieceTokenizer(TokenizerBase):
             proto = base64.b64decode(model, validate=True)
         except (binascii.Error, ValueError) as e:  # ValueError: a character outside ASCII
             raise FieldError(f"has a 'model' field that is not base64 ({e})") from None
-        return cls(proto, num_threads=num_threads)
+        return cls(proto, num_threads=num_threads, special_tokens=special_tokens_field(doc))
 
 
 def sentencepiece_from_model(proto: bytes, where: str, *, num_threads: int = 1) -> SentencePieceTokenizer | None:

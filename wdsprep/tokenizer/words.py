@@ -13,13 +13,16 @@ from wdsprep.tokenizer.base import (
     UNK,
     UNK_ID,
     PathLike,
+    Specials,
     VocabTokenizer,
     check_ids,
+    check_special_tokens,
     check_vocab_size,
     field,
     is_int,
     is_texts,
     register,
+    special_tokens_field,
     transcripts,
     vocabulary,
 )
@@ -61,8 +64,8 @@ class JiebaTokenizer(VocabTokenizer):
     WHITESPACE = ("drop", "cat")
 
     def __init__(self, vocab: Sequence[str], *, user_dict: Sequence[Sequence[Any]] = (),
-                 dictionary: str | None = None, whitespace: str = "drop") -> None:
-        super().__init__(vocab)
+                 dictionary: str | None = None, whitespace: str = "drop", special_tokens: Sequence[str] = ()) -> None:
+        super().__init__(vocab, special_tokens)
         if whitespace not in self.WHITESPACE:
             raise ValueError(f"jieba whitespace rule {whitespace!r}: choose one of {', '.join(self.WHITESPACE)}")
         self.user_dict = [[str(w), None if f is None else int(f)] for w, f in user_dict]
@@ -71,19 +74,22 @@ class JiebaTokenizer(VocabTokenizer):
         self._jieba = make_jieba(self.user_dict, dictionary)
 
     @classmethod
-    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *,
-              user_dict: PathLike | None = None) -> JiebaTokenizer:
-        check_vocab_size(vocab_size, 2)
+    def train(cls, text_files: Sequence[PathLike], vocab_size: int | None, *, user_dict: PathLike | None = None,
+              special_tokens: Sequence[str] = ()) -> JiebaTokenizer:
+        given = check_special_tokens(special_tokens, [BOS, UNK])
+        check_vocab_size(vocab_size, 2 + len(given))
         entries = read_user_dict(user_dict) if user_dict is not None else []
         cutter = make_jieba(entries)
-        counts = Counter(w for t in transcripts(text_files) for w in cutter.cut(t, HMM=False) if not w.isspace())
-        return cls(vocabulary(counts, vocab_size, [BOS, UNK]), user_dict=entries)
+        strip = Specials(dict.fromkeys(given, 0)).strip
+        counts = Counter(w for t in transcripts(text_files) for w in cutter.cut(strip(t), HMM=False)
+                         if not w.isspace())
+        return cls(vocabulary(counts, vocab_size, [BOS, UNK, *given]), user_dict=entries, special_tokens=given)
 
     def cut(self, text: str) -> list[str]:
         """Words of ``text``, whitespace dropped by the tokenizer's rule."""
         return list(cut_words(self._jieba, text, self.whitespace))
 
-    def encode(self, text: str) -> list[int]:
+    def encode_plain(self, text: str) -> list[int]:
         get = self._ids.get
         return [get(w, UNK_ID) for w in cut_words(self._jieba, text, self.whitespace)]
 
@@ -104,7 +110,8 @@ class JiebaTokenizer(VocabTokenizer):
         return 2 if self.dictionary is not None or self.whitespace != "drop" else 1
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"hmm": False, "user_dict": self.user_dict, "vocab": self._pieces}
+        doc: dict[str, Any] = {"hmm": False, "user_dict": self.user_dict, "vocab": self._pieces,
+                               **self.specials_json()}
         if self.file_version() > 1:
             doc.update(dictionary=self.dictionary, whitespace=self.whitespace)
         return doc
@@ -115,7 +122,8 @@ class JiebaTokenizer(VocabTokenizer):
                    user_dict=field(doc, "user_dict", _is_user_dict, "a list of [word, count or null]", None) or [],
                    dictionary=field(doc, "dictionary", _is_text_or_none, "a jieba dictionary's text or null", None),
                    whitespace=field(doc, "whitespace", lambda x: x in cls.WHITESPACE,
-                                    f"one of {', '.join(map(repr, cls.WHITESPACE))}", "drop"))
+                                    f"one of {', '.join(map(repr, cls.WHITESPACE))}", "drop"),
+                   special_tokens=special_tokens_field(doc))
 
 
 def _is_user_dict(x: Any) -> bool:
