@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                    help="named corpora to mix (instead of --trset)")
     p.add_argument("--schedule", help="a mixing schedule as JSON: [[step, {name: weight}], ...]")
+    p.add_argument("--mix", help="mixing options as JSON, e.g. {\"weights\": {\"en\": 1, \"zh\": 1}}")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--max-frames", type=int, default=3000, help="0: none (with --cost and --max-cost)")
@@ -56,6 +57,7 @@ def main() -> None:
     rank = dist.get_rank()
     trset = dict(c.split("=", 1) for c in args.corpus) if args.corpus else args.trset
     mixing = {"schedule": [tuple(p) for p in json.loads(args.schedule)]} if args.schedule else {}
+    mixing.update(json.loads(args.mix) if args.mix else {})
     growing = {"growing": True, "min_shards": args.min_shards, "wait_timeout": 120} if args.growing else {}
     loader = make_loader(trset, args.tokenizer, max_frames=args.max_frames or None, cost=args.cost,
                          max_cost=args.max_cost, num_workers=args.num_workers,
@@ -108,7 +110,8 @@ def main() -> None:
 
 def run_also(spec: dict, num_workers: int) -> dict:
     """One epoch of a second loader: its batches' keys, languages, fields and corpora, and its state
-    at ``save_at`` (where it stops); resumed first from ``resume`` (a state's JSON file)."""
+    at ``save_at`` (where it stops) or ``record_at`` (where it goes on); resumed first from
+    ``resume`` (a state's JSON file)."""
     loader = make_loader(spec["trset"], spec["tokenizer"], num_workers=num_workers, **spec["kwargs"])
     epoch = 0
     if spec.get("resume"):
@@ -128,6 +131,8 @@ def run_also(spec: dict, num_workers: int) -> dict:
         if len(out["batches"]) == spec.get("save_at"):
             out["saved"] = loader.state_dict()
             break
+        if len(out["batches"]) == spec.get("record_at"):
+            out["saved"] = loader.state_dict()
     return out
 
 

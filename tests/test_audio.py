@@ -614,7 +614,7 @@ def test_an_effect_appended_moves_no_draw_and_needs_nothing_else(corpus, with_cl
         assert {k: after[k] for k in fixed} == {k: before[k] for k in fixed}
         assert after["specaugment"].start == before["specaugment"].start
         u = Draws(7, 2).read(41, after)
-        # after the parts of stream 1 (lowpass 0-1, clip 2-3, codec 4-6), whether they are on or not
+        # after the effects of stream 1 (lowpass 0-1, clip 2-3, codec 4-6), whether they are on or not
         np.testing.assert_array_equal(u["peak"], _philox(7, 2, 41, 9, 101)[7:])
     assert parse_augment({"peak": {}}).layout()["peak"] == parse_augment(today | {"peak": {}}).layout()["peak"]
     # the loader: same plan (speed's draws), the clipped audio's features, refused on feature shards
@@ -711,7 +711,7 @@ CHANNEL = {"lowpass": {"cutoff": [2500, 3500], "prob": 0.7}, "clip": {"gain": [6
 
 def test_channel_parts_take_stream_one_after_todays_parts_and_move_none_of_their_draws():
     """lowpass, clip and codec are appended: they read uniforms 0-1, 2-3 and 4-6 of stream 1, on or
-    off, whatever SpecAugment's options; the parts before keep their slots."""
+    off, whatever SpecAugment's options; the effects before keep their slots."""
     assert [k.name for k in augment_module.EFFECTS] == ["speed", "noise", "reverb", "specaugment", "lowpass", "clip",
                                                       "codec"]
     today = {**SPEED, "noise": NOISE, "reverb": REVERB, "specaugment": {"freq_masks": 3}}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from shardsets import build, train_char_tokenizer
 
+from wdsprep.check.planreport import plan_report
 from wdsprep.format.records import iter_records
 from wdsprep.loader import make_loader
 from wdsprep.units import FRAMES_PER_HOUR
@@ -324,3 +325,40 @@ except ValueError as e:
     first, refused = r.stdout.splitlines()[:2]
     assert first == "100000 5"
     assert refused.startswith("steps_per_epoch must be in [1, 1,000,000], got 1,000,000,000")
+
+
+def test_a_mixture_of_utterances_holds_several_corpora_in_a_batch_each_with_its_own_tokenizer(tmp_path):
+    """English and Mandarin as named corpora, each with its own tokenizer, mixed utterance by
+    utterance: most batches hold both; batch.corpus names each utterance's corpus and its labels
+    are its own corpus's tokenizer's; the same batches with workers; shares at the weights."""
+    from shardsets import make_multilingual_dir
+
+    from wdsprep import load_tokenizer, pack_data
+    from wdsprep.tokenizer import train_tokenizer
+
+    trset, utts, toks = {}, {}, {}
+    for lang, n in (("en", 160), ("zh", 120)):
+        kd = tmp_path / f"kaldi-{lang}"
+        utts.update(make_multilingual_dir(kd, {lang: n}, seed=len(lang) + n))
+        pack_data(kd / "feats.scp", kd / "text", tmp_path / lang, utts_per_shard=40, progress=False)
+        toks[lang] = train_tokenizer("char", [kd / "text"], tmp_path / f"{lang}.json", keep_spaces=lang == "en")
+        trset[lang] = {"shards": f"{tmp_path / lang}/data-*.tar", "tokenizer": str(tmp_path / f"{lang}.json")}
+    kw = dict(max_frames=2500, weights={"en": 1, "zh": 1}, mix_unit="utterance", seed=4)
+    loader = make_loader(trset, tmp_path / "en.json", **kw)
+    batches = epoch_batches(loader, 0)
+    corpora = [[loader.corpora[c] for c in b.corpus.tolist()] for b in batches]
+    assert np.mean([len(set(c)) == 2 for c in corpora]) >= 0.5
+    flat = [c for cs in corpora for c in cs]
+    assert abs(flat.count("zh") / len(flat) - 0.5) <= 0.02
+    own = {lang: load_tokenizer(tmp_path / f"{lang}.json") for lang in toks}  # as the loader reads them
+    for b, cs in zip(batches, corpora):
+        for i, (key, c) in enumerate(zip(b.keys, cs)):
+            assert utts[key][0] == c
+            assert b.labels[i, :int(b.label_lens[i])].tolist() == own[c].encode(utts[key][1])
+    workers = make_loader(trset, tmp_path / "en.json", num_workers=2, **kw)
+    assert [b.keys for b in epoch_batches(workers, 0)] == [b.keys for b in batches]
+    out = io.StringIO()
+    report = plan_report(trset, tmp_path / "en.json", out=out, **kw)[0]
+    share = np.mean([len(set(c)) == 2 for c in corpora])
+    assert report["mix_unit"] == "utterance" and report["mixed_batches"] == pytest.approx(share, abs=1e-4)
+    assert f"mixed by utterance: {share:.1%} of the batches hold several corpora" in out.getvalue()

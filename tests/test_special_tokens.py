@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +116,7 @@ def test_subword_sampling_never_splits_a_special_token(tmp_path):
                           special_tokens=SPECIALS)
     tok.seed(3)
     ids = tok.encode_batch(["<|en|><|transcribe|>speech recognition with subword units"] * 20,
-                           sampling=SubwordSampling(alpha=0.5))
+                           sampling=SubwordSampling(alpha=0.01))  # flat: a small model samples at all
     head = tok.encode("<|en|><|transcribe|>")
     assert all(x[:2] == head for x in ids) and len({tuple(x) for x in ids}) > 1  # sampled, tags whole
 

@@ -168,9 +168,9 @@ def _ld_object(ld: Mapping[str, Any], where: str) -> tuple[str | list | dict[str
                          f"{{name: shard pattern, ...}}")
     if "shards" in ld:
         mixing = sorted(MIXING_KEYS & set(ld))
-        if mixing and "mix_by" not in ld:  # mix_by makes the parts to mix of one corpus too
+        if mixing and "mix_by" not in ld:  # mix_by makes the subsets to mix of one corpus too
             raise ValueError(f"{where}: ld {mixing} mix named corpora: give \"corpora\" instead of \"shards\" (or "
-                             f"\"mix_by\": FIELD to mix the parts of one)")
+                             f"\"mix_by\": FIELD to mix the subsets of one)")
         if not isinstance(ld["shards"], (str, list)) or not ld["shards"]:
             raise ValueError(f"{where}: ld shards must be a shard pattern or a list of them, got {ld['shards']!r}")
         return ld["shards"], kw

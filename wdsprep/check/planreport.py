@@ -121,6 +121,7 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
     planned: list[LoaderStats] = []
     dropped: Counter[str] = Counter()
     may_end_empty = 0
+    several = 0  # batches holding more than one corpus
     for r in range(world_size):
         k = 0
         for window in run.windows(r):
@@ -132,6 +133,7 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
                 corpora = source.origins(bid)[0]
                 if corpora is None:  # one corpus: as the shards say
                     corpora = shards.corpus[shards.shard_of(rows)]
+                several += len(np.unique(corpora)) > 1
                 np.add.at(utts[k], corpora, 1)
                 np.add.at(frames[k], corpora, f)
                 costs[r, k] = batch_cost(judge, f, None if shards.tokens is None else shards.tokens[rows])
@@ -177,7 +179,8 @@ def epoch_report(source: EpochSource, options: PlanOptions, epoch: int, *, windo
         progress = source.progress(run.after(0, run.steps(0))) or []
         per_corpus = {n: {"utterances": int(u), "hours": round(hours(h), 4), "epochs": round(e, 3)}
                       for n, u, h, e in zip(names, utts.sum(axis=0), frames.sum(axis=0), progress)}
-        report.update({"corpora": list(names), "mixture": mixture.describe(), "ranges": rows_,
+        report.update({"corpora": list(names), "mixture": mixture.describe(), "mix_unit": source.mix_unit,
+                       "mixed_batches": round(several / max(1, sum(steps)), 4), "ranges": rows_,
                        "per_corpus": per_corpus})
         if shards.speakers is not None:
             report["shuffle"] = {n: merged_shuffle([st.corpora[n].shuffle for st in planned]) for n in names}
@@ -228,7 +231,8 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
         return "\n".join(lines)
     names = r["corpora"]
     width = max(8, *(len(n) for n in names))
-    lines += [f"  mixture             {r['mixture']}",
+    lines += [f"  mixture             {r['mixture']}, mixed by {r['mix_unit']}: {r['mixed_batches']:.1%} of the "
+              f"batches hold several corpora",
               "  share of utterances per step range, scheduled -> planned (share of hours):",
               "    " + f"{'steps':>17}  " + "  ".join(f"{n:>{width + 12}}" for n in names)]
     for row in r["ranges"]:

@@ -107,8 +107,8 @@ class Corpus:
 
     ``speakers`` (one id per row of this corpus) is kept only when the plan depends on it
     (``options.max_utts_per_speaker``).  ``rowmap``: a corpus whose rows are not contiguous in the
-    loader's shard set (a part ``mix_by`` made) gives each of its rows' place there, ascending;
-    ``parent``: the named corpus it is (a part of): its transforms are that one's.
+    loader's shard set (a subset ``mix_by`` made) gives each of its rows' place there, ascending;
+    ``parent``: the named corpus it is (a subset of): its transforms are that one's.
     """
 
     def __init__(self, shards: ShardSet, options: PlanOptions, *, seed: int, row0: int = 0,

@@ -66,11 +66,11 @@ def _checked_augment(spec: Any) -> Any:
 
 def _temperature(value: Any) -> float | tuple[float, ...]:
     """A temperature: one number, or one per level of the mixture (across corpora, then across the
-    parts ``mix_by`` makes of each)."""
+    subsets ``mix_by`` makes of each)."""
     levels = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not 1 <= len(levels) <= 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
                                             for t in levels):
-        raise ValueError(f"temperature must be a number > 0, or two (across corpora, then across the parts mix_by "
+        raise ValueError(f"temperature must be a number > 0, or two (across corpora, then across the subsets mix_by "
                          f"makes of each), got {value!r}")
     return float(levels[0]) if not isinstance(value, (list, tuple)) else tuple(float(t) for t in levels)
 
@@ -78,22 +78,22 @@ def _temperature(value: Any) -> float | tuple[float, ...]:
 @dataclass(frozen=True)
 class MixOptions:
     """How named corpora mix in training: one way of weights, or their own sizes; and, with
-    ``mix_by``, how each corpus is split into parts that mix as corpora do."""
+    ``mix_by``, how each corpus is split into subsets that mix as corpora do."""
 
     weights: Mapping[str, float] | None = option(
         None, "each named corpus's share of the utterances, e.g. en=1 zh=3 (default: their own sizes); with "
-              "--mix-by, each part's (CORPUS/VALUE, or VALUE for one unnamed corpus)", kind=WEIGHTS, plan=True,
+              "--mix-by, each subset's (CORPUS/VALUE, or VALUE for one unnamed corpus)", kind=WEIGHTS, plan=True,
         common=True,
-        doc="named corpora's shares of the utterances drawn, {'en': 1, 'zh': 3} (with mix_by, each part's: VALUE,"
+        doc="named corpora's shares of the utterances drawn, {'en': 1, 'zh': 3} (with mix_by, each subset's: VALUE,"
             " or CORPUS/VALUE for named corpora). Without weights, temperature or schedule: their own "
             "proportions, as if they were one corpus")
-    # A number applies at every level; two numbers are (across corpora, across each corpus's parts).
+    # A number applies at every level; two numbers are (across corpora, across each corpus's subsets).
     temperature: float | tuple[float, ...] | None = option(
         None, "weights from hours: hours^(1/T), e.g. 5; with --mix-by, one T for every level or two: across corpora, "
-              "then across each corpus's parts", kind=LEVELS, to_value=_temperature, plan=True, common=True,
+              "then across each corpus's subsets", kind=LEVELS, to_value=_temperature, plan=True, common=True,
         doc="weights ∝ each corpus's hours^(1/temperature) (1: as large as they are); with mix_by, one number "
-            "applies at every level, or (T_corpora, T_parts): across the corpora by their hours, then across each"
-            " corpus's parts by theirs")
+            "applies at every level, or (T_corpora, T_subsets): across the corpora by their hours, then across each"
+            " corpus's subsets by theirs")
     schedule: Sequence[tuple[int, Mapping[str, float]]] | None = option(
         None, "weights over training steps, linear in between: 0:en=9,zh=1 1000:en=1,zh=1", kind=SCHEDULE,
         plan=True, common=True,
@@ -110,12 +110,12 @@ class MixOptions:
                                "cut, so a batch holds several corpora, each utterance with its own corpus's "
                                "tokenizer, text treatment and augmentation; batch.corpus names each)")
     mix_by: str | None = option(None, "split each corpus by this index column (lang: each utterance's language, "
-                                      "pack --utt2lang) into parts mixed as named corpora are", kind=PATH,
+                                      "pack --utt2lang) into subsets mixed as named corpora are", kind=PATH,
                                 metavar="FIELD", plan=True, common=True,
-                                doc="split each corpus (named or not) by this index column (lang) into parts, "
-                                    "mixed as named corpora are (weights and schedule name the parts VALUE, or "
+                                doc="split each corpus (named or not) by this index column (lang) into subsets, "
+                                    "mixed as named corpora are (weights and schedule name the subsets VALUE, or "
                                     "CORPUS/VALUE for named corpora; temperature per level); loader.corpora and "
-                                    "batch.corpus name the parts")
+                                    "batch.corpus name the subsets")
 
     def __post_init__(self) -> None:
         ways = [name for name in ("weights", "temperature", "schedule") if getattr(self, name) is not None]
@@ -126,8 +126,8 @@ class MixOptions:
         if self.temperature is not None:
             object.__setattr__(self, "temperature", _temperature(self.temperature))
             if isinstance(self.temperature, tuple) and self.mix_by is None:
-                raise ValueError("a temperature per level needs mix_by (levels: across corpora, then across the parts "
-                                 "mix_by makes of each); give one number")
+                raise ValueError("a temperature per level needs mix_by (levels: across corpora, then across the "
+                                 "subsets mix_by makes of each); give one number")
         if self.mix_by is not None:
             check_field_name(self.mix_by)
 

@@ -144,7 +144,7 @@ class ShardSet:
         at = np.flatnonzero(self.corpus == corpus)
         return slice(int(at[0]), int(at[-1]) + 1) if len(at) else slice(0, 0)
 
-    def part(self, corpus: int) -> ShardSet:
+    def of_corpus(self, corpus: int) -> ShardSet:
         """Corpus ``corpus`` alone, as a shard set of its own (rows and shards counted from 0)."""
         sl = self.shards_of(corpus)
         rows = slice(int(self.starts[sl.start]), int(self.starts[sl.stop]))

@@ -11,8 +11,8 @@ corpora are mixed:
   plan every epoch dealt to ranks and readers: the same batches on every topology;
 - named corpora in training: ``mix.epochs.MixedEpochs``, each corpus with epochs of its own, a
   corpus drawn per step by the mixture; with ``mix_by`` (an index column, e.g. ``lang``) each
-  corpus is first split into parts by its value, and the parts are what is mixed
-  (:func:`split_by`), a temperature applied per level: across corpora, then across each one's parts.
+  corpus is first split into subsets by its value, and the subsets are what is mixed
+  (:func:`split_by`), a temperature applied per level: across corpora, then across each one's subsets.
 
 Both are made of :class:`~wdsprep.plan.corpus.Corpus` units and name every planned batch the
 same way, ``(corpus, corpus epoch, stream, batch)``.
@@ -148,17 +148,17 @@ class EpochSource(Protocol):
 
 def mixture_for(shards: ShardSet, mix: MixOptions) -> Mixture:
     """The mixture of the named corpora of ``shards`` that ``mix`` gives (their own sizes when none)."""
-    parts = [shards.part(c) for c in range(len(shards.corpora))]
-    return make_mixture(shards.corpora, mix, hours=[hours(int(p.frames.sum())) for p in parts],
-                        utts=[p.num_utts for p in parts])
+    each = [shards.of_corpus(c) for c in range(len(shards.corpora))]
+    return make_mixture(shards.corpora, mix, hours=[hours(int(s.frames.sum())) for s in each],
+                        utts=[s.num_utts for s in each])
 
 
 def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, seed: int,
              planned: np.ndarray | None) -> tuple[list[str], list[Corpus], list[list[float]]]:
-    """Each corpus of ``shards`` split by its rows' values of index column ``column``: (the parts'
+    """Each corpus of ``shards`` split by its rows' values of index column ``column``: (the subsets'
     names, ``VALUE`` for one unnamed corpus, else ``CORPUS/VALUE``; their :class:`Corpus` units,
-    each planned over its own rows, with a seed of its name; per corpus, each part's hours).  A
-    shard's unreadable samples count once, with the first part that reads it."""
+    each planned over its own rows, with a seed of its name; per corpus, each subset's hours).  A
+    shard's unreadable samples count once, with the first subset that reads it."""
     values = shards.columns.get(column)
     if values is None:
         how = "--utt2lang" if column == "lang" else f"--field {column}=FILE --index-field {column}"
@@ -180,13 +180,13 @@ def split_by(shards: ShardSet, column: str, plans: Sequence[PlanOptions], *, see
         for v in mine[np.argsort(first)].tolist():  # in order of first appearance
             rows = a + np.flatnonzero(ids[a:b] == v)
             name = values.names[v] if shards.corpora == ("",) else f"{corpus}/{values.names[v]}"
-            part = shards.subset(rows)
+            subset = shards.subset(rows)
             used = np.unique(shards.shard_of(rows))
-            part.lost = np.where(np.isin(used, list(counted)), 0, shards.lost[used])
+            subset.lost = np.where(np.isin(used, list(counted)), 0, shards.lost[used])
             counted.update(used.tolist())
             names.append(name)
-            hours_of[-1].append(hours(int(part.frames.sum())))
-            units.append(Corpus(part, plans[c], seed=mixed_seed(seed, name), rowmap=rows,
+            hours_of[-1].append(hours(int(subset.frames.sum())))
+            units.append(Corpus(subset, plans[c], seed=mixed_seed(seed, name), rowmap=rows,
                                 parent=c, speakers=None if planned is None else planned[rows]))
     return names, units, hours_of
 
@@ -198,7 +198,7 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
 
     ``named``: the corpora were given by name; in training several of them, or one with mixing
     options (``mix``), are mixed.  ``mix.mix_by``: each corpus (named or not) split by that index
-    column into parts, mixed as named corpora are (:func:`split_by`).  ``plans``: each named
+    column into subsets, mixed as named corpora are (:func:`split_by`).  ``plans``: each named
     corpus's plan options, where they differ from ``options`` (their augmentation's speed).
     ``shards.speakers`` (when known) feeds the shuffle report, and the plan itself under
     ``options.max_utts_per_speaker``.
@@ -207,7 +207,7 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
     if given and not ((named or mix.mix_by is not None) and options.train):
         why = ("a dev loader (train=False) reads every corpus once, unmixed" if named or mix.mix_by is not None
                else "give trset as {name: pattern, ...}, or mix_by")
-        raise ValueError(f"{', '.join(given)}: only named corpora are mixed (or their parts, with mix_by), in "
+        raise ValueError(f"{', '.join(given)}: only named corpora are mixed (or their subsets, with mix_by), in "
                          f"training; {why}")
     if options.max_utts_per_speaker is not None and shards.speakers is None:
         raise ValueError("max_utts_per_speaker needs every utterance's speaker, from the shards' index; these shards "
@@ -215,10 +215,10 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
     planned = None if options.max_utts_per_speaker is None or shards.speakers is None else shards.speakers.ids
     each = list(plans) if plans is not None else [options] * len(shards.corpora)
     if mix.mix_by is not None:
-        names, units, part_hours = split_by(shards, mix.mix_by, each, seed=seed, planned=planned)
+        names, units, subset_hours = split_by(shards, mix.mix_by, each, seed=seed, planned=planned)
         if mix.temperature is not None:
             t = mix.temperature
-            mixture = level_mixture(names, part_hours, t if isinstance(t, tuple) else (t, t), by=mix.mix_by)
+            mixture = level_mixture(names, subset_hours, t if isinstance(t, tuple) else (t, t), by=mix.mix_by)
         else:
             mixture = make_mixture(names, mix, utts=[u.shards.num_utts for u in units])
         return MixedEpochs(shards, units, seed=seed, mixture=mixture, options=options, mix_unit=mix.mix_unit,
@@ -227,10 +227,10 @@ def epoch_source(shards: ShardSet, options: PlanOptions, *, seed: int, world_siz
     if named and options.train and (len(shards.corpora) > 1 or given):
         corpora = []
         for c, name in enumerate(shards.corpora):
-            part = shards.part(c)
+            own = shards.of_corpus(c)
             row0 = int(shards.starts[shards.shards_of(c).start])
-            corpora.append(Corpus(part, each[c], seed=mixed_seed(seed, name), row0=row0,
-                                  speakers=None if planned is None else planned[row0:row0 + part.num_utts], parent=c))
+            corpora.append(Corpus(own, each[c], seed=mixed_seed(seed, name), row0=row0,
+                                  speakers=None if planned is None else planned[row0:row0 + own.num_utts], parent=c))
         mixture = mixture_for(shards, mix)
         return MixedEpochs(shards, corpora, seed=seed, mixture=mixture, options=options, mix_unit=mix.mix_unit,
                            steps_per_epoch=mix.steps_per_epoch, world_size=world_size, num_workers=num_workers,

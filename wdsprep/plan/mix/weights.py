@@ -5,8 +5,8 @@ Three ways to give them, one shape once resolved (:class:`Mixture`, a piecewise-
 * fixed weights, ``{"en": 1, "zh": 3}``;
 * a temperature over the corpora's hours, weight ∝ hours^(1/T) (T = 1: as large as they are;
   larger T flattens towards equal shares, the usual multilingual choice is 3-5); corpora split
-  into parts (``mix_by``: by language, say) take one per level (:func:`level_mixture`): across the
-  corpora by their hours, then across each corpus's parts by theirs (ESPnet's
+  into subsets (``mix_by``: by language, say) take one per level (:func:`level_mixture`): across the
+  corpora by their hours, then across each corpus's subsets by theirs (ESPnet's
   ``CategoryPowerSampler``, NeMo's nested ``reweight_temperature``);
 * a schedule, ``[(0, {"en": 9, "zh": 1}), (1000, {"en": 1, "zh": 1})]``: linear between points,
   constant before the first and after the last (OpenNMT's task-mix schedule).
@@ -148,22 +148,22 @@ def make_mixture(names: Sequence[str], mix: MixOptions, *, hours: Sequence[float
 
 def level_mixture(names: Sequence[str], hours: Sequence[Sequence[float]], temperatures: Sequence[float], *,
                   by: str) -> Mixture:
-    """The mixture of corpora split into parts (``names``: every part, corpus after corpus;
-    ``hours``: per corpus, its parts' hours) with a temperature per level: corpus ``c``'s share ∝
-    ``H_c^(1/T1)`` (``H_c`` its hours), and within it each part's ∝ ``h^(1/T2)``; a part's weight is
+    """The mixture of corpora split into subsets (``names``: every subset, corpus after corpus;
+    ``hours``: per corpus, its subsets' hours) with a temperature per level: corpus ``c``'s share ∝
+    ``H_c^(1/T1)`` (``H_c`` its hours), and within it each subset's ∝ ``h^(1/T2)``; a subset's weight is
     the product."""
     t1, t2 = (float(t) for t in temperatures)
     for t in (t1, t2):
         if not (math.isfinite(t) and t > 0):
             raise ValueError(f"temperature must be a number > 0, got {t!r}")
     if sum(len(h) for h in hours) != len(names):
-        raise ValueError(f"{len(names)} parts but hours for {sum(len(h) for h in hours)}")
+        raise ValueError(f"{len(names)} subsets but hours for {sum(len(h) for h in hours)}")
     totals = [sum(h) for h in hours]
     top = [t ** (1.0 / t1) if t > 0 else 0.0 for t in totals]
     weights: dict[str, float] = {}
     k = 0
-    for share, parts in zip(top, hours):
-        inner = [h ** (1.0 / t2) if h > 0 else 0.0 for h in parts]
+    for share, subsets in zip(top, hours):
+        inner = [h ** (1.0 / t2) if h > 0 else 0.0 for h in subsets]
         total = sum(inner) or 1.0
         for w in inner:
             weights[names[k]] = share * w / total
