@@ -292,7 +292,7 @@ def test_each_corpus_has_a_shuffle_report_of_its_own_batches_and_speakers(tmp_pa
     for name in loader.corpora:  # the plan's report for one rank is the loader's, read from nothing but the index
         assert planned[name]["speakers_per_batch"] == pytest.approx(
             loader.stats.corpora[name].shuffle["speakers_per_batch"])
-        assert f"shuffle of {name} (steps: its own batches)" in out.getvalue()
+        assert f"shuffle of {name} (steps: the batches holding it, its utterances in each)" in out.getvalue()
 
     # With the speaker cap the dry-run plans as the loader does: one utterance per speaker per batch.
     capped = plan_report(trset, max_frames=1500, weights={"en": 1, "zh": 1}, max_utts_per_speaker=1,

@@ -435,15 +435,16 @@ MULTILINGUAL = ROOT / "egs" / "multilingual"
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="stage 0 synthesizes Russian with espeak-ng")
-def test_multilingual_recipe_packs_languages_and_previous_texts_and_trains_prompted(tmp_path: Path) -> None:
+def test_multilingual_recipe_packs_languages_and_prompts_and_trains_on_mixed_batches(tmp_path: Path) -> None:
     """egs/multilingual: a third language synthesized beside the corpus's two, packed with each
-    utterance's language and previous text (verified), a tokenizer per language aggregated, the
-    mixture's shares from the index, and two prompted training steps on 2 ranks."""
+    utterance's language and a prompt of special tokens and the previous text (verified), a
+    tokenizer per language aggregated with the prompt's symbols, a mixture of utterances whose
+    batches hold several languages, and two prompted training steps on 2 ranks."""
     exp = tmp_path / "exp"
-    p = run(["bash", str(MULTILINGUAL / "run.sh"), "--stop-stage", "3", "--num-ru", "16"], timeout=600, EXP=str(exp))
+    p = run(["bash", str(MULTILINGUAL / "run.sh"), "--stop-stage", "4", "--num-ru", "16"], timeout=600, EXP=str(exp))
     q = run(["bash", str(MULTILINGUAL / "run.sh"), "--stage", "5", "--max-steps", "2", "--epochs", "1"], timeout=600,
             EXP=str(exp), NPROC="2")
-    for stage in range(4):
+    for stage in range(5):
         assert f"[stage {stage}]" in p.stdout, f"stage {stage} missing:\n{p.stdout}"
     assert "verify: " in p.stdout and ": OK" in p.stdout
     langs = dict(line.split() for line in (exp / "data" / "train" / "utt2lang").read_text().splitlines())
@@ -451,12 +452,17 @@ def test_multilingual_recipe_packs_languages_and_previous_texts_and_trains_promp
     assert re.search(r"^ru\s+12\s", p.stdout, re.M), p.stdout  # inspect: 12 of 16 Russian utterances train
     tok = json.loads((exp / "tokenizer.json").read_text())
     assert tok["kind"] == "aggregate" and [e["lang"] for e in tok["languages"]] == ["en", "zh", "ru"]
+    assert tok["special_tokens"] == ["<|prev|>", "<|en|>", "<|zh|>", "<|ru|>", "<|transcribe|>"]
     ld = json.loads((exp / "hyper-p.json").read_text())["train"]["option"]["ld"]
-    assert ld["mix_by"] == "lang" and ld["text_fields"] == ["prev_text"]
+    assert (ld["mix_by"], ld["mix_unit"], ld["text_fields"]) == ("lang", "utterance", ["prompt"])
+    mixed = re.search(r"mixed by utterance: ([0-9.]+)% of the batches hold several corpora", p.stdout)
+    assert mixed and float(mixed.group(1)) > 20, p.stdout
     import webdataset as wds
 
     sample = next(iter(wds.WebDataset(str(next((exp / "shards" / "dev").glob("data-*.tar"))), shardshuffle=False)))
-    assert {"lang", "prev_text", "npy", "txt"} <= set(sample)
+    assert {"lang", "prompt", "npy", "txt"} <= set(sample)
+    lang = sample["lang"].decode()
+    assert re.fullmatch(rf"<\|prev\|>[^<]*<\|{lang}\|><\|transcribe\|>", sample["prompt"].decode()), sample["prompt"]
     assert "epoch 1 | train loss" in q.stdout and f"vocab {tok['vocab_size']}," in q.stdout  # the aggregate's ids
 
 

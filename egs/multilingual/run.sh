@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # wdsprep multilingual, prompted recipe: the demo corpus's English and Mandarin with a third
 # language in its own script (Russian, synthesized here with espeak-ng), packed with each
-# utterance's language and previous text; a tokenizer per language; mixed by language with a
-# temperature; a CTC model prompted with the previous text.
+# utterance's language and a Whisper-style prompt (<|prev|>previous text<|en|><|transcribe|>); a
+# tokenizer per language, aggregated with the prompt's special tokens; utterances mixed by language
+# with a temperature, so a batch holds several; a CTC model given the prompt.
 #
 # Usage (from anywhere; the recipe runs from egs/multilingual like a Kaldi recipe):
 #   bash egs/multilingual/run.sh                        # all stages
@@ -11,17 +12,19 @@
 # Stages:
 #   0  synthesize the Russian utterances (espeak-ng -v ru) -> $exp/data/ru/{train,dev}; combine them
 #      with data/{train,dev} (egs/demo's corpus) -> $exp/data/{train,dev}, with utt2lang and
-#      text.prev (each utterance's speaker's previous transcript: local/fields.py)
-#   1  pack-audio (fbank on the way, no ark) with --utt2lang and --field prev_text=text.prev, by
+#      text.prompt (the speaker's previous transcript, the language, the task: local/fields.py)
+#   1  pack-audio (fbank on the way, no ark) with --utt2lang and --field prompt=text.prompt, by
 #      length group with egs/demo's conf/pack.conf (train) and one folder (dev); verify; inspect
 #      prints the hours of each language
 #   2  a tokenizer per language (characters; Mandarin without spaces), then one aggregate file:
-#      each language's ids in a range of its own, <s> and <unk> shared (ids 0 and 1)
-#   3  write $exp/hyper-p.json: ld = {shards, mix_by: lang, temperature, text_fields: [prev_text]},
-#      the aggregate tokenizer
-#   4  the plan (dry-run --plan: each language's share of the mixture), then one real epoch on
-#      $nproc ranks with 2 workers each
-#   5  train with torchrun (egs/demo's local/train.py --prompt prev_text)
+#      <s>, <unk> and the prompt's special tokens shared (ids 0 to 6), then each language's ids in
+#      a range of its own
+#   3  write $exp/hyper-p.json: ld = {shards, mix_by: lang, mix_unit: utterance, temperature,
+#      text_fields: [prompt], streams: 4 (one per reader of 2 ranks x 2 workers)}, the aggregate
+#      tokenizer
+#   4  the plan (dry-run --plan: each language's share of the mixture, how many batches hold
+#      several), then one real epoch on $nproc ranks with 2 workers each
+#   5  train with torchrun (egs/demo's local/train.py --prompt prompt)
 #
 # Options (each also settable by the upper-case environment variable):
 #   --stage N --stop-stage M   run stages N..M (default 0..5)
@@ -73,7 +76,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
       cat "$data/$part/$f" "$exp/data/ru/$part/$f" | sort > "$exp/data/$part/$f"
     done
   done
-  log 0 "utt2lang and text.prev for $exp/data/{train,dev}"
+  log 0 "utt2lang and text.prompt for $exp/data/{train,dev}"
   python local/fields.py "$exp/data/train" "$exp/data/dev"
 fi
 
@@ -82,11 +85,11 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   for part in train dev; do
     opts=$pack_opts
     [ "$part" = dev ] && opts="--utts-per-shard $(awk '$1 == "--utts-per-shard" {print $2}' conf/pack.conf)"
-    log 1 "packing $exp/data/$part with its languages and previous texts ($opts) -> $exp/shards/$part"
+    log 1 "packing $exp/data/$part with its languages and prompts ($opts) -> $exp/shards/$part"
     # shellcheck disable=SC2086  # $opts is a list of words on purpose
     wdsprep pack-audio --wav-scp "$exp/data/$part/wav.scp" --text "$exp/data/$part/text" \
       --utt2spk "$exp/data/$part/utt2spk" --utt2lang "$exp/data/$part/utt2lang" \
-      --field prev_text="$exp/data/$part/text.prev" --out "$exp/shards/$part" --nj "$nj" --overwrite \
+      --field prompt="$exp/data/$part/text.prompt" --out "$exp/shards/$part" --nj "$nj" --overwrite \
       --no-progress $opts
   done
   wdsprep verify "$exp/shards/train/*/data-*.tar" "$exp/shards/dev/data-*.tar"
@@ -104,20 +107,22 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
       --out "$exp/tokenizer.$lang.json" --overwrite
     specs+=("$lang=$exp/tokenizer.$lang.json")
   done
-  log 2 "one aggregate tokenizer -> $exp/tokenizer.json"
-  wdsprep tokenizer aggregate "${specs[@]}" --out "$exp/tokenizer.json" --overwrite
+  read -r -a specials <<< "$(python local/fields.py --special-tokens)"
+  log 2 "one aggregate tokenizer with the prompt's special tokens (${specials[*]}) -> $exp/tokenizer.json"
+  wdsprep tokenizer aggregate "${specs[@]}" --special-tokens "${specials[@]}" --out "$exp/tokenizer.json" \
+    --overwrite
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log 3 "writing $exp/hyper-p.json: ld mixed by language (temperature $temperature), prev_text tokenized"
+  log 3 "writing $exp/hyper-p.json: utterances mixed by language (temperature $temperature), prompt tokenized"
   python local/make_hyper.py --shards "$exp/shards/train" --dev-shards "$exp/shards/dev" \
-    --ld mix_by=lang temperature="$temperature" 'text_fields=["prev_text"]' \
+    --ld mix_by=lang mix_unit=utterance temperature="$temperature" 'text_fields=["prompt"]' streams=4 \
     --tokenizer "$exp/tokenizer.json" --out "$exp/hyper-p.json" --model dropout=0.0 \
     --set epochs="$epochs" lr=1e-3 warmup_steps=50 seed=0 bucket_size="$bucket_size" ld_shuffle_buffer=100
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
-  log 4 "the plan of 1 epoch for $nproc rank(s), from the index alone: each language's share"
+  log 4 "the plan of 1 epoch for $nproc rank(s), from the index alone: each language's share, the batches mixed"
   wdsprep dry-run --plan --hyper "$exp/hyper-p.json" --world-size "$nproc" --epochs 1
   log 4 "one real epoch on $nproc rank(s) with 2 workers each"
   torchrun --standalone --nproc_per_node="$nproc" -m wdsprep dry-run --hyper "$exp/hyper-p.json" \
@@ -125,11 +130,11 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
-  log 5 "training on $nproc rank(s), prompted with the previous text: torchrun local/train.py --prompt prev_text"
+  log 5 "training on $nproc rank(s), given the prompt: torchrun local/train.py --prompt prompt"
   extra=()
   [ -n "$max_steps" ] && extra+=(--max-steps "$max_steps")
   torchrun --standalone --nproc_per_node="$nproc" local/train.py \
-    --hyper "$exp/hyper-p.json" --exp-dir "$exp" --prompt prev_text "${extra[@]}" 2>&1 | tee "$exp/train.log"
+    --hyper "$exp/hyper-p.json" --exp-dir "$exp" --prompt prompt "${extra[@]}" 2>&1 | tee "$exp/train.log"
 fi
 
 echo "$0: done (stages $stage..$stop_stage)"

@@ -247,11 +247,11 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
 
 
 def corpus_shuffle_lines(shuffles: dict[str, dict[str, Any]] | None) -> str:
-    """Each corpus's shuffle report, its "steps" that corpus's batches on a rank."""
+    """Each corpus's shuffle report, its "steps" the batches on a rank that hold the corpus."""
     if shuffles is None:
         return "  speakers            unknown (shards in no index)"
-    return "\n".join(f"  shuffle of {name} (steps: its own batches)\n" + shuffle_lines(q, indent="    ")
-                     for name, q in shuffles.items())
+    return "\n".join(f"  shuffle of {name} (steps: the batches holding it, its utterances in each)\n"
+                     + shuffle_lines(q, indent="    ") for name, q in shuffles.items())
 
 
 def shuffle_lines(shuffle: dict[str, Any] | None, indent: str = "  ") -> str:

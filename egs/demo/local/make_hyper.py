@@ -24,7 +24,7 @@ Named corpora to mix (``egs/mix``): ``--corpus en=DIR zh=DIR`` instead of ``--sh
 ``temperature=``, ``steps_per_epoch=``): ``ld`` becomes the object wdsprep reads.  So does
 ``--augment '{"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}'`` (``egs/audio``): the
 training loader's augmentation, ``ld.augment``.  ``--ld KEY=VALUE`` (``egs/multilingual``) adds any
-other loader option to the ``ld`` object (``mix_by=lang temperature=2 text_fields='["prev_text"]'``).
+other loader option to the ``ld`` object (``mix_by=lang mix_unit=utterance text_fields='["prompt"]'``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ optimisation keys (``epochs``, ``lr``, ``seed``, ...) from the same file.  Run w
 trains in a single process.
 
 ``--prompt FIELD`` (egs/multilingual): the model is also given a text field of each utterance
-(``prev_text``: the speaker's previous transcript), tokenized by the loader as the labels are
-(``text_fields``); its tokens' mean embedding is added to every encoder frame.  Without it the
-model and the loader are as before.
+(``prompt``: special tokens and the speaker's previous transcript), tokenized by the loader as
+the labels are (``text_fields``); its tokens' mean embedding is added to every encoder frame.
+Without it the model and the loader are as before.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint: model, optimizer, step and the "
                     "loader's place in its epoch (on any number of ranks)")
     ap.add_argument("--prompt", metavar="FIELD", help="give the model this text field of each utterance too (e.g. "
-                    "prev_text, packed with --field): tokenized by the loader (text_fields), its mean embedding added "
+                    "prompt, packed with --field): tokenized by the loader (text_fields), its mean embedding added "
                     "to the encoder's frames")
     args = ap.parse_args(argv)
 
