@@ -233,9 +233,10 @@ def multilingual(tmp_path_factory):
     return f"{out}/data-*.tar", utts, {lang: str(p) for lang, p in toks.items()}
 
 
-# Mixed by language, a tokenizer per language and the previous text delivered: the launches of the
-# mixed-corpora test run it too (--also), on their topologies.
-BY_LANG = {"max_frames": 1500, "seed": 7, "mix_by": "lang", "temperature": 2, "fields": ["prev_text"]}
+# Utterances mixed by language (a batch holds several), a tokenizer per language and the previous
+# text delivered: the launches of the mixed-corpora test run it too (--also), on their topologies.
+BY_LANG = {"max_frames": 1500, "seed": 7, "mix_by": "lang", "mix_unit": "utterance", "temperature": 2,
+           "fields": ["prev_text"]}
 NAMED = {"max_frames": 3000, "seed": 7, "shuffle_buffer": 50, **MIX}
 
 
@@ -247,10 +248,11 @@ def same_batches(got: list[list[str]], planned: list[list[str]], most_left: int)
 
 
 def test_mixed_corpora_are_the_same_batches_on_every_topology_and_resume_on_another(uneven, multilingual, tmp_path):
-    """Two named corpora by weight, and one corpus mixed by language (temperature 2, a tokenizer per
-    language, prev_text): (1 rank, 0 workers), (2 ranks, 2 workers) under torchrun and 3 ranks give
-    the same batches, at most one per rank apart; the 2 ranks' state after 5 steps, resumed on 3
-    ranks under torchrun and on 1, delivers with those 5 steps the one-rank epoch's batches."""
+    """Two named corpora by weight (batch by batch), and one corpus's utterances mixed by language
+    (temperature 2, a tokenizer per language, prev_text): (1 rank, 0 workers), (2 ranks, 2 workers)
+    under torchrun and 3 ranks give the same batches, at most one per rank apart; the 2 ranks' state
+    after 5 steps, resumed on 3 ranks under torchrun and on 1, delivers with those 5 steps the
+    one-rank epoch's batches."""
     root, out, utts, tok = uneven
     ml_trset, ml_utts, toks = multilingual
     zh, zh_utts = build(root, n=80, utts_per_shard=20, seed=5, prefix="zh-")
@@ -281,6 +283,7 @@ def test_mixed_corpora_are_the_same_batches_on_every_topology_and_resume_on_anot
     same_batches(head + in_process(trset, tok, 1, NAMED, saved)[0], one, 0)
     same_batches(ml_head + in_process(ml_trset, toks, 1, BY_LANG, ml_saved)[0], ml_one, 0)
     # Every utterance named with its corpus; mixed by language: its own language, previous text and ids.
+    assert sum(len(set(langs)) > 1 for r in ml_a for langs in r["langs"]) > len(ml_one) / 2
     for ep in named_a + rest:
         for keys, corpus in zip(ep["batches"], ep["corpora"]):
             assert [("en", "zh")[c] for c in corpus] == ["zh" if k.startswith("zh-") else "en" for k in keys]
