@@ -68,7 +68,9 @@ from wdsprep.files import not_regular, write_text
 from wdsprep.loading.rehearsal import out_of_memory
 from wdsprep.plan.compose import load_shards
 from wdsprep.plan.cost import COEFFICIENTS, CostModel
+from wdsprep.plan.shardset import ShardSet
 from wdsprep.tokenizer import load_tokenizer
+from wdsprep.tokenizer.base import Tokenizer
 
 # Label tokens per input frame the grid times at most, unless told (tokens_per_frame=): the 95th
 # percentile of the corpus's own labels, counted with the tokenizer (and kept beside the index for
@@ -516,26 +518,15 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
     t_start = time.perf_counter()
     _check_options(max_seconds=max_seconds, subsampling=subsampling, tokens_per_frame=tokens_per_frame,
                    max_tokens=max_tokens, optimizer=optimizer, oom_margin=oom_margin, max_frames=max_frames,
-                   seed=seed)
-    if not (isinstance(max_error, (int, float)) and max_error > 0):  # NaN too
-        raise ValueError(f"max_error must be > 0 (a share, e.g. 0.25), got {max_error!r}")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
-    if not out.parent.is_dir():  # found now, not after minutes of timing
-        raise FileNotFoundError(f"{out.parent}: no such folder for {out}; make it first")
+                   seed=seed, max_error=max_error)
+    out = _output(out, overwrite)
     dev = device_of(device)
     factory = load_callable(model, "--model")
     step_func = load_callable(step, "--step") if step is not None else None
     tok = load_tokenizer(tokenizer)
-    # The labels' lengths: the grid's default rate, and the label of each batch of a frames plan.
-    shards = load_shards(trset, tokenizer=tok if tokens_per_frame is None or max_frames is not None else None)
-    if shards.num_utts == 0:
-        raise ValueError(f"{trset}: the shards hold no utterance to take lengths from")
-    if shards.dims is None:
-        raise ValueError(f"{trset}: the shards' feature dims are unknown (their index says none, or they differ): "
-                         f"run wdsprep index on them")
     vocab_size = tok.vocab_size
+    # The labels' lengths: the grid's default rate, and the label of each batch of a frames plan.
+    shards = _lengths(trset, tok if tokens_per_frame is None or max_frames is not None else None)
     frames = np.asarray(shards.frames)
     if tokens_per_frame is None:
         assert shards.tokens is not None
@@ -576,6 +567,34 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
                          seconds=time.perf_counter() - t_start, frames=_frame_summary(frames),
                          tokens_per_frame=tokens_per_frame, max_tokens=max_tokens, batch_frames=batch_frames,
                          model=model, step=step, optimizer=optimizer, memory=memory, budget=budget)
+    _check_fit(result, max_error, out)
+    write_text(out, json.dumps(result.to_json(), indent=1) + "\n")
+    return result
+
+
+def _output(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Where the calibration goes, checked now, not after minutes of timing."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"{out.parent}: no such folder for {out}; make it first")
+    return out
+
+
+def _lengths(trset: str | Sequence[str], tok: Tokenizer | None) -> ShardSet:
+    """The training shards' lengths (labels' too, with ``tok``) and feature dims, from their index."""
+    shards = load_shards(trset, tokenizer=tok)
+    if shards.num_utts == 0:
+        raise ValueError(f"{trset}: the shards hold no utterance to take lengths from")
+    if shards.dims is None:
+        raise ValueError(f"{trset}: the shards' feature dims are unknown (their index says none, or they differ): "
+                         f"run wdsprep index on them")
+    return shards
+
+
+def _check_fit(result: Calibration, max_error: float, out: Path) -> None:
+    """A cost model that misses a held-out shape by more than ``max_error`` is not written."""
     held = np.abs(result.errors(True))
     if held.max() > max_error:
         raise MeasurementError(
@@ -583,12 +602,13 @@ def calibrate(model: str, trset: str | Sequence[str], tokenizer: str | os.PathLi
             f"timing noise {result.noise:.1%}), over max_error={max_error:g}: {out} not written. Timing noise (give "
             f"more --max-seconds, run with the machine's other work stopped) or a step whose cost is not "
             f"a + b*t + c*t^2 + d*u + e*u^2 + f*t*u")
-    write_text(out, json.dumps(result.to_json(), indent=1) + "\n")
-    return result
 
 
 def _check_options(*, max_seconds: float, subsampling: int, tokens_per_frame: float | None, max_tokens: int | None,
-                   optimizer: str, oom_margin: float, max_frames: int | None, seed: int = 0) -> None:
+                   optimizer: str, oom_margin: float, max_frames: int | None, seed: int = 0,
+                   max_error: float = 0.25) -> None:
+    if not (isinstance(max_error, (int, float)) and max_error > 0):  # NaN too
+        raise ValueError(f"max_error must be > 0 (a share, e.g. 0.25), got {max_error!r}")
     if not (isinstance(max_seconds, (int, float)) and 0 < max_seconds < math.inf):
         raise ValueError(f"max_seconds must be a finite number > 0, got {max_seconds!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:  # what torch's seeds hold
