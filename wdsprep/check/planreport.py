@@ -231,8 +231,9 @@ def plan_summary(r: dict[str, Any], num_utts: int) -> str:
         return "\n".join(lines)
     names = r["corpora"]
     width = max(8, *(len(n) for n in names))
-    lines += [f"  mixture             {r['mixture']}, mixed by {r['mix_unit']}: {r['mixed_batches']:.1%} of the "
-              f"batches hold several corpora",
+    mixed = (f"mixed by utterance: {r['mixed_batches']:.1%} of the batches hold several corpora"
+             if r["mix_unit"] == "utterance" else "mixed by batch: each batch holds one corpus")
+    lines += [f"  mixture             {r['mixture']}, {mixed}",
               "  share of utterances per step range, scheduled -> planned (share of hours):",
               "    " + f"{'steps':>17}  " + "  ".join(f"{n:>{width + 12}}" for n in names)]
     for row in r["ranges"]:
