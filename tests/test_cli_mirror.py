@@ -184,7 +184,8 @@ def test_pack_and_fbank_options_have_one_home_that_flags_and_signatures_follow(c
 
 def test_the_resume_record_is_the_options_that_decide_the_shards():
     """A pack's resume record holds every option of its home marked as deciding the shards, and
-    nothing else: a feature pack's, and an audio pack's (its fbank options and store, no dims)."""
+    nothing else: a feature pack's, and an audio pack's (its fbank options and store, no dims; a
+    lossy store's encoder settings, which no option changes)."""
     from wdsprep.options import options_of
     from wdsprep.pack.options import AudioOptions, PackOptions
     from wdsprep.prep.options import FbankOptions
@@ -194,7 +195,7 @@ def test_the_resume_record_is_the_options_that_decide_the_shards():
     audio = AudioOptions(FbankOptions(backend="numpy"), "opus")
     record = PackOptions(layout="opus", audio=audio).record()
     assert set(record) == ((deciding - {"dims", "index_fields"}) | {f.name for f, s in options_of(FbankOptions)}
-                           | {f.name for f, s in options_of(AudioOptions)})
+                           | {f.name for f, s in options_of(AudioOptions)} | {"encoder"})
     assert (record["store"], record["bitrate"], record["num_mel_bins"]) == ("opus", 32000, FbankOptions.num_mel_bins)
 
 

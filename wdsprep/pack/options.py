@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
-from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
+from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_ENCODER, OPUS_RATES, check_bitrate, opus_encoder
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
 from wdsprep.options import FILES, NAMED_PATHS, NAMES, NUMBER, PATH, SWITCH, TOGGLE, Kind, choice, option
@@ -81,6 +81,7 @@ class AudioOptions:
                 raise ValueError(f"store {self.store}: Opus codes audio at {', '.join(map(str, OPUS_RATES))} Hz, not "
                                  f"{f.sample_rate}: give one of them as sample_rate (--sample-rate)")
             object.__setattr__(self, "bitrate", check_bitrate(OPUS_BITRATE if self.bitrate is None else self.bitrate))
+            opus_encoder()  # not installed: said before the pack reads anything
         elif self.bitrate is not None:
             raise ValueError(f"bitrate applies to a lossy store ({', '.join(LOSSY_FORMATS)}), not to store "
                              f"{self.store!r}")
@@ -94,9 +95,9 @@ class AudioOptions:
 
     def record(self) -> dict[str, Any]:
         """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
-        lossy store's ``bitrate``."""
+        lossy store's ``bitrate`` and encoder settings (a pack begun with other ones resumes no further)."""
         return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
-                **({"bitrate": self.bitrate} if self.bitrate is not None else {})}
+                **({"bitrate": self.bitrate, "encoder": OPUS_ENCODER} if self.bitrate is not None else {})}
 
 
 @dataclass(frozen=True)
