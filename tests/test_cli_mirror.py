@@ -22,8 +22,8 @@ from wdsprep.tokenizer import aggregate_tokenizers
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
 MIRRORS = [
     (("fbank",), wdsprep.compute_fbank, {}, {}),
-    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "d_out": "out"}, {}),
-    (("pack-audio",), wdsprep.pack_audio, {"d_out": "out"}, {}),
+    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "d_out": "out"}, {"executor": "Python's: --dask makes one"}),
+    (("pack-audio",), wdsprep.pack_audio, {"d_out": "out"}, {"executor": "Python's: --dask makes one"}),
     (("tokenizer", "train"), wdsprep.train_tokenizer,
      {"text_files": "text", "keep_spaces": "drop_spaces", "spm_options": "spm_option"}, {}),
     (("tokenizer", "import-cat"), wdsprep.import_cat_tokenizer, {"path": "file"}, {}),
@@ -148,12 +148,12 @@ HAND_SPELLED = {"pack": {"scp", "source", "out"}, "pack-audio": {"wav_scp", "sou
 
 
 def _pack_homes():
-    from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions, Spread
+    from wdsprep.pack.options import AudioOptions, Engine, OutputOptions, PackInputs, PackOptions, Spread
     from wdsprep.pack.sources import Manifest
     from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 
     return (PackOptions, AudioOptions, FbankOptions, PackInputs, AudioInputs, JobOptions, OutputOptions, Spread,
-            Manifest)
+            Engine, Manifest)
 
 
 @pytest.mark.parametrize("command,func", [("pack", wdsprep.pack_data), ("pack-audio", wdsprep.pack_audio),

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from contextlib import closing
+from concurrent.futures import Executor
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping
@@ -38,7 +39,7 @@ from wdsprep.format.commit import marker
 from wdsprep.format.keys import LANG
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
-from wdsprep.pack.options import OutputOptions, PackOptions, Part, PathOrPaths, Spread, as_list
+from wdsprep.pack.options import Engine, OutputOptions, PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.output import (
     REPORT_NAME,
     LockedOutput,
@@ -65,6 +66,7 @@ from wdsprep.pack.plan import ShardPlan, plan_shards, write_order
 from wdsprep.pack.sink import ShardJob, ShardWork, WrittenShard, write_shards
 from wdsprep.prep.kaldi import Entry, read_text, read_utt2spk
 from wdsprep.prep.options import JobOptions
+from wdsprep.prep.parallel import dask_executor
 from wdsprep.report import Report
 
 # One utterance to pack: (uttid, what the source's job reads of it, its transcript).
@@ -150,11 +152,12 @@ class PackSource(ABC):
 
 def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, job: JobOptions,
              output: OutputOptions, *, fields: Mapping[str, list[str]] | None = None,
-             spread: Spread = Spread()) -> Report:
+             spread: Spread = Spread(), engine: Engine = Engine()) -> Report:
     """Pack ``source``'s utterances with their ``labels`` into ``d_out``; the arguments are
     :func:`wdsprep.pack_data`'s.  ``fields``: each field's tables by name
     (:func:`wdsprep.pack.fields.field_files`), besides the source's own ``fields``; the labels'
-    languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines."""
+    languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines;
+    ``engine``: who writes the shards (None of it: ``job.nj`` local workers)."""
     nj, strict, progress, max_lost = job.nj, job.strict, job.progress, output.max_lost
     own = {**source.fields, **({LANG: labels.languages} if labels.languages else {})}
     item_fields = ItemFields(fields or {}, own)
@@ -181,10 +184,12 @@ def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, optio
                 return done
         report = source.report
         items, values = _labelled(source, labels.texts, item_fields, report)
-        return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
-                     strict=strict, progress=progress, values=values,
-                     indexed=item_fields.indexed(options.index_fields), spread=spread,
-                     max_lost=max_lost)
+        with ExitStack() as stack:
+            executor = engine.executor if engine.dask is None else stack.enter_context(dask_executor(engine.dask))
+            return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
+                         strict=strict, progress=progress, values=values,
+                         indexed=item_fields.indexed(options.index_fields), spread=spread,
+                         max_lost=max_lost, executor=executor)
 
 
 def _plan_only(out: LockedOutput, plan: ShardPlan, pack_plan: Any, report: Report, command: str) -> Report:
@@ -200,7 +205,8 @@ def _plan_only(out: LockedOutput, plan: ShardPlan, pack_plan: Any, report: Repor
 
 
 def _pack_part(out: LockedOutput, plan: ShardPlan, pack_plan: Any, part: Part, report: Report, options: PackOptions,
-               work: ShardWork, publisher: Publisher, command: str, *, nj: int, progress: bool | None) -> Report:
+               work: ShardWork, publisher: Publisher, command: str, *, nj: int, progress: bool | None,
+               executor: Executor | None) -> Report:
     """``--part I/N``: write this part's planned shards not yet staged or published (a part goes on
     from what it did before it was stopped), staging each and publishing what comes next in every
     folder; nothing is committed.  The report: what the shards it wrote dropped."""
@@ -214,7 +220,8 @@ def _pack_part(out: LockedOutput, plan: ShardPlan, pack_plan: Any, part: Part, r
     tasks = [j for j in mine if j not in done and j not in ready]
     remove_part_partial(d, plan, tasks)
     # Closed on an error too: its workers stop before what they left half-written is removed.
-    with closing(write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress)) as shards:
+    with closing(write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress,
+                              executor=executor)) as shards:
         for w in shards:
             report.merge(w.report)
             stage(d, w)
@@ -253,7 +260,8 @@ def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
 def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Report, options: PackOptions,
           inputs: dict[str, Any], record: dict[str, Any], *, speakers: dict[str, str] | None, nj: int,
           strict: bool, progress: bool | None, values: list[dict[str, str]] | None,
-          indexed: dict[str, dict[str, str]], spread: Spread, max_lost: float) -> Report:
+          indexed: dict[str, dict[str, str]], spread: Spread, max_lost: float,
+          executor: Executor | None) -> Report:
     """Plan, record the plan, write and publish every planned shard not published yet, finish and
     commit; on an error or Ctrl-C, keep what was published (:func:`~wdsprep.pack.output.stopped`).
     ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or
@@ -279,7 +287,8 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         if spread.part is not None:
             part = (spread.part, plan)
             return _pack_part(out, plan, pack_plan, spread.part, report, options, work,
-                              Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress)
+                              Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress,
+                              executor=executor)
         try:
             done = record_plan(out, plan, pack_plan, options.fmt)
         except DataError:
@@ -287,7 +296,8 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
             raise
         tasks = [j for j in write_order(plan) if j not in done.done]
         ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
-        written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress)
+        written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress,
+                               executor=executor)
         if ready and len(ready) < len(tasks):
             print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
                   f"part (--part): writing them here")

@@ -6,8 +6,9 @@ record follow from these classes (``tests/test_cli_mirror.py`` holds them to it)
 shards: checked when made, their :meth:`~PackOptions.record` is the resume record
 ``pack_plan.json`` keeps (:mod:`wdsprep.format.commit`).  What a pack reads besides its features
 or audio (:class:`PackInputs`), what it does with its output folder (:class:`OutputOptions`), how
-it runs (``prep.options.JobOptions``) and which share of a pack spread over machines a run does
-(:class:`Spread`) are not recorded.
+it runs (``prep.options.JobOptions``; :class:`Engine`: an existing engine's workers, such as a
+Dask cluster's, in place of the local pool) and which share of a pack spread over machines a run
+does (:class:`Spread`) are not recorded.
 """
 
 from __future__ import annotations
@@ -334,3 +335,25 @@ class Spread:
         object.__setattr__(self, "part", as_part(self.part))
         if self.plan_only and self.part is not None:
             raise ValueError("--plan-only writes the plan, --part writes shards of it: give one")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Who writes a pack's shards when not this machine's own worker processes (``--nj``): an
+    existing engine's workers, each planned shard one task, published by this process in plan
+    order as the tasks finish.  Not recorded: the shards are the same whoever writes them."""
+
+    dask: str | None = option(None, "the address of a Dask scheduler (tcp://HOST:8786): its workers write the shards, "
+                                    "one task per planned shard, and a task lost with its worker is run again; the "
+                                    "workers must reach the inputs and --out (a bucket, or a shared folder)",
+                              kind=Kind("ADDRESS", str, str), ld=False)
+    executor: Any = option(None, "a concurrent.futures.Executor whose workers write the shards (Dask's "
+                                 "Client.get_executor(), a Ray-backed one, a ProcessPoolExecutor); None: nj local "
+                                 "worker processes", flag=False, ld=False)
+
+    def __post_init__(self) -> None:
+        if self.dask is not None and self.executor is not None:
+            raise ValueError("dask (--dask) names a cluster to run the shards on, executor is one already: give one")
+        if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
+            raise ValueError(f"executor must be a concurrent.futures.Executor (it has no submit()), got "
+                             f"{type(self.executor).__name__}")

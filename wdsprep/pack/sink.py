@@ -1,7 +1,9 @@
 """Writing planned shards, in worker processes: each shard through a :class:`ShardSink`.
 
-A worker is given a :class:`ShardWork` once (where the shards go, the plan's shards and frames,
-and the source's :class:`ShardJob`), then shard ids.  For each it opens a sink, lets the job add
+A worker of the local pool is given a :class:`ShardWork` once (where the shards go, the plan's
+shards and frames, and the source's :class:`ShardJob`), then shard ids; a task on an engine's
+worker (``executor``) gets the work of its one shard (:meth:`ShardWork.for_shard`: its utterances
+alone, however large the pack).  For each it opens a sink, lets the job add
 the shard's utterances in plan order, and hands back a :class:`WrittenShard`: the shard under a
 hidden name (``.wSSS-00000.tar``, SSS its place in the plan: invisible to ``data-*.tar`` globs),
 complete and synced, with every utterance it could not pack and why.  The main process publishes it
@@ -10,7 +12,8 @@ complete and synced, with every utterance it could not pack and why.  The main p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -20,7 +23,7 @@ from wdsprep.files import naming, sync
 from wdsprep.format.index import ShardInfo
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.plan import PlannedShard
-from wdsprep.prep.parallel import imap_ordered
+from wdsprep.prep.parallel import imap_executor, imap_ordered
 from wdsprep.report import Report
 
 
@@ -156,6 +159,10 @@ class ShardJob(Protocol):
 
     def close(self) -> None: ...
 
+    def narrowed(self, items: Sequence[int]) -> ShardJob:
+        """The job of ``items`` alone, renumbered 0, 1, ... in that order: what one task on an
+        engine's worker is sent (a job without it is sent whole)."""
+
 
 @dataclass
 class ShardWork:
@@ -165,7 +172,7 @@ class ShardWork:
     layout: str
     dtype: str
     sample_rate: int | None  # an audio layout's
-    shards: Sequence[PlannedShard]
+    shards: Sequence[PlannedShard] | Mapping[int, PlannedShard]
     frames: np.ndarray  # per item, as planned
     job: ShardJob
     fields: Sequence[Mapping[str, str]] | None = None  # per item, its fields' values (None: the pack has none)
@@ -183,13 +190,38 @@ class ShardWork:
                 tick(1)
             return sink.close()
 
+    def for_shard(self, shard: int) -> ShardWork:
+        """The work of planned shard ``shard`` alone: its utterances renumbered, the job narrowed to
+        them (:meth:`ShardJob.narrowed`), so a task carries one shard's worth, not the pack's."""
+        s = self.shards[shard]
+        narrowed = getattr(self.job, "narrowed", None)
+        if narrowed is None:
+            return replace(self, shards={shard: s})
+        items = s.items.tolist()
+        return replace(self, shards={shard: replace(s, items=np.arange(len(items)))}, frames=self.frames[s.items],
+                       job=narrowed(items), fields=None if self.fields is None else [self.fields[i] for i in items])
 
-def write_shards(work: ShardWork, tasks: Sequence[int], *, nj: int, desc: str,
-                 progress: bool | None) -> Iterator[WrittenShard]:
-    """Planned shards ``tasks`` written by ``nj`` workers, each handed back in task order."""
-    total = sum(len(work.shards[j].items) for j in tasks)
+
+def write_shards(work: ShardWork, tasks: Sequence[int], *, nj: int, desc: str, progress: bool | None,
+                 executor: Executor | None = None) -> Iterator[WrittenShard]:
+    """Planned shards ``tasks`` written by ``nj`` local workers, or each as a task on ``executor``'s
+    workers, each handed back in task order."""
+    sizes = [len(work.shards[j].items) for j in tasks]
+    if executor is not None:
+        return imap_executor(_write_alone, ((work.for_shard(j), j) for j in tasks), executor, desc, progress,
+                             sizes=sizes)
     return imap_ordered(_write, tasks, nj, desc, progress, init=_open_work, init_args=(work,), done=_close_work,
-                        total=total)
+                        total=sum(sizes))
+
+
+def _write_alone(task: tuple[ShardWork, int]) -> WrittenShard:
+    """One task on an engine's worker: its shard's job opened, the shard written, the job closed."""
+    work, shard = task
+    work.job.open()
+    try:
+        return work.write(shard, lambda n: None)
+    finally:
+        work.job.close()
 
 
 # The work of this worker process (set by _open_work in each worker, or in the main process with nj=1).
