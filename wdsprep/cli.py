@@ -276,10 +276,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from wdsprep.check.index_remote import index_remote
     from wdsprep.format.reindex import index_shards
+    from wdsprep.remote.urls import is_url
 
-    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, index_fields=args.index_field or (),
-                          progress=args.progress)
+    remote = any(is_url(p) for p in args.patterns)
+    result = (index_remote if remote else index_shards)(args.patterns, refresh=args.refresh, force=args.force,
+                                                        index_fields=args.index_field or (), progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
 

@@ -7,11 +7,17 @@ alone, however large the pack).  For each it opens a sink, lets the job add
 the shard's utterances in plan order, and hands back a :class:`WrittenShard`: the shard under a
 hidden name (``.wSSS-00000.tar``, SSS its place in the plan: invisible to ``data-*.tar`` globs),
 complete and synced, with every utterance it could not pack and why.  The main process publishes it
-(:mod:`wdsprep.pack.output`).
+(:mod:`wdsprep.pack.output`).  A pack into a bucket (``stage_url``) writes each shard in a temporary
+folder of the worker and *stages* it in the bucket (``FOLDER/.pack.staged/J.tar``, then its record
+``J.json``: :func:`staged_record`), so workers on machines that share nothing but the bucket hand
+their shards over there; the main process publishes them by a copy within the bucket.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +43,26 @@ class WrittenShard:
     info: ShardInfo | None  # named by its hidden file
     dims: int | None  # of the features written
     report: Report
+    size: int | None = None  # bytes, and when written (ns): a shard staged in a bucket, where no stat tells
+    mtime_ns: int | None = None
+
+
+STAGED_DIR = ".pack.staged"  # per shard folder, shards written but not published yet (a spread pack's, a bucket's)
+
+
+def staged_name(shard: int) -> str:
+    """Planned shard ``shard``'s staged file, within its folder (its record: ``.json`` for ``.tar``)."""
+    return f"{STAGED_DIR}/{shard:08d}.tar"
+
+
+def staged_record(w: WrittenShard, size: int | None, mtime_ns: int | None) -> bytes:
+    """The record of a staged shard (what it holds, what it dropped): JSON, written after the shard."""
+    info = None
+    if w.info is not None:
+        info = {"keys": w.info.keys, "frames": w.info.frames, "text_lens": w.info.text_lens,
+                "sha256": w.info.sha256, "samples": w.info.samples, "size": size, "mtime_ns": mtime_ns}
+    return json.dumps({"plan_shard": w.shard, "dims": w.dims, "report": w.report.fragment(), "info": info},
+                      ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class ShardSink:
@@ -177,11 +203,19 @@ class ShardWork:
     job: ShardJob
     fields: Sequence[Mapping[str, str]] | None = None  # per item, its fields' values (None: the pack has none)
     bitrate: int | None = None  # a lossy audio layout's, bit/s
+    stage_url: str | None = None  # a bucket's pack: each shard is staged there (d_out unused)
 
     def write(self, shard: int, tick: Callable[[int], None]) -> WrittenShard:
-        """Write planned shard ``shard`` under its hidden name (synced); ``tick`` per utterance."""
+        """Write planned shard ``shard`` under its hidden name (synced), or stage it in the bucket;
+        ``tick`` per utterance."""
+        if self.stage_url is not None:
+            with tempfile.TemporaryDirectory(prefix="wdsprep-shard-") as tmp:
+                return self._stage(self._write(Path(tmp), shard, tick), Path(tmp))
+        return self._write(self.d_out, shard, tick)
+
+    def _write(self, d_out: Path, shard: int, tick: Callable[[int], None]) -> WrittenShard:
         s = self.shards[shard]
-        with ShardSink(self.d_out, shard, s.folder, layout=self.layout, dtype=self.dtype,
+        with ShardSink(d_out, shard, s.folder, layout=self.layout, dtype=self.dtype,
                        sample_rate=self.sample_rate, bitrate=self.bitrate) as sink:
             for i, frames in zip(s.items.tolist(), self.frames[s.items].tolist()):
                 if self.fields is not None:
@@ -189,6 +223,26 @@ class ShardWork:
                 self.job.add(sink, i, frames)
                 tick(1)
             return sink.close()
+
+    def _stage(self, w: WrittenShard, tmp: Path) -> WrittenShard:
+        """Upload a written shard, then its record, to the bucket's staging place (each write whole or
+        not at all): the shard is staged once its record is there."""
+        from wdsprep.remote.stores import store_for
+
+        assert self.stage_url is not None
+        store = store_for(self.stage_url)
+        assert store is not None
+        name = staged_name(w.shard)
+        url = f"{self.stage_url}/{w.folder}/{name}" if w.folder else f"{self.stage_url}/{name}"
+        size = mtime = None
+        if w.info is not None:
+            path = tmp / w.folder / w.info.name
+            st = os.stat(path)
+            size, mtime = st.st_size, st.st_mtime_ns
+            store.put(url, str(path), timeout=60.0, metadata={"sha256": w.info.sha256 or ""})
+            w.info.name = name
+        store.put(url[:-len(".tar")] + ".json", staged_record(w, size, mtime), timeout=60.0)
+        return replace(w, size=size, mtime_ns=mtime)
 
     def for_shard(self, shard: int) -> ShardWork:
         """The work of planned shard ``shard`` alone: its utterances renumbered, the job narrowed to
