@@ -15,6 +15,10 @@ theirs (boto3 clients and urllib3 pools are thread-safe).  Their connections reg
 attempt being made (:mod:`wdsprep.remote.deadline`), which can shut them down when a server
 trickles.
 
+A pack writing into a bucket writes through the same S3 client (:func:`s3_put` and its neighbours),
+with S3's conditional writes (``If-None-Match: *``, ``If-Match``) where it must not overwrite; a
+condition not met is :class:`Precondition`.
+
 ``https://USER:PASSWORD@host/...`` is sent as basic auth (as curl does), the query of a URL as it
 is (a presigned URL's signature); neither is ever part of a message (``urls.redact``).
 """
