@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py wdsprep/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_INDEX),$(PY) -m pip install -q --no-compile -c constraints.txt torch --index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[test,lhotse,hf,lightning]'
+	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[test,lhotse,hf,lightning,opus,cluster]'
 	@# pip byte-compiles what it installs one file at a time (35 of its 60 s here); on every core, 15.
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib > /dev/null || true
 	touch $@

@@ -22,8 +22,8 @@ from wdsprep.tokenizer import aggregate_tokenizers
 # (subcommand path, function, {parameter: option dest where the names differ}, parameters with no option and why)
 MIRRORS = [
     (("fbank",), wdsprep.compute_fbank, {}, {}),
-    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "d_out": "out"}, {}),
-    (("pack-audio",), wdsprep.pack_audio, {"d_out": "out"}, {}),
+    (("pack",), wdsprep.pack_data, {"f_scps": "scp", "d_out": "out"}, {"executor": "Python's: --dask makes one"}),
+    (("pack-audio",), wdsprep.pack_audio, {"d_out": "out"}, {"executor": "Python's: --dask makes one"}),
     (("tokenizer", "train"), wdsprep.train_tokenizer,
      {"text_files": "text", "keep_spaces": "drop_spaces", "spm_options": "spm_option"}, {}),
     (("tokenizer", "import-cat"), wdsprep.import_cat_tokenizer, {"path": "file"}, {}),
@@ -148,12 +148,12 @@ HAND_SPELLED = {"pack": {"scp", "source", "out"}, "pack-audio": {"wav_scp", "sou
 
 
 def _pack_homes():
-    from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions, Spread
+    from wdsprep.pack.options import AudioOptions, Engine, OutputOptions, PackInputs, PackOptions, Spread
     from wdsprep.pack.sources import Manifest
     from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 
     return (PackOptions, AudioOptions, FbankOptions, PackInputs, AudioInputs, JobOptions, OutputOptions, Spread,
-            Manifest)
+            Engine, Manifest)
 
 
 @pytest.mark.parametrize("command,func", [("pack", wdsprep.pack_data), ("pack-audio", wdsprep.pack_audio),
@@ -184,7 +184,8 @@ def test_pack_and_fbank_options_have_one_home_that_flags_and_signatures_follow(c
 
 def test_the_resume_record_is_the_options_that_decide_the_shards():
     """A pack's resume record holds every option of its home marked as deciding the shards, and
-    nothing else: a feature pack's, and an audio pack's (its fbank options and store, no dims)."""
+    nothing else: a feature pack's, and an audio pack's (its fbank options and store, no dims; a
+    lossy store's encoder settings, which no option changes)."""
     from wdsprep.options import options_of
     from wdsprep.pack.options import AudioOptions, PackOptions
     from wdsprep.prep.options import FbankOptions
@@ -194,7 +195,7 @@ def test_the_resume_record_is_the_options_that_decide_the_shards():
     audio = AudioOptions(FbankOptions(backend="numpy"), "opus")
     record = PackOptions(layout="opus", audio=audio).record()
     assert set(record) == ((deciding - {"dims", "index_fields"}) | {f.name for f, s in options_of(FbankOptions)}
-                           | {f.name for f, s in options_of(AudioOptions)})
+                           | {f.name for f, s in options_of(AudioOptions)} | {"encoder"})
     assert (record["store"], record["bitrate"], record["num_mel_bins"]) == ("opus", 32000, FbankOptions.num_mel_bins)
 
 

@@ -265,34 +265,44 @@ def test_soundfile_writes_and_reads_ogg_opus():
 
 
 def test_opus_member_records_the_length_it_decodes_to(demo):
-    """encode_audio's count is what plain soundfile decodes the bytes to, and what the header says
-    (granule position less pre-skip); the bytes are the same every time (fixed serial, comment
-    packet cut to its vendor string, CRCs right), and decode as libsndfile's own output does."""
+    """encode_audio's count is what plain soundfile (libsndfile's decoder) decodes the bytes to, the
+    samples encoded (the last granule trims the padding), and what the header says (granule position
+    less pre-skip), for one to three channels and every length; the bytes are the same every time
+    (fixed serial, a comment packet of the vendor string alone, CRCs right)."""
     _, waves, _, _ = demo
-    cases = [w for w in waves[:6]] + [waves[0][:n] for n in (400, 401, 959, 1234)]
+    rng = np.random.default_rng(0)
+    stereo = (rng.standard_normal((1999, 2)) * 3000).astype(np.int16)
+    cases = [w for w in waves[:6]] + [waves[0][:n] for n in (400, 401, 639, 640, 641, 959, 1234)] + [stereo]
     for pcm in cases:
         data, samples = encode_audio(pcm, RATE, "opus")
         decoded, rate = sf.read(io.BytesIO(data), dtype="int16")
-        assert rate == RATE and samples == len(decoded) == len(pcm)
+        assert rate == RATE and samples == len(decoded) == len(pcm) and decoded.shape == pcm.shape
         header = audio_header("opus", data[:512], len(data), lambda a, b: data[a:b])
         assert header.samples == samples and header.sample_rate == RATE
         assert np.array_equal(decode_audio(data, header), decoded)
         assert encode_audio(pcm, RATE, "opus") == (data, samples)
         pages = ogg.pages(data)
         assert {p.serial for p in pages} == {ogg.SERIAL} and [p.sequence for p in pages] == list(range(len(pages)))
+        assert pages[0].flags == ogg.BOS and pages[-1].flags == ogg.EOS
         for p in pages:
             page = bytearray(data[p.offset:p.offset + p.size])
             stored = int.from_bytes(page[22:26], "little")
             page[22:26] = bytes(4)
             assert ogg.crc(bytes(page)) == stored
-    raw = io.BytesIO()
-    sf.write(raw, waves[0], RATE, format="OGG", subtype="OPUS", compression_level=(256000 - 32000 - 0.5) / 250000)
     ours, _ = encode_audio(waves[0], RATE, "opus")
-    assert len(ours) < len(raw.getvalue()) - 500  # the padded comment packet is gone
-    assert np.array_equal(sf.read(io.BytesIO(ours), dtype="int16")[0], sf.read(io.BytesIO(raw.getvalue()),
-                                                                             dtype="int16")[0])
     low, _ = encode_audio(waves[0], RATE, "opus", bitrate=16000)
     assert len(low) < len(ours)
+    # The features of the decoded audio are as close to the lossless audio's as libsndfile's own
+    # encoder at the same bitrate gets them (which the pack wrote before; bench_opus.py measures more).
+    raw = io.BytesIO()
+    sf.write(raw, waves[0], RATE, format="OGG", subtype="OPUS", compression_level=(256000 - 32000 - 0.5) / 250000)
+    fbank = NumpyFbank(FbankOptions(backend="numpy"))
+    ref = fbank(waves[0].astype(np.float32))
+    above = ref > np.log(np.finfo(np.float32).eps) + 1e-3
+
+    def off(data: bytes) -> float:
+        return float(np.abs(fbank(sf.read(io.BytesIO(data), dtype="int16")[0].astype(np.float32)) - ref)[above].mean())
+    assert off(ours) <= off(raw.getvalue()) * 1.02
 
 
 def test_opus_refuses_what_it_cannot_store(demo):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from wdsprep.errors import failure
 from wdsprep.options import add_flags, given
-from wdsprep.pack.options import Spread
+from wdsprep.pack.options import Engine, Spread
 from wdsprep.tokenizer.base import trainable_kinds
 from wdsprep.tokenizer.spm import SPM_MODEL_TYPES
 
@@ -37,6 +37,7 @@ def _add_pack_options(p: argparse.ArgumentParser, *, audio: bool) -> None:
     add_flags(p, JobOptions)
     add_flags(p, OutputOptions)
     add_flags(p.add_argument_group("a pack spread over machines (a job array; docs/fbank.md)"), Spread)
+    add_flags(p.add_argument_group("an engine's workers write the shards (docs/fbank.md)"), Engine)
 
 
 def _add_progress(p: argparse._ActionsContainer) -> None:
@@ -97,7 +98,8 @@ def _pack_given(args: argparse.Namespace) -> dict:
     from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions
     from wdsprep.prep.options import AudioInputs, FbankOptions, JobOptions
 
-    homes = (PackInputs, PackOptions, JobOptions, OutputOptions, Spread, AudioInputs, FbankOptions, AudioOptions)
+    homes = (PackInputs, PackOptions, JobOptions, OutputOptions, Spread, Engine, AudioInputs, FbankOptions,
+             AudioOptions)
     kw = given(args, *homes)
     kw.pop("f_labels", None)
     return kw
@@ -284,10 +286,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from wdsprep.check.index_remote import index_remote
     from wdsprep.format.reindex import index_shards
+    from wdsprep.remote.urls import is_url
 
-    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, index_fields=args.index_field or (),
-                          progress=args.progress)
+    remote = any(is_url(p) for p in args.patterns)
+    result = (index_remote if remote else index_shards)(args.patterns, refresh=args.refresh, force=args.force,
+                                                        index_fields=args.index_field or (), progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
 

@@ -27,6 +27,13 @@
 #   --nj N         parallel jobs for fbank and pack (NJ, default 8)
 #   --parts N      stage 2: pack train in N parts, each with NJ workers (PARTS, default 1: one pack);
 #                  here N background processes stand in for the tasks of a SLURM job array
+#   --dask ADDR    stage 2: the workers of the Dask cluster whose scheduler is at ADDR write the
+#                  shards, one task per shard, a task lost with its worker run again (DASK; e.g.
+#                  tcp://10.0.0.5:8786 from `dask scheduler`, with `dask worker tcp://10.0.0.5:8786` on
+#                  each machine; pip install 'wdsprep[cluster]'); the workers must read the inputs
+#                  and the output: a shared folder, or --out s3://BUCKET/PREFIX (see docs/fbank.md).
+#                  Ray: pack_data(..., executor=E) takes any concurrent.futures.Executor, one whose
+#                  submit() runs on Ray included (docs/fbank.md, "An engine writes the shards")
 #   --nproc N      ranks per node for dry run and training (NPROC, default 2)
 #   --kind K --vocab-size N   tokenizer (KIND default sentencepiece, VOCAB default 5000)
 #   --groups "LO:HI ..."      length groups in frames (LEN_GROUPS; bash reserves GROUPS)
@@ -45,6 +52,7 @@ root=${ROOT:-}
 exp=${EXP:-}  # default: egs/large/exp/large
 nj=${NJ:-8}
 parts=${PARTS:-1}
+dask=${DASK:-}
 nproc=${NPROC:-2}
 kind=${KIND:-sentencepiece}
 vocab_size=${VOCAB:-5000}
@@ -117,6 +125,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   # shellcheck disable=SC2206  # $groups is a list of words on purpose
   pack=(wdsprep pack --scp "$(feats_of train)" --text "$data/text" --out "$exp/shards/train"
         --filter-group $groups --utts-per-shard "$utts_per_shard" "${spk[@]}" --nj "$nj")
+  [ -z "$dask" ] || pack+=(--dask "$dask")  # the cluster's workers write the shards; this process publishes
   if [ "$parts" -eq 1 ]; then
     (cd "$root" && "${pack[@]}" --overwrite)
   else

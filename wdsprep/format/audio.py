@@ -12,17 +12,18 @@ decoding it (:meth:`FileAudio.pcm`) must then give exactly the samples the heade
 channel: int16 [n] for one channel, [n, C] for C; the readers downmix by the mean of the channels).
 
 FLAC and WAV are lossless: the features of a stored utterance equal those of the original audio.
-Opus is lossy, and a decoder may give back another number of samples than were encoded; the
-writer therefore records the count the member *decodes* to (:func:`encode_audio` decodes it once)
-and refuses a member whose header disagrees with its decoding, and the readers check every
-decoding against the header, so every sample count the plan uses is exact for every format.
+Opus is lossy: its members are coded with libopus through PyAV (soundfile's libsndfile fixes its
+encoder at a cost three times libopus's own for the same settings) and laid out here, trimmed to
+the samples encoded (the last granule position, RFC 7845), so a member decodes to exactly the
+samples written; the readers (libsndfile's decoder) check every decoding against the header all the
+same, so every sample count the plan uses is exact for every format.
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -41,7 +42,7 @@ MAX_SAMPLES = 2**31 - 1  # an index counts an utterance's samples in int32
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the rates Opus codes at
 OPUS_BITRATE = 32000  # bit/s of speech: ~14 MB per hour of audio
 MAX_CHANNELS = 8  # channels an audio member may hold (the readers downmix them by their mean)
-OPUS_BITRATES = (6000, 256000)  # what libsndfile's Opus encoder takes (per channel)
+OPUS_BITRATES = (6000, 256000)  # what the Opus encoder takes (per channel)
 _OPUS_GRANULE_RATE = 48000  # Ogg Opus granule positions count 48 kHz samples at any coded rate (RFC 7845)
 _WAVE_PCM, _WAVE_EXTENSIBLE = 1, 0xFFFE
 _PCM_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_PCM after its first 2 bytes
@@ -210,27 +211,77 @@ def _decode_soundfile(data: bytes | memoryview, header: AudioHeader) -> np.ndarr
     return _shaped(pcm, channels)
 
 
+def _encode_soundfile(pcm: np.ndarray, sample_rate: int, codec: Codec, bitrate: int | None) -> bytes:
+    """A lossless member through soundfile (libsndfile)."""
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, pcm, sample_rate, format=codec.sf_format, subtype=codec.subtype)
+    return buf.getvalue()
+
+
+# The Opus encoder's settings (libopus through PyAV), what each costs and buys measured in docs/audio.md:
+# complexity 10 (every lower one costs feature fidelity at the same bitrate), 40 ms packets (fewer
+# packets' overhead: closer features than 20 ms for the same bits), the "audio" application, variable rate.
+OPUS_COMPLEXITY, OPUS_FRAME_MS, OPUS_APPLICATION = 10, 40, "audio"
+OPUS_ENCODER = f"libopus complexity {OPUS_COMPLEXITY}, {OPUS_FRAME_MS} ms, {OPUS_APPLICATION}"  # in a pack's record
+# FFmpeg's layout of 1 to 8 channels, in the order Opus's mapping family 1 (Vorbis order) codes them.
+_LAYOUTS = ("mono", "stereo", "3.0", "quad", "5.0", "5.1", "6.1", "7.1")
+_OPUS_VENDOR = b"wdsprep"  # the comment packet's vendor string: no comments, no padding
+
+
+def _encode_opus(pcm: np.ndarray, sample_rate: int, codec: Codec, bitrate: int | None) -> bytes:
+    """Ogg Opus: libopus (PyAV's) codes the packets, :func:`wdsprep.format.ogg.mux` lays them out
+    with a fixed serial, granule positions from the packet count and the last one trimmed to the
+    input's length (RFC 7845), so the member decodes to exactly ``len(pcm)`` samples."""
+    av = opus_encoder()
+    channels = 1 if pcm.ndim == 1 else pcm.shape[1]
+    layout = av.AudioLayout(_LAYOUTS[channels - 1])
+    ctx = av.CodecContext.create("libopus", "w")
+    ctx.sample_rate, ctx.layout, ctx.format = sample_rate, layout, "s16"
+    ctx.bit_rate = OPUS_BITRATE if bitrate is None else bitrate
+    ctx.options = {"compression_level": str(OPUS_COMPLEXITY), "frame_duration": str(OPUS_FRAME_MS),
+                   "application": OPUS_APPLICATION, "vbr": "on"}
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm).reshape(1, -1), format="s16", layout=layout)
+    frame.sample_rate, frame.pts = sample_rate, 0
+    packets = [bytes(p) for p in ctx.encode(frame)] + [bytes(p) for p in ctx.encode(None)]
+    head = bytes(ctx.extradata)  # OpusHead: its pre-skip (48 kHz) and channel mapping as libopus set them
+    step = _OPUS_GRANULE_RATE * OPUS_FRAME_MS // 1000
+    end = int.from_bytes(head[10:12], "little") + len(pcm) * (_OPUS_GRANULE_RATE // sample_rate)
+    tags = b"OpusTags" + len(_OPUS_VENDOR).to_bytes(4, "little") + _OPUS_VENDOR + bytes(4)
+    return ogg.mux(head, tags, [(p, (i + 1) * step) for i, p in enumerate(packets)], end)
+
+
+def opus_encoder() -> Any:
+    """PyAV (``av``), whose libopus codes Opus members; ImportError saying how to install it."""
+    try:
+        import av
+    except ImportError:
+        raise ImportError("Opus members are coded with libopus through PyAV, which is not installed: "
+                          "pip install 'wdsprep[opus]' (or pip install av)") from None
+    return av
+
+
 @dataclass(frozen=True)
 class Codec:
-    """How one audio format is stored and read: soundfile's format and subtype for writing, the
-    header parser, the decoder, and for a lossy format the rates it codes at and what makes its
-    bytes reproducible (``finish``)."""
+    """How one audio format is stored and read: its encoder (with soundfile's format and subtype
+    where soundfile writes it), the header parser, the decoder, and for a lossy format the rates
+    it codes at."""
 
     sf_format: str
     subtype: str
     header: Callable[[Read, int], AudioHeader]
     decode: Callable[[bytes | memoryview, AudioHeader], np.ndarray]
+    encode: Callable[[np.ndarray, int, Codec, int | None], bytes] = _encode_soundfile
     lossless: bool = True
     rates: tuple[int, ...] | None = None  # None: any rate
-    finish: Callable[[bytes], bytes] | None = None
 
 
 # format (the member's extension) -> its codec
 AUDIO_FORMATS: dict[str, Codec] = {
     "flac": Codec("FLAC", "PCM_16", _flac_header, _decode_soundfile),
     "wav": Codec("WAV", "PCM_16", _wav_header, _decode_wav),
-    "opus": Codec("OGG", "OPUS", _opus_header, _decode_soundfile, lossless=False, rates=OPUS_RATES,
-                  finish=lambda data: ogg.normalize(data, b"OpusTags")),
+    "opus": Codec("OGG", "OPUS", _opus_header, _decode_soundfile, _encode_opus, lossless=False, rates=OPUS_RATES),
 }
 LOSSY_FORMATS = tuple(f for f, c in AUDIO_FORMATS.items() if not c.lossless)
 
@@ -243,7 +294,7 @@ def _codec(layout: str) -> Codec:
 
 
 def check_bitrate(bitrate: int) -> int:
-    """``bitrate`` if libsndfile's Opus encoder takes it; else ValueError saying what it takes."""
+    """``bitrate`` if the Opus encoder takes it; else ValueError saying what it takes."""
     low, high = OPUS_BITRATES
     if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not low <= bitrate <= high:
         raise ValueError(f"Opus bitrate {bitrate!r} must be a whole number of bit/s in [{low}, {high}] "
@@ -251,21 +302,11 @@ def check_bitrate(bitrate: int) -> int:
     return bitrate
 
 
-def _compression_level(bitrate: int) -> float:
-    """libsndfile's Opus compression level for ``bitrate`` bit/s: it sets int((1 - level) * 250000 + 6000)."""
-    low, high = OPUS_BITRATES
-    check_bitrate(bitrate)
-    return (high - bitrate - 0.5) / (high - low)  # the half: int() of the product lands on bitrate itself
-
-
 def encode_audio(pcm: np.ndarray, sample_rate: int, layout: str, *, bitrate: int | None = None) -> tuple[bytes, int]:
-    """16-bit mono samples as the bytes of an audio member of layout ``layout``, and the number of
-    samples those bytes decode to: ``len(pcm)`` for a lossless format; for a lossy one the count
-    its decoding gives (decoded here once), checked against the member's header (ValueError when
-    they differ: the readers would refuse the member).  ``bitrate``: a lossy format's, in bit/s
-    (Opus: :data:`OPUS_BITRATE` when None)."""
-    import soundfile as sf
-
+    """16-bit samples as the bytes of an audio member of layout ``layout``, and the number of
+    samples those bytes decode to (``len(pcm)``: Opus members are trimmed to it), checked against
+    the member's header for a lossy format (ValueError when they differ: the readers would refuse
+    the member).  ``bitrate``: a lossy format's, in bit/s (Opus: :data:`OPUS_BITRATE` when None)."""
     codec = _codec(layout)
     pcm = np.asarray(pcm)
     if pcm.dtype != np.int16 or not 1 <= pcm.ndim <= 2 or not len(pcm) or pcm.ndim == 2 and not \
@@ -275,21 +316,17 @@ def encode_audio(pcm: np.ndarray, sample_rate: int, layout: str, *, bitrate: int
     if codec.rates is not None and sample_rate not in codec.rates:
         raise ValueError(f"{layout} codes audio at {', '.join(map(str, codec.rates))} Hz, not {sample_rate}: resample "
                          f"it to one of them (pack-audio --sample-rate)")
-    options = {}
-    if codec.lossless:
-        if bitrate is not None:
-            raise ValueError(f"a bitrate applies to the lossy formats ({', '.join(LOSSY_FORMATS)}), not to {layout}")
-    else:
-        options["compression_level"] = _compression_level(OPUS_BITRATE if bitrate is None else bitrate)
-    buf = io.BytesIO()
-    sf.write(buf, pcm, sample_rate, format=codec.sf_format, subtype=codec.subtype, **options)
-    data = buf.getvalue()
-    if codec.finish is not None:
-        data = codec.finish(data)
-    if codec.lossless:
-        return data, len(pcm)
-    header = audio_header(layout, data, len(data))
-    return data, len(decode_audio(data, header))
+    if codec.lossless and bitrate is not None:
+        raise ValueError(f"a bitrate applies to the lossy formats ({', '.join(LOSSY_FORMATS)}), not to {layout}")
+    if not codec.lossless:
+        check_bitrate(OPUS_BITRATE if bitrate is None else bitrate)
+    data = codec.encode(pcm, sample_rate, codec, bitrate)
+    if not codec.lossless:
+        header = audio_header(layout, data, len(data))
+        if header.samples != len(pcm) or header.sample_rate != sample_rate:
+            raise ValueError(f"{layout} member of {len(pcm)} samples at {sample_rate} Hz: its header says "
+                             f"{header.samples} at {header.sample_rate} Hz")
+    return data, len(pcm)
 
 
 def decode_audio(data: bytes | memoryview, header: AudioHeader) -> np.ndarray:

@@ -5,10 +5,10 @@ page of the stream, 4: last), its granule position (for Opus: the 48 kHz sample 
 the end of the page, RFC 7845), the stream's serial number, the page's sequence number and CRC,
 and its segment table the lengths of the packet pieces in its body.
 
-libsndfile gives each stream a random serial number and pads its comment packet with ~700 bytes;
-:func:`normalize` replaces the serial with a fixed one, cuts the comment packet to its vendor
-string (no comments, no padding) and renumbers and re-checksums the pages, so the same samples
-always make the same bytes, as every other member of a shard does.
+:func:`mux` lays a codec's packets out as one stream with a fixed serial number and a comment
+packet that is its vendor string alone, so the same packets always make the same bytes, as every
+other member of a shard does.  (libsndfile, which wrote Opus members before, draws a random serial
+and pads its comment packet with ~700 bytes: :func:`normalize` makes its output reproducible.)
 """
 
 from __future__ import annotations
@@ -73,21 +73,6 @@ def pages(data: bytes | memoryview) -> list[Page]:
     return out
 
 
-def packets(data: bytes | memoryview, page_list: list[Page]) -> list[bytes]:
-    """The complete packets of consecutive pages (a packet continues across pages while its last
-    lacing value is 255)."""
-    out, part = [], bytearray()
-    for p in page_list:
-        pos = p.body
-        for lace in p.lacing:
-            part += data[pos:pos + lace]
-            pos += lace
-            if lace < 255:
-                out.append(bytes(part))
-                part = bytearray()
-    return out
-
-
 def _page(flags: int, granule: int, sequence: int, lacing: bytes, body: bytes | memoryview) -> bytes:
     head = _HEADER.pack(MAGIC, 0, flags, granule, SERIAL, sequence, 0, len(lacing))
     page = bytearray(head + lacing + body)
@@ -100,28 +85,24 @@ def _lacing(size: int) -> bytes:
     return b"\xff" * (size // 255) + bytes([size % 255])
 
 
-def normalize(data: bytes, comment_magic: bytes) -> bytes:
-    """An Ogg stream of one codec (identification packet on its first page, comment packet starting
-    with ``comment_magic`` next) with serial :data:`SERIAL`, the comment packet cut to its vendor
-    string on one page, and the pages renumbered and re-checksummed; the audio pages' bodies and
-    granule positions are kept byte for byte."""
-    found = pages(data)
-    serials = {p.serial for p in found}
-    if len(serials) != 1:
-        raise ValueError(f"Ogg data with {len(serials)} streams; one expected")
-    # The comment packet starts on page 1 and ends on the first page whose last lacing value is < 255.
-    last = next((i for i in range(1, len(found)) if found[i].lacing and found[i].lacing[-1] < 255), None)
-    if last is None:
-        raise ValueError("Ogg data without a complete comment packet")
-    comment = packets(data, found[1:last + 1])
-    if len(comment) != 1 or not comment[0].startswith(comment_magic):
-        raise ValueError(f"Ogg data whose second packet is not a {comment_magic!r} packet alone on its pages")
-    at = len(comment_magic)
-    (vendor_len,) = struct.unpack_from("<I", comment[0], at)
-    tags = comment[0][:at + 4 + vendor_len] + struct.pack("<I", 0)
-    head = found[0]
-    out = [_page(head.flags, head.granule, 0, head.lacing, data[head.body:head.offset + head.size]),
-           _page(0, 0, 1, _lacing(len(tags)), tags)]
-    for seq, p in enumerate(found[last + 1:], start=2):
-        out.append(_page(p.flags, p.granule, seq, p.lacing, data[p.body:p.offset + p.size]))
+# Audio per page: as libsndfile's 1,000 ms (a reader holds a page at a time; fewer pages, fewer headers).
+PAGE_GRANULES = 48000
+
+
+def mux(head: bytes, tags: bytes, packets: list[tuple[bytes, int]], end: int) -> bytes:
+    """One Ogg stream of a codec whose granule positions count 48 kHz samples (Opus): the
+    identification packet ``head`` alone on the first page, the comment packet ``tags`` alone on
+    the second, then the audio ``packets`` ``(bytes, granule at its end)`` on pages of up to
+    :data:`PAGE_GRANULES` each; the last page's granule position is ``end`` (RFC 7845's end
+    trimming: what the stream decodes to, less its pre-skip), and it ends the stream."""
+    out = [_page(BOS, 0, 0, _lacing(len(head)), head), _page(0, 0, 1, _lacing(len(tags)), tags)]
+    seq, lacing, body, start = 2, bytearray(), bytearray(), None
+    for i, (packet, granule) in enumerate(packets):
+        last = i == len(packets) - 1
+        lacing += _lacing(len(packet))
+        body += packet
+        start = granule if start is None else start
+        if last or len(lacing) > 200 or granule - start >= PAGE_GRANULES:
+            out.append(_page(EOS if last else 0, end if last else granule, seq, bytes(lacing), body))
+            seq, lacing, body, start = seq + 1, bytearray(), bytearray(), None
     return b"".join(out)

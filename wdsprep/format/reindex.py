@@ -19,7 +19,6 @@ from wdsprep.errors import DataError
 from wdsprep.files import file_sha256
 from wdsprep.format.index import (
     FROM_KEYS,
-    INDEX_FILES,
     AudioIndex,
     DamagedIndexError,
     FolderIndex,
@@ -197,8 +196,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     paths = [] if urls else expand_shards(named)
     urls = urls or [p for p in paths if is_url(p)]
     if urls:
-        raise ValueError(f"index reads local shards, got {redact(urls[0])!r}; index a local copy and upload its index "
-                         f"files ({', '.join(INDEX_FILES)}) beside the shards")
+        raise ValueError(f"index_shards reads local shards, got {redact(urls[0])!r}; shards in a bucket are indexed in "
+                         f"place by `wdsprep index URL...` (wdsprep.check.index_remote.index_remote)")
     by_folder: dict[Path, list[Path]] = {}
     for p in paths:
         by_folder.setdefault(Path(p).resolve().parent, []).append(Path(p).resolve())

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from contextlib import closing
+from concurrent.futures import Executor
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping
@@ -34,37 +35,26 @@ from typing import Any, Collection, Iterator, Mapping
 import numpy as np
 
 from wdsprep.errors import DataError, LostError, StrictError
-from wdsprep.format.commit import marker
 from wdsprep.format.keys import LANG
+from wdsprep.pack.bucket import open_output
 from wdsprep.pack.fields import ItemFields
 from wdsprep.pack.groups import assign_folders
-from wdsprep.pack.options import OutputOptions, PackOptions, Part, PathOrPaths, Spread, as_list
+from wdsprep.pack.options import Engine, OutputOptions, PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.output import (
     REPORT_NAME,
     LockedOutput,
     Publisher,
-    check_plan,
     check_same,
-    drop_staged,
     file_digests,
-    finish,
     folder_shards,
-    plan_lock,
     plan_record,
-    prepare_output,
-    published_so_far,
-    record_plan,
-    remove_part_partial,
-    resumed_report,
-    stage,
-    staged,
     stat_digest,
-    stopped,
 )
 from wdsprep.pack.plan import ShardPlan, plan_shards, write_order
 from wdsprep.pack.sink import ShardJob, ShardWork, WrittenShard, write_shards
 from wdsprep.prep.kaldi import Entry, read_text, read_utt2spk
 from wdsprep.prep.options import JobOptions
+from wdsprep.prep.parallel import dask_executor
 from wdsprep.report import Report
 
 # One utterance to pack: (uttid, what the source's job reads of it, its transcript).
@@ -150,17 +140,18 @@ class PackSource(ABC):
 
 def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, options: PackOptions, job: JobOptions,
              output: OutputOptions, *, fields: Mapping[str, list[str]] | None = None,
-             spread: Spread = Spread()) -> Report:
+             spread: Spread = Spread(), engine: Engine = Engine()) -> Report:
     """Pack ``source``'s utterances with their ``labels`` into ``d_out``; the arguments are
     :func:`wdsprep.pack_data`'s.  ``fields``: each field's tables by name
     (:func:`wdsprep.pack.fields.field_files`), besides the source's own ``fields``; the labels'
-    languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines."""
+    languages are the field ``lang``.  ``spread``: this run's share of a pack spread over machines;
+    ``engine``: who writes the shards (None of it: ``job.nj`` local workers)."""
     nj, strict, progress, max_lost = job.nj, job.strict, job.progress, output.max_lost
     own = {**source.fields, **({LANG: labels.languages} if labels.languages else {})}
     item_fields = ItemFields(fields or {}, own)
     options = replace(options, fields=item_fields.names)
     item_fields.check_indexed(options.index_fields)
-    with prepare_output(d_out, output.overwrite, output.resume, part=spread.part) as out:
+    with open_output(d_out, output.overwrite, output.resume, part=spread.part) as out:
         name, data = source.data
         inputs = {**{k: file_digests(paths) for k, paths in {**source.files, **labels.files}.items()},
                   name: stat_digest(data), **({"read": source.given} if source.given else {}),
@@ -168,59 +159,62 @@ def run_pack(source: PackSource, labels: Labels, d_out: str | os.PathLike, optio
         record = options.record()
         if spread.part is not None:
             assert out.prior is not None
-            check_same(out.d, out.prior, source.command, inputs, record)
-            if not os.path.lexists(marker(out.d)):
-                report = Report.read(out.d / REPORT_NAME)
-                print(report.summary(f"{source.command}: {out.d} is complete (committed): part {spread.part} has "
-                                     f"nothing to do"))
+            check_same(out.shown, out.prior, source.command, inputs, record)
+            report = out.committed_report()
+            if report is not None:
+                print(report.summary(f"{source.command}: {out.shown} is complete (committed): part {spread.part} "
+                                     f"has nothing to do"))
                 return report
         elif out.prior is not None:
-            done = resumed_report(out, source.command, inputs, record)
+            done = out.resumed_report(source.command, inputs, record)
             if done is not None:
-                check_lost(done, source.command, out.d, max_lost)
+                check_lost(done, source.command, out.shown, max_lost)
                 return done
         report = source.report
         items, values = _labelled(source, labels.texts, item_fields, report)
-        return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
-                     strict=strict, progress=progress, values=values,
-                     indexed=item_fields.indexed(options.index_fields), spread=spread,
-                     max_lost=max_lost)
+        with ExitStack() as stack:
+            executor = engine.executor if engine.dask is None else stack.enter_context(dask_executor(engine.dask))
+            return _pack(out, source, items, report, options, inputs, record, speakers=labels.speakers, nj=nj,
+                         strict=strict, progress=progress, values=values,
+                         indexed=item_fields.indexed(options.index_fields), spread=spread,
+                         max_lost=max_lost, executor=executor)
 
 
 def _plan_only(out: LockedOutput, plan: ShardPlan, pack_plan: Any, report: Report, command: str) -> Report:
     """``--plan-only``: the plan recorded (or, resumed, found to be the one recorded), nothing written."""
     if out.prior is None:
-        record_plan(out, plan, pack_plan, "")
+        out.record_plan(plan, pack_plan, "")
     else:
-        check_plan(out, pack_plan)
-    print(report.summary(f"{command}: planned {pack_plan.shards:,} shards in {out.d} ({out.d / 'pack_plan.json'}); "
+        out.check_plan(pack_plan)
+    print(report.summary(f"{command}: planned {pack_plan.shards:,} shards in {out.shown} ({out.shown}/pack_plan.json); "
                          f"now run the same command with --part I/N for each I in 0..N-1 (any order, any machine), "
                          f"then once with --resume to commit"))
     return report
 
 
 def _pack_part(out: LockedOutput, plan: ShardPlan, pack_plan: Any, part: Part, report: Report, options: PackOptions,
-               work: ShardWork, publisher: Publisher, command: str, *, nj: int, progress: bool | None) -> Report:
+               work: ShardWork, publisher: Publisher, command: str, *, nj: int, progress: bool | None,
+               executor: Executor | None) -> Report:
     """``--part I/N``: write this part's planned shards not yet staged or published (a part goes on
     from what it did before it was stopped), staging each and publishing what comes next in every
     folder; nothing is committed.  The report: what the shards it wrote dropped."""
-    d = out.d
-    check_plan(out, pack_plan)
+    out.check_plan(pack_plan)
     by_folder = folder_shards(plan)
     mine = [j for j in write_order(plan) if part.mine(j)]
-    with plan_lock(d):  # the entries are read whole: no part publishes meanwhile
-        done = published_so_far(d, plan, options.fmt).done
-    ready = staged(d, plan, [j for j in mine if j not in done])
+    with out.publishing():  # the entries are read whole: no part publishes meanwhile
+        done = out.published_done(plan, options.fmt)
+    ready = out.staged(plan, [j for j in mine if j not in done])
     tasks = [j for j in mine if j not in done and j not in ready]
-    remove_part_partial(d, plan, tasks)
+    out.remove_part_partial(plan, tasks)
     # Closed on an error too: its workers stop before what they left half-written is removed.
-    with closing(write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress)) as shards:
+    with closing(write_shards(work, tasks, nj=nj, desc=f"{command} part {part}", progress=progress,
+                              executor=executor)) as shards:
         for w in shards:
             report.merge(w.report)
-            stage(d, w)
-            with plan_lock(d):
+            out.stage(w)
+            with out.publishing():
                 publisher.advance(plan, w.folder, by_folder[w.folder])
-    print(report.summary(f"{command}: part {part} wrote {len(tasks):,} of its {len(mine):,} shards into {d} "
+    print(report.summary(f"{command}: part {part} wrote {len(tasks):,} of its {len(mine):,} shards into {out.shown} "
                          f"({len(mine) - len(tasks):,} were there already); once every part is done, run the same "
                          f"command without --part, with --resume, to commit"))
     return report
@@ -253,13 +247,15 @@ def _labelled(source: PackSource, labels: dict[str, Entry], fields: ItemFields,
 def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Report, options: PackOptions,
           inputs: dict[str, Any], record: dict[str, Any], *, speakers: dict[str, str] | None, nj: int,
           strict: bool, progress: bool | None, values: list[dict[str, str]] | None,
-          indexed: dict[str, dict[str, str]], spread: Spread, max_lost: float) -> Report:
+          indexed: dict[str, dict[str, str]], spread: Spread, max_lost: float,
+          executor: Executor | None) -> Report:
     """Plan, record the plan, write and publish every planned shard not published yet, finish and
     commit; on an error or Ctrl-C, keep what was published (:func:`~wdsprep.pack.output.stopped`).
     ``strict``: raise :class:`StrictError` (after the report is written) if anything was dropped or
     flagged; :func:`check_lost` then holds the pack to ``max_lost``.
     ``spread``: stop once the plan is recorded, or write one part (:func:`_pack_part`)."""
     d, command = out.d, source.command
+    shown = out.shown
     shards_total = 0
     part: tuple[Part, ShardPlan] | None = None
     written: Iterator[WrittenShard] | None = None
@@ -273,25 +269,27 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         pack_plan = plan_record(plan, command=command, inputs=inputs, options=record)
         shards_total = pack_plan.shards
         work = ShardWork(d, options.layout, options.dtype, options.audio_rate, plan.shards, plan.frames, headers.job,
-                         values, bitrate=options.audio_bitrate)
+                         values, bitrate=options.audio_bitrate, stage_url=out.stage_url)
         if spread.plan_only:
             return _plan_only(out, plan, pack_plan, report, command)
         if spread.part is not None:
             part = (spread.part, plan)
             return _pack_part(out, plan, pack_plan, spread.part, report, options, work,
-                              Publisher(d, {}, options, speakers, indexed), command, nj=nj, progress=progress)
+                              out.publisher({}, options, speakers, indexed), command, nj=nj, progress=progress,
+                              executor=executor)
         try:
-            done = record_plan(out, plan, pack_plan, options.fmt)
+            done = out.record_plan(plan, pack_plan, options.fmt)
         except DataError:
             resumable = False  # the resume itself was refused: "run it with --resume" would send the user round
             raise
         tasks = [j for j in write_order(plan) if j not in done.done]
-        ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
-        written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress)
+        ready = out.staged(plan, tasks)  # what parts of a spread pack wrote: published here, in turn
+        written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress,
+                               executor=executor)
         if ready and len(ready) < len(tasks):
             print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
                   f"part (--part): writing them here")
-        publisher = Publisher(d, done.count, options, speakers, indexed)
+        publisher = out.publisher(done.count, options, speakers, indexed)
         for j in tasks:
             w = ready.pop(j) if j in ready else next(written)
             assert w.shard == j
@@ -299,19 +297,19 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         assert next(written, None) is None  # run to its end: the workers are closed now
         for r in publisher.unlisted_reports():
             report.merge(r)
-        drop_staged(d, plan.folders)
-        report = finish(d, plan.folders, report, languages=indexed.get(LANG))
+        out.drop_staged(plan.folders)
+        report = out.finish(plan.folders, report, languages=indexed.get(LANG))
     except BaseException as e:
         if written is not None:
             written.close()  # its workers stop before what they left half-written is removed
-        note = stopped(out, shards_total, part)
+        note = out.stopped(shards_total, part)
         if note and resumable:
             e.add_note(note)  # the CLI prints it on the error's line
         raise
-    print(report.summary(f"{command}: wrote {d}"))
+    print(report.summary(f"{command}: wrote {shown}"))
     if strict and (report.num_dropped or report.num_flagged):
-        raise StrictError(f"{command}: {report.counts()} (strict); see {d / REPORT_NAME}")
-    check_lost(report, command, d, max_lost)
+        raise StrictError(f"{command}: {report.counts()} (strict); see {shown}/{REPORT_NAME}")
+    check_lost(report, command, shown, max_lost)
     return report
 
 
@@ -319,7 +317,7 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
 LEFT_OUT = frozenset({"outside_groups"})
 
 
-def check_lost(report: Report, command: str, d: Path, max_lost: float) -> None:
+def check_lost(report: Report, command: str, d: str | Path, max_lost: float) -> None:
     """:class:`LostError` when the pack wrote no utterance, or lost more than ``max_lost`` of them
     (a share): a pack run from the wrong folder, or with the wrong transcripts, must not pass as done."""
     written = sum(int(g.get("utterances", 0)) for g in report.groups.values())
@@ -332,7 +330,7 @@ def check_lost(report: Report, command: str, d: Path, max_lost: float) -> None:
     head = (f"wrote none of its {lost:,} utterances" if not written
             else f"lost {lost:,} of {written + lost:,} utterances ({lost / (written + lost):.1%}), more than "
                  f"max_lost={max_lost:g} allows")
-    raise LostError(f"{command}: {head}: {reasons}; every one is named in {d / REPORT_NAME}"
+    raise LostError(f"{command}: {head}: {reasons}; every one is named in {d}/{REPORT_NAME}"
                     + ("" if not written else "; if that is expected, raise --max-lost"))
 
 

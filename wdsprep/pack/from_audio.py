@@ -21,7 +21,9 @@ Peak memory and disk stay flat in corpus size: a worker holds one utterance's au
 
 from __future__ import annotations
 
+import copy
 import os
+from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
@@ -31,7 +33,7 @@ import numpy as np
 from wdsprep.options import documented
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import AudioOptions, OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread
+from wdsprep.pack.options import AudioOptions, Engine, OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread
 from wdsprep.pack.sink import ShardSink
 from wdsprep.prep.audio import (
     AudioProblem,
@@ -58,7 +60,7 @@ class AudioInput(Protocol):
         """The pack source of its utterances (its labels with it)."""
 
 
-@documented(FbankOptions, AudioInputs, AudioOptions, PackOptions, PackInputs, JobOptions, OutputOptions, Spread,
+@documented(FbankOptions, AudioInputs, AudioOptions, PackOptions, PackInputs, JobOptions, OutputOptions, Spread, Engine,
             skip=("layout", "dtype"))
 def pack_audio(
     wav_scp: str | os.PathLike | AudioInput,
@@ -89,6 +91,8 @@ def pack_audio(
     resume: bool = OutputOptions.resume,
     plan_only: bool = Spread.plan_only,
     part: Part | str | tuple[int, int] | None = Spread.part,
+    executor: Executor | None = Engine.executor,
+    dask: str | None = Engine.dask,
     store: str = AudioOptions.store,
     bitrate: int | None = AudioOptions.bitrate,
     progress: bool | None = JobOptions.progress,
@@ -142,7 +146,8 @@ def pack_audio(
         if f_labels is None:
             raise ValueError("a wav.scp needs its transcripts: give f_labels (--text)")
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
-    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread)
+    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread,
+                    engine=Engine(dask, executor))
 
 
 class AudioSource(PackSource):
@@ -215,6 +220,13 @@ class AudioJob:
         self._stack: ExitStack | None = None
         self.fbank: Fbank | None = None
         self.source: WaveSource | None = None
+
+    def narrowed(self, items: Sequence[int]) -> AudioJob:
+        """The job of ``items`` alone, with their recordings' headers only."""
+        job = copy.copy(self)
+        job.items = [self.items[i] for i in items]
+        job.recordings = {u.rxfile: self.recordings[u.rxfile] for _, u, _ in job.items if u.rxfile in self.recordings}
+        return job
 
     def open(self) -> None:
         self.fbank = Fbank(self.opts)  # imports the backend (and torch) before one_torch_thread

@@ -19,6 +19,7 @@ the arks, so that every shard's utterances are chosen before any is written
 from __future__ import annotations
 
 import os
+from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -27,7 +28,7 @@ from wdsprep.errors import DataError
 from wdsprep.options import documented
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
-from wdsprep.pack.options import OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread, as_list
+from wdsprep.pack.options import Engine, OutputOptions, PackInputs, PackOptions, Part, PathOrPaths, Spread, as_list
 from wdsprep.pack.sink import ShardSink, feature_problem
 from wdsprep.prep.ark import ArkError, ArkReader
 from wdsprep.prep.kaldi import read_feats_scp
@@ -44,7 +45,7 @@ class FeaturesInput(Protocol):
         """The pack source of its utterances' features (its labels with it)."""
 
 
-@documented(PackOptions, PackInputs, JobOptions, OutputOptions, Spread)
+@documented(PackOptions, PackInputs, JobOptions, OutputOptions, Spread, Engine)
 def pack_data(
     f_scps: PathOrPaths | FeaturesInput,
     f_labels: PathOrPaths | None,
@@ -69,6 +70,8 @@ def pack_data(
     resume: bool = OutputOptions.resume,
     plan_only: bool = Spread.plan_only,
     part: Part | str | tuple[int, int] | None = Spread.part,
+    executor: Executor | None = Engine.executor,
+    dask: str | None = Engine.dask,
     progress: bool | None = JobOptions.progress,
 ) -> Report:
     """Pack Kaldi features and transcripts into tar shards, one folder per length group.
@@ -104,7 +107,8 @@ def pack_data(
         if f_labels is None:
             raise ValueError("a feats.scp needs its transcripts: give f_labels (--text)")
         source, labels = FeatsSource(as_list(f_scps), options.dims), kaldi_labels(f_labels, utt2spk)
-    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread)
+    return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread,
+                    engine=Engine(dask, executor))
 
 
 class FeatsSource(PackSource):
@@ -175,6 +179,9 @@ class ArkJob:
 
     def open(self) -> None:
         self.arks = ArkReader()
+
+    def narrowed(self, items: Sequence[int]) -> ArkJob:
+        return ArkJob([self.items[i] for i in items], self.cols[np.asarray(items, np.int64)])
 
     def close(self) -> None:
         if self.arks is not None:

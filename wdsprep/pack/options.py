@@ -6,8 +6,9 @@ record follow from these classes (``tests/test_cli_mirror.py`` holds them to it)
 shards: checked when made, their :meth:`~PackOptions.record` is the resume record
 ``pack_plan.json`` keeps (:mod:`wdsprep.format.commit`).  What a pack reads besides its features
 or audio (:class:`PackInputs`), what it does with its output folder (:class:`OutputOptions`), how
-it runs (``prep.options.JobOptions``) and which share of a pack spread over machines a run does
-(:class:`Spread`) are not recorded.
+it runs (``prep.options.JobOptions``; :class:`Engine`: an existing engine's workers, such as a
+Dask cluster's, in place of the local pool) and which share of a pack spread over machines a run
+does (:class:`Spread`) are not recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
-from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
+from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_ENCODER, OPUS_RATES, check_bitrate, opus_encoder
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
 from wdsprep.options import FILES, NAMED_PATHS, NAMES, NUMBER, PATH, SWITCH, TOGGLE, Kind, choice, option
@@ -81,6 +82,7 @@ class AudioOptions:
                 raise ValueError(f"store {self.store}: Opus codes audio at {', '.join(map(str, OPUS_RATES))} Hz, not "
                                  f"{f.sample_rate}: give one of them as sample_rate (--sample-rate)")
             object.__setattr__(self, "bitrate", check_bitrate(OPUS_BITRATE if self.bitrate is None else self.bitrate))
+            opus_encoder()  # not installed: said before the pack reads anything
         elif self.bitrate is not None:
             raise ValueError(f"bitrate applies to a lossy store ({', '.join(LOSSY_FORMATS)}), not to store "
                              f"{self.store!r}")
@@ -94,9 +96,9 @@ class AudioOptions:
 
     def record(self) -> dict[str, Any]:
         """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
-        lossy store's ``bitrate``."""
+        lossy store's ``bitrate`` and encoder settings (a pack begun with other ones resumes no further)."""
         return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
-                **({"bitrate": self.bitrate} if self.bitrate is not None else {})}
+                **({"bitrate": self.bitrate, "encoder": OPUS_ENCODER} if self.bitrate is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -333,3 +335,25 @@ class Spread:
         object.__setattr__(self, "part", as_part(self.part))
         if self.plan_only and self.part is not None:
             raise ValueError("--plan-only writes the plan, --part writes shards of it: give one")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Who writes a pack's shards when not this machine's own worker processes (``--nj``): an
+    existing engine's workers, each planned shard one task, published by this process in plan
+    order as the tasks finish.  Not recorded: the shards are the same whoever writes them."""
+
+    dask: str | None = option(None, "the address of a Dask scheduler (tcp://HOST:8786): its workers write the shards, "
+                                    "one task per planned shard, and a task lost with its worker is run again; the "
+                                    "workers must reach the inputs and --out (a bucket, or a shared folder)",
+                              kind=Kind("ADDRESS", str, str), ld=False)
+    executor: Any = option(None, "a concurrent.futures.Executor whose workers write the shards (Dask's "
+                                 "Client.get_executor(), a Ray-backed one, a ProcessPoolExecutor); None: nj local "
+                                 "worker processes", flag=False, ld=False)
+
+    def __post_init__(self) -> None:
+        if self.dask is not None and self.executor is not None:
+            raise ValueError("dask (--dask) names a cluster to run the shards on, executor is one already: give one")
+        if self.executor is not None and not callable(getattr(self.executor, "submit", None)):
+            raise ValueError(f"executor must be a concurrent.futures.Executor (it has no submit()), got "
+                             f"{type(self.executor).__name__}")

@@ -44,7 +44,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import TMP_SUFFIX, file_sha256, make_dir, sync, temp_path, write_text
@@ -78,7 +78,7 @@ from wdsprep.format.index import (
 from wdsprep.format.keys import decode_key, encode_key, speaker_of
 from wdsprep.pack.options import PackOptions, Part
 from wdsprep.pack.plan import ShardPlan
-from wdsprep.pack.sink import WrittenShard
+from wdsprep.pack.sink import STAGED_DIR, WrittenShard, staged_name, staged_record
 from wdsprep.report import Report
 from wdsprep.units import hours
 
@@ -92,11 +92,26 @@ REPORT_NAME = "pack_report.json"
 class LockedOutput:
     """A pack's output folder, locked for it (no other pack may write there meanwhile), and the plan of
     the stopped pack it resumes (None: a new pack).  The lock goes with :meth:`release`, or at the end
-    of a ``with`` block."""
+    of a ``with`` block.
+
+    The driver runs the transaction through its methods (the steps of this module), so an output
+    elsewhere (a bucket: :mod:`wdsprep.pack.bucket`) is another class with the same methods: ``d``
+    is then the local working folder that mirrors the bucket's small files, ``shown`` what messages
+    name.
+    """
 
     d: Path
     prior: PackPlan | None
     _lock: int | None = None
+
+    @property
+    def shown(self) -> str:
+        return str(self.d)
+
+    @property
+    def stage_url(self) -> str | None:
+        """Where workers stage the shards they write (a bucket's URL); None: they write into ``d``."""
+        return None
 
     def release(self) -> None:
         if self._lock is not None:
@@ -108,6 +123,51 @@ class LockedOutput:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    # -- the transaction's steps, on a local folder
+    def committed_report(self) -> Report | None:
+        """The report of the pack when it has committed, else None."""
+        return None if os.path.lexists(marker(self.d)) else Report.read(self.d / REPORT_NAME)
+
+    def resumed_report(self, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> Report | None:
+        return resumed_report(self, command, inputs, options)
+
+    def record_plan(self, plan: ShardPlan, record: PackPlan, fmt: str) -> Published:
+        return record_plan(self, plan, record, fmt)
+
+    def check_plan(self, record: PackPlan) -> None:
+        check_plan(self, record)
+
+    @contextmanager
+    def publishing(self) -> Iterator[None]:
+        """Held while a part reads or publishes entries: one publisher at a time (:func:`plan_lock`)."""
+        with plan_lock(self.d):
+            yield
+
+    def published_done(self, plan: ShardPlan, fmt: str) -> set[int]:
+        return published_so_far(self.d, plan, fmt).done
+
+    def staged(self, plan: ShardPlan, shards: Sequence[int]) -> dict[int, WrittenShard]:
+        return staged(self.d, plan, shards)
+
+    def remove_part_partial(self, plan: ShardPlan, shards: Sequence[int]) -> None:
+        remove_part_partial(self.d, plan, shards)
+
+    def stage(self, w: WrittenShard) -> None:
+        stage(self.d, w)
+
+    def publisher(self, count: dict[str, int], options: PackOptions, utt2spk: dict[str, str] | None,
+                  indexed: dict[str, dict[str, str]] | None) -> Publisher:
+        return Publisher(self.d, count, options, utt2spk, indexed)
+
+    def drop_staged(self, folders: Sequence[str]) -> None:
+        drop_staged(self.d, folders)
+
+    def finish(self, folders: Sequence[str], report: Report, *, languages: dict[str, str] | None = None) -> Report:
+        return finish(self.d, folders, report, languages=languages)
+
+    def stopped(self, shards_total: int, part: tuple[Part, ShardPlan] | None = None) -> str | None:
+        return stopped(self, shards_total, part)
 
 
 def lock_folder(d: Path, *, shared: bool = False) -> int:
@@ -440,13 +500,36 @@ def folder_shards(plan: ShardPlan) -> dict[str, list[int]]:
     return by_folder
 
 
-def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
+# Why published shard k of a folder (its name, the folder's index of entries) changed since, or None.
+ShardCheck = Callable[[str, str, int, FolderIndex], "str | None"]
+
+
+def local_change(d: Path) -> ShardCheck:
+    """Whether a published shard in ``d`` is missing or changed: its size and mtime, and its bytes'
+    SHA-256 against its entry's."""
+    def changed(folder: str, name: str, k: int, index: FolderIndex) -> str | None:
+        path = d / folder / name
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "it is missing"
+        why = stale_reason(index, k, st)
+        if why is None and index.checksums[k] is not None and file_sha256(path) != index.checksums[k]:
+            why = "its bytes differ from the SHA-256 its entry records: it was changed in place"
+        return None if why is None else f"it changed since ({why})"
+    return changed
+
+
+def published_so_far(d: Path, plan: ShardPlan, fmt: str, changed: ShardCheck | None = None,
+                     shown: str | None = None) -> Published:
     """Check every published shard against its entry and the plan, and gather what they hold.
 
     A published shard is never rewritten: one missing, changed since it was published or not what
     the plan puts there is an error (the folder was changed by hand, or the inputs changed in a way
-    their digests do not show): pack again with ``--overwrite``.
+    their digests do not show): pack again with ``--overwrite``.  ``changed``: how a shard is
+    checked (default: :func:`local_change`); ``shown``: the output as messages name it.
     """
+    changed = changed or local_change(d)
     out = Published({}, set())
     for folder, shard_ids in folder_shards(plan).items():
         where = d / folder
@@ -460,23 +543,17 @@ def published_so_far(d: Path, plan: ShardPlan, fmt: str) -> Published:
         last = -1
         for k in range(k_count):
             name = fmt % k
-            path = where / name
+            at = f"{shown}/{folder}/{name}".replace("//", "/") if shown else where / name
 
             def refuse(why: str) -> DataError:
-                return DataError(f"{path}: published by the pack being resumed, but {why}; a published shard is "
+                return DataError(f"{at}: published by the pack being resumed, but {why}; a published shard is "
                                  f"never rewritten: pack again with --overwrite")
 
             if index.names[k] != name:
                 raise refuse(f"its entry names {index.names[k]!r}")
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                raise refuse("it is missing") from None
-            why = stale_reason(index, k, st)
-            if why is None and index.checksums[k] is not None and file_sha256(path) != index.checksums[k]:
-                why = "its bytes differ from the SHA-256 its entry records: it was changed in place"
+            why = changed(folder, name, k, index)
             if why is not None:
-                raise refuse(f"it changed since ({why})")
+                raise refuse(why)
             record = read_entry_record(where, k)
             j = record.get("plan_shard")
             if type(j) is not int or j not in position or position[j] <= last:
@@ -557,26 +634,42 @@ class Publisher:
             self.empty_reports[w.folder].append(w.report)
             return
         k = self.count.get(w.folder, 0)
-        final = where / (self.fmt % k)
-        os.replace(where / w.info.name, final)
+        final = self.fmt % k
+        size, mtime = self.place(w, final)
         try:
-            sync(where)  # the shard's name is on disk before its entry says it is there
-            st = os.stat(final)
             uttids = [decode_key(k) for k in w.info.keys]
-            info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples,
+            info = ShardInfo(final, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples,
                              {n: [values[u] for u in uttids] for n, values in self.indexed.items()})
             speakers = None if self.utt2spk is None else given_speakers([info], self.utt2spk, w.report)
             dims = w.dims if self.audio is None else self.audio.num_mel_bins
-            entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[st.st_size],
-                                            mtimes=[st.st_mtime_ns], speakers=speakers, audio=self.audio,
-                                            fields=self.fields)
-            write_entry(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
-                                         "skipped": self.skipped.pop(w.folder, [])})
+            entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[size], mtimes=[mtime],
+                                            speakers=speakers, audio=self.audio, fields=self.fields)
+            self.put_entry(where, k, entry, {"plan_shard": w.shard, "report": w.report.fragment(),
+                                             "skipped": self.skipped.pop(w.folder, [])})
         except BaseException:
-            final.unlink(missing_ok=True)  # named but not published (its entry did not fit): written again
+            self.unplace(w, final)  # named but not published (its entry did not fit): written again
             raise
         self.empty_reports.pop(w.folder, None)
         self.count[w.folder] = k + 1
+
+    def place(self, w: WrittenShard, final: str) -> tuple[int, int]:
+        """Give a written shard its final name, on disk before its entry says it is there: (size, mtime)."""
+        assert w.info is not None
+        where = self.d / w.folder
+        os.replace(where / w.info.name, where / final)
+        sync(where)
+        st = os.stat(where / final)
+        return st.st_size, st.st_mtime_ns
+
+    def unplace(self, w: WrittenShard, final: str) -> None:
+        (self.d / w.folder / final).unlink(missing_ok=True)
+
+    def put_entry(self, where: Path, k: int, entry: FolderIndex, record: dict[str, Any]) -> None:
+        """Publish shard ``k`` of ``where`` by its entry."""
+        write_entry(where, k, entry, record)
+
+    def read_staged(self, plan: ShardPlan, j: int) -> WrittenShard | None:
+        return read_staged(self.d, plan, j)
 
     def advance(self, plan: ShardPlan, folder: str, shard_ids: Sequence[int]) -> int:
         """A part's, holding :func:`plan_lock`: publish ``folder``'s staged shards that come next in
@@ -597,7 +690,7 @@ class Publisher:
         self.empty_reports.pop(folder, None)
         n = 0
         for j in shard_ids[start:]:
-            w = read_staged(self.d, plan, j)
+            w = self.read_staged(plan, j)
             if w is None:
                 break
             self.publish(w)
@@ -609,13 +702,10 @@ class Publisher:
         return [r for reports in self.empty_reports.values() for r in reports]
 
 
-STAGED_DIR = ".pack.staged"  # per shard folder, a spread pack's shards written but not published yet
-
-
 def staged_paths(d: Path, folder: str, shard: int) -> tuple[Path, Path]:
     """Planned shard ``shard``'s staged file and its record (what it holds, what it dropped)."""
-    at = d / folder / STAGED_DIR
-    return at / f"{shard:08d}.tar", at / f"{shard:08d}.json"
+    tar = d / folder / staged_name(shard)
+    return tar, tar.with_suffix(".json")
 
 
 def stage(d: Path, w: WrittenShard) -> None:
@@ -623,14 +713,12 @@ def stage(d: Path, w: WrittenShard) -> None:
     the shard under its staged name, then its record (which makes it staged), both synced."""
     tar, rec = staged_paths(d, w.folder, w.shard)
     make_dir(tar.parent)
-    info = None
+    size = None
     if w.info is not None:
         os.replace(d / w.folder / w.info.name, tar)
         sync(tar.parent)
-        info = {"keys": w.info.keys, "frames": w.info.frames, "text_lens": w.info.text_lens,
-                "sha256": w.info.sha256, "samples": w.info.samples, "size": os.stat(tar).st_size}
-    write_text(rec, json.dumps({"plan_shard": w.shard, "dims": w.dims, "report": w.report.fragment(), "info": info},
-                               ensure_ascii=False, separators=(",", ":")))
+        size = os.stat(tar).st_size
+    write_text(rec, staged_record(w, size, None).decode("utf-8"))
     sync(rec)
     sync(tar.parent)
 
@@ -639,22 +727,34 @@ def read_staged(d: Path, plan: ShardPlan, j: int) -> WrittenShard | None:
     """Planned shard ``j`` as a part staged it, or None when it is not staged whole (not written yet,
     or a part was killed half-way staging or publishing it: it is written again).  A record that is
     not what the plan puts there counts as not staged."""
-    folder = plan.shards[j].folder
-    tar, rec = staged_paths(d, folder, j)
+    tar, rec = staged_paths(d, plan.shards[j].folder, j)
     try:
-        doc = json.loads(rec.read_bytes().decode("utf-8"))
+        record = rec.read_bytes()
+        size = os.stat(tar).st_size if tar.exists() else None
+    except OSError:
+        return None
+    return parse_staged(plan, j, record, size, str(rec))
+
+
+def parse_staged(plan: ShardPlan, j: int, record: bytes, size: int | None, where: str) -> WrittenShard | None:
+    """Planned shard ``j`` from its staged ``record`` and the size its staged file has (None: no
+    file), or None when it is not staged whole or not what the plan puts there."""
+    folder = plan.shards[j].folder
+    try:
+        doc = json.loads(record.decode("utf-8"))
         if not isinstance(doc, dict) or doc.get("plan_shard") != j:
             return None
-        report = Report.from_fragment(doc.get("report"), where=str(rec))
+        report = Report.from_fragment(doc.get("report"), where=where)
         i = doc.get("info")
         if i is None:
             return WrittenShard(j, folder, None, doc.get("dims"), report)
-        if os.stat(tar).st_size != i["size"] or not _as_planned(plan, j, i["keys"], i["frames"]):
+        if size is None or size != i["size"] or not _as_planned(plan, j, i["keys"], i["frames"]):
             return None
-        info = ShardInfo(f"{STAGED_DIR}/{tar.name}", list(i["keys"]), list(i["frames"]), list(i["text_lens"]),
-                         i["sha256"], list(i["samples"]))
-        return WrittenShard(j, folder, info, doc.get("dims"), report)
-    except (OSError, ValueError, KeyError, TypeError, DataError):
+        info = ShardInfo(staged_name(j), list(i["keys"]), list(i["frames"]), list(i["text_lens"]), i["sha256"],
+                         list(i["samples"]))
+        mtime = i.get("mtime_ns")
+        return WrittenShard(j, folder, info, doc.get("dims"), report, size, mtime if type(mtime) is int else None)
+    except (ValueError, KeyError, TypeError, DataError):
         return None
 
 

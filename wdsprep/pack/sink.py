@@ -1,16 +1,25 @@
 """Writing planned shards, in worker processes: each shard through a :class:`ShardSink`.
 
-A worker is given a :class:`ShardWork` once (where the shards go, the plan's shards and frames,
-and the source's :class:`ShardJob`), then shard ids.  For each it opens a sink, lets the job add
+A worker of the local pool is given a :class:`ShardWork` once (where the shards go, the plan's
+shards and frames, and the source's :class:`ShardJob`), then shard ids; a task on an engine's
+worker (``executor``) gets the work of its one shard (:meth:`ShardWork.for_shard`: its utterances
+alone, however large the pack).  For each it opens a sink, lets the job add
 the shard's utterances in plan order, and hands back a :class:`WrittenShard`: the shard under a
 hidden name (``.wSSS-00000.tar``, SSS its place in the plan: invisible to ``data-*.tar`` globs),
 complete and synced, with every utterance it could not pack and why.  The main process publishes it
-(:mod:`wdsprep.pack.output`).
+(:mod:`wdsprep.pack.output`).  A pack into a bucket (``stage_url``) writes each shard in a temporary
+folder of the worker and *stages* it in the bucket (``FOLDER/.pack.staged/J.tar``, then its record
+``J.json``: :func:`staged_record`), so workers on machines that share nothing but the bucket hand
+their shards over there; the main process publishes them by a copy within the bucket.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import tempfile
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -20,7 +29,7 @@ from wdsprep.files import naming, sync
 from wdsprep.format.index import ShardInfo
 from wdsprep.format.writer import ShardWriter
 from wdsprep.pack.plan import PlannedShard
-from wdsprep.prep.parallel import imap_ordered
+from wdsprep.prep.parallel import imap_executor, imap_ordered
 from wdsprep.report import Report
 
 
@@ -34,6 +43,26 @@ class WrittenShard:
     info: ShardInfo | None  # named by its hidden file
     dims: int | None  # of the features written
     report: Report
+    size: int | None = None  # bytes, and when written (ns): a shard staged in a bucket, where no stat tells
+    mtime_ns: int | None = None
+
+
+STAGED_DIR = ".pack.staged"  # per shard folder, shards written but not published yet (a spread pack's, a bucket's)
+
+
+def staged_name(shard: int) -> str:
+    """Planned shard ``shard``'s staged file, within its folder (its record: ``.json`` for ``.tar``)."""
+    return f"{STAGED_DIR}/{shard:08d}.tar"
+
+
+def staged_record(w: WrittenShard, size: int | None, mtime_ns: int | None) -> bytes:
+    """The record of a staged shard (what it holds, what it dropped): JSON, written after the shard."""
+    info = None
+    if w.info is not None:
+        info = {"keys": w.info.keys, "frames": w.info.frames, "text_lens": w.info.text_lens,
+                "sha256": w.info.sha256, "samples": w.info.samples, "size": size, "mtime_ns": mtime_ns}
+    return json.dumps({"plan_shard": w.shard, "dims": w.dims, "report": w.report.fragment(), "info": info},
+                      ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class ShardSink:
@@ -156,6 +185,10 @@ class ShardJob(Protocol):
 
     def close(self) -> None: ...
 
+    def narrowed(self, items: Sequence[int]) -> ShardJob:
+        """The job of ``items`` alone, renumbered 0, 1, ... in that order: what one task on an
+        engine's worker is sent (a job without it is sent whole)."""
+
 
 @dataclass
 class ShardWork:
@@ -165,16 +198,24 @@ class ShardWork:
     layout: str
     dtype: str
     sample_rate: int | None  # an audio layout's
-    shards: Sequence[PlannedShard]
+    shards: Sequence[PlannedShard] | Mapping[int, PlannedShard]
     frames: np.ndarray  # per item, as planned
     job: ShardJob
     fields: Sequence[Mapping[str, str]] | None = None  # per item, its fields' values (None: the pack has none)
     bitrate: int | None = None  # a lossy audio layout's, bit/s
+    stage_url: str | None = None  # a bucket's pack: each shard is staged there (d_out unused)
 
     def write(self, shard: int, tick: Callable[[int], None]) -> WrittenShard:
-        """Write planned shard ``shard`` under its hidden name (synced); ``tick`` per utterance."""
+        """Write planned shard ``shard`` under its hidden name (synced), or stage it in the bucket;
+        ``tick`` per utterance."""
+        if self.stage_url is not None:
+            with tempfile.TemporaryDirectory(prefix="wdsprep-shard-") as tmp:
+                return self._stage(self._write(Path(tmp), shard, tick), Path(tmp))
+        return self._write(self.d_out, shard, tick)
+
+    def _write(self, d_out: Path, shard: int, tick: Callable[[int], None]) -> WrittenShard:
         s = self.shards[shard]
-        with ShardSink(self.d_out, shard, s.folder, layout=self.layout, dtype=self.dtype,
+        with ShardSink(d_out, shard, s.folder, layout=self.layout, dtype=self.dtype,
                        sample_rate=self.sample_rate, bitrate=self.bitrate) as sink:
             for i, frames in zip(s.items.tolist(), self.frames[s.items].tolist()):
                 if self.fields is not None:
@@ -183,13 +224,58 @@ class ShardWork:
                 tick(1)
             return sink.close()
 
+    def _stage(self, w: WrittenShard, tmp: Path) -> WrittenShard:
+        """Upload a written shard, then its record, to the bucket's staging place (each write whole or
+        not at all): the shard is staged once its record is there."""
+        from wdsprep.remote.stores import store_for
 
-def write_shards(work: ShardWork, tasks: Sequence[int], *, nj: int, desc: str,
-                 progress: bool | None) -> Iterator[WrittenShard]:
-    """Planned shards ``tasks`` written by ``nj`` workers, each handed back in task order."""
-    total = sum(len(work.shards[j].items) for j in tasks)
+        assert self.stage_url is not None
+        store = store_for(self.stage_url)
+        assert store is not None
+        name = staged_name(w.shard)
+        url = f"{self.stage_url}/{w.folder}/{name}" if w.folder else f"{self.stage_url}/{name}"
+        size = mtime = None
+        if w.info is not None:
+            path = tmp / w.folder / w.info.name
+            st = os.stat(path)
+            size, mtime = st.st_size, st.st_mtime_ns
+            store.put(url, str(path), timeout=60.0, metadata={"sha256": w.info.sha256 or ""})
+            w.info.name = name
+        store.put(url[:-len(".tar")] + ".json", staged_record(w, size, mtime), timeout=60.0)
+        return replace(w, size=size, mtime_ns=mtime)
+
+    def for_shard(self, shard: int) -> ShardWork:
+        """The work of planned shard ``shard`` alone: its utterances renumbered, the job narrowed to
+        them (:meth:`ShardJob.narrowed`), so a task carries one shard's worth, not the pack's."""
+        s = self.shards[shard]
+        narrowed = getattr(self.job, "narrowed", None)
+        if narrowed is None:
+            return replace(self, shards={shard: s})
+        items = s.items.tolist()
+        return replace(self, shards={shard: replace(s, items=np.arange(len(items)))}, frames=self.frames[s.items],
+                       job=narrowed(items), fields=None if self.fields is None else [self.fields[i] for i in items])
+
+
+def write_shards(work: ShardWork, tasks: Sequence[int], *, nj: int, desc: str, progress: bool | None,
+                 executor: Executor | None = None) -> Iterator[WrittenShard]:
+    """Planned shards ``tasks`` written by ``nj`` local workers, or each as a task on ``executor``'s
+    workers, each handed back in task order."""
+    sizes = [len(work.shards[j].items) for j in tasks]
+    if executor is not None:
+        return imap_executor(_write_alone, ((work.for_shard(j), j) for j in tasks), executor, desc, progress,
+                             sizes=sizes)
     return imap_ordered(_write, tasks, nj, desc, progress, init=_open_work, init_args=(work,), done=_close_work,
-                        total=total)
+                        total=sum(sizes))
+
+
+def _write_alone(task: tuple[ShardWork, int]) -> WrittenShard:
+    """One task on an engine's worker: its shard's job opened, the shard written, the job closed."""
+    work, shard = task
+    work.job.open()
+    try:
+        return work.write(shard, lambda n: None)
+    finally:
+        work.job.close()
 
 
 # The work of this worker process (set by _open_work in each worker, or in the main process with nj=1).

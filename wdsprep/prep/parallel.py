@@ -1,4 +1,5 @@
-"""Running a job's chunks in worker processes behind one tqdm progress bar."""
+"""Running a job's chunks in worker processes behind one tqdm progress bar, or its tasks on an
+existing engine's workers (any ``concurrent.futures.Executor``: a Dask cluster's, :func:`dask_executor`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import os
 import sys
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Iterator, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from tqdm import tqdm
 
@@ -155,3 +157,65 @@ def imap_ordered(fn: Callable[[T, Callable[[int], None]], R], tasks: Sequence[T]
                 if p.is_alive():
                     p.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def executor_slots(executor: Executor) -> int:
+    """How many tasks ``executor`` runs at once, where it says (a process pool's workers, a Dask
+    cluster's threads); 8 where it does not."""
+    n = getattr(executor, "_max_workers", None)
+    client = getattr(executor, "_client", None)  # Dask's ClientExecutor
+    if n is None and client is not None:
+        try:
+            n = sum(client.nthreads().values())
+        except Exception:  # a cluster that does not answer now: the default
+            n = None
+    return max(1, int(n or 8))
+
+
+def imap_executor(fn: Callable[[T], R], tasks: Iterable[T], executor: Executor, desc: str,
+                  progress: bool | None = None, *, sizes: Sequence[int], ahead: int | None = None) -> Iterator[R]:
+    """``fn(task)`` for each task on ``executor``'s workers, the results yielded in task order as
+    soon as each and all before it are done; at most ``ahead`` tasks (default: twice the workers)
+    are out at once, so what waits to be published stays bounded.  ``sizes``: each task's weight
+    on the progress bar (its utterances).
+
+    The engine runs a task again when its worker is lost (Dask and Ray do), so a task must be
+    safe to run twice.  Leaving the iterator early (an error, Ctrl-C) cancels what has not started.
+    """
+    ahead = ahead or 2 * executor_slots(executor)
+    pending: deque = deque()
+    todo = iter(enumerate(tasks))
+    with tqdm(total=sum(sizes), desc=desc, unit="utt", disable=None if progress is None else not progress) as bar:
+        try:
+            for k, task in itertools.islice(todo, ahead):
+                pending.append((k, executor.submit(fn, task)))
+            while pending:
+                k, future = pending.popleft()
+                r = future.result()  # an engine that gave up on a task (Dask's KilledWorker) says why
+                for k2, task in itertools.islice(todo, 1):
+                    pending.append((k2, executor.submit(fn, task)))
+                bar.update(sizes[k])
+                yield r
+        finally:
+            for _, future in pending:
+                future.cancel()
+
+
+@contextmanager
+def dask_executor(address: str, *, timeout: float = 60.0) -> Iterator[Any]:
+    """An executor over the Dask cluster whose scheduler is at ``address`` (``tcp://HOST:8786``), for
+    the ``with`` block; an error naming the address when it cannot be reached or Dask is missing."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ImportError("--dask needs Dask's distributed scheduler: pip install 'wdsprep[cluster]' (or pip install "
+                          "'dask[distributed]')") from None
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as e:
+        raise OSError(f"no Dask scheduler answered at {address} within {timeout:g} s ({type(e).__name__}: {e}); "
+                      f"start one (dask scheduler; dask worker {address}) or check the address") from None
+    try:
+        yield client.get_executor()
+    finally:
+        client.close()

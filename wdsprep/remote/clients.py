@@ -15,6 +15,10 @@ theirs (boto3 clients and urllib3 pools are thread-safe).  Their connections reg
 attempt being made (:mod:`wdsprep.remote.deadline`), which can shut them down when a server
 trickles.
 
+A pack writing into a bucket writes through the same S3 client (:func:`s3_put` and its neighbours),
+with S3's conditional writes (``If-None-Match: *``, ``If-Match``) where it must not overwrite; a
+condition not met is :class:`Precondition`.
+
 ``https://USER:PASSWORD@host/...`` is sent as basic auth (as curl does), the query of a URL as it
 is (a presigned URL's signature); neither is ever part of a message (``urls.redact``).
 """
@@ -454,3 +458,93 @@ def list_s3(bucket: str, prefix: str, timeout: float) -> list[tuple[str, int]]:
         raise _s3_error(e) from None
     except (OSError, ValueError, TypeError) as e:
         raise Retryable(f"{type(e).__name__}: {e}") from None
+
+
+# -- writing: what a pack's output in a bucket needs ------------------------------------------------------
+
+
+class Precondition(Exception):
+    """A conditional write or delete refused (HTTP 412): the object is there already (``if_absent``),
+    or is not the version named (``if_match``)."""
+
+
+def _s3_call(what: str, call: Any) -> Any:
+    """``call()`` (a boto3 request), its failure as :class:`Precondition`, Retryable or Final."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return call()
+    except ClientError as e:
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            raise Precondition(f"{what}: {code or status}") from None
+        raise _s3_error(e) from None
+    except BotoCoreError as e:
+        raise _s3_error(e) from None
+    except (OSError, ValueError, TypeError) as e:
+        raise Retryable(f"{type(e).__name__}: {e}") from None
+
+
+def s3_put(bucket: str, key: str, body: bytes | str, *, timeout: float, if_absent: bool = False,
+           if_match: str | None = None, metadata: dict[str, str] | None = None) -> str:
+    """Write object ``key``: ``body`` (bytes, or a local file's path, sent in parts when large); its
+    ETag.  ``if_absent``: only if no such object is there (``If-None-Match: *``); ``if_match``: only
+    over that version (``If-Match``); else :class:`Precondition`."""
+    client = s3_client(timeout)
+    extra: dict[str, Any] = {"Metadata": metadata} if metadata else {}
+    if isinstance(body, str):  # a file: boto3's managed upload (multipart above 8 MB); conditions are for small objects
+        assert not if_absent and if_match is None
+        _s3_call(key, lambda: client.upload_file(body, bucket, key, ExtraArgs=extra or None))
+        return ""
+    if if_absent:
+        extra["IfNoneMatch"] = "*"
+    if if_match is not None:
+        extra["IfMatch"] = if_match
+    return str(_s3_call(key, lambda: client.put_object(Bucket=bucket, Key=key, Body=body, **extra)).get("ETag", ""))
+
+
+def s3_copy(bucket: str, source: str, key: str, *, timeout: float) -> None:
+    """Copy object ``source`` to ``key`` in the bucket, server-side (its metadata with it)."""
+    from boto3.s3.transfer import TransferConfig
+
+    config = TransferConfig(multipart_threshold=5 << 30)  # one request below S3's 5 GB limit for it
+    _s3_call(key, lambda: s3_client(timeout).copy({"Bucket": bucket, "Key": source}, bucket, key, Config=config))
+
+
+def s3_head(bucket: str, key: str, *, timeout: float) -> tuple[int, str, dict[str, str]] | None:
+    """(size, ETag, metadata) of object ``key``, or None when there is none."""
+    try:
+        r = _s3_call(key, lambda: s3_client(timeout).head_object(Bucket=bucket, Key=key))
+    except Final as e:
+        if e.missing:
+            return None
+        raise
+    return int(r.get("ContentLength", 0)), str(r.get("ETag", "")), dict(r.get("Metadata") or {})
+
+
+def s3_get(bucket: str, key: str, *, timeout: float, limit: int) -> tuple[bytes, str] | None:
+    """(bytes, ETag) of a small object, at most ``limit`` bytes (ValueError beyond), or None."""
+    try:
+        r = _s3_call(key, lambda: s3_client(timeout).get_object(Bucket=bucket, Key=key))
+    except Final as e:
+        if e.missing:
+            return None
+        raise
+    if int(r.get("ContentLength", 0)) > limit:
+        r["Body"].close()
+        raise ValueError(f"s3://{bucket}/{key}: {r['ContentLength']:,} bytes, more than the {limit:,} it can have")
+    return r["Body"].read(limit + 1)[:limit], str(r.get("ETag", ""))
+
+
+def s3_delete(bucket: str, keys: list[str], *, timeout: float) -> None:
+    """Delete objects (1,000 per request); one that is not there is no error."""
+    client = s3_client(timeout)
+    for i in range(0, len(keys), 1000):
+        batch = [{"Key": k} for k in keys[i:i + 1000]]
+        r = _s3_call(keys[i], lambda batch=batch: client.delete_objects(Bucket=bucket, Delete={"Objects": batch,
+                                                                                               "Quiet": True}))
+        errors = r.get("Errors") or []
+        if errors:
+            raise Final(f"cannot delete s3://{bucket}/{errors[0].get('Key')}: {errors[0].get('Code')} "
+                        f"{errors[0].get('Message', '')}".rstrip())

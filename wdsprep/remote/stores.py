@@ -2,8 +2,10 @@
 
 Every question that depends on a URL's scheme is a :class:`Store`'s: whether a string names a
 URL at all, whether an index can live beside the shards (a folder URL), which characters make a
-glob and whether the store can list one, where the local cache keeps a copy, and how a byte
-stream is opened.  :func:`store_for` finds a URL's store in :data:`STORES`; no other module
+glob and whether the store can list one, where the local cache keeps a copy, how a byte stream
+is opened, and whether (and how) a pack can write its output there (``writes``: :meth:`Store.put`,
+``copy``, ``head``, ``get``, ``delete``, ``listing``, with conditional writes for a pack's lease
+and published entries).  :func:`store_for` finds a URL's store in :data:`STORES`; no other module
 compares a scheme.  A new scheme (gs:// with listing and resumed ranges, say) is one class here
 and one entry in :data:`STORES`.
 
@@ -46,6 +48,9 @@ class Store(ABC):
     glob_chars: ClassVar[str] = ""
     # Why a glob in this store's URLs cannot be answered (a store whose list() answers None).
     unlisted: ClassVar[str] = "globs work in local paths and s3:// URLs only"
+    writes: ClassVar[bool] = False  # a pack can write its output here (the methods below)
+    # Why a pack cannot write its output to this store's URLs.
+    unwritable: ClassVar[str] = "a pack writes to a local folder or an s3:// bucket"
 
     def owns(self, url: str) -> bool:
         return url.startswith(self.prefixes)
@@ -72,6 +77,33 @@ class Store(ABC):
     def cache_parts(self, url: str) -> list[str]:
         """The path of ``url``'s copy in the local cache, as parts under the cache's folder."""
         return [self.name, hashlib.sha256(url.encode()).hexdigest()[:24] + ".tar"]
+
+    # Writing (``writes``): each raises Retryable or Final, and Precondition for a condition not met.
+    def put(self, url: str, body: bytes | str, *, timeout: float, if_absent: bool = False,
+            if_match: str | None = None, metadata: dict[str, str] | None = None) -> str:
+        """Write ``url`` (bytes, or a local file's path): its version (ETag).  ``if_absent``: only
+        where nothing is; ``if_match``: only over that version."""
+        raise NotImplementedError(self.unwritable)
+
+    def copy(self, source: str, url: str, *, timeout: float) -> None:
+        """Copy object ``source`` to ``url`` within the store (nothing passes through here)."""
+        raise NotImplementedError(self.unwritable)
+
+    def head(self, url: str, *, timeout: float) -> tuple[int, str, dict[str, str]] | None:
+        """(size, version, metadata) of ``url``; None when there is no such object."""
+        raise NotImplementedError(self.unwritable)
+
+    def get(self, url: str, *, timeout: float, limit: int) -> tuple[bytes, str] | None:
+        """(bytes, version) of a small object, at most ``limit`` bytes; None when there is none."""
+        raise NotImplementedError(self.unwritable)
+
+    def delete(self, urls: list[str], *, timeout: float) -> None:
+        """Delete objects; one not there is no error."""
+        raise NotImplementedError(self.unwritable)
+
+    def listing(self, prefix: str, *, timeout: float) -> dict[str, int]:
+        """URL -> size of every object whose URL starts with ``prefix``."""
+        raise NotImplementedError(self.unwritable)
 
 
 class S3Store(Store):
@@ -109,6 +141,43 @@ class S3Store(Store):
         bucket, key = self.split(url)
         return [self.name, bucket, *key.split("/")]
 
+    writes = True
+
+    def put(self, url: str, body: bytes | str, *, timeout: float, if_absent: bool = False,
+            if_match: str | None = None, metadata: dict[str, str] | None = None) -> str:
+        from wdsprep.remote.clients import s3_put
+
+        return s3_put(*self.split(url), body, timeout=timeout, if_absent=if_absent, if_match=if_match,
+                      metadata=metadata)
+
+    def copy(self, source: str, url: str, *, timeout: float) -> None:
+        from wdsprep.remote.clients import s3_copy
+
+        bucket, key = self.split(url)
+        s3_copy(bucket, self.split(source)[1], key, timeout=timeout)
+
+    def head(self, url: str, *, timeout: float) -> tuple[int, str, dict[str, str]] | None:
+        from wdsprep.remote.clients import s3_head
+
+        return s3_head(*self.split(url), timeout=timeout)
+
+    def get(self, url: str, *, timeout: float, limit: int) -> tuple[bytes, str] | None:
+        from wdsprep.remote.clients import s3_get
+
+        return s3_get(*self.split(url), timeout=timeout, limit=limit)
+
+    def delete(self, urls: list[str], *, timeout: float) -> None:
+        from wdsprep.remote.clients import s3_delete
+
+        if urls:
+            s3_delete(self.split(urls[0])[0], [self.split(u)[1] for u in urls], timeout=timeout)
+
+    def listing(self, prefix: str, *, timeout: float) -> dict[str, int]:
+        from wdsprep.remote.clients import list_s3
+
+        bucket, key = self.split(prefix)
+        return {f"{self.prefixes[0]}{bucket}/{name}": size for name, size in list_s3(bucket, key, timeout)}
+
 
 class HTTPStore(Store):
     """``http://`` and ``https://``: any web server.  Cannot list (a glob is an error saying to
@@ -117,6 +186,8 @@ class HTTPStore(Store):
     name, prefixes = "http", ("http://", "https://")
     has_folder = has_query = True
     glob_chars = "*["  # "?" starts the query, as in a presigned URL
+    unwritable = ("a web server is read, not written: pack into a local folder (or an s3:// bucket) and serve that "
+                  "folder")
     unlisted = ("a web server cannot list files, so an http(s) URL cannot hold a glob; write the shard names as a "
                 "brace range (data-{00000..00099}.tar; `wdsprep pattern FOLDER --remote URL` writes one from the "
                 "local copy), or put the shards on S3, which can list")
@@ -150,6 +221,8 @@ class GopenStore(Store):
     a command: no folder, no listing, no resumed ranges."""
 
     name, prefixes = "url", ("gs://", "ais://")
+    unwritable = ("gs:// and ais:// are read through their command-line tools, not written: pack into a local folder, "
+                  "or into an s3:// URL of the store's S3-compatible endpoint (AWS_ENDPOINT_URL)")
 
     def open(self, url: str, *, start: int, validator: str | None, timeout: float) -> Stream:
         from wdsprep.remote.clients import GopenStream
@@ -161,6 +234,21 @@ STORES: tuple[Store, ...] = (S3Store(), HTTPStore(), PipeStore(), GopenStore())
 # What opens and caches anything no store owns (a local path, handed to the fetch by mistake):
 # webdataset's gopen opens a file too.
 _FALLBACK: Store = GopenStore()
+
+
+def writable_store(url: str) -> Store | None:
+    """The store a pack's output URL is written to (None: a local path); ValueError naming the URL
+    when no store can be written there, or it names a scheme no store knows (``s3:/x``, ``gcs://``),
+    which would otherwise be a local folder of that name."""
+    import re
+
+    store = store_for(url)
+    if store is None and re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", url):
+        raise ValueError(f"{url!r} names no store wdsprep knows (s3://BUCKET/PREFIX, or a local folder); a pack "
+                         f"would make a local folder of that name")
+    if store is not None and not store.writes:
+        raise ValueError(f"{url!r}: {store.unwritable}")
+    return store
 
 
 def store_for(url: str) -> Store | None:

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from wdsprep.errors import DataError, OverLimit
+from wdsprep.format.commit import MARKER_NAME, UncommittedPackError
 from wdsprep.format.index.files import (
     AUDIO_INDEX_FILES,
     FRAMES_FILE,
@@ -88,6 +89,7 @@ def read_index_at(folder: str, fetch: FetchFile, *, keys: bool = False) -> Folde
     speakers by the key rule): planning does not need them."""
     shown = redact(folder)
     with tempfile.TemporaryDirectory(prefix="wdsprep-index-") as tmp:
+        _refuse_uncommitted(folder, fetch, tmp)
         summary: dict = {}
         names = [*INDEX_FILES, *AUDIO_INDEX_FILES]  # an audio folder's sample counts too
         for name in names:
@@ -130,6 +132,20 @@ def read_index_at(folder: str, fetch: FetchFile, *, keys: bool = False) -> Folde
             raise DataError(str(e).replace(tmp, shown)) from None
     assert index is not None
     return index
+
+
+def _refuse_uncommitted(folder: str, fetch: FetchFile, tmp: str) -> None:
+    """:class:`UncommittedPackError` when a pack's marker is beside the remote shards or in the folder
+    above (a pack writing into a bucket, or a folder uploaded before its pack committed): as a local
+    folder's, its shards may be a part of the corpus only."""
+    for where in (folder, folder.rsplit("/", 1)[0]):
+        if where.endswith(":/"):  # the folder is a bucket's top: nothing above it
+            continue
+        if fetch(f"{where}/{MARKER_NAME}", os.path.join(tmp, MARKER_NAME), limit=_SLACK):
+            raise UncommittedPackError(
+                f"shards in {redact(folder)}: part of a pack that did not finish ({redact(where)}/{MARKER_NAME} is "
+                f"there): its shards may be a part of the corpus only; finish the pack (the same command with "
+                f"--resume) before training on it")
 
 
 def read_tokens_at(folder: str, name: str, num_utts: int, fetch: FetchFile) -> np.ndarray | None:

@@ -447,6 +447,9 @@ class CutFeaturesJob:
     def __init__(self, items: Sequence[PackItem], cols: np.ndarray) -> None:
         self.items, self.cols = items, cols
 
+    def narrowed(self, items: Sequence[int]) -> CutFeaturesJob:
+        return CutFeaturesJob([self.items[i] for i in items], self.cols[np.asarray(items, np.int64)])
+
     def open(self) -> None:
         import lhotse  # noqa: F401  (in the worker: fails here, not per cut)
 

@@ -22,7 +22,7 @@ import os
 import tarfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -218,6 +218,12 @@ class ImportJob(AudioJob):
         super().__init__(items, recordings, fbank, store_audio=store_audio)
         self.blobs = blobs
         self._last: tuple[str, int, np.ndarray | AudioProblem] | None = None
+
+    def narrowed(self, items: Sequence[int]) -> ImportJob:
+        job = super().narrowed(items)
+        assert isinstance(job, ImportJob)
+        job.blobs = {u.rxfile: self.blobs[u.rxfile] for _, u, _ in job.items if u.rxfile in self.blobs}
+        return job
 
     def waveform(self, u: Utterance) -> np.ndarray | AudioProblem:
         blob = self.blobs.get(u.rxfile)
