@@ -226,6 +226,18 @@ def read_cuts(path: str) -> Imported:
     return Imported("lhotse", items, report, files={"manifest": manifests}, data=data)
 
 
+def _span(cut: Any, where: str, uttid: str) -> tuple[float, float]:
+    """A cut's start and duration in seconds; :class:`Bad`, naming the cut, where one is missing or not a number."""
+    try:
+        start = seconds(cut.start, "start", where, required=True)
+        duration = seconds(cut.duration, "duration", where, required=True)
+    except Bad as e:
+        e.uttid = uttid
+        raise
+    assert start is not None and duration is not None
+    return start, duration
+
+
 def _labels_of(cut: Any, where: str, uttid: str) -> tuple[str, Any, Any]:
     """(transcript, speaker, language) of a cut: its supervisions' texts in order, the first's speaker
     and language (checked by ``untrusted.item``); :class:`Bad` for a text or time of no use."""
@@ -274,13 +286,7 @@ def _cut_item(cut: Any, path: str, line: int) -> Item:
     problem = _recording_problem(rec, where)
     if problem is not None:
         raise Bad(*problem, uttid)
-    try:
-        start = seconds(cut.start, "start", where, required=True)
-        duration = seconds(cut.duration, "duration", where, required=True)
-    except Bad as e:
-        e.uttid = uttid
-        raise
-    assert start is not None and duration is not None
+    start, duration = _span(cut, where, uttid)
     source = next((s for s in rec.sources if isinstance(s.channels, list) and cut.channel in s.channels), None)
     if source is None:
         raise Bad("unsupported_cut", f"{where}: no audio source of recording {rec.id!r} has channel {cut.channel}",
@@ -343,13 +349,7 @@ def _shar_item(cut: Any, path: str, line: int, members: dict[str, TarMember], ta
     member = members.get(uttid)
     if member is None:
         raise Bad("missing_file", f"{where}: no member {uttid}.* in {tar}", uttid)
-    try:
-        start = seconds(cut.start, "start", where, required=True)
-        duration = seconds(cut.duration, "duration", where, required=True)
-    except Bad as e:
-        e.uttid = uttid
-        raise
-    assert start is not None and duration is not None
+    start, duration = _span(cut, where, uttid)
     text, speaker, language = _labels_of(cut, where, uttid)
     return item(path, line, uttid=uttid, audio=member, text_value=text, speaker=speaker, language=language,
                 start=start, end=None if start == 0 else start + duration)
