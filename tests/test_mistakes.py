@@ -253,6 +253,7 @@ def test_a_pack_that_writes_nothing_or_loses_too_much_exits_1_and_a_growing_load
              "--store", "flac", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert f"wrote none of its {n} utterances: " in r.stderr and str(out / "pack_report.json") in r.stderr, r.stderr
+    assert r.stderr.startswith("wdsprep pack-audio: error: wrote none"), r.stderr  # the command named once
     assert (out / "pack_report.json").is_file() and not (out / "PACK_INCOMPLETE").exists()
     tok = train_char_tokenizer(tmp_path, demo / "text")
     t0 = time.monotonic()

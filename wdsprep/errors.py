@@ -92,6 +92,10 @@ def failure(e: BaseException, command: str) -> tuple[int, str]:
     """Exit status and the one line to print for the exception that ended ``command`` (with the
     notes added to it on the way, e.g. that a stopped pack resumes)."""
     code, line = _failure(e, command)
+    # A library message that names its command already ("pack-audio: wrote none ..."): named once.
+    twice = f"wdsprep {command}: error: {command}: "
+    if line.startswith(twice):
+        line = twice[:-len(command) - 2] + line[len(twice):]
     notes = [n for n in getattr(e, "__notes__", []) if isinstance(n, str)]
     return code, "; ".join([line, *notes])
 
@@ -99,8 +103,8 @@ def failure(e: BaseException, command: str) -> tuple[int, str]:
 def _failure(e: BaseException, command: str) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
         return 130, f"wdsprep {command}: interrupted"
-    if isinstance(e, StrictError):
-        return 1, f"wdsprep {command}: {e}"
+    if isinstance(e, StrictError):  # the job ran: what it lost is the error
+        return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, MeasurementError):
         return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, OSError):

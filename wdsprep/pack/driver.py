@@ -289,8 +289,8 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         ready = staged(d, plan, tasks)  # what parts of a spread pack wrote: published here, in turn
         written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress)
         if ready and len(ready) < len(tasks):
-            print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
-                  f"part (--part): writing them here")
+            print(f"{command}: {len(tasks) - len(ready):,} of the {shards_total:,} planned shards were not written by "
+                  f"a part (--part) and are not published: writing them here")
         publisher = Publisher(d, done.count, options, speakers, indexed)
         for j in tasks:
             w = ready.pop(j) if j in ready else next(written)

@@ -21,7 +21,20 @@ from typing import Any, Sequence
 from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_RATES, check_bitrate
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
-from wdsprep.options import FILES, NAMED_PATHS, NAMES, NUMBER, PATH, SWITCH, TOGGLE, Kind, choice, option
+from wdsprep.options import (
+    FILES,
+    NAMED_PATHS,
+    NAMES,
+    NUMBER,
+    PATH,
+    SWITCH,
+    TOGGLE,
+    Kind,
+    choice,
+    flag_of,
+    option,
+    options_of,
+)
 from wdsprep.pack.groups import Groups
 from wdsprep.prep.fbank import resolve_options
 from wdsprep.prep.options import FbankOptions
@@ -226,6 +239,37 @@ class OutputOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.max_lost <= 1:  # NaN too
             raise ValueError(f"max_lost={self.max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
+
+
+def record_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """How two resume records (:meth:`PackOptions.record`) differ, each as the command line spells
+    the option (``--store flac (the pack started with features)``).  A record key no flag sets
+    (the ``layout`` an audio ``store`` decides) is left out where the flag that decides it differs."""
+    homes = {f.name: (f, s) for cls in (PackOptions, AudioOptions, FbankOptions) for f, s in options_of(cls)}
+    derived = {"layout": "store"} if "store" in was or "store" in now else {}
+
+    def spelled(name: str, value: Any) -> str:
+        f, s = homes.get(name, (None, None))
+        if f is None or s is None:
+            return f"{name}={value!r}"
+        flag = flag_of(f, s) or name
+        if value is None and f.default is not None:
+            value = f.default  # a record leaves an option at its default out (store: features)
+        if value is None:
+            return f"no {flag}"
+        if isinstance(value, bool):
+            if s.kind is TOGGLE:
+                return flag if value else f"--no-{flag[2:]}"
+            return flag if value != f.default else f"no {flag}"
+        return f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+
+    out = []
+    for name in dict.fromkeys([*was, *now]):
+        if was.get(name) == now.get(name) or derived.get(name) in {k for k in dict.fromkeys([*was, *now])
+                                                                    if was.get(k) != now.get(k)}:
+            continue
+        out.append(f"{spelled(name, now.get(name))} (the pack started with {spelled(name, was.get(name))})")
+    return out
 
 
 def check_fmt(fmt: str) -> None:

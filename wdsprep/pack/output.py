@@ -76,7 +76,7 @@ from wdsprep.format.index import (
     write_index,
 )
 from wdsprep.format.keys import decode_key, encode_key, speaker_of
-from wdsprep.pack.options import PackOptions, Part
+from wdsprep.pack.options import PackOptions, Part, record_differences
 from wdsprep.pack.plan import ShardPlan
 from wdsprep.pack.sink import WrittenShard
 from wdsprep.report import Report
@@ -327,10 +327,7 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
                     if was.get(k) != now.get(k)]
             continue
         out.append(f"{name} is {_brief(now)}, the pack started with {_brief(was)}")
-    for name in dict.fromkeys([*prior.options, *options]):
-        if prior.options.get(name) != options.get(name):
-            out.append(f"{name}={options.get(name)!r} (the pack started with {prior.options.get(name)!r})")
-    return out
+    return out + record_differences(prior.options, options)
 
 
 def _same_path(a: Any, b: Any) -> bool:
@@ -347,12 +344,11 @@ def _brief(value: Any) -> str:
 
 
 def check_same(d: Path, prior: PackPlan, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> None:
-    """Refuse to resume ``d`` with other inputs or options than its plan records, naming the first
-    difference (and how many more)."""
+    """Refuse to resume ``d`` with other inputs or options than its plan records, naming every
+    difference."""
     diffs = _differences(prior, command, inputs, options)
     if diffs:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise DataError(f"{d}: cannot resume this pack: {diffs[0]}{more}. Resume it with the inputs and options it "
+        raise DataError(f"{d}: cannot resume this pack: {'; '.join(diffs)}. Resume it with the inputs and options it "
                         f"started with (see {d / PLAN_NAME}), or pack again with --overwrite")
 
 
