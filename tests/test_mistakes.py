@@ -314,3 +314,54 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
         batches(f"{bad}/data-*.tar")
     result = verify_shards(f"{bad}/data-*.tar")
     assert not result.ok and "SHA-256" in result.format() and shard.name in result.format()
+
+
+def _demo_subset(d: Path, n: int) -> tuple[Path, Path]:
+    """A wav.scp (absolute paths) and text of the demo corpus's first ``n`` train utterances."""
+    demo = Path(__file__).resolve().parent.parent / "egs" / "demo"
+    d.mkdir(parents=True, exist_ok=True)
+    wavs = (demo / "data" / "train" / "wav.scp").read_text().splitlines()[:n]
+    texts = (demo / "data" / "train" / "text").read_text(encoding="utf-8").splitlines()[:n]
+    (d / "wav.scp").write_text("".join(f"{u} {demo / p}\n" for u, p in (w.split(" ", 1) for w in wavs)))
+    (d / "text").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return d / "wav.scp", d / "text"
+
+
+def test_a_refused_resume_names_every_difference_by_its_flag(tmp_path):
+    """Resumed with --store flac and another --sample-rate: both named as the command line spells
+    them, none hidden as "1 more difference", and not the layout --store decides."""
+    wav, text = _demo_subset(tmp_path / "kaldi", 4)
+    out = tmp_path / "out"
+    base = ["pack-audio", "--wav-scp", str(wav), "--text", str(text), "--out", str(out)]
+    assert _cli(*base, "--store", "wav").returncode == 0
+    r = _cli(*base, "--store", "flac", "--sample-rate", "8000", "--no-shuffle", "--resume")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for said in ("--store flac (the pack started with --store wav)",
+                 "--sample-rate 8000 (the pack started with --sample-rate 16000)",
+                 "--no-shuffle (the pack started with --shuffle)"):
+        assert said in r.stderr, r.stderr
+    assert "layout" not in r.stderr and "more difference" not in r.stderr, r.stderr
+
+
+def test_the_small_things_of_a_first_hour(data, tmp_path):
+    """fbank says what it wrote where it was asked to, without a pack's table; an aggregate
+    tokenizer asks for --lang as a flag; every recipe keeps what it makes out of git."""
+    from wdsprep.tokenizer import aggregate_tokenizers
+
+    root, trset, utts, tok = data
+    wav, _ = _demo_subset(tmp_path / "kaldi", 3)
+    r = _cli("fbank", "--wav-scp", str(wav), "--out", "feats", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("wrote 3 utterances (0.00 h) to feats/feats.scp"), r.stdout
+    assert "group" not in r.stdout and str(tmp_path) not in r.stdout, r.stdout
+    aggregate_tokenizers({"en": tok, "zh": tok}, tmp_path / "agg.json")
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tmp_path / "agg.json"), "hello")
+    assert r.returncode == 2 and "give the language of the text with --lang, e.g. --lang en" in r.stderr, r.stderr
+    assert "encode(text" not in r.stderr
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tmp_path / "agg.json"), "--lang", "en", "hello")
+    assert r.returncode == 0 and r.stdout.strip()
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tok), "--lang", "en", "hello")
+    assert r.returncode == 2 and "give --lang only with an aggregate tokenizer" in r.stderr, r.stderr
+    egs = Path(__file__).resolve().parent.parent / "egs"
+    for recipe in sorted(p for p in egs.iterdir() if (p / "run.sh").is_file()):
+        assert (recipe / ".gitignore").is_file() and "/exp/" in (recipe / ".gitignore").read_text(), recipe

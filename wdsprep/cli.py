@@ -182,6 +182,16 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
+    languages = list(getattr(tok, "languages", ()))
+    if args.lang is None and len(languages) > 1:
+        raise ValueError(f"--tokenizer {args.tokenizer} holds a tokenizer per language ({', '.join(languages)}): give "
+                         f"the language of the text with --lang, e.g. --lang {languages[0]}")
+    if args.lang is not None and languages and args.lang not in languages:
+        raise ValueError(f"--lang {args.lang}: {args.tokenizer} has no tokenizer for it; its languages: "
+                         f"{', '.join(languages)}")
+    if args.lang is not None and not languages:
+        raise ValueError(f"--lang {args.lang}: {args.tokenizer} is one tokenizer for every language; give --lang only "
+                         f"with an aggregate tokenizer (wdsprep tokenizer aggregate)")
     lines = args.texts if args.texts else (line.rstrip("\n") for line in sys.stdin)
     for text in lines:
         ids = tok.encode(text, args.lang) if args.lang else tok.encode(text)  # type: ignore[call-arg]

@@ -98,10 +98,10 @@ class Report:
     def write(self, path: str | os.PathLike) -> Path:
         return write_text(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")
 
-    def summary(self, title: str) -> str:
-        """A few lines a person reads at a glance."""
+    def summary(self, title: str, *, table: bool = True) -> str:
+        """A few lines a person reads at a glance; ``table``: the groups' table (a pack's folders)."""
         lines = [title]
-        if self.groups:
+        if self.groups and table:
             lines.append(f"  {'group':<16}{'utterances':>12}{'hours':>10}{'shards':>8}")
             for name, g in self.groups.items():
                 lines.append(f"  {name:<16}{g['utterances']:>12,}{g['hours']:>10.2f}{g.get('shards', 0):>8}")

@@ -34,6 +34,9 @@ import wdsprep
 
 # wdsprep's len(loader) is exact with any num_workers; Lightning warns because loader.dataset is an IterableDataset.
 warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
+# Lightning's own pytree helper builds a LeafSpec, which this torch deprecates: said by every
+# process at every loader, with Lightning's file and line in front; nothing the recipe can change.
+warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def loader_kwargs(args: argparse.Namespace, world: int) -> dict[str, Any]:
