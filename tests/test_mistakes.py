@@ -188,17 +188,37 @@ def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
                           cwd=cwd)
 
 
-def test_path_mistakes_get_the_pattern_that_was_meant(data):
+def test_a_folder_or_the_files_a_shell_expanded_are_the_shard_set_meant(data, tmp_path):
+    """A pack's folder is its shards, for every command that reads shards, by --trset or by position;
+    so are the files an unquoted glob expanded to.  What is no shard set is named."""
     root, trset, utts, tok = data
     folder = trset.rsplit("/", 1)[0]
+    planned = _cli("dry-run", "--plan", "--trset", trset, "--max-frames", "3000")
+    assert planned.returncode == 0, planned.stderr
     r = _cli("dry-run", "--plan", "--trset", folder, "--max-frames", "3000")
-    assert r.returncode == 2 and f"its shards: '{folder}/data-*.tar'" in r.stderr, r.stderr
-    # an unquoted glob the shell expanded: the extra files are named for what they are
+    assert r.returncode == 0 and r.stdout == planned.stdout, r.stderr
     files = sorted(str(p) for p in Path(folder).glob("data-*.tar"))
     r = _cli("dry-run", "--plan", "--trset", *files, "--max-frames", "3000")
-    assert r.returncode == 2 and "the shell expanded a pattern; quote it" in r.stderr, r.stderr
-    assert f"'{folder}/data-*.tar'" in r.stderr
+    assert r.returncode == 0 and r.stdout == planned.stdout, r.stderr
+    for command in (["inspect", folder], ["inspect", "--trset", folder], ["verify", folder],
+                    ["verify", "--trset", folder], ["index", "--trset", folder],
+                    ["tokenizer", "count-labels", "--trset", folder, "--tokenizer", str(tok)]):
+        r = _cli(*command)
+        assert r.returncode == 0, (command, r.stderr)
+    r = _cli("verify", folder, "--trset", folder)
+    assert r.returncode == 2 and "given twice" in r.stderr, r.stderr
+    assert "give the shards" in _cli("inspect").stderr
+    r = _cli("inspect", str(root))  # a folder holding none
+    assert r.returncode == 2 and "no shards in it or in a length group under it" in r.stderr, r.stderr
     assert "unrecognized arguments: --bogus" in _cli("dry-run", "--plan", "--trset", trset, "--bogus").stderr
+    # make_loader and export take the folder; the README's grouped pattern on a pack without groups
+    # names what the folder holds
+    by_folder, by_pattern = make_loader(folder, tok, max_frames=3000), make_loader(trset, tok, max_frames=3000)
+    assert [b.keys for b in by_folder] == [b.keys for b in by_pattern]
+    r = _cli("export", "lhotse", "--trset", folder, "--out", str(tmp_path / "cuts.jsonl.gz"))
+    assert r.returncode == 0 and f"{len(utts):,} utterances" in r.stderr, r.stderr
+    r = _cli("inspect", f"{folder}/*/data-*.tar")
+    assert r.returncode == 2 and f"the pack folder {folder} holds '{folder}/data-*.tar'" in r.stderr, r.stderr
 
 
 def test_the_pattern_command_prints_a_packs_pattern_local_and_uploaded(data):

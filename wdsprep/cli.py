@@ -51,6 +51,32 @@ def _names(cls: type) -> list[str]:
     return [f.name for f, _ in options_of(cls)]
 
 
+SHARDS_HELP = "a pack's folder (or several), or a shard pattern, e.g. 'DIR/*/data-*.tar'"
+
+
+def _add_shards(p: argparse.ArgumentParser, what: str = "shards") -> None:
+    """The shards a command reads: positional patterns (as the command took them before) or --trset,
+    which every command that reads shards takes."""
+    p.add_argument("patterns", nargs="*", metavar="PATTERN", help=f"{what}: {SHARDS_HELP}")
+    p.add_argument("--trset", nargs="+", metavar="PATTERN", help="the same, as the loader's commands name them")
+
+
+def _shards(args: argparse.Namespace) -> list[str]:
+    """The shards named by position or by --trset (one of them)."""
+    if args.patterns and args.trset:
+        raise ValueError(f"the shards are given twice ({args.patterns[0]} and --trset {args.trset[0]}): give them "
+                         f"once")
+    named = args.patterns or args.trset
+    if not named:
+        raise ValueError("give the shards: a pack's folder or a shard pattern (or --trset PATTERN)")
+    return named
+
+
+def _one_or_many(items: list[str] | None) -> str | list[str] | None:
+    """--trset's words: one pattern as it is, several as a list."""
+    return items[0] if items and len(items) == 1 else items
+
+
 def _add_wav_scp(p: argparse._ActionsContainer, *, required: bool) -> None:
     p.add_argument("--wav-scp", required=required, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
 
@@ -204,7 +230,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
 def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
     from wdsprep.plan.tokens import count_labels
 
-    for folder, what in count_labels(args.patterns, args.tokenizer, normalize=args.normalize).items():
+    for folder, what in count_labels(_shards(args), args.tokenizer, normalize=args.normalize).items():
         print(f"{folder}: {what}")
 
 
@@ -257,7 +283,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser("count-labels", help="every label's length in TOKENIZER's tokens, written beside each index "
                                              "(what a cost model that counts tokens plans with; upload it with the "
                                              "index for remote shards)")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shards, e.g. 'DIR/*/data-*.tar'")
+    _add_shards(p, "local shards")
     p.add_argument("--tokenizer", required=True, help="tokenizer file (or a sentencepiece .model)")
     p.add_argument("--normalize", nargs="+", metavar="STEP", help="the text treatment the loader applies (its "
                                                                   "--normalize)")
@@ -267,7 +293,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from wdsprep.check.inspect import inspect_shards, write_json
 
-    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames, seed=args.seed,
+    result = inspect_shards(_shards(args), plot=args.plot, max_frames_list=args.max_frames, seed=args.seed,
                             **_retry_options(args))
     print(result.format(per_shard=not args.groups_only))
     if args.json:
@@ -278,7 +304,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    result = verify_shards(args.patterns, growing=args.growing, **_retry_options(args))
+    result = verify_shards(_shards(args), growing=args.growing, **_retry_options(args))
     print(result.format())
     return 0 if result.ok else 1
 
@@ -286,7 +312,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_index(args: argparse.Namespace) -> int:
     from wdsprep.format.reindex import index_shards
 
-    result = index_shards(args.patterns, refresh=args.refresh, force=args.force, index_fields=args.index_field or (),
+    result = index_shards(_shards(args), refresh=args.refresh, force=args.force, index_fields=args.index_field or (),
                           progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
@@ -312,7 +338,7 @@ def _add_pattern(sub: argparse._SubParsersAction) -> None:
 def _add_index(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("index", help="write the index of shards packed elsewhere (CAT's, a copied folder): "
                                      "headers only; exit 1 if a sample is unreadable")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    _add_shards(p)
     p.add_argument("--refresh", action="store_true",
                    help="read again the shards that changed since they were indexed (size or mtime), keep the rest")
     p.add_argument("--force", action="store_true", help="read every shard again")
@@ -336,7 +362,7 @@ def _trset(args: argparse.Namespace) -> str | dict[str, str] | None:
     """--trset, or the named corpora of --corpus NAME=PATTERN items."""
     if args.corpus:
         return _named(args.corpus, "--corpus", "NAME=PATTERN", "en='data/en/*/data-*.tar'")
-    return args.trset
+    return _one_or_many(args.trset)
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
@@ -406,7 +432,7 @@ def _add_dry_run(sub: argparse._SubParsersAction, every_help: bool = False) -> N
                                        "(torchrun-safe)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
-    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=SHARDS_HELP)
     src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                      help="a named corpus (repeat for each); in training they are mixed (see --weights)")
     p.add_argument("--tokenizer", nargs="+", metavar="FILE",
@@ -432,7 +458,8 @@ def _add_dry_run(sub: argparse._SubParsersAction, every_help: bool = False) -> N
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from wdsprep.check.calibrate import calibrate
 
-    result = calibrate(args.model, args.trset, args.tokenizer, args.out, device=args.device, step=args.step,
+    result = calibrate(args.model, _one_or_many(args.trset), args.tokenizer, args.out, device=args.device,
+                       step=args.step,
                        max_seconds=args.max_seconds, subsampling=args.subsampling, seed=args.seed,
                        tokens_per_frame=args.tokens_per_frame, max_tokens=args.max_tokens, optimizer=args.optimizer,
                        oom_margin=args.oom_margin, max_frames=args.max_frames, max_error=args.max_error,
@@ -449,7 +476,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
                    help="FACTORY(feat_dim=, vocab_size=) returns the model; its forward(feats, feat_lens, labels, "
                         "label_lens) returns the scalar loss. MODULE: a dotted module or a path to a .py file")
-    p.add_argument("--trset", required=True, help="training shards, e.g. 'data/{10_1000,1000_2000}/data-*.tar' "
+    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN", help="training shards: a pack's folder or a "
+                   "pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar' "
                                                   "(their index gives the feature dims and the lengths)")
     p.add_argument("--tokenizer", required=True, help="tokenizer file (gives vocab_size)")
     p.add_argument("--out", required=True, help="the cost model to write (JSON)")
@@ -501,7 +529,7 @@ def _add_rehearse(sub: argparse._SubParsersAction, every_help: bool = False) -> 
                    help="as calibrate takes it: FACTORY(feat_dim=, vocab_size=) returns the model, whose "
                         "forward(feats, feat_lens, labels, label_lens) returns the scalar loss")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=SHARDS_HELP)
     src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                      help="a named corpus (repeat for each); in training they are mixed (see --weights)")
     p.add_argument("--tokenizer", nargs="+", required=True, metavar="FILE",
@@ -580,8 +608,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                                       "another project's manifest")
     p.add_argument("kind", choices=list(EXPORTS), metavar="KIND",
                    help="; ".join(f"{name}: {e.help}" for name, e in EXPORTS.items()))
-    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN",
-                   help="local shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN", help=f"local shards: {SHARDS_HELP}")
     p.add_argument("--out", required=True, help="the manifest to write, e.g. cuts.jsonl.gz")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_export)
@@ -589,7 +616,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    _add_shards(p)
     p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     p.add_argument("--max-frames", nargs="*", type=int, metavar="N",
@@ -604,8 +631,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN",
-                   help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
+    _add_shards(p, "shards, local or remote ('s3://BUCKET/PREFIX/*/data-*.tar', https://HOST/...)")
     p.add_argument("--growing", action="store_true",
                    help="accept a folder a pack is still writing (check the shards it published); without it, a "
                         "folder whose pack has not committed is a problem (exit 1)")
