@@ -333,6 +333,20 @@ def test_groups_must_not_overlap(corpus):
         pack_data(scps, txts, tmp / "out", filter_group=["10-100"])
 
 
+def test_groups_in_seconds_are_the_groups_of_their_frames(corpus):
+    """``:1s 1s:2.005s 2.005s:`` packs what ``:100 100:201 201:`` packs (an edge that is no whole
+    frame rounds up: an utterance of 200 frames, 2.00 s, is shorter than 2.005 s), and records it so."""
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "seconds", filter_group=[":1s", "1s:2.005s", "2.005s:"], progress=False)
+    pack_data(scps, txts, tmp / "frames", filter_group=[":100", "100:201", "201:"], progress=False)
+    assert all_samples(tmp / "seconds") == all_samples(tmp / "frames")
+    assert sorted(p.name for p in (tmp / "seconds").iterdir() if p.is_dir()) == ["0_100", "100_201", "201_inf"]
+    plans = [json.loads((tmp / d / "pack_plan.json").read_text())["options"] for d in ("seconds", "frames")]
+    assert plans[0] == plans[1]
+    with pytest.raises(ValueError, match="in frames or in seconds"):
+        pack_data(scps, txts, tmp / "bad", filter_group=[":-1s"])
+
+
 def test_cli_mirrors_the_api(corpus):
     tmp, scps, txts, feats, texts = corpus
     out = tmp / "out"

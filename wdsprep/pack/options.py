@@ -125,8 +125,9 @@ class PackOptions:
 
     fmt: str = option("data-%05d.tar", "shard file name, FMT % i", kind=PATH, metavar="FMT", ld=False, plan=True)
     filter_group: Sequence[str] | None = option(
-        None, "length groups in frames, LO <= frames < HI, each a folder LO_HI of the output; an open end is allowed "
-              "(:10, 1000:)", kind=Kind("LO:HI", str, list, nargs="+", join=list), ld=False, plan=True)
+        None, "length groups, LO <= frames < HI, each a folder LO_HI of the output: in frames (10 ms), or in seconds "
+              "with an s (:5s 5s:15s 15s: is :500 500:1500 1500:); an open end is allowed",
+        kind=Kind("LO:HI", str, list, nargs="+", join=list), ld=False, plan=True)
     utts_per_shard: int = option(2000, "utterances per shard at most", ld=False, plan=True)
     layout: str = option("cat", "cat: KEY.npy + KEY.txt; cat-v3: KEY.mat.npy + KEY.label.txt (CAT's older recipes)",
                          kind=choice(*FEATURE_LAYOUTS), ld=False, plan=True)
