@@ -1189,7 +1189,7 @@ def test_r5_item10_index_again_over_a_shard_with_lost_samples_names_them_again_a
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("step,extra,status,says", [
-    ("forever", ["--max-seconds", "3"], 1, "rehearse: the steps ran past --max-seconds 3"),
+    ("forever", ["--max-seconds", "3"], 1, "wdsprep rehearse: error: the steps ran past --max-seconds 3"),
     ("exits", [], 2, "raised SystemExit (it called sys.exit(3))"),
     ("forever", ["--max-seconds", "nan"], 2, "max_seconds must be a finite number of seconds > 0, got nan"),
 ])

@@ -90,7 +90,8 @@ def _add_from(p: argparse.ArgumentParser, source: argparse._ActionsContainer, ki
                         help=f"the utterances, transcripts, speakers and languages in another project's format "
                              f"(docs/import.md), in place of the Kaldi files. KIND: {listed}")
     if any(kind.options for kind in kinds.values()):
-        add_flags(p.add_argument_group("--from: which columns hold what (hf), where text files may be (nemo)"),
+        add_flags(p.add_argument_group("--from: which key (hf: column) of a line holds what (nemo, wenet, hf), where "
+                                       "text files may be (nemo); --field NAME=KEY carries a key as a field"),
                   Manifest)
 
 
@@ -102,13 +103,17 @@ def _input(args: argparse.Namespace, kaldi: str) -> object:
         if args.f_labels is None:
             raise ValueError("--text is required with --" + kaldi.replace("_", "-"))
         return getattr(args, kaldi)
+    from wdsprep.options import named_paths
+
     kind, path = args.source
     for flag, value in (("--text", args.f_labels), ("--utt2spk", args.utt2spk),
                         ("--segments", getattr(args, "segments", None))):
         if value is not None:
             raise ValueError(f"{flag}: the manifest of --from {kind} names the utterances' transcripts, segments and "
                              f"speakers; give --from alone")
-    return Manifest(kind, path, **given(args, Manifest))
+    # With --from, --field NAME=KEY names a key of the manifest's lines, not a table.
+    keys, args.fields = (named_paths(args.fields) if args.fields else None), None
+    return Manifest(kind, path, fields=keys, **given(args, Manifest))
 
 
 def _cmd_fbank(args: argparse.Namespace) -> None:

@@ -548,6 +548,10 @@ def _check_fields(shards: Any, options: LoaderOptions, transforms: Sequence[Any]
     for c, t in enumerate(transforms):
         if t.by_language and shards.lacks("lang", c):
             where = f"corpus {shards.corpora[c]!r}'s" if shards.corpora != ("",) else "the shards'"
+            if shards.has_some("lang", c):  # a manifest's lines without one were packed without one
+                raise ValueError(f"a tokenizer per language needs each utterance's language: some of {where} "
+                                 f"utterances have none (manifest lines without one); pack them with one "
+                                 f"(--lang-column, --utt2lang), or train with one tokenizer")
             raise ValueError(f"a tokenizer per language needs each utterance's language: {where} index has no "
                              f"language column (pack with --utt2lang; shards that carry KEY.lang: wdsprep index "
                              f"--force)")

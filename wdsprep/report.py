@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import write_text
@@ -26,8 +27,12 @@ class Report:
     # language -> utterances written, when the inputs name each utterance's language
     languages: dict[str, int] = field(default_factory=dict)
 
-    def drop(self, reason: str, uttid: str, why: str | None = None) -> None:
-        self.dropped[reason].append({"uttid": uttid, "why": why} if why else {"uttid": uttid})
+    def drop(self, reason: str, uttid: str, why: str | None = None, also: Sequence[str] = ()) -> None:
+        """Count ``uttid`` as not written for ``reason`` (once: ``also`` names the other reasons it had)."""
+        entry: dict = {"uttid": uttid, "why": why} if why else {"uttid": uttid}
+        if also:
+            entry["also"] = list(also)
+        self.dropped[reason].append(entry)
 
     def note(self, kind: str, uttid: str) -> None:
         self.flagged[kind].append(uttid)

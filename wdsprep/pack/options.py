@@ -217,8 +217,9 @@ class PackInputs:
               "(missing_lang)", kind=FILES, metavar="UTT2LANG", ld=False)
     fields: dict[str, str] | None = option(
         None, "a field of the utterances from an 'uttid value' file, a member KEY.NAME of the shards (repeatable), "
-              "e.g. prev_text=data/train/text.prev; an utterance without a value is not packed (missing_field)",
-        kind=NAMED_PATHS, flag="--field", metavar="NAME=FILE", ld=False)
+              "e.g. prev_text=data/train/text.prev; an utterance without a value is not packed (missing_field). With "
+              "--from: NAME=KEY, a key (hf: column) of the manifest's lines, e.g. pnc=pnc; a line without it is "
+              "packed without the member", kind=NAMED_PATHS, flag="--field", metavar="NAME=FILE|KEY", ld=False)
 
 
 @dataclass(frozen=True)

@@ -560,7 +560,7 @@ class Publisher:
             st = os.stat(final)
             uttids = [decode_key(k) for k in w.info.keys]
             info = ShardInfo(final.name, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples,
-                             {n: [values[u] for u in uttids] for n, values in self.indexed.items()})
+                             {n: [values.get(u) for u in uttids] for n, values in self.indexed.items()})
             speakers = None if self.utt2spk is None else given_speakers([info], self.utt2spk, w.report)
             dims = w.dims if self.audio is None else self.audio.num_mel_bins
             entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[st.st_size],

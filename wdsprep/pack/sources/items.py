@@ -114,6 +114,7 @@ class Item:
     end: float = -1.0  # seconds; -1: to the end of the audio
     channel: int | None = None
     duration: float | None = None  # what the manifest says it lasts (checked against the audio)
+    fields: dict[str, str] = field(default_factory=dict)  # the fields its line has (name -> value)
 
     @property
     def where(self) -> str:
@@ -163,6 +164,9 @@ class ItemsSource(AudioSource):
         self.given = {"from": imported.kind, **imported.given}
         speakers = {it.uttid: it.speaker for it in self.items if it.speaker is not None}
         languages = {it.uttid: it.language for it in self.items if it.language is not None}
+        # A field a line leaves out is left out of its utterance (optional per line, as NeMo reads keys).
+        self.fields = {n: {it.uttid: it.fields[n] for it in self.items if n in it.fields}
+                       for n in sorted({n for it in self.items for n in it.fields})}
         self.labels = Labels({it.uttid: Entry(it.uttid, it.text, it.file, it.line) for it in self.items},
                              speakers or None, languages or None)
 
