@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
@@ -31,6 +31,7 @@ from wdsprep.options import (
     TOGGLE,
     Kind,
     choice,
+    fingerprinted,
     flag_of,
     option,
     options_of,
@@ -106,9 +107,10 @@ class AudioOptions:
         return self.store != "features"
 
     def record(self) -> dict[str, Any]:
-        """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
-        lossy store's ``bitrate``."""
-        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
+        """The fbank options (the backend resolved; ``channel`` only when one is picked: the mean of
+        the channels records none), ``store`` when the shards hold audio, and a lossy store's
+        ``bitrate``."""
+        return {**fingerprinted(self.resolved), **({"store": self.store} if self.stores_audio else {}),
                 **({"bitrate": self.bitrate} if self.bitrate is not None else {})}
 
 

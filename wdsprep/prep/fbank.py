@@ -292,7 +292,7 @@ def compute_fbank(
     sample_rate: int = FbankOptions.sample_rate,
     dither: float = FbankOptions.dither,
     backend: str = FbankOptions.backend,
-    channel: int = FbankOptions.channel,
+    channel: int | None = FbankOptions.channel,
     nj: int = JobOptions.nj,
     strict: bool = JobOptions.strict,
     progress: bool | None = JobOptions.progress,
