@@ -167,25 +167,72 @@ def key_value(text: str) -> tuple[str, bool | int | float | str]:
     return key.strip(), option_value(value)
 
 
+def _train_options(args: argparse.Namespace) -> dict:
+    """The trainer's options ``tokenizer train`` and ``aggregate`` were given, as train_tokenizer's arguments."""
+    return dict(model_type=args.model_type, user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
+                character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
+                normalize=args.normalize)
+
+
+def _transcripts(args: argparse.Namespace) -> object | None:
+    """What a tokenizer trains on besides Kaldi text: a manifest (--from KIND PATH) or shards (--trset)."""
+    from wdsprep.pack.sources import Manifest
+    from wdsprep.tokenizer import ShardTranscripts
+
+    if args.source is not None:
+        return Manifest(*args.source, **given(args, Manifest))
+    return None if args.trset is None else ShardTranscripts(args.trset)
+
+
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
-                          user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
-                          character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
-                          normalize=args.normalize, overwrite=args.overwrite)
+    source = _transcripts(args) or args.text
+    tok = train_tokenizer(args.kind, source, args.out, vocab_size=args.vocab_size, overwrite=args.overwrite,
+                          lang=args.lang, **_train_options(args))
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
 
 
 def _cmd_tokenizer_aggregate(args: argparse.Namespace) -> None:
-    from wdsprep.tokenizer import aggregate_tokenizers
+    from wdsprep.tokenizer import aggregate_tokenizers, train_aggregate_tokenizer
 
-    tok = aggregate_tokenizers(_named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json"), args.out,
-                               overwrite=args.overwrite)
+    source = _transcripts(args)
+    files = _named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json")
+    if source is None:
+        if not files:
+            raise ValueError("give each language's tokenizer file (LANG=FILE ...), or the transcripts to train one per "
+                             "language on: --from KIND PATH or --trset PATTERN, with --kind")
+        tok = aggregate_tokenizers(files, args.out, overwrite=args.overwrite)
+    else:
+        if files:
+            raise ValueError("give the languages' tokenizer files (LANG=FILE) or the transcripts to train them on "
+                             "(--from, --trset), not both")
+        if args.kind is None:
+            raise ValueError("--kind: the kind of tokenizer to train for each language (e.g. --kind sentencepiece)")
+        sizes = _vocab_sizes(args.vocab_size)
+        tok = train_aggregate_tokenizer(args.kind, source, args.out, vocab_size=sizes, overwrite=args.overwrite,
+                                        **_train_options(args))
     ranges = ", ".join(f"{lang} {tok.offsets[lang]}..{tok.offsets[lang] + t.vocab_size - 3}"
                        for lang, t in tok.tokenizers.items())
     print(f"{args.out}: aggregate tokenizer, vocab_size {tok.vocab_size} (ids 0 and 1 shared; {ranges})",
           file=sys.stderr)
+
+
+def _vocab_sizes(items: list[str] | None) -> int | dict[str, int] | None:
+    """``aggregate``'s --vocab-size: one size for every language, or LANG=N for each."""
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return _size(items[0], "--vocab-size")
+    return {lang: _size(n, f"--vocab-size {lang}=") for lang, n in
+            _named(items, "--vocab-size", "N, or LANG=N for each language", "en=500 zh=3000").items()}
+
+
+def _size(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag}{text}: not a whole number of ids") from None
 
 
 def _named(items: list[str] | None, flag: str, form: str, example: str) -> dict[str, str]:
@@ -239,17 +286,26 @@ def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
         print(f"{folder}: {what}")
 
 
-def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
-    tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
-    tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
-    p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
-    p.add_argument("--kind", choices=trainable_kinds(), required=True,
-                   help="simple: the units transcripts write with spaces between them (words, phones), "
-                        "as CAT's SimpleTokenizer")
-    p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
-    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
-    p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
-                   "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
+def _add_transcripts(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """Where a tokenizer's training transcripts are: Kaldi text, a manifest (the pack's readers and
+    their key flags), or packed shards (languages from the manifest's or the shards')."""
+    from wdsprep.pack.sources import AUDIO_KINDS, Manifest
+
+    src = p.add_mutually_exclusive_group(required=required)
+    if required:
+        src.add_argument("--text", nargs="+", metavar="TEXT", help="Kaldi text file(s): uttid transcript")
+    else:
+        p.set_defaults(text=None)
+    src.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"),
+                     help=f"the transcripts (and languages) of a manifest, read as pack-audio --from reads it: "
+                          f"{', '.join(AUDIO_KINDS)} (docs/import.md)")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=f"the transcripts (and languages) of packed "
+                                                                   f"shards: {SHARDS_HELP}")
+    add_flags(p.add_argument_group("--from: which key (hf: column) of a line holds what"), Manifest)
+
+
+def _add_train_options(p: argparse.ArgumentParser) -> None:
+    """The trainer's options, which ``train`` and ``aggregate`` share."""
     p.add_argument("--model-type", choices=SPM_MODEL_TYPES, default="unigram",
                    help="sentencepiece model type (default: %(default)s)")
     p.add_argument("--character-coverage", type=float, default=0.9995,
@@ -264,13 +320,35 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
                    help="treat every transcript before training, as the loader's --normalize does: named steps "
                         "(nfkc, lower, upper, strip_punct, collapse_spaces, remove_spaces, ...) or MODULE:FUNC")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+
+def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
+    tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
+    tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
+    p = tsub.add_parser("train", help="transcripts (Kaldi text, a manifest, packed shards) -> one JSON tokenizer "
+                                      "file (ids: 0=<s>/blank, 1=<unk>)")
+    p.add_argument("--kind", choices=trainable_kinds(), required=True,
+                   help="simple: the units transcripts write with spaces between them (words, phones), "
+                        "as CAT's SimpleTokenizer")
+    _add_transcripts(p, required=True)
+    p.add_argument("--lang", help="with --from or --trset: train on the transcripts of this language only")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
+                   "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
+    _add_train_options(p)
     p.set_defaults(func=_cmd_tokenizer_train)
     p = tsub.add_parser("aggregate", help="one tokenizer per language -> one JSON tokenizer file: each language's "
-                                          "ids in a range of their own, <s> and <unk> shared (ids 0 and 1)")
-    p.add_argument("languages", nargs="+", metavar="LANG=FILE",
+                                          "ids in a range of their own, <s> and <unk> shared (ids 0 and 1); the "
+                                          "tokenizers given, or trained on each language's transcripts")
+    p.add_argument("languages", nargs="*", metavar="LANG=FILE",
                    help="each language's tokenizer file, in the order their ids are laid out, e.g. en=exp/en.json")
+    _add_transcripts(p, required=False)
+    p.add_argument("--kind", choices=trainable_kinds(), help="with --from or --trset: the kind trained per language")
+    p.add_argument("--vocab-size", nargs="+", metavar="N|LANG=N",
+                   help="with --from or --trset: each language's ids in total, or LANG=N for each (e.g. en=500 "
+                        "zh=3000)")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    _add_train_options(p)
     p.set_defaults(func=_cmd_tokenizer_aggregate)
     p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "
                         "-> one JSON tokenizer file with CAT's ids")

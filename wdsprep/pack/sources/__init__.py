@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from wdsprep.errors import need_packages
 from wdsprep.format.keys import check_field_name
@@ -157,6 +157,14 @@ class Manifest:
         imported = read(self._path(), **self.options(kind))
         return ItemsSource(imported, audio)
 
+    def transcripts(self) -> Iterator[tuple[str, str, str | None]]:
+        """``(uttid, transcript, language)`` of each utterance the pack would take (its audio is not
+        read): what ``tokenizer train --from`` trains on (``wdsprep.tokenizer.train.Transcripts``)."""
+        kind = _kind(self.kind, AUDIO_KINDS, "tokenizer train", {}, "")
+        imported = _load(self.kind, kind)(self._path(), **self.options(kind))
+        for it in imported.items:
+            yield it.uttid, it.text, it.language
+
     def features_source(self, dims: int | None) -> PackSource:
         """The pack source of the utterances' precomputed features, for ``pack``."""
         kind = _kind(self.kind, FEATURE_KINDS, "pack", AUDIO_KINDS, "pack-audio")
@@ -172,22 +180,6 @@ class Manifest:
 # What to do with an object that is no manifest a pack can read, by kind.
 _SAVE = {"hf": "save it (dataset.save_to_disk(DIR)) and give DIR",
          "lhotse": "save it (cuts.to_file('cuts.jsonl.gz')) and give that file"}
-
-
-def arrow_files(dataset: Any) -> list[str]:
-    """The Arrow files a Hugging Face ``Dataset``'s rows are, in order; none when its table is held in
-    memory or was changed since it was read (a slice, a rename: ``datasets`` replays those on the
-    file's table, which a reader of the file would not)."""
-    from datasets.table import ConcatenationTable, MemoryMappedTable
-
-    table = dataset.data
-    rows = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
-    if any(len(row) != 1 for row in rows):  # tables side by side (columns added): no one file holds a row
-        return []
-    blocks = [row[0] for row in rows]
-    if any(not isinstance(b, MemoryMappedTable) or b.replays for b in blocks):
-        return []
-    return [b.path for b in blocks]
 
 
 def in_memory_problem(kind: str, obj: Any) -> str | None:
@@ -207,6 +199,8 @@ def in_memory_problem(kind: str, obj: Any) -> str | None:
         if getattr(obj, "_indices", None) is not None:
             return (f"Manifest('hf', ...): the Dataset keeps an indices mapping (select, shuffle, filter); pass "
                     f"dataset.flatten_indices(), or {_SAVE['hf']}")
+        from wdsprep.pack.sources.from_hf import arrow_files
+
         if not arrow_files(obj):
             return (f"Manifest('hf', ...): a Dataset whose rows are not its Arrow files as they are (held in memory "
                     f"only, or sliced, renamed or cast since it was read); {_SAVE['hf']}")

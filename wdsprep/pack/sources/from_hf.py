@@ -83,8 +83,6 @@ def _parts(path: str | Any) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The dataset's (file, row group) parts in row order (row group -1: a whole Arrow file), and its
     features as JSON."""
     if not isinstance(path, str):  # the Dataset itself (Manifest checked that its rows are its files)
-        from wdsprep.pack.sources import arrow_files
-
         return [(f, -1) for f in arrow_files(path)], path.features.to_dict()
     p = Path(path)
     if p.is_dir() and (p / "dataset_dict.json").is_file():
@@ -114,6 +112,22 @@ def _parts(path: str | Any) -> tuple[list[tuple[str, int]], dict[str, Any]]:
         if not features:
             features = _hf_features(f, meta.schema_arrow)
     return parts, features
+
+
+def arrow_files(dataset: Any) -> list[str]:
+    """The Arrow files a Hugging Face ``Dataset``'s rows are, in order; none when its table is held in
+    memory or was changed since it was read (a slice, a rename: ``datasets`` replays those on the
+    file's table, which a reader of the file would not)."""
+    from datasets.table import ConcatenationTable, MemoryMappedTable
+
+    table = dataset.data
+    rows = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
+    if any(len(row) != 1 for row in rows):  # tables side by side (columns added): no one file holds a row
+        return []
+    blocks = [row[0] for row in rows]
+    if any(not isinstance(b, MemoryMappedTable) or b.replays for b in blocks):
+        return []
+    return [b.path for b in blocks]
 
 
 def _hf_features(file: str, schema: Any) -> dict[str, Any]:
