@@ -569,7 +569,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="FUNC(model, feats, feat_lens, labels, label_lens) returns the loss, instead of the forward "
                         "call (e.g. under torch.autocast)")
     p.add_argument("--max-seconds", type=float, default=120.0,
-                   help="time for the timing; the CUDA memory search comes on top (default: %(default)s)")
+                   help="time for the timing; fewer shapes and rounds are timed where the full grid does not fit it, "
+                        "and the error to expect is printed; the CUDA memory search comes on top (default: "
+                        "%(default)s)")
     p.add_argument("--subsampling", type=int, default=4,
                    help="the encoder's frame rate reduction: t = frames / subsampling (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the synthetic batches and the timing order "
