@@ -71,6 +71,14 @@ def test_a_budget_below_the_utterances_or_above_the_corpus_is_named(data, tmp_pa
     assert any(f"{len(utts)} of {len(utts)} utterances (100.0%) exceed max_cost=1 alone" in w for w in said), said
     # a sensible budget says nothing
     assert not [w for w in _warnings(lambda: make_loader(trset, tok, max_frames=3000)) if "budget" in w or "alone" in w]
+    # said once for every rank (rank 0's), naming the user's line, not one of wdsprep's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_loader(trset, tok, max_frames=longest - 1)
+    (said,) = [w for w in caught if "alone: each is a batch of its own" in str(w.message)]
+    assert said.filename == __file__, said.filename
+    assert not [w for w in _warnings(lambda: make_loader(trset, tok, max_frames=longest - 1, rank=1, world_size=2))
+                if "alone" in w]
 
 
 def _hyper(**option):

@@ -7,12 +7,14 @@ the command (exit status 1).  It is a ``ValueError`` too, so code catching that 
 Every bad-data error is one (``ShardError``, ``TokenizerFileError``, ``KaldiDataError``, ...):
 the CLI tests this one class.  :class:`StrictError` (exit status 1) is a job that ran under
 ``strict`` and dropped utterances.  :func:`failure` is what the CLI prints for each, and exits with.
+A warning names the user's line that led to it (:func:`user_level`), not wdsprep's own.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib
+import sys
 from typing import Sequence
 
 
@@ -59,6 +61,16 @@ class MeasurementError(RuntimeError):
 class Unavailable(RuntimeError):
     """What a command asks for cannot run in this install (an fbank backend that does not import):
     the command line must change, as for a bad option."""
+
+
+def user_level() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller name the first line outside
+    wdsprep that led to it (the user's ``make_loader(...)``, say): a line of wdsprep's own, shown
+    under the warning, would mean nothing to whoever reads it."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "wdsprep":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # -- what the CLI makes of an error: its exit status and its one line -------------------------------------
