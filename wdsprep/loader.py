@@ -470,13 +470,14 @@ def make_loader(trset: Trset, tokenizer: TokenizerSpec, options: LoaderOptions |
                 **overrides: Any) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
-    >>> loader = make_loader("shards/train/*/data-*.tar", "exp/spm.json", max_frames=20000, num_workers=2)
+    >>> loader = make_loader("shards/train", "exp/spm.json", max_frames=20000, num_workers=2)
     >>> for epoch in range(10):
     ...     loader.set_epoch(epoch)
     ...     for batch in loader: ...
 
     Args:
-        trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
+        trset: a pack's folder (or several: its length groups' shards, as ``wdsprep pattern`` finds
+            them), or shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
             URLs: ``s3://bucket/prefix/{10_1000,1000_2000}/data-*.tar`` (globs list the bucket;
             endpoint and credentials as the AWS CLI finds them), ``https://host/shards/data-{00000..00099}.tar``
             (braces only), ``pipe:CMD``.  A pattern matching nothing is an error.  Remote shards
