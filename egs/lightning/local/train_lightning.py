@@ -59,9 +59,8 @@ def build(args: argparse.Namespace) -> Any:
 
         def setup(self, stage: str) -> None:
             world = self.trainer.world_size
-            self.train_loader = wdsprep.make_loader(f"{args.shards}/*/data-*.tar", args.tokenizer,
-                                                    **loader_kwargs(args, world))
-            self.dev_loader = wdsprep.make_loader(f"{args.dev_shards}/data-*.tar", args.tokenizer,
+            self.train_loader = wdsprep.make_loader(args.shards, args.tokenizer, **loader_kwargs(args, world))
+            self.dev_loader = wdsprep.make_loader(args.dev_shards, args.tokenizer,
                                                   max_frames=args.bucket_size // world, train=False,
                                                   ctc_subsampling=SUBSAMPLING)
 
