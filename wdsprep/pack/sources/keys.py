@@ -54,13 +54,16 @@ class Keys:
                 raise ValueError(f"no value of a manifest line is called {role!r}; the roles: {', '.join(ROLES)}")
         self.fields = {check_field_name(n): key for n, key in (fields or {}).items()}
         self.auto = tuple(n for n in AUTO_FIELDS.get(kind, ()) if n not in self.fields)
-        self.seen: set[str] = set()  # the keys of the lines read (for the check that a named key is there)
-        self.lines = 0
+        # The keys named that no line read so far has, and the first line's keys (for the message).
+        self.unseen = {*self.named.values(), *self.fields.values()}
+        self.first: list[str] | None = None
 
     def line(self, entry: Mapping[str, Any]) -> Mapping[str, Any]:
         """``entry``, a line about to be read, its keys noted."""
-        self.lines += 1
-        self.seen.update(k for k in entry if isinstance(k, str))
+        if self.first is None:
+            self.first = sorted(k for k in entry if isinstance(k, str))
+        if self.unseen:
+            self.unseen.difference_update(entry)
         return entry
 
     def key(self, role: str, entry: Mapping[str, Any]) -> str | None:
@@ -82,14 +85,14 @@ class Keys:
 
     def check_named(self, source: str) -> None:
         """Refuse a key the user named that no line of ``source`` has (a typo), naming those they have."""
-        if not self.lines:
+        if self.first is None:  # no line read: nothing to hold the names to
             return
         named = [(f"--{ROLES[r].replace('_', '-')} {k}", k) for r, k in self.named.items()]
         named += [(f"--field {n}={k}", k) for n, k in self.fields.items()]
         for flag, key in named:
-            if key not in self.seen:
-                raise ValueError(f"{flag}: no line of {source} has the key {key!r}; its lines have "
-                                 f"{', '.join(sorted(self.seen)[:30])}")
+            if key in self.unseen:
+                raise ValueError(f"{flag}: no line of {source} has the key {key!r}; its first line has "
+                                 f"{', '.join(self.first[:30])}")
 
     def given(self) -> dict[str, Any]:
         """What the user named, for the resume record (an empty dict when nothing)."""
