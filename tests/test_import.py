@@ -396,6 +396,10 @@ def test_a_dataset_object_packs_as_its_saved_form_and_one_without_files_is_refus
         assert words in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(TypeError, match="no path of a --from nemo manifest; give the path of its manifest"):
         Manifest("nemo", ds)
+    # a column carried as a field, as a manifest's key is
+    pack_audio(Manifest("hf", hf_dataset / "parquet", fields={"who": "client_id"}), None, tmp_path / "who", **PACK)
+    got = _samples(tmp_path / "who")
+    assert got and all(got[u]["who"] == demo["speakers"][u] for u in got)
 
 
 def _tree(out: Path) -> dict[str, bytes]:
