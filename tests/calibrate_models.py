@@ -161,3 +161,26 @@ class HostLimited(nn.Module):
 
 def host_limited(feat_dim: int, vocab_size: int) -> nn.Module:
     return HostLimited(feat_dim, limit=1180)
+
+
+SLEEP_PER_FRAME = 5e-5  # seconds of wall clock a frame of a batch costs the sleepy model's step
+
+
+class Sleepy(nn.Module):
+    """A step that takes SLEEP_PER_FRAME seconds of wall clock per frame of its batch, asleep for
+    nearly all of it: how long its grid takes is known whatever else the machine runs, and it
+    costs the CPU little (a linear layer, timed by calibrate's CPU clock)."""
+
+    def __init__(self, feat_dim: int, vocab_size: int) -> None:
+        super().__init__()
+        self.out = nn.Linear(feat_dim, vocab_size)
+
+    def forward(self, feats, feat_lens, labels, label_lens):
+        import time
+
+        time.sleep(feats.shape[0] * feats.shape[1] * SLEEP_PER_FRAME)
+        return self.out(feats).log_softmax(-1).mean()
+
+
+def sleepy(feat_dim: int, vocab_size: int) -> nn.Module:
+    return Sleepy(feat_dim, vocab_size)

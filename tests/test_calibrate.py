@@ -245,6 +245,31 @@ def test_gpu_search_wiring_on_cpu_with_a_model_that_runs_out_of_memory(monkeypat
         cal_module._time_shape(step, batch, Timing(Shape(4, 3000, 40), 0.0), cpu)
 
 
+@pytest.mark.timeout(60)
+def test_a_budget_the_full_grid_does_not_fit_times_a_smaller_grid_within_it(corpus, one_thread, capsys):
+    """A step of known wall-clock cost (asleep for nearly all of it): the full grid needs about twice
+    --max-seconds, so fewer lengths and rounds are timed, within the time, and the model is written
+    with the error to expect of it; a budget that not even the smallest grid fits is refused, saying
+    how much it needs."""
+    root, trset, tok = corpus
+    out = root / "sleepy.json"
+    cal = calibrate("calibrate_models:sleepy", trset, tok, out, max_seconds=1.5, max_error=1e9, overwrite=True,
+                    tokens_per_frame=0.1)
+    grid = cal.grid
+    assert grid["reduced"] and grid["full_seconds"] > 1.5 and grid["lengths"] < 9, grid
+    assert grid["timing_seconds"] <= 1.5 + 1.0, grid  # the time given, and at most a step (and scheduling) more
+    assert len({t.shape.frames for t in cal.timings}) == grid["lengths"]
+    doc = json.loads(out.read_text())
+    assert doc["fit"]["expected_error"] == doc["fit"]["held_out_error"] and doc["fit"]["grid"] == grid
+    assert "a smaller grid, to fit --max-seconds 1.5" in cal.format() and "expected error" in cal.format()
+    argv = ["calibrate", "--model", "calibrate_models:sleepy", "--trset", trset, "--tokenizer", str(tok), "--out",
+            str(root / "never.json"), "--max-seconds", "0.6", "--tokens-per-frame", "0.1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "even the smallest grid (5 lengths, 1 timed round" in err and "give --max-seconds" in err, err
+    assert not (root / "never.json").exists()
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 @pytest.mark.timeout(120)

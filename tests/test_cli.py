@@ -76,7 +76,7 @@ def cases(root: Path, scp: Path, text: Path, shards: Path) -> list[tuple[list[st
         (["inspect", f"{r}/nope/*.tar"], 2, ["matches no file"]),
         (["inspect", trset, "--json", f"{r}/afile/x.json"], 2, [f"{r}/afile/x.json: Not a directory"]),
         (["inspect", trset, "--plot", f"{r}/adir"], 2, [f"{r}/adir: Is a directory"]),
-        (["verify", f"{r}/adir"], 2, ["a directory: only regular files"]),
+        (["verify", f"{r}/adir"], 2, ["adir: a folder with no shards in it", "give the folder a pack wrote"]),
         (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-frames", "0"], 2,
          ["max_frames must be a positive int"]),
         (["dry-run", "--trset", trset, "--tokenizer", tok, "--max-cost", "5"], 2, ["needs both cost", "and max_cost"]),

@@ -194,9 +194,12 @@ def test_the_resume_record_is_the_options_that_decide_the_shards():
     assert set(PackOptions(index_fields=["x"], fields=["x"]).record()) == deciding | {"fields"}
     audio = AudioOptions(FbankOptions(backend="numpy"), "opus")
     record = PackOptions(layout="opus", audio=audio).record()
+    unset = {f.name for f, s in options_of(FbankOptions) if f.metadata["when_set"]}  # held once set: channel
     assert set(record) == ((deciding - {"dims", "index_fields"}) | {f.name for f, s in options_of(FbankOptions)}
-                           | {f.name for f, s in options_of(AudioOptions)} | {"encoder"})
+                           | {f.name for f, s in options_of(AudioOptions)} | {"encoder"}) - unset
     assert (record["store"], record["bitrate"], record["num_mel_bins"]) == ("opus", 32000, FbankOptions.num_mel_bins)
+    one = AudioOptions(FbankOptions(backend="numpy", channel=1), "flac")
+    assert PackOptions(layout="flac", audio=one).record()["channel"] == 1
 
 
 @pytest.mark.parametrize("flags", [["--layout", "cat-v3"], ["--dtype", "float16"], ["--layout", "cat", "--dtype",

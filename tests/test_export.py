@@ -61,8 +61,11 @@ def test_datasets_load_dataset_reads_feature_shards(shards, tmp_path):
 def test_datasets_load_dataset_reads_audio_shards(shards, tmp_path):
     """The audio member read as bytes (features given: decoding Audio needs torchcodec) and decoded with soundfile."""
     datasets = pytest.importorskip("datasets")
+    # As docs/import.md writes it: every member the shards carry named, the language (KEY.lang) too,
+    # whose extension datasets does not decode: bytes.
     features = datasets.Features({"__key__": datasets.Value("string"), "__url__": datasets.Value("string"),
-                                  "flac": datasets.Value("binary"), "txt": datasets.Value("string")})
+                                  "flac": datasets.Value("binary"), "txt": datasets.Value("string"),
+                                  "lang": datasets.Value("binary")})
     ds = datasets.load_dataset("webdataset", data_files={"train": tars(shards["audio"])}, split="train",
                                cache_dir=str(tmp_path), features=features)
     rows = {decode_key(r["__key__"]): r for r in ds}
@@ -70,6 +73,7 @@ def test_datasets_load_dataset_reads_audio_shards(shards, tmp_path):
     for uttid, wave in shards["waves"].items():
         pcm, rate = sf.read(io.BytesIO(rows[uttid]["flac"]), dtype="int16")
         assert rate == 16000 and np.array_equal(pcm, wave) and rows[uttid]["txt"] == shards["texts"][uttid]
+        assert rows[uttid]["lang"].decode("utf-8") == uttid[:2]
 
 
 def test_webdataset_reads_both_layouts(shards):

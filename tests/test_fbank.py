@@ -183,11 +183,15 @@ def test_pipes_give_the_same_features_as_the_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(feats["flac"], fbank_of_file(AUDIO / "en_zh_16k.flac"))
 
 
-def test_stereo_takes_channel_0_or_the_one_asked_for(tmp_path: Path) -> None:
+def test_stereo_takes_the_mean_of_its_channels_or_the_one_asked_for(tmp_path: Path) -> None:
     stereo = AUDIO / "stereo_16k.wav"
     scp = write_scp(tmp_path / "wav.scp", [("st", str(stereo))])
-    compute_fbank(scp, tmp_path / "c0", backend=KNF, progress=False)
+    compute_fbank(scp, tmp_path / "mean", backend=KNF, progress=False)
+    compute_fbank(scp, tmp_path / "c0", backend=KNF, channel=0, progress=False)
     compute_fbank(scp, tmp_path / "c1", backend=KNF, channel=1, progress=False)
+    data, _ = load_recording(str(stereo))  # by default, as the loader's readers: the mean of the channels
+    mean = Fbank(FbankOptions(backend=KNF))(data.mean(axis=1, dtype=np.float32))
+    np.testing.assert_array_equal(feats_of(tmp_path / "mean")["st"], mean)
     left = fbank_of_file(AUDIO / "en_16k.wav")  # the left channel is this clip
     np.testing.assert_array_equal(feats_of(tmp_path / "c0")["st"], left)
     right = feats_of(tmp_path / "c1")["st"]

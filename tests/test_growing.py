@@ -183,7 +183,7 @@ def test_sigkilled_packs_resume_to_the_bytes_of_an_uninterrupted_pack(kaldi, tmp
 def test_resume_with_other_inputs_or_options_is_refused_naming_what_differs(kaldi, stopped, tmp_path):
     root, kd, utts, tok = kaldi
     out = copy_of(stopped, tmp_path / "out")
-    with pytest.raises(DataError, match=r"utts_per_shard=11 \(the pack started with 10\)"):
+    with pytest.raises(DataError, match=r"--utts-per-shard 11 \(the pack started with --utts-per-shard 10\)"):
         pack_data(**pack_kwargs(kd, out, utts_per_shard=11, resume=True))
     text = tmp_path / "text"
     text.write_text((kd / "text").read_text().replace("cat", "dog", 1))
@@ -192,7 +192,7 @@ def test_resume_with_other_inputs_or_options_is_refused_naming_what_differs(kald
     r = subprocess.run([sys.executable, "-m", "wdsprep", "pack", "--scp", str(kd / "feats.scp"), "--text",
                         str(kd / "text"), "--out", str(out), "--utts-per-shard", "10", "--resume"],
                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 1 and "filter_group=None (the pack started with ['0:150', '150:'])" in r.stderr
+    assert r.returncode == 1 and "no --filter-group (the pack started with --filter-group 0:150 150:)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     with pytest.raises(FileExistsError, match="--resume"):
         pack_data(**pack_kwargs(kd, out))

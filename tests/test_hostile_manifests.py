@@ -163,10 +163,11 @@ def test_r5_item4_a_manifest_that_is_a_device_or_fifo_is_refused_unread(tmp_path
 
 @pytest.mark.timeout(TIMEOUT)
 def test_r5_item4_a_field_table_that_is_dev_zero_is_one_line(tmp_path, capsys):
-    ds = tmp_path / "ds"
-    manifest = _nemo(ds, [_entry(RECORDINGS[0], id="u1", text="A")])
-    err = _cli_error(capsys, "pack-audio", "--from", "nemo", str(manifest), "--out", str(tmp_path / "o"),
-                     "--field", "topic=/dev/zero")
+    # With --from, --field NAME=KEY names a key of the manifest's lines; a table is a Kaldi pack's.
+    (tmp_path / "wav.scp").write_text(f"u1 {_audio(RECORDINGS[0])}\n")
+    (tmp_path / "text").write_text("u1 A\n")
+    err = _cli_error(capsys, "pack-audio", "--wav-scp", str(tmp_path / "wav.scp"), "--text", str(tmp_path / "text"),
+                     "--out", str(tmp_path / "o"), "--field", "topic=/dev/zero")
     assert "/dev/zero:1: a line longer than" in err
 
 

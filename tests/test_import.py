@@ -174,6 +174,110 @@ def test_a_nemo_tarred_dataset_packs_from_its_tars(demo, tmp_path):
     check(demo, out, ids, {"bad_audio": 1, "missing_file": 1, "empty_text": 1})
 
 
+def _samples(out: Path) -> dict[str, dict[str, str]]:
+    """{uttid: {member extension: text}} of a pack's text members (audio left out)."""
+    return {decode_key(k): {e: v.decode("utf-8") for e, v in m.items() if e != "flac"}
+            for tar in sorted(out.rglob("data-*.tar")) for k, m in iter_tar_samples(tar)}
+
+
+def canary_entries(demo: dict, recs: list[str]) -> list[dict]:
+    """Canary's manifest lines (answer, source_lang, target_lang, pnc, taskname); the 2nd and 4th
+    without source_lang, the 5th without target_lang."""
+    entries = []
+    for k, u in enumerate(recs):
+        e = {"audio_filepath": demo["audio"][u], "duration": sf.info(demo["audio"][u]).duration,
+             "answer": demo["texts"][u], "source_lang": language(u), "target_lang": language(u), "pnc": "yes",
+             "taskname": "asr"}
+        if k in (1, 3):
+            del e["source_lang"]
+        if k == 4:
+            del e["target_lang"]
+        entries.append(e)
+    return entries
+
+
+def test_a_canary_manifest_packs_with_one_command(demo, tmp_path, capsys):
+    """Canary's keys known as NeMo's Canary configs read them (text: answer; language: target_lang,
+    optional per line as NeMo's lang is), the others carried as fields where a line has them; a
+    line's every problem reported with it; keys named by the user, a key no line has refused."""
+    recs = [u for u in demo["audio"] if u.startswith("en")][:3] + [u for u in demo["audio"] if u.startswith("zh")][:3]
+    entries = canary_entries(demo, recs)
+    entries.append({"audio_filepath": str(tmp_path / "gone.flac"), "duration": 1.0, "answer": "X",
+                    "speaker": "two words", "target_lang": "en"})  # a bad speaker, and no audio either
+    manifest = tmp_path / "canary.json"
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+    out = tmp_path / "out"
+    base = ["pack-audio", "--from", "nemo", str(manifest), "--store", "flac", "--no-progress", "--max-lost", "0.2"]
+    assert main([*base, "--out", str(out)]) == 0, capsys.readouterr().err
+    got = _samples(out)
+    assert set(got) == set(recs)
+    for k, u in enumerate(recs):
+        e = entries[k]
+        assert got[u]["txt"] == demo["texts"][u] and got[u]["pnc"] == "yes" and got[u]["taskname"] == "asr"
+        assert got[u].get("lang") == e.get("target_lang") and got[u].get("target_lang") == e.get("target_lang")
+        assert got[u].get("source_lang") == e.get("source_lang")
+    index = read_index(out)
+    langs = dict(zip(map(decode_key, index.keys()), index.columns["lang"].values()))
+    assert langs == {u: e.get("target_lang") for u, e in zip(recs, entries)}  # None: packed without one
+    assert wdsprep.verify_shards(str(out)).ok
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    wdsprep.index_shards(str(again), force=True)  # an index made from the shards knows the line without one too
+    index = read_index(again)
+    assert dict(zip(map(decode_key, index.keys()), index.columns["lang"].values())) == langs
+    assert set(index.fields) == {"lang", "pnc", "source_lang", "target_lang", "taskname"}
+    loader = make_loader(out, demo["tok"], max_frames=1000, train=False, fields=["pnc"])
+    rows = {k: (lang, pnc) for b in loader for k, lang, pnc in zip(b.keys, b.lang, b.fields["pnc"])}
+    assert rows == {u: (e.get("target_lang"), "yes") for u, e in zip(recs, entries)}
+    wdsprep.aggregate_tokenizers({"en": demo["tok"], "zh": demo["tok"]}, tmp_path / "agg.json")
+    with pytest.raises(ValueError, match="some of the shards' utterances have none"):  # NeMo's aggregate refuses too
+        make_loader(out, tmp_path / "agg.json", max_frames=1000)
+    report = json.loads((out / "pack_report.json").read_text(encoding="utf-8"))
+    assert report["counts"] == {"bad_speaker": 1}
+    (dropped,) = report["not_written"]["bad_speaker"]
+    assert dropped["also"] == ["missing_file"] and "gone.flac" in dropped["why"] and "two words" in dropped["why"]
+    # Keys named: the language of source_lang (absent on two lines), a key carried as a field of another name
+    named = tmp_path / "named"
+    assert main([*base, "--out", str(named), "--text-column", "answer", "--lang-column", "source_lang",
+                 "--field", "task=taskname"]) == 0
+    got = _samples(named)
+    assert all(got[u].get("lang") == e.get("source_lang") and got[u]["task"] == "asr" for u, e in zip(recs, entries))
+    assert main([*base, "--out", str(tmp_path / "typo"), "--lang-column", "sourcelang"]) == 2
+    err = capsys.readouterr().err
+    assert "--lang-column sourcelang: no line of" in err and "has the key 'sourcelang'" in err and "answer" in err
+
+
+def test_nemo_buckets_and_sharded_manifests_pack_in_one_command(demo, tmp_path):
+    """What convert_to_tarred_audio_dataset.py writes with --buckets_num 2 (bucket1/, bucket2/, each
+    tars with tarred_audio_manifest.json and sharded_manifests/manifest_N.json), and a folder with
+    its sharded manifests only: one command each, every utterance once."""
+    recs = list(demo["audio"])[:8]
+    d = tmp_path / "tarred"
+    for b, part in enumerate([recs[:4], recs[4:]], 1):
+        bucket = d / f"bucket{b}"
+        (bucket / "sharded_manifests").mkdir(parents=True)
+        whole = []
+        for shard, names in enumerate([part[:2], part[2:]]):
+            lines = [{**nemo_entry(demo, u, f"{u}.flac"), "shard_id": shard} for u in names]
+            with tarfile.open(bucket / f"audio_{shard}.tar", "w") as tar:
+                for u in names:
+                    tar.add(demo["audio"][u], arcname=f"{u}.flac")
+            (bucket / "sharded_manifests" / f"manifest_{shard}.json").write_text(
+                "".join(json.dumps(e) + "\n" for e in lines), encoding="utf-8")
+            whole += lines
+        (bucket / "tarred_audio_manifest.json").write_text("".join(json.dumps(e) + "\n" for e in whole),
+                                                           encoding="utf-8")
+    pack_audio(Manifest("nemo-tarred", d), None, tmp_path / "buckets", **PACK)
+    tars = sorted((tmp_path / "buckets").rglob("data-*.tar"))
+    keys = [decode_key(k) for tar in tars for k, _ in iter_tar_samples(tar)]
+    assert Counter(keys) == Counter(recs)
+    (d / "bucket2" / "tarred_audio_manifest.json").unlink()
+    pack_audio(Manifest("nemo-tarred", d / "bucket2"), None, tmp_path / "sharded", **PACK)
+    assert set(_samples(tmp_path / "sharded")) == set(recs[4:])
+    report = json.loads((tmp_path / "buckets" / "pack_report.json").read_text(encoding="utf-8"))
+    assert report["counts"] == {} and report["written"]["utterances"] == len(recs)
+
+
 # -- WeNet ----------------------------------------------------------------------------------------------
 
 
@@ -190,6 +294,21 @@ def test_a_wenet_data_list_packs(demo, tmp_path):
     pack_audio(Manifest("wenet", tmp_path / "data.list"), None, out, **PACK)
     check(demo, out, same_ids(demo), {"missing_file": 1, "bad_audio": 1, "empty_text": 1}, speakers=False,
           languages=False)
+
+
+def test_a_wenet_data_list_with_other_keys_packs_them_where_named(demo, tmp_path):
+    recs = list(demo["audio"])[:4]
+    lines = [{"utt": u, "path": demo["audio"][u], "sentence": demo["texts"][u], "language": language(u),
+              "emotion": "neutral" if k % 2 else None} for k, u in enumerate(recs)]
+    (tmp_path / "data.list").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    keys = dict(id_column="utt", audio_column="path", text_column="sentence", lang_column="language")
+    out = tmp_path / "out"
+    pack_audio(Manifest("wenet", tmp_path / "data.list", **keys, fields={"emotion": "emotion"}), None, out, **PACK)
+    got = _samples(out)
+    assert got == {u: {"txt": demo["texts"][u], "lang": language(u), **({"emotion": "neutral"} if k % 2 else {})}
+                   for k, u in enumerate(recs)}
+    with pytest.raises(ValueError, match="--duration-column is for --from nemo or nemo-tarred or hf, not --from wenet"):
+        Manifest("wenet", tmp_path / "data.list", duration_column="d")
 
 
 def test_wenet_shards_pack(demo, tmp_path):
@@ -262,6 +381,43 @@ def test_hugging_face_columns_are_named_and_held_against_a_resume(demo, hf_datas
     assert "speaker_column='client_id' (the pack started with 'id')" in capsys.readouterr().err
 
 
+def test_a_dataset_object_packs_as_its_saved_form_and_one_without_files_is_refused(demo, hf_dataset, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_from_disk(str(hf_dataset / "saved"))
+    pack_audio(Manifest("hf", hf_dataset / "saved", speaker_column="client_id"), None, tmp_path / "saved", **PACK)
+    pack_audio(Manifest("hf", ds, speaker_column="client_id"), None, tmp_path / "object", **PACK)
+    assert _tree(tmp_path / "object") == _tree(tmp_path / "saved")
+    small = datasets.Dataset.from_dict({"audio": [demo["audio"][next(iter(demo["audio"]))]], "text": ["x"]})
+    refused = {"held in memory only": small, "sliced": ds.select([0, 1]), "indices mapping": ds.shuffle(seed=0),
+               "give one split, e.g. Manifest('hf', dataset['train'])": datasets.DatasetDict({"train": ds})}
+    for words, obj in refused.items():
+        with pytest.raises(TypeError, match=r"save_to_disk|one split") as e:
+            Manifest("hf", obj)
+        assert words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="no path of a --from nemo manifest; give the path of its manifest"):
+        Manifest("nemo", ds)
+    # a column carried as a field, as a manifest's key is
+    pack_audio(Manifest("hf", hf_dataset / "parquet", fields={"who": "client_id"}), None, tmp_path / "who", **PACK)
+    got = _samples(tmp_path / "who")
+    assert got and all(got[u]["who"] == demo["speakers"][u] for u in got)
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    """The bytes of a pack's shards and indexes, index.json without when each shard was written (its
+    report and plan name where the lines came from)."""
+    tree = {}
+    for p in sorted(out.rglob("*")):
+        if p.is_file() and p.name not in ("pack_report.json", "pack_plan.json"):
+            data = p.read_bytes()
+            if p.name == "index.json":
+                doc = json.loads(data)
+                for shard in doc["shards"]:
+                    del shard["mtime_ns"]
+                data = json.dumps(doc).encode()
+            tree[str(p.relative_to(out))] = data
+    return tree
+
+
 # -- Lhotse ---------------------------------------------------------------------------------------------
 
 
@@ -307,6 +463,18 @@ def test_a_lhotse_cutset_packs(demo, lhotse_cuts, tmp_path):
     out = tmp_path / "out"
     pack_audio(Manifest("lhotse", root / "cuts.jsonl.gz"), None, out, **PACK)
     check(demo, out, same_ids(demo), {"missing_file": 1, "bad_audio": 1, "empty_text": 1, "unsupported_cut": 1})
+
+
+def test_a_cutset_object_packs_as_its_saved_form(demo, lhotse_cuts, tmp_path):
+    root, _, lhotse = lhotse_cuts
+    cuts = lhotse.load_manifest(root / "cuts.jsonl.gz")
+    pack_audio(Manifest("lhotse", root / "cuts.jsonl.gz"), None, tmp_path / "saved", **PACK)
+    pack_audio(Manifest("lhotse", cuts), None, tmp_path / "object", **PACK)
+    assert _tree(tmp_path / "object") == _tree(tmp_path / "saved")
+    report = json.loads((tmp_path / "object" / "pack_report.json").read_text(encoding="utf-8"))
+    assert report["counts"] == {"missing_file": 1, "bad_audio": 1, "empty_text": 1, "unsupported_cut": 1}
+    with pytest.raises(TypeError, match=r"save it \(cuts.to_file\('cuts.jsonl.gz'\)\)"):
+        Manifest("lhotse", list(cuts))
 
 
 def test_lhotse_recordings_and_supervisions_pack_without_cuts(demo, lhotse_cuts, tmp_path):

@@ -111,6 +111,26 @@ def test_oversize_utterance_is_its_own_batch_not_dropped(data):
     assert loader.stats.oversize_batches == len(over)
 
 
+def test_max_duration_is_max_frames_in_seconds(data):
+    """max_duration=S plans the batches of max_frames=100*S (B x longest, padded), resumes the
+    same state, and is refused beside a max_frames that says otherwise; ld takes it too."""
+    from wdsprep.hyper import loader_options
+
+    _, out, utts, tok = data
+    by_seconds, by_frames = make_loader(out, tok, max_duration=6.5), make_loader(out, tok, max_frames=650)
+    batches = run(by_seconds)
+    assert keys_of(batches) == keys_of(run(by_frames)) and Counter(keys_of(batches)) == Counter(utts.keys())
+    assert max(len(b.keys) * int(b.feat_lens.max()) for b in batches if len(b.keys) > 1) <= 650
+    assert by_seconds.state_dict() == by_frames.state_dict()
+    assert make_loader(out, tok, max_duration=0.29).dataset.cfg.plan.max_frames == 29  # not 28 (0.29 * 100)
+    with pytest.raises(ValueError, match="max_duration=6.5 s is max_frames=650, and max_frames=600"):
+        make_loader(out, tok, max_duration=6.5, max_frames=600)
+    with pytest.raises(ValueError, match="max_duration must be a finite number of seconds"):
+        make_loader(out, tok, max_duration=float("nan"))
+    hyper = {"train": {"option": {"ld": {"shards": str(out), "max_duration": 6.5}, "tokenizer": str(tok)}}}
+    assert loader_options(hyper, world_size=2).loader_kwargs == {"max_duration": 6.5}
+
+
 def test_filters_count_every_drop(data):
     _, out, utts, tok = data
     t = load_tokenizer(tok)

@@ -71,6 +71,14 @@ def test_a_budget_below_the_utterances_or_above_the_corpus_is_named(data, tmp_pa
     assert any(f"{len(utts)} of {len(utts)} utterances (100.0%) exceed max_cost=1 alone" in w for w in said), said
     # a sensible budget says nothing
     assert not [w for w in _warnings(lambda: make_loader(trset, tok, max_frames=3000)) if "budget" in w or "alone" in w]
+    # said once for every rank (rank 0's), naming the user's line, not one of wdsprep's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_loader(trset, tok, max_frames=longest - 1)
+    (said,) = [w for w in caught if "alone: each is a batch of its own" in str(w.message)]
+    assert said.filename == __file__, said.filename
+    assert not [w for w in _warnings(lambda: make_loader(trset, tok, max_frames=longest - 1, rank=1, world_size=2))
+                if "alone" in w]
 
 
 def _hyper(**option):
@@ -188,17 +196,37 @@ def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
                           cwd=cwd)
 
 
-def test_path_mistakes_get_the_pattern_that_was_meant(data):
+def test_a_folder_or_the_files_a_shell_expanded_are_the_shard_set_meant(data, tmp_path):
+    """A pack's folder is its shards, for every command that reads shards, by --trset or by position;
+    so are the files an unquoted glob expanded to.  What is no shard set is named."""
     root, trset, utts, tok = data
     folder = trset.rsplit("/", 1)[0]
+    planned = _cli("dry-run", "--plan", "--trset", trset, "--max-frames", "3000")
+    assert planned.returncode == 0, planned.stderr
     r = _cli("dry-run", "--plan", "--trset", folder, "--max-frames", "3000")
-    assert r.returncode == 2 and f"its shards: '{folder}/data-*.tar'" in r.stderr, r.stderr
-    # an unquoted glob the shell expanded: the extra files are named for what they are
+    assert r.returncode == 0 and r.stdout == planned.stdout, r.stderr
     files = sorted(str(p) for p in Path(folder).glob("data-*.tar"))
     r = _cli("dry-run", "--plan", "--trset", *files, "--max-frames", "3000")
-    assert r.returncode == 2 and "the shell expanded a pattern; quote it" in r.stderr, r.stderr
-    assert f"'{folder}/data-*.tar'" in r.stderr
+    assert r.returncode == 0 and r.stdout == planned.stdout, r.stderr
+    for command in (["inspect", folder], ["inspect", "--trset", folder], ["verify", folder],
+                    ["verify", "--trset", folder], ["index", "--trset", folder],
+                    ["tokenizer", "count-labels", "--trset", folder, "--tokenizer", str(tok)]):
+        r = _cli(*command)
+        assert r.returncode == 0, (command, r.stderr)
+    r = _cli("verify", folder, "--trset", folder)
+    assert r.returncode == 2 and "given twice" in r.stderr, r.stderr
+    assert "give the shards" in _cli("inspect").stderr
+    r = _cli("inspect", str(root))  # a folder holding none
+    assert r.returncode == 2 and "no shards in it or in a length group under it" in r.stderr, r.stderr
     assert "unrecognized arguments: --bogus" in _cli("dry-run", "--plan", "--trset", trset, "--bogus").stderr
+    # make_loader and export take the folder; the README's grouped pattern on a pack without groups
+    # names what the folder holds
+    by_folder, by_pattern = make_loader(folder, tok, max_frames=3000), make_loader(trset, tok, max_frames=3000)
+    assert [b.keys for b in by_folder] == [b.keys for b in by_pattern]
+    r = _cli("export", "lhotse", "--trset", folder, "--out", str(tmp_path / "cuts.jsonl.gz"))
+    assert r.returncode == 0 and f"{len(utts):,} utterances" in r.stderr, r.stderr
+    r = _cli("inspect", f"{folder}/*/data-*.tar")
+    assert r.returncode == 2 and f"the pack folder {folder} holds '{folder}/data-*.tar'" in r.stderr, r.stderr
 
 
 def test_the_pattern_command_prints_a_packs_pattern_local_and_uploaded(data):
@@ -232,7 +260,8 @@ def test_small_things_a_new_user_meets(data, tmp_path):
     assert _cli("demo", "--help").stdout.startswith("usage: wdsprep demo")
     # dry-run --help shows what most runs set; --help-all every option
     short, full = _cli("dry-run", "--help").stdout, _cli("dry-run", "--help-all").stdout
-    assert len(short.splitlines()) < 100 < len(full.splitlines()) and "--max-frames" in short
+    assert len(short.splitlines()) < 110 < len(full.splitlines())
+    assert "--max-frames" in short and "--max-duration" in short
     assert "--prefetch-factor" not in short and "--prefetch-factor" in full and "--help-all" in short
 
 
@@ -253,6 +282,7 @@ def test_a_pack_that_writes_nothing_or_loses_too_much_exits_1_and_a_growing_load
              "--store", "flac", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert f"wrote none of its {n} utterances: " in r.stderr and str(out / "pack_report.json") in r.stderr, r.stderr
+    assert r.stderr.startswith("wdsprep pack-audio: error: wrote none"), r.stderr  # the command named once
     assert (out / "pack_report.json").is_file() and not (out / "PACK_INCOMPLETE").exists()
     tok = train_char_tokenizer(tmp_path, demo / "text")
     t0 = time.monotonic()
@@ -313,3 +343,54 @@ def test_a_folder_copied_without_its_times_loads_by_content_and_a_changed_byte_i
         batches(f"{bad}/data-*.tar")
     result = verify_shards(f"{bad}/data-*.tar")
     assert not result.ok and "SHA-256" in result.format() and shard.name in result.format()
+
+
+def _demo_subset(d: Path, n: int) -> tuple[Path, Path]:
+    """A wav.scp (absolute paths) and text of the demo corpus's first ``n`` train utterances."""
+    demo = Path(__file__).resolve().parent.parent / "egs" / "demo"
+    d.mkdir(parents=True, exist_ok=True)
+    wavs = (demo / "data" / "train" / "wav.scp").read_text().splitlines()[:n]
+    texts = (demo / "data" / "train" / "text").read_text(encoding="utf-8").splitlines()[:n]
+    (d / "wav.scp").write_text("".join(f"{u} {demo / p}\n" for u, p in (w.split(" ", 1) for w in wavs)))
+    (d / "text").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return d / "wav.scp", d / "text"
+
+
+def test_a_refused_resume_names_every_difference_by_its_flag(tmp_path):
+    """Resumed with --store flac and another --sample-rate: both named as the command line spells
+    them, none hidden as "1 more difference", and not the layout --store decides."""
+    wav, text = _demo_subset(tmp_path / "kaldi", 4)
+    out = tmp_path / "out"
+    base = ["pack-audio", "--wav-scp", str(wav), "--text", str(text), "--out", str(out)]
+    assert _cli(*base, "--store", "wav").returncode == 0
+    r = _cli(*base, "--store", "flac", "--sample-rate", "8000", "--no-shuffle", "--resume")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for said in ("--store flac (the pack started with --store wav)",
+                 "--sample-rate 8000 (the pack started with --sample-rate 16000)",
+                 "--no-shuffle (the pack started with --shuffle)"):
+        assert said in r.stderr, r.stderr
+    assert "layout" not in r.stderr and "more difference" not in r.stderr, r.stderr
+
+
+def test_the_small_things_of_a_first_hour(data, tmp_path):
+    """fbank says what it wrote where it was asked to, without a pack's table; an aggregate
+    tokenizer asks for --lang as a flag; every recipe keeps what it makes out of git."""
+    from wdsprep.tokenizer import aggregate_tokenizers
+
+    root, trset, utts, tok = data
+    wav, _ = _demo_subset(tmp_path / "kaldi", 3)
+    r = _cli("fbank", "--wav-scp", str(wav), "--out", "feats", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("wrote 3 utterances (0.00 h) to feats/feats.scp"), r.stdout
+    assert "group" not in r.stdout and str(tmp_path) not in r.stdout, r.stdout
+    aggregate_tokenizers({"en": tok, "zh": tok}, tmp_path / "agg.json")
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tmp_path / "agg.json"), "hello")
+    assert r.returncode == 2 and "give the language of the text with --lang, e.g. --lang en" in r.stderr, r.stderr
+    assert "encode(text" not in r.stderr
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tmp_path / "agg.json"), "--lang", "en", "hello")
+    assert r.returncode == 0 and r.stdout.strip()
+    r = _cli("tokenizer", "encode", "--tokenizer", str(tok), "--lang", "en", "hello")
+    assert r.returncode == 2 and "give --lang only with an aggregate tokenizer" in r.stderr, r.stderr
+    egs = Path(__file__).resolve().parent.parent / "egs"
+    for recipe in sorted(p for p in egs.iterdir() if (p / "run.sh").is_file()):
+        assert (recipe / ".gitignore").is_file() and "/exp/" in (recipe / ".gitignore").read_text(), recipe

@@ -245,7 +245,7 @@ def test_the_resume_record_is_the_plan_files_options(corpus):
     audio = PackOptions(layout="flac", audio=AudioOptions(FbankOptions(backend="numpy", dither=0.5), "flac"))
     assert audio.record() == {"fmt": "data-%05d.tar", "filter_group": None, "utts_per_shard": 2000, "layout": "flac",
                               "dtype": "float32", "shuffle": True, "seed": 0, "num_mel_bins": 80, "sample_rate": 16000,
-                              "dither": 0.5, "backend": "numpy", "channel": 0, "store": "flac"}
+                              "dither": 0.5, "backend": "numpy", "store": "flac"}  # channel: none picked
 
 
 def test_strict_fails_after_writing_the_report(corpus):
@@ -331,6 +331,20 @@ def test_groups_must_not_overlap(corpus):
         pack_data(scps, txts, tmp / "out", filter_group=["10:100", "50:200"])
     with pytest.raises(ValueError, match="LO:HI"):
         pack_data(scps, txts, tmp / "out", filter_group=["10-100"])
+
+
+def test_groups_in_seconds_are_the_groups_of_their_frames(corpus):
+    """``:1s 1s:2.005s 2.005s:`` packs what ``:100 100:201 201:`` packs (an edge that is no whole
+    frame rounds up: an utterance of 200 frames, 2.00 s, is shorter than 2.005 s), and records it so."""
+    tmp, scps, txts, feats, texts = corpus
+    pack_data(scps, txts, tmp / "seconds", filter_group=[":1s", "1s:2.005s", "2.005s:"], progress=False)
+    pack_data(scps, txts, tmp / "frames", filter_group=[":100", "100:201", "201:"], progress=False)
+    assert all_samples(tmp / "seconds") == all_samples(tmp / "frames")
+    assert sorted(p.name for p in (tmp / "seconds").iterdir() if p.is_dir()) == ["0_100", "100_201", "201_inf"]
+    plans = [json.loads((tmp / d / "pack_plan.json").read_text())["options"] for d in ("seconds", "frames")]
+    assert plans[0] == plans[1]
+    with pytest.raises(ValueError, match="in frames or in seconds"):
+        pack_data(scps, txts, tmp / "bad", filter_group=[":-1s"])
 
 
 def test_cli_mirrors_the_api(corpus):

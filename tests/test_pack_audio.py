@@ -219,3 +219,44 @@ def test_frames_planned_from_audio_headers_are_fbank_frames_frame_for_frame(tmp_
     # decoded whole: the pipe, the resampled 22 kHz WAV and 8 kHz Ogg, the MP3; the FLAC segments and
     # 16 kHz WAVs are read alone
     assert source.decoded == 4
+
+
+def test_stereo_gives_the_features_the_loader_gives_its_member_and_the_report_counts_the_inputs(tmp_path: Path,
+                                                                                                  capsys) -> None:
+    """One channel rule: packed with --store flac the stereo recording keeps both channels, and the
+    loader's features of that member (the mean of its channels) are the features a features pack
+    stores for it; --channel still picks one.  The report counts the stereo and the resampled inputs."""
+    import soundfile as sf
+
+    from wdsprep import make_loader, train_tokenizer
+
+    wav, text = tmp_path / "wav.scp", tmp_path / "text"
+    wav.write_text(f"st {AUDIO / 'stereo_16k.wav'}\ne8 {AUDIO / 'en_8k.ogg'}\nm {AUDIO / 'en_16k.wav'}\n")
+    text.write_text("st stereo speech\ne8 eight kilohertz\nm mono speech\n")
+    tok = tmp_path / "char.json"
+    train_tokenizer("char", [text], tok)
+    kw = dict(backend=KNF, progress=False)
+    report = pack_audio(wav, text, tmp_path / "flac", store="flac", **kw)
+    pack_audio(wav, text, tmp_path / "feats", **kw)
+    (tmp_path / "st.scp").write_text(f"st {AUDIO / 'stereo_16k.wav'}\n")
+    pack_audio(tmp_path / "st.scp", text, tmp_path / "right", channel=1, max_lost=1, **kw)
+
+    def loaded(out: Path) -> dict[str, np.ndarray]:
+        loader = make_loader(out, tok, max_frames=5000, train=False)
+        return {k: b.feats[i, :int(b.feat_lens[i])].numpy() for b in loader for i, k in enumerate(b.keys)}
+
+    member = {decode_key(k): m["flac"] for tar in (tmp_path / "flac").glob("*.tar") for k, m in iter_tar_samples(tar)}
+    assert sf.info(io.BytesIO(member["st"])).channels == 2 and sf.info(io.BytesIO(member["m"])).channels == 1
+    from_member, stored = loaded(tmp_path / "flac"), loaded(tmp_path / "feats")
+    np.testing.assert_array_equal(from_member["st"], stored["st"])
+    assert np.abs(loaded(tmp_path / "right")["st"] - stored["st"]).mean() > 0.1  # channel 1 alone differs
+    assert report.inputs == {"recordings": 3, "multichannel": {"2": 1}, "resampled": {"8000": 1}, "sample_rate": 16000,
+                             "channels": "every channel kept, the loader takes their mean"}
+    out = capsys.readouterr().out
+    assert "inputs: 1 of 2 channels (of 3 recordings): every channel kept" in out, out
+    assert "inputs: 1 at 8000 Hz (of 3 recordings), resampled to 16000 Hz" in out
+    saved = json.loads((tmp_path / "feats" / "pack_report.json").read_text())["inputs"]
+    assert saved["channels"] == "features from the mean of the channels" and saved["resampled"] == {"8000": 1}
+    # A pack made when channel 0 was the default recorded it: resumed without --channel, it goes on with it.
+    pack_audio(tmp_path / "st.scp", text, tmp_path / "old", channel=0, max_lost=1, **kw)
+    assert pack_audio(tmp_path / "st.scp", text, tmp_path / "old", resume=True, max_lost=1, **kw).groups

@@ -484,3 +484,5 @@ def test_lightning_recipe_trains_stops_mid_epoch_and_resumes_on_the_planned_batc
     checked = [line for line in p.stdout.splitlines() if line.startswith("epoch ") and "trained on" in line]
     assert len(checked) == 1 and all(line.endswith("each once, in the planned batches") for line in checked), checked
     assert "not resumable" not in p.stdout + p.stderr
+    assert "LeafSpec" not in p.stdout + p.stderr  # Lightning's deprecation, said by every process: filtered
+    assert (p.stdout + p.stderr).count("UserWarning") <= 1  # what the plan says of the budget: once, by rank 0

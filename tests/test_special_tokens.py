@@ -61,6 +61,19 @@ def test_the_cli_trains_with_special_tokens_and_encode_shows_them(corpus, tmp_pa
     assert ids.split()[:2] == ["3", "4"]  # after <s>, <unk> and <space>
 
 
+def test_an_aggregate_trained_from_the_shards_shares_the_special_tokens(corpus, tmp_path):
+    """tokenizer aggregate --trset --kind char --special-tokens: a tokenizer per packed language, the
+    symbols one id each before the languages' ranges, shared by both."""
+    _, _, out, _, _ = corpus
+    subprocess.run([sys.executable, "-m", "wdsprep", "tokenizer", "aggregate", "--trset", f"{out}/data-*.tar",
+                    "--kind", "char", "--special-tokens", "<|en|>", "<|transcribe|>", "--out",
+                    str(tmp_path / "agg.json")], check=True, capture_output=True)
+    agg = load_tokenizer(tmp_path / "agg.json")
+    assert agg.special_tokens == ("<|en|>", "<|transcribe|>") and set(agg.offsets) == {"en", "zh"}
+    assert min(agg.offsets.values()) == 4
+    for lang in ("en", "zh"):
+        assert agg.encode("<|en|><|transcribe|>", lang) == [2, 3]
+
 def test_an_aggregate_tokenizer_gives_each_special_token_one_id_shared_by_every_language(corpus, tmp_path):
     root, _, _, _, _ = corpus
     plain = {lang: train_tokenizer("char", [root / "kaldi" / "text"], tmp_path / f"{lang}.json")

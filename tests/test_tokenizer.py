@@ -491,3 +491,58 @@ def test_sentencepiece_model_file_loads_directly(toks: dict[str, Tokenizer], tex
     (tmp_path / "empty.model").write_bytes(b"")
     with pytest.raises(TokenizerFileError, match="nor a sentencepiece .model"):
         load_tokenizer(tmp_path / "empty.model")
+
+
+DEMO = Path(__file__).resolve().parents[1] / "egs" / "demo"
+
+
+def test_a_manifest_or_packed_shards_train_the_tokenizer_their_kaldi_text_trains(tmp_path: Path) -> None:
+    """tokenizer train --from nemo manifest.json and --trset SHARDS give, byte for byte, the tokenizer
+    the same transcripts in a Kaldi text give (a real sentencepiece, the demo corpus's English and
+    Mandarin); a language's alone, and one per language laid out as an aggregate, from the
+    manifest's languages."""
+    import gzip
+    import random
+
+    from wdsprep import ShardTranscripts, pack_audio, train_aggregate_tokenizer
+    from wdsprep.cli import main
+
+    lines = (DEMO / "data" / "train" / "text").read_text(encoding="utf-8").splitlines()
+    texts = dict(line.split(" ", 1) for line in lines)
+    wavs = {u: str(DEMO / p) for u, p in (x.split(" ", 1) for x in (DEMO / "data" / "train" / "wav.scp")
+                                            .read_text().splitlines())}
+    text = tmp_path / "text"
+    text.write_text("".join(f"{u} {texts[u]}\n" for u in sorted(texts)), encoding="utf-8")  # Kaldi: sorted
+    ids = sorted(texts)
+    random.Random(0).shuffle(ids)  # a manifest in any order
+    manifest = tmp_path / "train.json"
+    manifest.write_text("".join(json.dumps({"audio_filepath": wavs[u], "duration": 1.0, "text": texts[u],
+                                            "lang": u[:2], "id": u}) + "\n" for u in ids), encoding="utf-8")
+    (tmp_path / "wav.scp").write_text("".join(f"{u} {p}\n" for u, p in wavs.items()))
+    pack_audio(tmp_path / "wav.scp", text, tmp_path / "shards", store="flac", utts_per_shard=40, progress=False)
+    spm = ["--kind", "sentencepiece", "--vocab-size", "150"]
+    for source, out in ((["--text", str(text)], "kaldi"), (["--from", "nemo", str(manifest)], "nemo"),
+                        (["--trset", str(tmp_path / "shards")], "shards")):
+        assert main(["tokenizer", "train", *spm, *source, "--out", str(tmp_path / f"{out}.json")]) == 0
+    kaldi = (tmp_path / "kaldi.json").read_bytes()
+    assert (tmp_path / "nemo.json").read_bytes() == kaldi and (tmp_path / "shards.json").read_bytes() == kaldi
+
+    for lang in ("en", "zh"):
+        (tmp_path / f"text.{lang}").write_text("".join(f"{u} {texts[u]}\n" for u in sorted(texts) if u[:2] == lang),
+                                               encoding="utf-8")
+        train_tokenizer("char", [tmp_path / f"text.{lang}"], tmp_path / f"{lang}.json")
+    assert main(["tokenizer", "train", "--kind", "char", "--from", "nemo", str(manifest), "--lang", "zh", "--out",
+                 str(tmp_path / "zh-nemo.json")]) == 0
+    assert (tmp_path / "zh-nemo.json").read_bytes() == (tmp_path / "zh.json").read_bytes()
+    assert main(["tokenizer", "aggregate", "--from", "nemo", str(manifest), "--kind", "char", "--out",
+                 str(tmp_path / "agg.json")]) == 0
+    agg = load_tokenizer(tmp_path / "agg.json")
+    assert list(agg.tokenizers) == ["en", "zh"]
+    assert all(agg.tokenizers[lang].to_dict() == load_tokenizer(tmp_path / f"{lang}.json").to_dict()
+               for lang in ("en", "zh"))
+    with pytest.raises(ValueError, match="173 transcripts name no language"):  # the shards carry none
+        train_aggregate_tokenizer("char", ShardTranscripts(tmp_path / "shards"), tmp_path / "none.json")
+    gz = tmp_path / "train.json.gz"
+    gz.write_bytes(gzip.compress(manifest.read_bytes()))
+    with pytest.raises(KaldiDataError, match="gzip-compressed, not a Kaldi table.*--from KIND PATH"):
+        train_tokenizer("char", [gz], tmp_path / "gz.json")

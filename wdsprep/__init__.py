@@ -26,11 +26,13 @@ from wdsprep.prep.fbank import compute_fbank
 from wdsprep.report import Report
 from wdsprep.tokenizer import (
     AggregateTokenizer,
+    ShardTranscripts,
     SubwordSampling,
     Tokenizer,
     aggregate_tokenizers,
     import_cat_tokenizer,
     load_tokenizer,
+    train_aggregate_tokenizer,
     train_tokenizer,
 )
 
@@ -38,7 +40,8 @@ __version__ = "0.1.0"
 
 __all__ = ["compute_fbank", "pack_data", "pack_audio", "Manifest", "Report", "StrictError",
            "encode_key", "decode_key", "read_index", "shard_pattern", "index_shards", "SubwordSampling", "Tokenizer",
-           "load_tokenizer", "train_tokenizer", "import_cat_tokenizer", "AggregateTokenizer", "aggregate_tokenizers",
+           "load_tokenizer", "train_tokenizer", "train_aggregate_tokenizer", "ShardTranscripts", "import_cat_tokenizer",
+           "AggregateTokenizer", "aggregate_tokenizers",
            "inspect_shards", "InspectResult", "verify_shards", "VerifyResult",
            "Augment", "Speed", "Noise", "Reverb", "SpecAugment", "Lowpass", "Clip", "Codec"]
 

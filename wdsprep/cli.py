@@ -52,6 +52,32 @@ def _names(cls: type) -> list[str]:
     return [f.name for f, _ in options_of(cls)]
 
 
+SHARDS_HELP = "a pack's folder (or several), or a shard pattern, e.g. 'DIR/*/data-*.tar'"
+
+
+def _add_shards(p: argparse.ArgumentParser, what: str = "shards") -> None:
+    """The shards a command reads: positional patterns (as the command took them before) or --trset,
+    which every command that reads shards takes."""
+    p.add_argument("patterns", nargs="*", metavar="PATTERN", help=f"{what}: {SHARDS_HELP}")
+    p.add_argument("--trset", nargs="+", metavar="PATTERN", help="the same, as the loader's commands name them")
+
+
+def _shards(args: argparse.Namespace) -> list[str]:
+    """The shards named by position or by --trset (one of them)."""
+    if args.patterns and args.trset:
+        raise ValueError(f"the shards are given twice ({args.patterns[0]} and --trset {args.trset[0]}): give them "
+                         f"once")
+    named = args.patterns or args.trset
+    if not named:
+        raise ValueError("give the shards: a pack's folder or a shard pattern (or --trset PATTERN)")
+    return named
+
+
+def _one_or_many(items: list[str] | None) -> str | list[str] | None:
+    """--trset's words: one pattern as it is, several as a list."""
+    return items[0] if items and len(items) == 1 else items
+
+
 def _add_wav_scp(p: argparse._ActionsContainer, *, required: bool) -> None:
     p.add_argument("--wav-scp", required=required, help="Kaldi wav.scp: 'recid path' or 'recid command |'")
 
@@ -65,7 +91,8 @@ def _add_from(p: argparse.ArgumentParser, source: argparse._ActionsContainer, ki
                         help=f"the utterances, transcripts, speakers and languages in another project's format "
                              f"(docs/import.md), in place of the Kaldi files. KIND: {listed}")
     if any(kind.options for kind in kinds.values()):
-        add_flags(p.add_argument_group("--from: which columns hold what (hf), where text files may be (nemo)"),
+        add_flags(p.add_argument_group("--from: which key (hf: column) of a line holds what (nemo, wenet, hf), where "
+                                       "text files may be (nemo); --field NAME=KEY carries a key as a field"),
                   Manifest)
 
 
@@ -77,13 +104,17 @@ def _input(args: argparse.Namespace, kaldi: str) -> object:
         if args.f_labels is None:
             raise ValueError("--text is required with --" + kaldi.replace("_", "-"))
         return getattr(args, kaldi)
+    from wdsprep.options import named_paths
+
     kind, path = args.source
     for flag, value in (("--text", args.f_labels), ("--utt2spk", args.utt2spk),
                         ("--segments", getattr(args, "segments", None))):
         if value is not None:
             raise ValueError(f"{flag}: the manifest of --from {kind} names the utterances' transcripts, segments and "
                              f"speakers; give --from alone")
-    return Manifest(kind, path, **given(args, Manifest))
+    # With --from, --field NAME=KEY names a key of the manifest's lines, not a table.
+    keys, args.fields = (named_paths(args.fields) if args.fields else None), None
+    return Manifest(kind, path, fields=keys, **given(args, Manifest))
 
 
 def _cmd_fbank(args: argparse.Namespace) -> None:
@@ -138,26 +169,73 @@ def key_value(text: str) -> tuple[str, bool | int | float | str]:
     return key.strip(), option_value(value)
 
 
+def _train_options(args: argparse.Namespace) -> dict:
+    """The trainer's options ``tokenizer train`` and ``aggregate`` were given, as train_tokenizer's arguments."""
+    return dict(model_type=args.model_type, user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
+                character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
+                normalize=args.normalize, special_tokens=args.special_tokens or ())
+
+
+def _transcripts(args: argparse.Namespace) -> object | None:
+    """What a tokenizer trains on besides Kaldi text: a manifest (--from KIND PATH) or shards (--trset)."""
+    from wdsprep.pack.sources import Manifest
+    from wdsprep.tokenizer import ShardTranscripts
+
+    if args.source is not None:
+        return Manifest(*args.source, **given(args, Manifest))
+    return None if args.trset is None else ShardTranscripts(args.trset)
+
+
 def _cmd_tokenizer_train(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(args.kind, args.text, args.out, vocab_size=args.vocab_size, model_type=args.model_type,
-                          user_dict=args.user_dict, keep_spaces=not args.drop_spaces,
-                          character_coverage=args.character_coverage, spm_options=dict(args.spm_option or []),
-                          normalize=args.normalize, special_tokens=args.special_tokens or (), overwrite=args.overwrite)
+    source = _transcripts(args) or args.text
+    tok = train_tokenizer(args.kind, source, args.out, vocab_size=args.vocab_size, overwrite=args.overwrite,
+                          lang=args.lang, **_train_options(args))
     print(f"{args.out}: {tok.kind} tokenizer, vocab_size {tok.vocab_size}", file=sys.stderr)
 
 
 def _cmd_tokenizer_aggregate(args: argparse.Namespace) -> None:
-    from wdsprep.tokenizer import aggregate_tokenizers
+    from wdsprep.tokenizer import aggregate_tokenizers, train_aggregate_tokenizer
 
-    tok = aggregate_tokenizers(_named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json"), args.out,
-                               special_tokens=args.special_tokens or (), overwrite=args.overwrite)
+    source = _transcripts(args)
+    files = _named(args.languages, "tokenizer aggregate", "LANG=FILE", "en=exp/en.json")
+    if source is None:
+        if not files:
+            raise ValueError("give each language's tokenizer file (LANG=FILE ...), or the transcripts to train one per "
+                             "language on: --from KIND PATH or --trset PATTERN, with --kind")
+        tok = aggregate_tokenizers(files, args.out, special_tokens=args.special_tokens or (), overwrite=args.overwrite)
+    else:
+        if files:
+            raise ValueError("give the languages' tokenizer files (LANG=FILE) or the transcripts to train them on "
+                             "(--from, --trset), not both")
+        if args.kind is None:
+            raise ValueError("--kind: the kind of tokenizer to train for each language (e.g. --kind sentencepiece)")
+        sizes = _vocab_sizes(args.vocab_size)
+        tok = train_aggregate_tokenizer(args.kind, source, args.out, vocab_size=sizes, overwrite=args.overwrite,
+                                        **_train_options(args))
     ranges = ", ".join(f"{lang} {tok.offsets[lang]}..{tok.offsets[lang] + t.vocab_size - 3}"
                        for lang, t in tok.tokenizers.items())
     specials = f", special tokens 2..{1 + len(tok.special_tokens)}" if tok.special_tokens else ""
     print(f"{args.out}: aggregate tokenizer, vocab_size {tok.vocab_size} (ids 0 and 1 shared{specials}; {ranges})",
           file=sys.stderr)
+
+
+def _vocab_sizes(items: list[str] | None) -> int | dict[str, int] | None:
+    """``aggregate``'s --vocab-size: one size for every language, or LANG=N for each."""
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return _size(items[0], "--vocab-size")
+    return {lang: _size(n, f"--vocab-size {lang}=") for lang, n in
+            _named(items, "--vocab-size", "N, or LANG=N for each language", "en=500 zh=3000").items()}
+
+
+def _size(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag}{text}: not a whole number of ids") from None
 
 
 def _named(items: list[str] | None, flag: str, form: str, example: str) -> dict[str, str]:
@@ -185,6 +263,16 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
     from wdsprep.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
+    languages = list(getattr(tok, "languages", ()))
+    if args.lang is None and len(languages) > 1:
+        raise ValueError(f"--tokenizer {args.tokenizer} holds a tokenizer per language ({', '.join(languages)}): give "
+                         f"the language of the text with --lang, e.g. --lang {languages[0]}")
+    if args.lang is not None and languages and args.lang not in languages:
+        raise ValueError(f"--lang {args.lang}: {args.tokenizer} has no tokenizer for it; its languages: "
+                         f"{', '.join(languages)}")
+    if args.lang is not None and not languages:
+        raise ValueError(f"--lang {args.lang}: {args.tokenizer} is one tokenizer for every language; give --lang only "
+                         f"with an aggregate tokenizer (wdsprep tokenizer aggregate)")
     lines = args.texts if args.texts else (line.rstrip("\n") for line in sys.stdin)
     for text in lines:
         ids = tok.encode(text, args.lang) if args.lang else tok.encode(text)  # type: ignore[call-arg]
@@ -197,7 +285,7 @@ def _cmd_tokenizer_encode(args: argparse.Namespace) -> None:
 def _cmd_tokenizer_count_labels(args: argparse.Namespace) -> None:
     from wdsprep.plan.tokens import count_labels
 
-    for folder, what in count_labels(args.patterns, args.tokenizer, normalize=args.normalize).items():
+    for folder, what in count_labels(_shards(args), args.tokenizer, normalize=args.normalize).items():
         print(f"{folder}: {what}")
 
 
@@ -208,17 +296,26 @@ def _add_special_tokens(p: argparse.ArgumentParser, *, shared: bool = False) -> 
                         + (" (one id shared by every language, as each language tokenizer's own)" if shared else ""))
 
 
-def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
-    tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
-    tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
-    p = tsub.add_parser("train", help="Kaldi text -> one JSON tokenizer file (ids: 0=<s>/blank, 1=<unk>)")
-    p.add_argument("--kind", choices=trainable_kinds(), required=True,
-                   help="simple: the units transcripts write with spaces between them (words, phones), "
-                        "as CAT's SimpleTokenizer")
-    p.add_argument("--text", nargs="+", required=True, metavar="TEXT", help="Kaldi text file(s): uttid transcript")
-    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
-    p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
-                   "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
+def _add_transcripts(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """Where a tokenizer's training transcripts are: Kaldi text, a manifest (the pack's readers and
+    their key flags), or packed shards (languages from the manifest's or the shards')."""
+    from wdsprep.pack.sources import AUDIO_KINDS, Manifest
+
+    src = p.add_mutually_exclusive_group(required=required)
+    if required:
+        src.add_argument("--text", nargs="+", metavar="TEXT", help="Kaldi text file(s): uttid transcript")
+    else:
+        p.set_defaults(text=None)
+    src.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"),
+                     help=f"the transcripts (and languages) of a manifest, read as pack-audio --from reads it: "
+                          f"{', '.join(AUDIO_KINDS)} (docs/import.md)")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=f"the transcripts (and languages) of packed "
+                                                                   f"shards: {SHARDS_HELP}")
+    add_flags(p.add_argument_group("--from: which key (hf: column) of a line holds what"), Manifest)
+
+
+def _add_train_options(p: argparse.ArgumentParser, *, shared: bool = False) -> None:
+    """The trainer's options, which ``train`` and ``aggregate`` (``shared``: its special tokens' ids) share."""
     p.add_argument("--model-type", choices=SPM_MODEL_TYPES, default="unigram",
                    help="sentencepiece model type (default: %(default)s)")
     p.add_argument("--character-coverage", type=float, default=0.9995,
@@ -232,16 +329,37 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--normalize", nargs="+", metavar="STEP",
                    help="treat every transcript before training, as the loader's --normalize does: named steps "
                         "(nfkc, lower, upper, strip_punct, collapse_spaces, remove_spaces, ...) or MODULE:FUNC")
-    _add_special_tokens(p)
+    _add_special_tokens(p, shared=shared)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+
+def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
+    tp = sub.add_parser("tokenizer", help="train a tokenizer / show how it encodes text")
+    tsub = tp.add_subparsers(dest="tokenizer_command", required=True)
+    p = tsub.add_parser("train", help="transcripts (Kaldi text, a manifest, packed shards) -> one JSON tokenizer "
+                                      "file (ids: 0=<s>/blank, 1=<unk>)")
+    p.add_argument("--kind", choices=trainable_kinds(), required=True,
+                   help="simple: the units transcripts write with spaces between them (words, phones), "
+                        "as CAT's SimpleTokenizer")
+    _add_transcripts(p, required=True)
+    p.add_argument("--lang", help="with --from or --trset: train on the transcripts of this language only")
+    p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
+    p.add_argument("--vocab-size", type=int, help="ids in total, <s> and <unk> included (required for "
+                   "sentencepiece unigram/bpe; char/jieba keep the most frequent pieces)")
+    _add_train_options(p)
     p.set_defaults(func=_cmd_tokenizer_train)
     p = tsub.add_parser("aggregate", help="one tokenizer per language -> one JSON tokenizer file: each language's "
-                                          "ids in a range of their own, <s> and <unk> shared (ids 0 and 1)")
-    p.add_argument("languages", nargs="+", metavar="LANG=FILE",
+                                          "ids in a range of their own, <s> and <unk> shared (ids 0 and 1); the "
+                                          "tokenizers given, or trained on each language's transcripts")
+    p.add_argument("languages", nargs="*", metavar="LANG=FILE",
                    help="each language's tokenizer file, in the order their ids are laid out, e.g. en=exp/en.json")
+    _add_transcripts(p, required=False)
+    p.add_argument("--kind", choices=trainable_kinds(), help="with --from or --trset: the kind trained per language")
+    p.add_argument("--vocab-size", nargs="+", metavar="N|LANG=N",
+                   help="with --from or --trset: each language's ids in total, or LANG=N for each (e.g. en=500 "
+                        "zh=3000)")
     p.add_argument("--out", required=True, help="tokenizer file to write (JSON)")
-    _add_special_tokens(p, shared=True)
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    _add_train_options(p, shared=True)
     p.set_defaults(func=_cmd_tokenizer_aggregate)
     p = tsub.add_parser("import-cat", help="CAT's tokenizer.tknz (read without unpickling) or sentencepiece .model "
                         "-> one JSON tokenizer file with CAT's ids")
@@ -259,7 +377,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser("count-labels", help="every label's length in TOKENIZER's tokens, written beside each index "
                                              "(what a cost model that counts tokens plans with; upload it with the "
                                              "index for remote shards)")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shards, e.g. 'DIR/*/data-*.tar'")
+    _add_shards(p, "local shards")
     p.add_argument("--tokenizer", required=True, help="tokenizer file (or a sentencepiece .model)")
     p.add_argument("--normalize", nargs="+", metavar="STEP", help="the text treatment the loader applies (its "
                                                                   "--normalize)")
@@ -269,7 +387,7 @@ def _add_tokenizer_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from wdsprep.check.inspect import inspect_shards, write_json
 
-    result = inspect_shards(args.patterns, plot=args.plot, max_frames_list=args.max_frames, seed=args.seed,
+    result = inspect_shards(_shards(args), plot=args.plot, max_frames_list=args.max_frames, seed=args.seed,
                             **_retry_options(args))
     print(result.format(per_shard=not args.groups_only))
     if args.json:
@@ -280,7 +398,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from wdsprep.check.verify import verify_shards
 
-    result = verify_shards(args.patterns, growing=args.growing, **_retry_options(args))
+    result = verify_shards(_shards(args), growing=args.growing, **_retry_options(args))
     print(result.format())
     return 0 if result.ok else 1
 
@@ -290,8 +408,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     from wdsprep.format.reindex import index_shards
     from wdsprep.remote.urls import is_url
 
-    remote = any(is_url(p) for p in args.patterns)
-    result = (index_remote if remote else index_shards)(args.patterns, refresh=args.refresh, force=args.force,
+    shards = _shards(args)
+    remote = any(is_url(p) for p in shards)
+    result = (index_remote if remote else index_shards)(shards, refresh=args.refresh, force=args.force,
                                                         index_fields=args.index_field or (), progress=args.progress)
     print(result.format())
     return 0 if result.ok else 1
@@ -317,7 +436,7 @@ def _add_pattern(sub: argparse._SubParsersAction) -> None:
 def _add_index(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("index", help="write the index of shards packed elsewhere (CAT's, a copied folder): "
                                      "headers only; exit 1 if a sample is unreadable")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/*/data-*.tar'")
+    _add_shards(p)
     p.add_argument("--refresh", action="store_true",
                    help="read again the shards that changed since they were indexed (size or mtime), keep the rest")
     p.add_argument("--force", action="store_true", help="read every shard again")
@@ -341,7 +460,7 @@ def _trset(args: argparse.Namespace) -> str | dict[str, str] | None:
     """--trset, or the named corpora of --corpus NAME=PATTERN items."""
     if args.corpus:
         return _named(args.corpus, "--corpus", "NAME=PATTERN", "en='data/en/*/data-*.tar'")
-    return args.trset
+    return _one_or_many(args.trset)
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
@@ -411,7 +530,7 @@ def _add_dry_run(sub: argparse._SubParsersAction, every_help: bool = False) -> N
                                        "(torchrun-safe)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--hyper", help="CAT hyper-p.json (train:option)")
-    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=SHARDS_HELP)
     src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                      help="a named corpus (repeat for each); in training they are mixed (see --weights)")
     p.add_argument("--tokenizer", nargs="+", metavar="FILE",
@@ -437,7 +556,8 @@ def _add_dry_run(sub: argparse._SubParsersAction, every_help: bool = False) -> N
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from wdsprep.check.calibrate import calibrate
 
-    result = calibrate(args.model, args.trset, args.tokenizer, args.out, device=args.device, step=args.step,
+    result = calibrate(args.model, _one_or_many(args.trset), args.tokenizer, args.out, device=args.device,
+                       step=args.step,
                        max_seconds=args.max_seconds, subsampling=args.subsampling, seed=args.seed,
                        tokens_per_frame=args.tokens_per_frame, max_tokens=args.max_tokens, optimizer=args.optimizer,
                        oom_margin=args.oom_margin, max_frames=args.max_frames, max_error=args.max_error,
@@ -454,7 +574,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
                    help="FACTORY(feat_dim=, vocab_size=) returns the model; its forward(feats, feat_lens, labels, "
                         "label_lens) returns the scalar loss. MODULE: a dotted module or a path to a .py file")
-    p.add_argument("--trset", required=True, help="training shards, e.g. 'data/{10_1000,1000_2000}/data-*.tar' "
+    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN", help="training shards: a pack's folder or a "
+                   "pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar' "
                                                   "(their index gives the feature dims and the lengths)")
     p.add_argument("--tokenizer", required=True, help="tokenizer file (gives vocab_size)")
     p.add_argument("--out", required=True, help="the cost model to write (JSON)")
@@ -463,7 +584,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="FUNC(model, feats, feat_lens, labels, label_lens) returns the loss, instead of the forward "
                         "call (e.g. under torch.autocast)")
     p.add_argument("--max-seconds", type=float, default=120.0,
-                   help="time for the timing; the CUDA memory search comes on top (default: %(default)s)")
+                   help="time for the timing; fewer shapes and rounds are timed where the full grid does not fit it, "
+                        "and the error to expect is printed; the CUDA memory search comes on top (default: "
+                        "%(default)s)")
     p.add_argument("--subsampling", type=int, default=4,
                    help="the encoder's frame rate reduction: t = frames / subsampling (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the synthetic batches and the timing order "
@@ -506,7 +629,7 @@ def _add_rehearse(sub: argparse._SubParsersAction, every_help: bool = False) -> 
                    help="as calibrate takes it: FACTORY(feat_dim=, vocab_size=) returns the model, whose "
                         "forward(feats, feat_lens, labels, label_lens) returns the scalar loss")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trset", help="shard pattern, e.g. 'data/{10_1000,1000_2000}/data-*.tar'")
+    src.add_argument("--trset", nargs="+", metavar="PATTERN", help=SHARDS_HELP)
     src.add_argument("--corpus", action="append", metavar="NAME=PATTERN",
                      help="a named corpus (repeat for each); in training they are mixed (see --weights)")
     p.add_argument("--tokenizer", nargs="+", required=True, metavar="FILE",
@@ -585,8 +708,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                                       "another project's manifest")
     p.add_argument("kind", choices=list(EXPORTS), metavar="KIND",
                    help="; ".join(f"{name}: {e.help}" for name, e in EXPORTS.items()))
-    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN",
-                   help="local shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    p.add_argument("--trset", nargs="+", required=True, metavar="PATTERN", help=f"local shards: {SHARDS_HELP}")
     p.add_argument("--out", required=True, help="the manifest to write, e.g. cuts.jsonl.gz")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_export)
@@ -594,7 +716,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="per group and shard: utterances, hours, frame and transcript lengths; plots")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="shards, e.g. 'DIR/{10_1000,1000_2000}/data-*.tar'")
+    _add_shards(p)
     p.add_argument("--plot", metavar="FILE.png", help="length histogram per group and padding efficiency vs max_frames")
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     p.add_argument("--max-frames", nargs="*", type=int, metavar="N",
@@ -609,8 +731,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="read every member of every shard, check them and the index; exit 1 on problems")
-    p.add_argument("patterns", nargs="+", metavar="PATTERN",
-                   help="shards, e.g. 'DIR/*/data-*.tar', 's3://BUCKET/PREFIX/*/data-*.tar' or https://HOST/...")
+    _add_shards(p, "shards, local or remote ('s3://BUCKET/PREFIX/*/data-*.tar', https://HOST/...)")
     p.add_argument("--growing", action="store_true",
                    help="accept a folder a pack is still writing (check the shards it published); without it, a "
                         "folder whose pack has not committed is a problem (exit 1)")

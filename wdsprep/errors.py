@@ -7,12 +7,14 @@ the command (exit status 1).  It is a ``ValueError`` too, so code catching that 
 Every bad-data error is one (``ShardError``, ``TokenizerFileError``, ``KaldiDataError``, ...):
 the CLI tests this one class.  :class:`StrictError` (exit status 1) is a job that ran under
 ``strict`` and dropped utterances.  :func:`failure` is what the CLI prints for each, and exits with.
+A warning names the user's line that led to it (:func:`user_level`), not wdsprep's own.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib
+import sys
 from typing import Sequence
 
 
@@ -61,6 +63,16 @@ class Unavailable(RuntimeError):
     the command line must change, as for a bad option."""
 
 
+def user_level() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller name the first line outside
+    wdsprep that led to it (the user's ``make_loader(...)``, say): a line of wdsprep's own, shown
+    under the warning, would mean nothing to whoever reads it."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "wdsprep":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 # -- what the CLI makes of an error: its exit status and its one line -------------------------------------
 
 # Paths given on the command line that do not exist, are in the way or are of the wrong kind.
@@ -92,6 +104,10 @@ def failure(e: BaseException, command: str) -> tuple[int, str]:
     """Exit status and the one line to print for the exception that ended ``command`` (with the
     notes added to it on the way, e.g. that a stopped pack resumes)."""
     code, line = _failure(e, command)
+    # A library message that names its command already ("pack-audio: wrote none ..."): named once.
+    twice = f"wdsprep {command}: error: {command}: "
+    if line.startswith(twice):
+        line = twice[:-len(command) - 2] + line[len(twice):]
     notes = [n for n in getattr(e, "__notes__", []) if isinstance(n, str)]
     return code, "; ".join([line, *notes])
 
@@ -99,8 +115,8 @@ def failure(e: BaseException, command: str) -> tuple[int, str]:
 def _failure(e: BaseException, command: str) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
         return 130, f"wdsprep {command}: interrupted"
-    if isinstance(e, StrictError):
-        return 1, f"wdsprep {command}: {e}"
+    if isinstance(e, StrictError):  # the job ran: what it lost is the error
+        return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, MeasurementError):
         return 1, f"wdsprep {command}: error: {e}"
     if isinstance(e, OSError):

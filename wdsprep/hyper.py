@@ -245,7 +245,8 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
                                      "(so does CAT's ld loader)")
     elif "batch_size" in opt:
         kw["max_batch_size"] = max(1, _int(opt, "batch_size", where) // world_size)
-    elif mode == "batch" or (bucket_size is None and not {"max_cost", "max_frames", "max_batch_size"} & set(ld_kwargs)):
+    elif mode == "batch" or (bucket_size is None and not {"max_cost", "max_frames", "max_duration", "max_batch_size"}
+                                                         & set(ld_kwargs)):
         raise ValueError(f"{where}: batching_mode 'batch' needs batch_size (the global batch size); "
                          f"or set batching_mode 'bucket' with bucket_size (global frames per batch)")
     if "ld_shuffle_buffer" in opt:
@@ -256,7 +257,10 @@ def loader_options(hyper: Mapping[str, Any], *, world_size: int, where: str = "h
         if option in ld_kwargs and option in kw:
             raise ValueError(f"{where}: ld {option} and train:option {cat_key} both set {option} (CAT's {cat_key} is "
                              f"global, split over the ranks; ld's is per rank); keep one")
-    if "max_cost" not in ld_kwargs and "max_frames" not in ld_kwargs:
+    if "max_duration" in ld_kwargs and "max_frames" in kw:
+        raise ValueError(f"{where}: ld max_duration and train:option bucket_size both bound a batch's frames (CAT's "
+                         f"bucket_size is global, split over the ranks; ld's max_duration is per rank); keep one")
+    if not {"max_cost", "max_frames", "max_duration"} & set(ld_kwargs):
         kw.setdefault("max_frames", NO_FRAME_BOUND)
     if "ld_bucket_count_padding" in opt and not parse_bool(opt["ld_bucket_count_padding"], "ld_bucket_count_padding"):
         # Counting only real frames lets one long utterance among short ones blow the budget;

@@ -470,13 +470,14 @@ def make_loader(trset: Trset, tokenizer: TokenizerSpec, options: LoaderOptions |
                 **overrides: Any) -> Loader:
     """The training (or, with ``train=False``, dev) loader over tar shards.
 
-    >>> loader = make_loader("shards/train/*/data-*.tar", "exp/spm.json", max_frames=20000, num_workers=2)
+    >>> loader = make_loader("shards/train", "exp/spm.json", max_frames=20000, num_workers=2)
     >>> for epoch in range(10):
     ...     loader.set_epoch(epoch)
     ...     for batch in loader: ...
 
     Args:
-        trset: shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
+        trset: a pack's folder (or several: its length groups' shards, as ``wdsprep pattern`` finds
+            them), or shard pattern(s): braces and globs (``data/{10_1000,1000_2000}/data-*.tar``), or
             URLs: ``s3://bucket/prefix/{10_1000,1000_2000}/data-*.tar`` (globs list the bucket;
             endpoint and credentials as the AWS CLI finds them), ``https://host/shards/data-{00000..00099}.tar``
             (braces only), ``pipe:CMD``.  A pattern matching nothing is an error.  Remote shards
@@ -548,6 +549,10 @@ def _check_fields(shards: Any, options: LoaderOptions, transforms: Sequence[Any]
     for c, t in enumerate(transforms):
         if t.by_language and shards.lacks("lang", c):
             where = f"corpus {shards.corpora[c]!r}'s" if shards.corpora != ("",) else "the shards'"
+            if shards.has_some("lang", c):  # a manifest's lines without one were packed without one
+                raise ValueError(f"a tokenizer per language needs each utterance's language: some of {where} "
+                                 f"utterances have none (manifest lines without one); pack them with one "
+                                 f"(--lang-column, --utt2lang), or train with one tokenizer")
             raise ValueError(f"a tokenizer per language needs each utterance's language: {where} index has no "
                              f"language column (pack with --utt2lang; shards that carry KEY.lang: wdsprep index "
                              f"--force)")

@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import write_text
@@ -25,9 +26,16 @@ class Report:
     groups: dict[str, dict] = field(default_factory=dict)
     # language -> utterances written, when the inputs name each utterance's language
     languages: dict[str, int] = field(default_factory=dict)
+    # what the audio read was like, where it was not what the output holds: recordings of several
+    # channels (by count) and resampled ones (by rate); ``pack.from_audio.input_counts``
+    inputs: dict = field(default_factory=dict)
 
-    def drop(self, reason: str, uttid: str, why: str | None = None) -> None:
-        self.dropped[reason].append({"uttid": uttid, "why": why} if why else {"uttid": uttid})
+    def drop(self, reason: str, uttid: str, why: str | None = None, also: Sequence[str] = ()) -> None:
+        """Count ``uttid`` as not written for ``reason`` (once: ``also`` names the other reasons it had)."""
+        entry: dict = {"uttid": uttid, "why": why} if why else {"uttid": uttid}
+        if also:
+            entry["also"] = list(also)
+        self.dropped[reason].append(entry)
 
     def note(self, kind: str, uttid: str) -> None:
         self.flagged[kind].append(uttid)
@@ -56,6 +64,7 @@ class Report:
             written["languages"] = dict(sorted(self.languages.items()))
         return {
             "written": written,
+            **({"inputs": self.inputs} if self.inputs else {}),
             "groups": self.groups,
             "not_written": {k: sorted(v, key=lambda d: d["uttid"]) for k, v in sorted(self.dropped.items())},
             "flagged": {k: sorted(v) for k, v in sorted(self.flagged.items())},
@@ -91,6 +100,7 @@ class Report:
             r = cls.from_fragment({"dropped": doc["not_written"], "flagged": doc["flagged"]}, where=str(path))
             r.groups = dict(doc["groups"])
             r.languages = {str(k): int(v) for k, v in doc["written"].get("languages", {}).items()}
+            r.inputs = dict(doc.get("inputs", {}))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a readable report ({e}); pack again with --overwrite") from None
         return r
@@ -98,15 +108,28 @@ class Report:
     def write(self, path: str | os.PathLike) -> Path:
         return write_text(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")
 
-    def summary(self, title: str) -> str:
-        """A few lines a person reads at a glance."""
+    def _input_lines(self) -> list[str]:
+        """What the inputs were like (``inputs``), a line each."""
+        got, n = self.inputs, self.inputs.get("recordings", 0)
+        out = []
+        if got.get("multichannel"):
+            each = ", ".join(f"{k:,} of {c} channels" for c, k in sorted(got["multichannel"].items()))
+            out.append(f"  inputs: {each} (of {n:,} recordings): {got.get('channels')}")
+        if got.get("resampled"):
+            each = ", ".join(f"{k:,} at {r} Hz" for r, k in got["resampled"].items())
+            out.append(f"  inputs: {each} (of {n:,} recordings), resampled to {got.get('sample_rate')} Hz")
+        return out
+
+    def summary(self, title: str, *, table: bool = True) -> str:
+        """A few lines a person reads at a glance; ``table``: the groups' table (a pack's folders)."""
         lines = [title]
-        if self.groups:
+        if self.groups and table:
             lines.append(f"  {'group':<16}{'utterances':>12}{'hours':>10}{'shards':>8}")
             for name, g in self.groups.items():
                 lines.append(f"  {name:<16}{g['utterances']:>12,}{g['hours']:>10.2f}{g.get('shards', 0):>8}")
         if self.languages:
             lines.append("  languages: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.languages.items())))
+        lines += self._input_lines()
         for reason, items in sorted(self.dropped.items()):
             example = items[0]["uttid"]
             lines.append(f"  not written, {reason}: {len(items):,} (e.g. {example})")

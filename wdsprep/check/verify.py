@@ -520,14 +520,17 @@ def _compare_index(path: str, info: ShardInfo, index: FolderIndex, samples: list
         s = by_key.get(k)
         if s is None or s.refused:
             continue
-        if set(s.fields) != set(index.fields):
+        # A sample may leave a field out (a manifest line without the key), never carry one unlisted.
+        if set(s.fields) - set(index.fields):
             problems.append(Problem(path, f"has fields {sorted(s.fields)}, {where} says the samples carry "
                                           f"{list(index.fields)}; re-index the folder (wdsprep index --force)", key=k))
     for name, values in info.values.items():
         for k, v in zip(info.keys, values):
             s = by_key.get(k)
-            if s is not None and name in s.fields and s.fields[name] != v:
-                problems.append(Problem(path, f"field {name} is {s.fields[name]!r}, {where} says {v!r}", key=k))
+            if s is None or s.refused or s.fields.get(name) == v:
+                continue
+            said = f"field {name} is {s.fields[name]!r}" if name in s.fields else f"has no field {name}"
+            problems.append(Problem(path, f"{said}, {where} says {'none' if v is None else repr(v)}", key=k))
     layouts = {s.layout for s in samples if s.layout}
     if layouts - {index.layout}:
         problems.append(Problem(path, f"members of layout {sorted(layouts)} but {where} says {index.layout!r}; "

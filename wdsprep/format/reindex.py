@@ -77,7 +77,7 @@ class ShardScan:
     rates: set[int] = field(default_factory=set)  # an audio shard's sample rates
     problems: list[str] = field(default_factory=list)
     lost: int = 0  # samples from the first refused one on: the loader stops reading there
-    fields: tuple[str, ...] = ()  # the fields every sample read carries (members KEY.NAME)
+    fields: tuple[str, ...] = ()  # the fields the samples read carry (members KEY.NAME), each by some of them
 
 
 def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
@@ -87,7 +87,8 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     headers (samples and rate: the frames are their fbank frames; no audio is decoded).
     ``source``: the shard fetched by the caller (a pipe's or URL's: the format does not fetch),
     ``path`` then only names it.  The entry holds the values of the language and of
-    ``index_fields`` (``info.values``) where every sample carries them.
+    ``index_fields`` (``info.values``) the samples carry, None for a sample without one (a field a
+    manifest line may leave out).
 
     Like the loader, the scan leaves out alone each sample the loader refuses in a tar that is whole
     (a member cut short, of garbage, with a header the readers do not use, a key that does not
@@ -97,7 +98,7 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
     path = str(path)
     scan = ShardScan(ShardInfo(os.path.basename(path)))
     src, members, problem = open_members(path, source=source)
-    carried: set[str] | None = None  # the field names of every sample so far
+    carried: set[str] = set()  # the field names of the samples so far
     wanted = list(dict.fromkeys([LANG, *index_fields]))
     values: dict[str, list[str | None]] = {n: [] for n in wanted}
     skipped: list[str] = []  # the samples left out alone, and why
@@ -123,7 +124,7 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
             skipped.append(f"{where}: {e}")
             continue
         names = {ext for ext in group if is_field_member(ext)}
-        carried = names if carried is None else carried & names
+        carried |= names
         scan.layouts.add(role[1] if role else "?")
         if header is None:
             scan.dims.add(int(shape[1]))
@@ -134,10 +135,9 @@ def scan_shard(path: str | os.PathLike, *, source: ShardFile | None = None,
         scan.info.keys.append(key)
         scan.info.frames.append(frames)
         scan.info.text_lens.append(text_len)
-    scan.fields = tuple(sorted(carried or ()))
+    scan.fields = tuple(sorted(carried))
     n = scan.info.num_utts
-    scan.info.values = {k: v[:n] for k, v in values.items()  # type: ignore[misc]
-                        if k in scan.fields and None not in v[:n]}
+    scan.info.values = {k: v[:n] for k, v in values.items() if k in scan.fields}
     for why in skipped:
         scan.problems.append(f"{path}: {why}; the loader leaves this sample out (counted as unreadable) and reads on "
                              f"(repack the shard from its source to keep it)")
@@ -184,7 +184,8 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     every shard again and needs nothing of the old index: a damaged one is rebuilt from the shards
     (the speakers an intact one had from ``utt2spk`` are kept).  Entries of shards the patterns do
     not name are kept while the shard exists; those of shards no longer on disk are dropped, and
-    the output says so.  The fields every sample carries (``pack --field``) are listed in the index;
+    the output says so.  The fields the samples carry (``pack --field``, a manifest's keys; a sample
+    may leave one out) are listed in the index;
     the language is a column of it, and so are ``index_fields`` and those the old index had.
     """
     from tqdm import tqdm  # here: the loader imports this module for scan_shard alone
@@ -300,10 +301,10 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
             what = "indexed" if old is None and not notes else "upgraded from version 1" if version1 else "re-indexed"
             layout = layouts.pop() if layouts else "cat"
             audio = _folder_audio(old, layout, rates.pop() if rates else None, notes)
-            common = set.intersection(*(set(carried[n]) for n in names)) if names else set()
+            common = set().union(*(set(carried[n]) for n in names))
             missing = sorted(n for n in index_fields if n not in common)
             if missing:
-                notes.append(f"field(s) {missing} not indexed: not every sample carries them")
+                notes.append(f"field(s) {missing} not indexed: no sample carries them")
             index = FolderIndex.from_shards(layout, audio.num_mel_bins if audio else dims.pop() if dims else None,
                                             dtypes.pop() if dtypes else "float32", infos,
                                             sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],

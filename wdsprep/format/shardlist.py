@@ -13,12 +13,14 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from braceexpand import braceexpand
 
 from wdsprep.format.commit import check_committed, pending, read_plan
 from wdsprep.remote.urls import can_list, folder_of, has_folder, is_glob, is_url, redact
+
+GROUP_FOLDER = re.compile(r"\d+_(\d+|inf)")  # a length group's folder, as a pack names it
 
 
 def file_kind(mode: int) -> str:
@@ -60,6 +62,8 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
                   list_glob: Callable[[str], list[str]] | None = None, growing: bool = False) -> list[str]:
     """Every shard a pattern (or list of patterns) names, in a stable order.
 
+    A local folder is the shard set a pack wrote into it: its length groups' shards (or its own),
+    as :func:`folder_pattern` finds them.
     ``DIR/{10_1000,1000_2000}/data-*.tar`` expands braces first, then globs each result;
     ``data-0000{0..9}.tar`` is a brace range.  URLs are brace-expanded; a glob in a URL is answered
     by ``list_glob(url)`` (the bucket listed for ``s3://``; an error for http(s), as a web server
@@ -75,7 +79,7 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
         patterns = [patterns]
     shards: list[str] = []
     for pattern in map(str, patterns):
-        for p in braceexpand(pattern):
+        for p in _folders_as_patterns(braceexpand(pattern), growing):
             if is_url(p):
                 if is_glob(p):
                     if list_glob is None:
@@ -92,7 +96,7 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
             if not matches and growing and in_growing_pack(p):
                 continue
             if not matches:
-                raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no file")
+                raise FileNotFoundError(f"shard pattern {pattern!r}: {p!r} matches no file{_meant(p)}")
             for m in matches:
                 try:
                     mode = os.stat(m).st_mode  # never opened here: opening a FIFO would block
@@ -121,6 +125,36 @@ def expand_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, 
     return shards
 
 
+def _meant(pattern: str) -> str:
+    """For a local pattern that matches nothing: the shards of the pack folder it starts in, if any."""
+    parts = Path(pattern).parts
+    stem = next((k for k, part in enumerate(parts) if glob.has_magic(part)), len(parts) - 1)
+    if stem < 1:
+        return ""
+    folder = os.path.join(*parts[:stem])
+    try:
+        return f"; the pack folder {folder} holds {folder_pattern(folder)!r} (or give the folder itself)"
+    except OSError:  # FileNotFoundError: no pack folder there
+        return ""
+
+
+def _folders_as_patterns(paths: Iterator[str], growing: bool) -> Iterator[str]:
+    """``paths`` with each local folder (no glob in it) turned into the pattern of its shards, as
+    ``wdsprep pattern`` writes it: a pack's output folder is a shard set (a pack still writing into
+    it, with ``growing``: the groups its plan will fill)."""
+    for p in paths:
+        if is_url(p) or glob.has_magic(p) or p.endswith(".tar") or not os.path.isdir(p):  # a .tar is named a shard
+            yield p
+            continue
+        planned = growing and pending(p) is not None
+        try:
+            inner = folder_pattern(p, "*.tar", planned=planned)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{p}: a folder with no shards in it or in a length group under it; give the "
+                                    f"folder a pack wrote (pack --out), or a shard pattern") from None
+        yield from braceexpand(inner)
+
+
 def shard_pattern(folder: str | os.PathLike, *, remote: str | None = None, planned: bool = False) -> str:
     """The pattern the loader, ``inspect`` and ``verify`` take for the shards a pack wrote into
     ``folder``: local (:func:`folder_pattern`; ``planned``: of a pack still writing them), or once
@@ -133,7 +167,8 @@ def shard_pattern(folder: str | os.PathLike, *, remote: str | None = None, plann
 
 
 def group_folders(folder: str | os.PathLike, planned: bool = False) -> list[str]:
-    """The ``LO_HI`` folders under ``folder`` that hold a shard, by LO; with ``planned``, those the
+    """The ``LO_HI`` folders under ``folder`` that hold a shard, by LO (other folders are not its
+    groups); with ``planned``, those the
     plan of a pack still writing them will fill (``["*"]`` before it has planned)."""
     folder = Path(folder)
     if planned:
@@ -144,7 +179,10 @@ def group_folders(folder: str | os.PathLike, planned: bool = False) -> list[str]
     else:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder of shards")
-        names = [p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.tar"))]
+        # A length group's folder is named LO_HI (pack/groups.py); other folders under it (another
+        # pack's, say train/ beside dev/) are not this pack's shards.
+        names = [p.name for p in folder.iterdir() if p.is_dir() and GROUP_FOLDER.fullmatch(p.name)
+                 and any(p.glob("*.tar"))]
 
     def lo(name: str) -> float:
         try:

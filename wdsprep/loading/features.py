@@ -29,7 +29,7 @@ from wdsprep.plan.augment import NO_UNIFORMS, Augment, Draw, Draws, Effect
 from wdsprep.plan.corpus import Corpus
 from wdsprep.plan.stats import WorkerTally
 from wdsprep.plan.streams import BatchId
-from wdsprep.prep.audio import AudioReadError, load_recording, resample
+from wdsprep.prep.audio import AudioReadError, downmix, load_recording, resample
 from wdsprep.prep.fbank import Fbank, FbankOptions
 from wdsprep.units import fbank_frames
 
@@ -265,9 +265,7 @@ class FeatureMaker:
             raise ValueError(f"{seconds / 60:.1f} min of audio, more than the {MAX_DECODE_SECONDS / 60:g} min the "
                              f"reader decodes (its fbank takes ~90 MB a minute); drop such utterances with "
                              f"max_utt_frames, or cut them into segments and repack")
-        wave = audio.pcm().astype(np.float32)
-        if wave.ndim == 2:  # several channels: their mean (as Lhotse, NeMo, WeNet downmix)
-            wave = wave.mean(axis=1, dtype=np.float32)
+        wave = downmix(audio.pcm().astype(np.float32))  # the one channel rule: the pack's features follow it too
         if audio.header.sample_rate != fb.sample_rate:  # exact rational resampling: the plan counted its length
             wave = resample(wave, audio.header.sample_rate, fb.sample_rate)
         prefix = ""

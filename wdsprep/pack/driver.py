@@ -287,8 +287,8 @@ def _pack(out: LockedOutput, source: PackSource, items: list[Item], report: Repo
         written = write_shards(work, [j for j in tasks if j not in ready], nj=nj, desc=command, progress=progress,
                                executor=executor)
         if ready and len(ready) < len(tasks):
-            print(f"{command}: {len(tasks) - len(ready):,} of the {len(tasks):,} shards left were not written by a "
-                  f"part (--part): writing them here")
+            print(f"{command}: {len(tasks) - len(ready):,} of the {shards_total:,} planned shards were not written by "
+                  f"a part (--part) and are not published: writing them here")
         publisher = out.publisher(done.count, options, speakers, indexed)
         for j in tasks:
             w = ready.pop(j) if j in ready else next(written)

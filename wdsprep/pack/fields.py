@@ -2,10 +2,13 @@
 
 A pack takes them from Kaldi-style tables (``--utt2lang FILE``, ``--field NAME=FILE``: ``uttid
 value``) and from the source's own inputs (:attr:`~wdsprep.pack.driver.PackSource.fields`, e.g. a
-manifest's language).  Every field becomes a member ``KEY.NAME`` of each utterance in the shards
-(``format/keys.py``); the language, and the fields named by ``--index-field``, become columns of
-the index too.  An utterance a field has no value for is not packed: reported as ``missing_lang``
-or ``missing_field`` (naming the field and its files), never written with an empty value.
+manifest's language and the keys ``--field NAME=KEY`` names).  Every field becomes a member
+``KEY.NAME`` of each utterance in the shards (``format/keys.py``); the language, and the fields
+named by ``--index-field``, become columns of the index too.  A table is meant to cover every
+utterance: one it has no value for is not packed, reported as ``missing_lang`` or
+``missing_field`` (naming the field and its files).  A manifest's keys are optional per line, as
+NeMo and Lhotse read them: an utterance whose line leaves one out is packed without that member
+(the index's column holds no value for it).  No field is ever written with an empty value.
 """
 
 from __future__ import annotations
@@ -68,16 +71,18 @@ class ItemFields:
         return {("utt2lang" if name == LANG else f"field {name}"): paths for name, paths in self.files.items()}
 
     def of(self, uttid: str) -> tuple[dict[str, str] | None, tuple[str, str] | None]:
-        """(the utterance's values by field, or None; (reason, detail) of the first field it has no value for)."""
+        """(the utterance's values by field, or None; (reason, detail) of the first table it has no
+        value in).  A field of the source's own inputs it has no value of is left out of its values."""
         if not self.names:
             return None, None
         out: dict[str, str] = {}
         for name in self.names:
             value = self.tables[name].get(uttid)
-            if value is None:
-                where = f"in {', '.join(self.files[name])}" if name in self.files else "in the source's inputs"
-                return None, (MISSING.get(name, MISSING_FIELD), f"field {name}: no value {where}")
-            out[name] = getattr(value, "value", value)
+            if value is None and name in self.files:
+                return None, (MISSING.get(name, MISSING_FIELD), f"field {name}: no value in "
+                                                                f"{', '.join(self.files[name])}")
+            if value is not None:
+                out[name] = getattr(value, "value", value)
         return out, None
 
     def indexed(self, names: Sequence[str]) -> dict[str, dict[str, str]]:

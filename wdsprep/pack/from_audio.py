@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections import Counter
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
@@ -30,6 +31,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from wdsprep.format.audio import MAX_CHANNELS
+from wdsprep.format.commit import read_plan
 from wdsprep.options import documented
 from wdsprep.pack.driver import Headers, Item, PackSource, kaldi_labels, run_pack
 from wdsprep.pack.fields import field_files
@@ -74,7 +77,7 @@ def pack_audio(
     sample_rate: int = FbankOptions.sample_rate,
     dither: float = FbankOptions.dither,
     backend: str = FbankOptions.backend,
-    channel: int = FbankOptions.channel,
+    channel: int | None = FbankOptions.channel,
     utt2spk: PathOrPaths | None = PackInputs.utt2spk,
     utt2lang: PathOrPaths | None = PackInputs.utt2lang,
     fields: Mapping[str, PathOrPaths] | None = PackInputs.fields,
@@ -122,6 +125,8 @@ def pack_audio(
         (``bad_audio``, ``bad_segment``, ``too_short``, ``missing_recording``, ``missing_audio``,
         ``missing_label``, ``outside_groups``, ...).
     """
+    if resume and channel is None:
+        channel = _recorded_channel(d_out)
     audio = AudioOptions(FbankOptions(num_mel_bins, sample_rate, dither, backend, channel), store, bitrate)
     if audio.stores_audio:
         clash = [f"{name} {value!r} (--{name})" for name, value in (("layout", layout), ("dtype", dtype))
@@ -148,6 +153,14 @@ def pack_audio(
         source, labels = AudioSource(wav_scp, segments, audio), kaldi_labels(f_labels, utt2spk)
     return run_pack(source, labels, d_out, options, job, output, fields=field_files(utt2lang, fields), spread=spread,
                     engine=Engine(dask, executor))
+
+
+def _recorded_channel(d_out: str | os.PathLike) -> int | None:
+    """The channel a pack made before the mean of the channels was the default (``channel`` 0 then,
+    recorded as such) goes on with when resumed without ``--channel``: it finishes as it began."""
+    plan = read_plan(d_out) if os.path.isdir(d_out) else None
+    recorded = None if plan is None else plan.options.get("channel")
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
 
 
 class AudioSource(PackSource):
@@ -188,6 +201,8 @@ class AudioSource(PackSource):
             else:
                 frames[k] = fbank_frames(n, fbank.sample_rate)
         recs = {rx: h for rx, h in headers.items() if isinstance(h, Recording)}
+        report.inputs = input_counts(list(recs.values()), fbank.sample_rate, fbank.channel,
+                                     stores_audio=self.audio.stores_audio)
         return Headers(frames, unpackable, self.job(items, recs, fbank))
 
     # A recording's header, given its ``wav.scp`` value (a picklable callable: it runs in workers).
@@ -196,6 +211,20 @@ class AudioSource(PackSource):
     def job(self, items: list[Item], recordings: dict[str, Recording], fbank: FbankOptions) -> AudioJob:
         """The job that writes ``items`` (their recordings' headers as probed)."""
         return AudioJob(items, recordings, fbank, store_audio=self.audio.stores_audio)
+
+
+def input_counts(recordings: Sequence[Recording], sample_rate: int, channel: int | None, *,
+                 stores_audio: bool) -> dict[str, Any]:
+    """What the report says of the recordings read: how many have several channels (by count) and
+    what was done with them, and how many were resampled to ``sample_rate`` (by their rate)."""
+    several = Counter(str(r.channels) for r in recordings if r.channels > 1)
+    rates = Counter(str(r.rate) for r in sorted(recordings, key=lambda r: r.rate) if r.rate != sample_rate)
+    if not several and not rates:
+        return {}
+    mixed = (f"channel {channel}" if channel is not None else "every channel kept, the loader takes their mean"
+             if stores_audio else "features from the mean of the channels")
+    return {"recordings": len(recordings), "multichannel": dict(several), "channels": mixed,
+            "resampled": dict(rates), "sample_rate": sample_rate}
 
 
 def _probe_chunk(probe: Callable[[str], Recording], chunk: Sequence[str], worker: int,
@@ -233,7 +262,7 @@ class AudioJob:
         self._stack = ExitStack()
         self._stack.enter_context(one_torch_thread())
         self.source = WaveSource(sample_rate=self.opts.sample_rate, channel=self.opts.channel,
-                                 min_samples=self.fbank.window_samples)
+                                 min_samples=self.fbank.window_samples, mix=not self.store_audio)
 
     def close(self) -> None:
         if self._stack is not None:
@@ -252,9 +281,12 @@ class AudioJob:
         wave = self.waveform(u)
         if isinstance(wave, AudioProblem):
             sink.drop(wave.reason, uttid, wave.detail)
-        elif self.store_audio:  # the audio itself, 16-bit: the loader makes the features
+        elif self.store_audio:  # the audio itself, 16-bit, every channel: the loader makes the features
             pcm = np.clip(np.rint(wave), -32768, 32767).astype(np.int16)
-            if fbank_frames(len(pcm), self.opts.sample_rate) != frames:
+            if pcm.ndim == 2 and pcm.shape[1] > MAX_CHANNELS:
+                sink.drop("bad_audio", uttid, f"recording {u.recid!r}: {pcm.shape[1]} channels, more than an audio "
+                                              f"shard holds ({MAX_CHANNELS}); pick one with --channel N")
+            elif fbank_frames(len(pcm), self.opts.sample_rate) != frames:
                 sink.drop("bad_audio", uttid, f"recording {u.recid!r}: {len(pcm)} samples, its header promised "
                                               f"{frames} frames' worth ({u.rxfile} changed during the pack: pack "
                                               f"again)")

@@ -1,5 +1,8 @@
 """Length groups: ``LO:HI`` keeps utterances with ``LO <= frames < HI``, one folder per group.
 
+Each end is frames or seconds (``5s:15s`` is ``500:1500``, :func:`wdsprep.units.seconds_to_frames`);
+a group is kept, named and recorded in frames, so both spellings are the same group.
+
 Folder names are ``LO_HI``; an open lower end is written ``0`` (frames are never negative, so
 ``:10`` and ``0:10`` are the same group) and an open upper end ``inf`` (``1000:`` -> ``1000_inf``).
 :func:`assign_folders` puts each utterance of a pack in its group's folder.
@@ -15,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from wdsprep.report import Report
+from wdsprep.units import seconds_to_frames
 
 
 @dataclass(frozen=True)
@@ -30,16 +34,27 @@ class Group:
         return f"{self.lo}:{'' if math.isinf(self.hi) else int(self.hi)}"
 
 
+def _edge(text: str, spec: str) -> int:
+    """One end of a group: frames, or seconds with an ``s`` (``5s``: 500 frames; a fraction of a
+    frame rounds up, so ``frames < HI`` and ``LO <= frames`` hold in seconds as written)."""
+    text = text.strip()
+    if text.endswith("s"):
+        return seconds_to_frames(float(text[:-1]), what=f"length group {spec!r}", bound="lower")
+    return int(text)
+
+
 def parse_group(spec: str) -> Group:
-    """``'10:1000'``, ``':10'`` or ``'1000:'`` -> Group; a clear error otherwise."""
+    """``'10:1000'``, ``':10'``, ``'1000:'`` (frames) or ``':5s'``, ``'5s:15s'`` (seconds) -> Group;
+    a clear error otherwise."""
     lo_s, sep, hi_s = spec.strip().partition(":")
     try:
         if not sep:
             raise ValueError
-        lo = int(lo_s) if lo_s.strip() else 0
-        hi = float(int(hi_s)) if hi_s.strip() else math.inf
+        lo = _edge(lo_s, spec) if lo_s.strip() else 0
+        hi = float(_edge(hi_s, spec)) if hi_s.strip() else math.inf
     except ValueError:
-        raise ValueError(f"length group {spec!r}: expected LO:HI in frames, e.g. 10:1000, :10 or 1000:") from None
+        raise ValueError(f"length group {spec!r}: expected LO:HI in frames or in seconds, e.g. 10:1000, :10, 1000:, "
+                         f":5s or 5s:15s") from None
     if lo < 0 or hi <= lo:
         raise ValueError(f"length group {spec!r}: need 0 <= LO < HI")
     return Group(lo, hi)

@@ -15,14 +15,28 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Sequence
 
 from wdsprep.format.audio import LOSSY_FORMATS, OPUS_BITRATE, OPUS_ENCODER, OPUS_RATES, check_bitrate, opus_encoder
 from wdsprep.format.index import AudioIndex
 from wdsprep.format.keys import LANG, check_field_name, layout_exts
-from wdsprep.options import FILES, NAMED_PATHS, NAMES, NUMBER, PATH, SWITCH, TOGGLE, Kind, choice, option
+from wdsprep.options import (
+    FILES,
+    NAMED_PATHS,
+    NAMES,
+    NUMBER,
+    PATH,
+    SWITCH,
+    TOGGLE,
+    Kind,
+    choice,
+    fingerprinted,
+    flag_of,
+    option,
+    options_of,
+)
 from wdsprep.pack.groups import Groups
 from wdsprep.prep.fbank import resolve_options
 from wdsprep.prep.options import FbankOptions
@@ -95,9 +109,10 @@ class AudioOptions:
         return self.store != "features"
 
     def record(self) -> dict[str, Any]:
-        """The fbank options (the backend resolved), ``store`` when the shards hold audio, and a
-        lossy store's ``bitrate`` and encoder settings (a pack begun with other ones resumes no further)."""
-        return {**asdict(self.resolved), **({"store": self.store} if self.stores_audio else {}),
+        """The fbank options (the backend resolved; ``channel`` only when one is picked: the mean of
+        the channels records none), ``store`` when the shards hold audio, and a lossy store's
+        ``bitrate`` and encoder settings (a pack begun with other ones resumes no further)."""
+        return {**fingerprinted(self.resolved), **({"store": self.store} if self.stores_audio else {}),
                 **({"bitrate": self.bitrate, "encoder": OPUS_ENCODER} if self.bitrate is not None else {})}
 
 
@@ -114,8 +129,9 @@ class PackOptions:
 
     fmt: str = option("data-%05d.tar", "shard file name, FMT % i", kind=PATH, metavar="FMT", ld=False, plan=True)
     filter_group: Sequence[str] | None = option(
-        None, "length groups in frames, LO <= frames < HI, each a folder LO_HI of the output; an open end is allowed "
-              "(:10, 1000:)", kind=Kind("LO:HI", str, list, nargs="+", join=list), ld=False, plan=True)
+        None, "length groups, LO <= frames < HI, each a folder LO_HI of the output: in frames (10 ms), or in seconds "
+              "with an s (:5s 5s:15s 15s: is :500 500:1500 1500:); an open end is allowed",
+        kind=Kind("LO:HI", str, list, nargs="+", join=list), ld=False, plan=True)
     utts_per_shard: int = option(2000, "utterances per shard at most", ld=False, plan=True)
     layout: str = option("cat", "cat: KEY.npy + KEY.txt; cat-v3: KEY.mat.npy + KEY.label.txt (CAT's older recipes)",
                          kind=choice(*FEATURE_LAYOUTS), ld=False, plan=True)
@@ -205,8 +221,9 @@ class PackInputs:
               "(missing_lang)", kind=FILES, metavar="UTT2LANG", ld=False)
     fields: dict[str, str] | None = option(
         None, "a field of the utterances from an 'uttid value' file, a member KEY.NAME of the shards (repeatable), "
-              "e.g. prev_text=data/train/text.prev; an utterance without a value is not packed (missing_field)",
-        kind=NAMED_PATHS, flag="--field", metavar="NAME=FILE", ld=False)
+              "e.g. prev_text=data/train/text.prev; an utterance without a value is not packed (missing_field). With "
+              "--from: NAME=KEY, a key (hf: column) of the manifest's lines, e.g. pnc=pnc; a line without it is "
+              "packed without the member", kind=NAMED_PATHS, flag="--field", metavar="NAME=FILE|KEY", ld=False)
 
 
 @dataclass(frozen=True)
@@ -228,6 +245,37 @@ class OutputOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.max_lost <= 1:  # NaN too
             raise ValueError(f"max_lost={self.max_lost!r}: a share of the utterances, from 0 to 1 (e.g. 0.01)")
+
+
+def record_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """How two resume records (:meth:`PackOptions.record`) differ, each as the command line spells
+    the option (``--store flac (the pack started with features)``).  A record key no flag sets
+    (the ``layout`` an audio ``store`` decides) is left out where the flag that decides it differs."""
+    homes = {f.name: (f, s) for cls in (PackOptions, AudioOptions, FbankOptions) for f, s in options_of(cls)}
+    derived = {"layout": "store"} if "store" in was or "store" in now else {}
+
+    def spelled(name: str, value: Any) -> str:
+        f, s = homes.get(name, (None, None))
+        if f is None or s is None:
+            return f"{name}={value!r}"
+        flag = flag_of(f, s) or name
+        if value is None and f.default is not None:
+            value = f.default  # a record leaves an option at its default out (store: features)
+        if value is None:
+            return f"no {flag}"
+        if isinstance(value, bool):
+            if s.kind is TOGGLE:
+                return flag if value else f"--no-{flag[2:]}"
+            return flag if value != f.default else f"no {flag}"
+        return f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+
+    out = []
+    for name in dict.fromkeys([*was, *now]):
+        if was.get(name) == now.get(name) or derived.get(name) in {k for k in dict.fromkeys([*was, *now])
+                                                                    if was.get(k) != now.get(k)}:
+            continue
+        out.append(f"{spelled(name, now.get(name))} (the pack started with {spelled(name, was.get(name))})")
+    return out
 
 
 def check_fmt(fmt: str) -> None:

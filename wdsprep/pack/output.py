@@ -76,7 +76,7 @@ from wdsprep.format.index import (
     write_index,
 )
 from wdsprep.format.keys import decode_key, encode_key, speaker_of
-from wdsprep.pack.options import PackOptions, Part
+from wdsprep.pack.options import PackOptions, Part, record_differences
 from wdsprep.pack.plan import ShardPlan
 from wdsprep.pack.sink import STAGED_DIR, WrittenShard, staged_name, staged_record
 from wdsprep.report import Report
@@ -387,10 +387,7 @@ def _differences(prior: PackPlan, command: str, inputs: dict[str, Any], options:
                     if was.get(k) != now.get(k)]
             continue
         out.append(f"{name} is {_brief(now)}, the pack started with {_brief(was)}")
-    for name in dict.fromkeys([*prior.options, *options]):
-        if prior.options.get(name) != options.get(name):
-            out.append(f"{name}={options.get(name)!r} (the pack started with {prior.options.get(name)!r})")
-    return out
+    return out + record_differences(prior.options, options)
 
 
 def _same_path(a: Any, b: Any) -> bool:
@@ -407,12 +404,11 @@ def _brief(value: Any) -> str:
 
 
 def check_same(d: Path, prior: PackPlan, command: str, inputs: dict[str, Any], options: dict[str, Any]) -> None:
-    """Refuse to resume ``d`` with other inputs or options than its plan records, naming the first
-    difference (and how many more)."""
+    """Refuse to resume ``d`` with other inputs or options than its plan records, naming every
+    difference."""
     diffs = _differences(prior, command, inputs, options)
     if diffs:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise DataError(f"{d}: cannot resume this pack: {diffs[0]}{more}. Resume it with the inputs and options it "
+        raise DataError(f"{d}: cannot resume this pack: {'; '.join(diffs)}. Resume it with the inputs and options it "
                         f"started with (see {d / PLAN_NAME}), or pack again with --overwrite")
 
 
@@ -639,7 +635,7 @@ class Publisher:
         try:
             uttids = [decode_key(k) for k in w.info.keys]
             info = ShardInfo(final, w.info.keys, w.info.frames, w.info.text_lens, w.info.sha256, w.info.samples,
-                             {n: [values[u] for u in uttids] for n, values in self.indexed.items()})
+                             {n: [values.get(u) for u in uttids] for n, values in self.indexed.items()})
             speakers = None if self.utt2spk is None else given_speakers([info], self.utt2spk, w.report)
             dims = w.dims if self.audio is None else self.audio.num_mel_bins
             entry = FolderIndex.from_shards(self.layout, dims, self.dtype, [info], sizes=[size], mtimes=[mtime],

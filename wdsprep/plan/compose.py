@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from wdsprep.errors import user_level
 from wdsprep.format.shardlist import expand_shards
 from wdsprep.plan.follow import GrowingSource, Ranks
 from wdsprep.plan.growing import View, published_shards, wait_for
@@ -148,7 +149,7 @@ def build_source(trset: Trset | Corpora, options: LoaderOptions, *, tokenizer: T
 
     if not options.grow.growing:
         source = build(None)
-        _say_budget(plan, source)
+        _say_budget(plan, source, options.rank)
         return source
     grow = options.grow
     # The first epoch waits for a batch per rank (planned without counting label tokens: a cost
@@ -157,7 +158,7 @@ def build_source(trset: Trset | Corpora, options: LoaderOptions, *, tokenizer: T
                     timeout=grow.wait_timeout, check=planned if not plan.needs_tokens else None)
     view = View.from_json(ranks.share(view.to_json(), "make_loader, sharing rank 0's view of the growing shards"))
     source = GrowingSource(corpora.trset, build, view, ranks)
-    _say_budget(plan, source)
+    _say_budget(plan, source, options.rank)
     return source
 
 
@@ -200,6 +201,9 @@ def budget_problems(plan: PlanOptions, shards: ShardSet, streams: int) -> list[s
     return out
 
 
-def _say_budget(plan: PlanOptions, source: EpochSource) -> None:
+def _say_budget(plan: PlanOptions, source: EpochSource, rank: int) -> None:
+    """Say :func:`budget_problems`, once for all ranks (the plan is theirs alike), at the user's line."""
+    if rank != 0:
+        return
     for problem in budget_problems(plan, source.shards, source.num_streams):
-        warnings.warn(problem, UserWarning, stacklevel=3)
+        warnings.warn(problem, UserWarning, stacklevel=user_level())

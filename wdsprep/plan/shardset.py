@@ -198,6 +198,13 @@ class ShardSet:
         column = self.columns.get(name)
         return None if column is None else column.values(rows)
 
+    def has_some(self, name: str, corpus: int) -> bool:
+        """Whether some row of corpus ``corpus`` has a value of index column ``name``."""
+        column = self.columns.get(name)
+        sl = self.shards_of(corpus)
+        return column is not None and bool((np.asarray(column.ids)[self.starts[sl.start]:self.starts[sl.stop]] >= 0)
+                                           .any())
+
     def lacks(self, name: str, corpus: int) -> bool:
         """Whether some row of corpus ``corpus`` has no value of index column ``name``."""
         column = self.columns.get(name)

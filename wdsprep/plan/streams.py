@@ -40,7 +40,7 @@ from wdsprep.plan.batching import (
     stable_order,
 )
 from wdsprep.plan.cost import CostModel, load_cost
-from wdsprep.units import FRAMES_PER_SECOND
+from wdsprep.units import FRAMES_PER_SECOND, seconds_to_frames
 
 # Streams by default: at most 64, never more than there are shards, and at least ~2,000 utterances
 # each: a stream is batched from its own length pools, and a smaller one pads more (lognormal
@@ -105,6 +105,12 @@ class PlanOptions:
                                     doc="per-rank bound on padded frames per batch (B x longest); a longer "
                                         "utterance becomes a batch of its own. Give it, or cost and max_cost, or "
                                         "both (a batch then fits both)")
+    max_duration: float | None = option(
+        None, "max_frames in seconds of audio: padded seconds per rank batch (B x longest), 100 frames a second",
+        kind=NUMBER, metavar="SECONDS", plan=True, when_set=True, common=True,
+        doc="max_frames given in seconds: a per-rank bound on a batch's padded seconds (B x longest, as max_frames "
+            "is; not the summed seconds), mapped to max_frames at the shards' 100 frames a second (20 -> 2000); "
+            "give one of the two")
     max_batch_size: int | None = option(None, "utterances per batch at most", plan=True, common=True)
     shuffle_buffer: int = option(2000, "utterances each stream's shuffle buffer holds", plan=True, common=True)
     pool_size: int = option(DEFAULT_POOL_SIZE, "utterances sorted together into batches", plan=True,
@@ -167,6 +173,14 @@ class PlanOptions:
                                              "ctc_too_short")
 
     def __post_init__(self) -> None:
+        if self.max_duration is not None:
+            frames = seconds_to_frames(self.max_duration, what="max_duration")
+            if self.max_frames is not None and self.max_frames != frames:
+                raise ValueError(f"max_duration={self.max_duration:g} s is max_frames={frames}, and max_frames="
+                                 f"{self.max_frames} is given too: give one of them")
+            if frames < 1:
+                raise ValueError(f"max_duration={self.max_duration!r} s is less than one 10 ms frame")
+            object.__setattr__(self, "max_frames", frames)
         if self.cost is not None:
             object.__setattr__(self, "cost", load_cost(self.cost))
         object.__setattr__(self, "_fit", BatchFit(self.max_frames, self.max_batch_size, self.cost, self.max_cost))
@@ -313,6 +327,7 @@ def options_json(options: PlanOptions) -> dict[str, object]:
     ``when_set`` only when set (``options.fingerprinted``), the cost model as its JSON, where a
     coefficient added later is left out at 0, so the states of older versions still compare equal."""
     kept = fingerprinted(options)
+    kept.pop("max_duration", None)  # max_frames holds it: the same plan, however the budget was spelled
     opts: dict[str, object] = {k: v for k, v in asdict(options).items() if k in kept}
     if options.cost is not None:
         opts["cost"] = options.cost.to_json()

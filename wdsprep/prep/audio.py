@@ -11,8 +11,10 @@ Conventions follow Kaldi so features match ``compute-fbank-feats``:
   recording by less than :data:`MAX_OVERSHOOT` seconds is truncated, one ending further out, starting
   past the end or shorter than :data:`MIN_SEGMENT_LENGTH` is rejected, as in Kaldi's
   ``extract-segments``.
-* Multi-channel audio: the channel of the segments line, else the job's ``channel`` (0 by default,
-  what ``compute-fbank-feats`` falls back to).
+* Multi-channel audio: the channel of the segments line, else the job's ``channel``; by default
+  (``channel`` None) every channel, and features are computed from their mean (:func:`downmix`):
+  the one rule the loader's readers follow for an audio member of several channels, and Lhotse's,
+  NeMo's and WeNet's too (Kaldi's ``compute-fbank-feats`` takes channel 0: ``--channel 0``).
 
 Every problem becomes an :class:`AudioProblem` naming the utterance, the file (and line) and what
 to do; the job records it in its report instead of stopping.
@@ -148,8 +150,35 @@ def check_rate(rate: int, what: str) -> None:
                              f"{MAX_RATE:,} Hz): is its header damaged?")
 
 
+def downmix(wave: np.ndarray) -> np.ndarray:
+    """The one channel rule: samples of several channels ``[n, C]`` become their mean (float32), one
+    channel stays as it is.  The pack's features and the loader's (of an audio member) both come
+    from it, so a recording gives the same features whichever way it went."""
+    return wave.mean(axis=1, dtype=np.float32) if wave.ndim == 2 else wave
+
+
+def channels(data: np.ndarray, ch: int | None, *, mix: bool) -> np.ndarray:
+    """The samples a job uses of ``data`` ``[n, C]``: channel ``ch``; with ``ch`` None every channel,
+    their mean when ``mix`` (for features), else as they are (``[n, C]``, or ``[n]`` for one: for
+    audio shards, which the loader downmixes)."""
+    if ch is not None or data.shape[1] == 1:
+        return np.ascontiguousarray(data[:, 0 if ch is None else ch])
+    return downmix(data) if mix else np.ascontiguousarray(data)
+
+
+def channel_problem(u: Utterance, ch: int | None, count: int) -> AudioProblem | None:
+    """Why channel ``ch`` of a recording of ``count`` channels cannot be read for ``u`` (None: it can;
+    ``ch`` None, every channel, always can)."""
+    if ch is None or 0 <= ch < count:
+        return None
+    asked = f"{u.where} asks for channel {ch}" if u.channel is not None else f"--channel {ch} asks for one it lacks"
+    return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
+                        f"recording {u.recid!r} has {count} channel(s); {asked}")
+
+
 def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
-    """Band-limited resampling of a 1-D signal with scipy's polyphase filter (Kaiser window).
+    """Band-limited resampling of a signal (``[n]``, or ``[n, C]`` channel by channel) with scipy's
+    polyphase filter (Kaiser window).
 
     scipy rather than ``torchaudio.functional.resample``: it works whatever backend is chosen
     (torchaudio may not import), so both backends see identical waveforms.
@@ -159,19 +188,20 @@ def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
     from scipy.signal import resample_poly
 
     g = gcd(orig, new)
-    return resample_poly(x, new // g, orig // g).astype(np.float32, copy=False)
+    return resample_poly(x, new // g, orig // g, axis=0).astype(np.float32, copy=False)
 
 
-def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int, channel: int,
+def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int, channel: int | None,
                    min_samples: int = 1) -> Iterator[tuple[Utterance, np.ndarray | AudioProblem]]:
-    """(utterance, 1-D float32 waveform at ``sample_rate`` or the problem) for each utterance, in order.
+    """(utterance, 1-D float32 waveform at ``sample_rate`` or the problem) for each utterance, in order
+    (``channel`` None: the mean of a recording's channels, :func:`downmix`).
 
     Consecutive utterances of one recording share a single read (and resampling per channel).
     ``min_samples``: shorter waveforms are reported ``too_short`` (e.g. less than one window).
     """
     cur_rec: str | None = None
     loaded: tuple[np.ndarray, int] | AudioReadError | None = None
-    per_channel: dict[int, np.ndarray] = {}
+    per_channel: dict[int | None, np.ndarray] = {}
     for u in utts:
         if u.recid != cur_rec:
             cur_rec, per_channel = u.recid, {}
@@ -184,14 +214,13 @@ def iter_waveforms(utts: Sequence[Utterance], *, sample_rate: int, channel: int,
             continue
         data, rate = loaded
         ch = channel if u.channel is None else u.channel
-        if not 0 <= ch < data.shape[1]:
-            src = f"{u.where} asks for" if u.channel is not None else "--channel"
-            yield u, AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
-                                  f"recording {u.recid!r} has {data.shape[1]} channel(s); {src} channel {ch}")
+        problem = channel_problem(u, ch, data.shape[1])
+        if problem is not None:
+            yield u, problem
             continue
         wave = per_channel.get(ch)
         if wave is None:
-            wave = per_channel[ch] = resample(np.ascontiguousarray(data[:, ch]), rate, sample_rate)
+            wave = per_channel[ch] = resample(channels(data, ch, mix=True), rate, sample_rate)
         piece = cut_segment(u, wave, sample_rate)
         if isinstance(piece, AudioProblem):
             yield u, piece
@@ -279,17 +308,15 @@ def probe_recording(rxfile: str) -> Recording:
     return Recording(int(info.frames), int(info.samplerate), int(info.channels), info.format in SEEKABLE_FORMATS)
 
 
-def planned_samples(u: Utterance, rec: Recording | AudioReadError, *, sample_rate: int, channel: int,
+def planned_samples(u: Utterance, rec: Recording | AudioReadError, *, sample_rate: int, channel: int | None,
                     min_samples: int) -> int | AudioProblem:
     """The samples :func:`iter_waveforms` will give for ``u``, from its recording's header alone,
     or the problem it will report."""
     if isinstance(rec, AudioReadError):
         return AudioProblem(rec.reason, f"recording {u.recid!r}: {rec}")
-    ch = channel if u.channel is None else u.channel
-    if not 0 <= ch < rec.channels:
-        src = f"{u.where} asks for" if u.channel is not None else "--channel"
-        return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
-                            f"recording {u.recid!r} has {rec.channels} channel(s); {src} channel {ch}")
+    problem = channel_problem(u, channel if u.channel is None else u.channel, rec.channels)
+    if problem is not None:
+        return problem
     bounds = segment_bounds(u, resampled_length(rec.samples, rec.rate, sample_rate), sample_rate)
     if isinstance(bounds, AudioProblem):
         return bounds
@@ -308,10 +335,11 @@ class WaveSource:
     in ``docs/bench.md``, "Growing packs").
     """
 
-    def __init__(self, *, sample_rate: int, channel: int, min_samples: int, cache_bytes: int = 256 << 20) -> None:
-        self.sample_rate, self.channel, self.min_samples = sample_rate, channel, min_samples
+    def __init__(self, *, sample_rate: int, channel: int | None, min_samples: int, cache_bytes: int = 256 << 20,
+                 mix: bool = True) -> None:
+        self.sample_rate, self.channel, self.min_samples, self.mix = sample_rate, channel, min_samples, mix
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[tuple[str, int], np.ndarray | AudioReadError] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int | None], np.ndarray | AudioReadError] = OrderedDict()
         self._held = 0
         self.decoded = 0  # whole recordings decoded (for the benchmark)
 
@@ -319,7 +347,7 @@ class WaveSource:
         import soundfile as sf
 
         ch = self.channel if u.channel is None else u.channel
-        if rec.seekable and rec.rate == self.sample_rate and 0 <= ch < rec.channels:
+        if rec.seekable and rec.rate == self.sample_rate and channel_problem(u, ch, rec.channels) is None:
             bounds = segment_bounds(u, rec.samples, rec.rate)
             if isinstance(bounds, AudioProblem):
                 return bounds
@@ -329,7 +357,7 @@ class WaveSource:
                 return AudioProblem("bad_audio", f"recording {u.recid!r}: {u.rxfile!r} is not readable audio: "
                                                  f"{type(e).__name__}: {e}")
             data *= INT16_SCALE
-            wave = np.ascontiguousarray(data[:, ch])
+            wave = channels(data, ch, mix=self.mix)
         else:
             whole = self._whole(u, ch)
             if isinstance(whole, AudioProblem):
@@ -340,18 +368,17 @@ class WaveSource:
             wave = piece
         return too_short(len(wave), self.sample_rate, self.min_samples) if len(wave) < self.min_samples else wave
 
-    def _whole(self, u: Utterance, ch: int) -> np.ndarray | AudioProblem:
+    def _whole(self, u: Utterance, ch: int | None) -> np.ndarray | AudioProblem:
         key = (u.rxfile, ch)
         got = self._cache.get(key)
         if got is None:
             self.decoded += 1
             try:
                 data, rate = load_recording(u.rxfile)
-                if not 0 <= ch < data.shape[1]:
-                    src = f"{u.where} asks for" if u.channel is not None else "--channel"
-                    return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
-                                        f"recording {u.recid!r} has {data.shape[1]} channel(s); {src} channel {ch}")
-                got = resample(np.ascontiguousarray(data[:, ch]), rate, self.sample_rate)
+                problem = channel_problem(u, ch, data.shape[1])
+                if problem is not None:
+                    return problem
+                got = resample(channels(data, ch, mix=self.mix), rate, self.sample_rate)
             except AudioReadError as e:
                 got = e
             self._put(key, got)
@@ -361,7 +388,7 @@ class WaveSource:
             return AudioProblem("bad_audio", f"recording {u.recid!r}: {got}")
         return got
 
-    def _put(self, key: tuple[str, int], value: np.ndarray | AudioReadError) -> None:
+    def _put(self, key: tuple[str, int | None], value: np.ndarray | AudioReadError) -> None:
         size = value.nbytes if isinstance(value, np.ndarray) else 0
         if size > self.cache_bytes:
             return

@@ -292,7 +292,7 @@ def compute_fbank(
     sample_rate: int = FbankOptions.sample_rate,
     dither: float = FbankOptions.dither,
     backend: str = FbankOptions.backend,
-    channel: int = FbankOptions.channel,
+    channel: int | None = FbankOptions.channel,
     nj: int = JobOptions.nj,
     strict: bool = JobOptions.strict,
     progress: bool | None = JobOptions.progress,
@@ -334,7 +334,8 @@ def compute_fbank(
     report.groups = {"feats.scp": {"utterances": written, "frames": frames,
                                    "hours": round(hours(frames), 4)}}
     report.write(d / REPORT_NAME)
-    print(report.summary(f"fbank ({opts.backend}): wrote {d / 'feats.scp'}"))
+    print(report.summary(f"fbank ({opts.backend}): wrote {written:,} utterances ({hours(frames):.2f} h) to "
+                         f"{Path(out_dir) / 'feats.scp'}", table=False))
     if strict and report.num_dropped:
         raise StrictError(f"fbank: {report.counts()} (strict); see {d / REPORT_NAME}")
     return report

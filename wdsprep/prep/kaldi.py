@@ -38,6 +38,9 @@ class Entry:
         return f"{self.file}:{self.line}"
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[Entry]:
     """Lines ``uttid<whitespace>value`` of a Kaldi table, UTF-8, blank lines skipped.
 
@@ -58,6 +61,9 @@ def iter_table(path: PathLike, *, allow_empty_value: bool = False) -> Iterator[E
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
+                if lineno == 1 and raw.startswith(GZIP_MAGIC):
+                    raise KaldiDataError(f"{path}: gzip-compressed, not a Kaldi table (uttid value lines); a "
+                                         f"manifest (JSON lines) is given with --from KIND PATH") from None
                 raise KaldiDataError(
                     f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start}); convert the file, "
                     f"e.g. iconv -f GBK -t UTF-8"

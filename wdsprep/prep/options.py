@@ -33,12 +33,15 @@ class FbankOptions:
                            plan=True)
     backend: str = option("auto", "auto: torchaudio if it imports, else kaldi-native-fbank", ld=False, plan=True,
                           kind=choice("auto", *FBANK_BACKENDS))
-    channel: int = option(0, "the channel of multi-channel audio unless the segments line names one", ld=False,
-                          plan=True)
+    channel: int | None = option(None, "the one channel of multichannel audio to use, unless the segments line names "
+                                       "one (default: every channel: features from their mean, as the loader "
+                                       "downmixes; audio shards keep them all)", ld=False, plan=True, when_set=True)
 
     def __post_init__(self) -> None:
         for name in ("num_mel_bins", "sample_rate", "channel"):
             v = getattr(self, name)
+            if v is None and name == "channel":
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise ValueError(f"fbank {name} must be a whole number, got {v!r}")
         if not 1 <= self.num_mel_bins <= MAX_MEL_BINS:  # each bin costs memory per frame of every batch
@@ -53,8 +56,8 @@ class FbankOptions:
                              f"Kaldi's default 1.0, 0 for reproducible features), got {d!r}")
         if not isinstance(self.backend, str) or self.backend not in ("auto", *FBANK_BACKENDS):
             raise ValueError(f"unknown fbank backend {self.backend!r}; choose auto or one of {list(FBANK_BACKENDS)}")
-        if self.channel < 0:
-            raise ValueError(f"fbank channel must be >= 0, got {self.channel}")
+        if self.channel is not None and self.channel < 0:
+            raise ValueError(f"fbank channel must be >= 0 (or None: the mean of the channels), got {self.channel}")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ opcodes without unpickling it (``cat``); a sentencepiece ``.model`` loads as it 
 sentencepiece and jieba are imported only inside the classes that need them, so ``import wdsprep``
 stays cheap.  One module per kind (``char``, ``words`` for jieba, ``spm``, ``simple``, ``lexicon``,
 ``aggregate``), ``train``, ``file`` (loading) and ``cat`` (the import); ``base`` holds what they
-share, ``normalize`` the text treatment applied before tokenizing (training and loading alike).  A kind's
+share, ``normalize`` the text treatment applied before tokenizing (training and loading alike);
+``train`` trains on Kaldi ``text`` files, a manifest or packed shards, one tokenizer or one per
+language.  A kind's
 class registers itself (``base.register``) and, when it is trained, has its own ``train``: a new
 kind is its module plus its import below; the file reader, ``train_tokenizer`` and the CLI's
 ``--kind`` choices follow from the registry.
@@ -53,7 +55,7 @@ from wdsprep.tokenizer.normalize import STEPS as NORMALIZE_STEPS
 from wdsprep.tokenizer.normalize import Normalizer, parse_normalize
 from wdsprep.tokenizer.simple import SimpleTokenizer
 from wdsprep.tokenizer.spm import SentencePieceTokenizer
-from wdsprep.tokenizer.train import train_tokenizer
+from wdsprep.tokenizer.train import ShardTranscripts, Transcripts, train_aggregate_tokenizer, train_tokenizer
 from wdsprep.tokenizer.words import JiebaTokenizer, read_user_dict
 
 # Kinds train_tokenizer makes, and every kind a file may hold (a "lexicon" is imported from CAT).
@@ -63,5 +65,6 @@ FILE_KINDS = file_kinds()
 __all__ = ["BOS", "BOS_ID", "FILE_KINDS", "KINDS", "SPACE", "UNK", "UNK_ID", "SubwordSampling", "Tokenizer",
            "TokenizerFileError", "derive_seed", "CharTokenizer", "JiebaTokenizer", "SentencePieceTokenizer",
            "SimpleTokenizer", "LexiconTokenizer", "AggregateTokenizer", "TokenizerSpec", "aggregate_tokenizers",
-           "as_tokenizer", "load_tokenizer", "train_tokenizer", "read_user_dict", "CAT_CLASSES", "import_cat_tokenizer",
+           "as_tokenizer", "load_tokenizer", "train_tokenizer", "train_aggregate_tokenizer", "ShardTranscripts",
+           "Transcripts", "read_user_dict", "CAT_CLASSES", "import_cat_tokenizer",
            "read_cat_tokenizer", "NORMALIZE_STEPS", "Normalizer", "parse_normalize"]

@@ -35,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     for rank in range(world):
         lines = (Path(args.exp_dir) / f"steps.rank{rank}.tsv").read_text(encoding="utf-8").splitlines()
         logged.append([(int(e), int(s), k.split()) for e, s, k in (line.split("\t") for line in lines)])
+    # One loader per rank, every epoch set on it, as a training run does (and what it says of the plan, once).
+    loaders = [wdsprep.make_loader(args.shards, args.tokenizer, rank=rank, world_size=world,
+                                   **loader_kwargs(args, world)) for rank in range(world)]
     for epoch in range(args.epochs):
         keys: Counter[str] = Counter()
         planned: Counter[str] = Counter()
-        for rank in range(world):
-            loader = wdsprep.make_loader(f"{args.shards}/*/data-*.tar", args.tokenizer, rank=rank, world_size=world,
-                                         **loader_kwargs(args, world))
+        for rank, loader in enumerate(loaders):
             loader.set_epoch(epoch)
             plan = [list(b.keys) for b in loader]
             got = [(s, k) for e, s, k in logged[rank] if e == epoch]

@@ -34,6 +34,9 @@ import wdsprep
 
 # wdsprep's len(loader) is exact with any num_workers; Lightning warns because loader.dataset is an IterableDataset.
 warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
+# Lightning's own pytree helper builds a LeafSpec, which this torch deprecates: said by every
+# process at every loader, with Lightning's file and line in front; nothing the recipe can change.
+warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def loader_kwargs(args: argparse.Namespace, world: int) -> dict[str, Any]:
@@ -56,9 +59,8 @@ def build(args: argparse.Namespace) -> Any:
 
         def setup(self, stage: str) -> None:
             world = self.trainer.world_size
-            self.train_loader = wdsprep.make_loader(f"{args.shards}/*/data-*.tar", args.tokenizer,
-                                                    **loader_kwargs(args, world))
-            self.dev_loader = wdsprep.make_loader(f"{args.dev_shards}/data-*.tar", args.tokenizer,
+            self.train_loader = wdsprep.make_loader(args.shards, args.tokenizer, **loader_kwargs(args, world))
+            self.dev_loader = wdsprep.make_loader(args.dev_shards, args.tokenizer,
                                                   max_frames=args.bucket_size // world, train=False,
                                                   ctc_subsampling=SUBSAMPLING)
 

@@ -254,15 +254,15 @@ def check_index(index: FolderIndex, stated: _Stated | None = None) -> None:
         _check_ids(sp, folder / SPEAKERS_FILE, f"{SPEAKER_NAMES_FILE} names", "speaker")
     for name, column in index.columns.items():
         ids_file, names_file = field_files(name)
-        _check_ids(column, folder / ids_file, f"{names_file} holds", f"{name} value")
+        _check_ids(column, folder / ids_file, f"{names_file} holds", f"{name} value", none=True)
 
 
-def _check_ids(values: Values, path: Path, holds: str, what: str) -> None:
-    """Every id of a column numbers one of its names."""
+def _check_ids(values: Values, path: Path, holds: str, what: str, *, none: bool = False) -> None:
+    """Every id of a column numbers one of its names (``none``: or is -1, a row without a value)."""
     if not len(values.ids):
         return
     lo, hi = int(values.ids.min()), int(values.ids.max())
-    if lo < 0 or hi >= len(values.names):
+    if lo < (-1 if none else 0) or hi >= len(values.names):
         bad = lo if lo < 0 else hi
         raise DamagedIndexError(path, f"{what} id {bad} at row {int(np.flatnonzero(values.ids == bad)[0])}; "
                                       f"{holds} {len(values.names):,}")

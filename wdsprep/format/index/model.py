@@ -33,8 +33,9 @@ class ShardInfo:
     text_lens: list[int] = field(default_factory=list)
     sha256: str | None = field(default=None, compare=False)  # of the shard's bytes (hex), where known
     samples: list[int] = field(default_factory=list)  # an audio shard's sample counts (empty for features)
-    # Each indexed field's value per utterance (the language, pack --index-field's), by field name.
-    values: dict[str, list[str]] = field(default_factory=dict)
+    # Each indexed field's value per utterance (the language, pack --index-field's), by field name;
+    # None where the utterance has none (a field a manifest line may leave out).
+    values: dict[str, list[str | None]] = field(default_factory=dict)
 
     @property
     def num_utts(self) -> int:
@@ -53,14 +54,16 @@ class Values:
     names: list[str]
 
     @classmethod
-    def numbered(cls, per_utt: Sequence[str]) -> tuple[np.ndarray, list[str]]:
-        """(ids, names) of one value per utterance; values are numbered in order of first appearance."""
+    def numbered(cls, per_utt: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:
+        """(ids, names) of one value per utterance; values are numbered in order of first appearance,
+        an utterance without one (None: a manifest line without the key) is id -1."""
         numbers: dict[str, int] = {}
-        ids = np.fromiter((numbers.setdefault(s, len(numbers)) for s in per_utt), np.int32, len(per_utt))
+        ids = np.fromiter((-1 if s is None else numbers.setdefault(s, len(numbers)) for s in per_utt), np.int32,
+                          len(per_utt))
         return ids, list(numbers)
 
     @classmethod
-    def of(cls, per_utt: Sequence[str]) -> Values:
+    def of(cls, per_utt: Sequence[str | None]) -> Values:
         return cls(*cls.numbered(per_utt))
 
     def values(self, rows: np.ndarray | slice | None = None) -> list[str]:
@@ -238,8 +241,8 @@ class FolderIndex:
                     audio: AudioIndex | None = None, fields: Sequence[str] = ()) -> FolderIndex:
         """The index of shards ``infos``; an audio folder's (``audio`` given) takes their sample counts
         too; ``fields``: what the samples carry, whose values ``infos`` hold are indexed."""
-        indexed = [n for n in fields if infos and all(n in i.values for i in infos)]
-        columns = {n: Values.of([v for i in infos for v in i.values[n]]) for n in indexed}
+        indexed = [n for n in fields if any(n in i.values for i in infos)]  # a shard without: none of its rows has one
+        columns = {n: Values.of([v for i in infos for v in i.values.get(n, [None] * i.num_utts)]) for n in indexed}
         frames = np.fromiter((f for i in infos for f in i.frames), np.int32)
         text_lens = np.fromiter((x for i in infos for x in i.text_lens), np.int32)
         samples = None if audio is None else np.fromiter((x for i in infos for x in i.samples), np.int32)

@@ -210,8 +210,10 @@ def supervisions_beside(recordings: str) -> str:
     return sups
 
 
-def read_cuts(path: str) -> Imported:
-    """The utterances of a Lhotse manifest (see the module's doc)."""
+def read_cuts(path: str | Any) -> Imported:
+    """The utterances of a Lhotse manifest (see the module's doc), or of a ``CutSet`` itself."""
+    if not isinstance(path, str):
+        return _read_cutset(path)
     report = Report()
     items = []
     manifests, cuts = _cuts(path, report)
@@ -236,6 +238,30 @@ def _span(cut: Any, where: str, uttid: str) -> tuple[float, float]:
         raise
     assert start is not None and duration is not None
     return start, duration
+
+
+# How a CutSet given in memory is named in the report: IN_MEMORY:N for its Nth cut.
+IN_MEMORY = "CutSet"
+
+
+def _read_cutset(cuts: Any) -> Imported:
+    """The utterances of a ``CutSet`` in memory, each cut as :func:`read_cuts` takes one of its manifest
+    (the same items in the same order, so the same shards); a resume is held to the cuts' digest."""
+    import hashlib
+
+    report = Report()
+    items = []
+    digest = hashlib.sha256()
+    for line, cut in enumerate(cuts, 1):
+        digest.update(json.dumps(cut.to_dict(), sort_keys=True, default=repr).encode() + b"\n")
+        try:
+            items.append(_cut_item(cut, IN_MEMORY, line))
+        except Bad as e:
+            e.count(report, f"{IN_MEMORY}:{line}")
+        except AttributeError as e:  # an item of the set that is no cut lhotse makes
+            report.drop("bad_line", f"{IN_MEMORY}:{line}", f"{IN_MEMORY}:{line}: not a cut ({_short(e)})")
+    data = [it.audio for it in items if isinstance(it.audio, str)]
+    return Imported("lhotse", items, report, data=data, given={"cuts_sha256": digest.hexdigest()})
 
 
 def _labels_of(cut: Any, where: str, uttid: str) -> tuple[str, Any, Any]:

@@ -2,7 +2,8 @@
 
 - ``data.list`` (WeNet's ``raw`` data type): JSON lines ``{"key": ..., "wav": PATH, "txt": ...}``,
   optionally with ``start`` and ``end`` in seconds (a segment of the file, cut as WeNet and Kaldi
-  cut one: the seconds times the rate, truncated) and ``lang`` / ``spk``.
+  cut one: the seconds times the rate, truncated) and ``lang`` / ``spk``; which key holds what
+  may be named, and other keys carried as fields (``keys.py``).
 - a shard list (``shard``, what ``tools/make_shard_list.py`` writes): one tar per line, each holding
   ``KEY.txt`` and ``KEY.wav`` (or ``.flac``, ``.mp3``, ``.m4a``, ``.ogg``, ``.opus``, ``.wma``) per
   utterance; a member's key is its name up to the last dot, as WeNet groups them.
@@ -17,6 +18,7 @@ import os
 
 from wdsprep.files import bounded_lines
 from wdsprep.pack.sources.items import Imported, TarMember, tar_members
+from wdsprep.pack.sources.keys import Keys
 from wdsprep.pack.sources.untrusted import MAX_TEXT_FILE_BYTES, Bad, item, json_lines, open_input, seconds
 from wdsprep.report import Report
 
@@ -24,39 +26,49 @@ MAX_PATH_LINE = 1 << 16  # a line of a shard list: a path
 AUDIO_EXTS = frozenset({"flac", "mp3", "m4a", "ogg", "opus", "wav", "wma"})  # WeNet's AUDIO_FORMAT_SETS
 
 
-def read_list(path: str) -> Imported:
-    """A ``data.list`` or a shard list (see the module's doc)."""
+def read_list(path: str, *, keys: Keys | None = None) -> Imported:
+    """A ``data.list`` or a shard list (see the module's doc); ``keys``: which key of a ``data.list``
+    line holds what (WeNet's own by default)."""
+    keys = keys or Keys("wenet")
     report = Report()
     with open_input(path) as f:
         first = next((raw for _, raw in bounded_lines(f) if raw is None or raw.strip()), b"")
     if first is None or first.lstrip().startswith(b"{"):  # one too long to be a path: JSON lines say so
-        return _data_list(path, report)
+        return _data_list(path, keys, report)
+    if keys.named or keys.fields:
+        raise ValueError(f"{path}: a WeNet shard list (a tar per line) has no keys to name; --*-column and --field "
+                         f"NAME=KEY are for a data.list")
     return _shard_list(path, report)
 
 
-def _data_list(path: str, report: Report) -> Imported:
+def _data_list(path: str, keys: Keys, report: Report) -> Imported:
     items = []
     for n, obj in json_lines(path, report, "WeNet data.list"):
         where = f"{path}:{n}"
+        keys.line(obj)
+        problems = []
+        wav = keys.value("audio", obj)
+        if not isinstance(wav, str) or not wav or "\0" in wav:
+            problems.append(Bad("bad_line", f"{where}: expected {{\"key\": ..., \"wav\": PATH, \"txt\": ...}}, got "
+                                            f"{keys.key('audio', obj) or 'wav'}={wav!r}"))
+            wav = ""
+        start = end = None
         try:
-            wav = obj.get("wav")
-            if not isinstance(wav, str) or not wav or "\0" in wav:
-                raise Bad("bad_line", f"{where}: expected {{\"key\": ..., \"wav\": PATH, \"txt\": ...}}, got "
-                                      f"wav={wav!r}", obj["key"] if isinstance(obj.get("key"), str) else None)
-            try:
-                start, end = seconds(obj.get("start"), "start", where), seconds(obj.get("end"), "end", where)
-            except Bad as e:
-                e.uttid = obj.get("key") if isinstance(obj.get("key"), str) else None
-                raise
+            start, end = seconds(obj.get("start"), "start", where), seconds(obj.get("end"), "end", where)
             if (start is None) != (end is None):
-                raise Bad("bad_segment", f"{where}: give both start and end (a segment), or neither (the whole file)",
-                          obj.get("key") if isinstance(obj.get("key"), str) else None)
-            items.append(item(path, n, uttid=obj.get("key"), audio=wav, text_value=obj.get("txt"),
-                              speaker=obj.get("spk"), language=obj.get("lang"), start=start, end=end))
+                raise Bad("bad_segment", f"{where}: give both start and end (a segment), or neither (the whole file)")
+        except Bad as e:
+            problems.append(e)
+            start = end = None
+        try:
+            items.append(item(path, n, uttid=keys.value("id", obj), audio=wav, text_value=keys.value("text", obj),
+                              speaker=keys.value("speaker", obj), language=keys.value("lang", obj), start=start,
+                              end=end, fields=keys.raw_fields(obj), problems=problems))
         except Bad as e:
             e.count(report, where)
+    keys.check_named(path)
     return Imported("wenet", items, report, files={"data.list": [path]},
-                    data=[it.audio for it in items if isinstance(it.audio, str)])
+                    data=[it.audio for it in items if isinstance(it.audio, str)], given=keys.given())
 
 
 def _shard_list(path: str, report: Report) -> Imported:

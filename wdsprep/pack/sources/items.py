@@ -37,6 +37,8 @@ from wdsprep.prep.audio import (
     MissingAudio,
     Recording,
     Utterance,
+    channel_problem,
+    channels,
     check_rate,
     cut_segment,
     probe_recording,
@@ -114,6 +116,7 @@ class Item:
     end: float = -1.0  # seconds; -1: to the end of the audio
     channel: int | None = None
     duration: float | None = None  # what the manifest says it lasts (checked against the audio)
+    fields: dict[str, str] = field(default_factory=dict)  # the fields its line has (name -> value)
 
     @property
     def where(self) -> str:
@@ -163,6 +166,9 @@ class ItemsSource(AudioSource):
         self.given = {"from": imported.kind, **imported.given}
         speakers = {it.uttid: it.speaker for it in self.items if it.speaker is not None}
         languages = {it.uttid: it.language for it in self.items if it.language is not None}
+        # A field a line leaves out is left out of its utterance (optional per line, as NeMo reads keys).
+        self.fields = {n: {it.uttid: it.fields[n] for it in self.items if n in it.fields}
+                       for n in sorted({n for it in self.items for n in it.fields})}
         self.labels = Labels({it.uttid: Entry(it.uttid, it.text, it.file, it.line) for it in self.items},
                              speakers or None, languages or None)
 
@@ -217,7 +223,7 @@ class ImportJob(AudioJob):
                  store_audio: bool, blobs: dict[str, Blob]) -> None:
         super().__init__(items, recordings, fbank, store_audio=store_audio)
         self.blobs = blobs
-        self._last: tuple[str, int, np.ndarray | AudioProblem] | None = None
+        self._last: tuple[str, int | None, np.ndarray | AudioProblem] | None = None
 
     def narrowed(self, items: Sequence[int]) -> ImportJob:
         job = super().narrowed(items)
@@ -242,8 +248,9 @@ class ImportJob(AudioJob):
         window = self.fbank.window_samples
         return too_short(len(piece), self.opts.sample_rate, window) if len(piece) < window else piece
 
-    def _decode(self, blob: Blob, u: Utterance, ch: int) -> np.ndarray | AudioProblem:
-        """The blob's channel ``ch`` at the pack's rate, in Kaldi's int16 range."""
+    def _decode(self, blob: Blob, u: Utterance, ch: int | None) -> np.ndarray | AudioProblem:
+        """The blob's channel ``ch`` (None: every channel, mixed for features: ``prep.audio.channels``)
+        at the pack's rate, in Kaldi's int16 range."""
         import soundfile as sf
 
         try:
@@ -252,13 +259,12 @@ class ImportJob(AudioJob):
             return AudioProblem(e.reason, f"recording {u.recid!r}: {e}")
         except Exception as e:
             return AudioProblem("bad_audio", f"recording {u.recid!r} is not readable audio: {type(e).__name__}: {e}")
-        if not 0 <= ch < data.shape[1]:
-            return AudioProblem("bad_segment" if u.channel is not None else "bad_audio",
-                                f"recording {u.recid!r} has {data.shape[1]} channel(s); {u.where} asks for channel "
-                                f"{ch}")
+        problem = channel_problem(u, ch, data.shape[1])
+        if problem is not None:
+            return problem
         try:
             check_rate(int(rate), f"recording {u.recid!r}")
         except AudioReadError as e:
             return AudioProblem(e.reason, str(e))
-        wave = np.ascontiguousarray(data[:, ch]) * INT16_SCALE
-        return resample(wave, int(rate), self.opts.sample_rate)
+        data *= INT16_SCALE
+        return resample(channels(data, ch, mix=not self.store_audio), int(rate), self.opts.sample_rate)

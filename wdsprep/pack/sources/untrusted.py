@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import stat
 from contextlib import contextmanager
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import MAX_LINE_BYTES, bounded_lines, file_kind, read_small
@@ -45,16 +46,27 @@ MAX_JSON_BYTES = 1 << 30  # a manifest that is one JSON document (Lhotse's .json
 
 class Bad(Exception):
     """A line or a value a pack leaves out: the reason it is counted under, and why (naming the file
-    and line).  ``uttid``: the utterance's id when it is known."""
+    and line).  ``uttid``: the utterance's id when it is known; ``also``: the line's other problems
+    (:func:`merged`), reported with it."""
 
-    def __init__(self, reason: str, why: str, uttid: Any = None) -> None:
+    def __init__(self, reason: str, why: str, uttid: Any = None, also: Sequence[Bad] = ()) -> None:
         super().__init__(why)
-        self.reason, self.why, self.uttid = reason, why, uttid
+        self.reason, self.why, self.uttid, self.also = reason, why, uttid, list(also)
 
     def count(self, report: Report, where: str) -> None:
-        """Count it in ``report`` (under ``where``, the file and line, when the id is not a usable one)."""
+        """Count it in ``report`` (under ``where``, the file and line, when the id is not a usable one),
+        once, under its first reason, its other problems named with it."""
         known = isinstance(self.uttid, str) and name_problem(self.uttid) is None
-        report.drop(self.reason, self.uttid if known else where, self.why)
+        report.drop(self.reason, self.uttid if known else where, self.why, also=[b.reason for b in self.also])
+
+
+def merged(problems: Sequence[Bad], where: str, uttid: Any = None) -> Bad:
+    """One :class:`Bad` for every problem of a line (at ``where``): counted under the first's reason,
+    saying each (``where`` once)."""
+    first, *rest = problems
+    said = [first.why, *(b.why.removeprefix(f"{where}: ") for b in rest)]
+    return Bad(first.reason, "; ".join(said) + (f" ({len(problems)} problems)" if rest else ""),
+               uttid if uttid is not None else first.uttid, rest)
 
 
 @contextmanager
@@ -156,24 +168,59 @@ def text(value: Any, where: str, uttid: str) -> str:
 
 def item(file: str, line: int, *, uttid: Any, audio: str | Blob, text_value: Any, speaker: Any = None,
          language: Any = None, start: float | None = None, end: float | None = None, channel: int | None = None,
-         duration: float | None = None) -> Item:
-    """An :class:`Item` of checked values (see the module's doc): :class:`Bad` for the first that fails.
-    ``start``/``end``/``duration`` are already :func:`seconds`; ``end`` None: to the end of the audio."""
+         duration: float | None = None, fields: Mapping[str, tuple[str, Any]] | None = None,
+         problems: Sequence[Bad] = ()) -> Item:
+    """An :class:`Item` of checked values (see the module's doc), or :class:`Bad` naming every value
+    that fails (:func:`merged`), with ``problems`` the reader found in the line already, and the
+    audio file missing when it is (a line with problems is not probed later).  ``start``/``end``/
+    ``duration`` are already :func:`seconds`; ``end`` None: to the end of the audio.  ``fields``:
+    name -> (key, the line's value), each made the text of its member (:func:`field_text`)."""
     where = f"{file}:{line}"
-    uid = name(uttid, "the utterance id", where, "bad_id")
+    found = list(problems)
+
+    def check(make: Any) -> Any:
+        try:
+            return make()
+        except Bad as e:
+            found.append(e)
+            return None
+
+    uid = check(lambda: name(uttid, "the utterance id", where, "bad_id"))
     if isinstance(audio, str) and audio.rstrip().endswith("|"):
-        raise Bad("bad_audio", f"{where}: audio {audio!r} ends in '|': a manifest names audio files, and wdsprep "
-                               f"runs no command a manifest names", uid)
-    try:
-        spk = None if speaker is None else name(speaker, "the speaker", where, "bad_speaker")
-        lang = None if language is None else name(language, "the language", where, "bad_language", number=False)
-    except Bad as e:
-        e.uttid = uid
-        raise
+        found.append(Bad("bad_audio", f"{where}: audio {audio!r} ends in '|': a manifest names audio files, and "
+                                      f"wdsprep runs no command a manifest names"))
+    spk = None if speaker is None else check(lambda: name(speaker, "the speaker", where, "bad_speaker"))
+    lang = None if language is None else check(lambda: name(language, "the language", where, "bad_language",
+                                                             number=False))
     if end is not None and start is not None and end <= start:
-        raise Bad("bad_segment", f"{where}: the segment [{start:g}, {end:g}) s ends before it starts", uid)
-    return Item(uid, file, line, audio, text(text_value, where, uid), speaker=spk, language=lang,
-                start=start or 0.0, end=-1.0 if end is None else end, channel=channel, duration=duration)
+        found.append(Bad("bad_segment", f"{where}: the segment [{start:g}, {end:g}) s ends before it starts"))
+    transcript = check(lambda: text(text_value, where, uid))
+    values = {n: check(lambda n=n, k=k, v=v: field_text(v, f"{where}: field {n} ({k!r})"))
+              for n, (k, v) in (fields or {}).items()}
+    if found:
+        if isinstance(audio, str) and audio and not audio.rstrip().endswith("|") and not os.path.lexists(audio):
+            found.append(Bad("missing_file", f"{where}: audio {audio!r}: no such file"))
+        raise merged(found, where, uid if uid is not None else uttid)
+    return Item(uid, file, line, audio, transcript, speaker=spk, language=lang, start=start or 0.0,
+                end=-1.0 if end is None else end, channel=channel, duration=duration,
+                fields={n: v for n, v in values.items() if v is not None})
+
+
+def field_text(value: Any, where: str) -> str | None:
+    """A field's value as the text its member holds: a string as it is, a number or a boolean as
+    JSON writes it (``true``, ``0.5``); None (no member) for no value or an empty string; :class:`Bad`
+    (``bad_field``) for a list, an object, a NaN or a string too long or holding a NUL."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT_CHARS or "\0" in value:
+            raise Bad("bad_field", f"{where}: a value of {len(value):,} characters"
+                      + (" holding a NUL" if "\0" in value else f", more than {MAX_TEXT_CHARS:,}"))
+        return value
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+        return json.dumps(value)
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise Bad("bad_field", f"{where}: {shown} is no text, number or boolean a field can hold")
 
 
 def _brief(value: Any) -> str:
