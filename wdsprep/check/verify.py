@@ -167,17 +167,7 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
         remote = is_url(path)
         folder, name = index_place(path)
         if folder not in indexes:
-            if remote:
-                indexes[folder] = _read_remote_index(folder, policy, result.problems)
-            else:
-                g = commit.pending_folder(folder)
-                if g is not None and g.followable:
-                    pending[folder] = 0
-                else:
-                    unfinished = commit.problem(folder)
-                    if unfinished is not None:
-                        result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
-                indexes[folder] = _read_index(folder, result.problems)
+            indexes[folder] = _folder_index(folder, policy, result, pending)
         index = indexes[folder]
         i = None if index is None else index.position(name)
         if folder in pending and i is None:  # written, not published yet: a growing loader does not read it
@@ -200,32 +190,64 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             if sample.rate is not None:
                 _seen(rates_seen.setdefault(folder, {}), sample.rate, path)
         if index is not None:
-            where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
-            if i is None:
-                result.problems.append(Problem(path, f"not listed in {where}: the index is stale; "
-                                                     f"repack the folder, or re-index it (wdsprep index --refresh)"))
-            else:
-                st = None if remote else os.stat(path)
-                # A copy's new times: stale_reason judges the shard by its SHA-256 (remote: the size, checked above).
-                why = None if st is None else stale_reason(index, i, st, path)
-                hashed = st is not None and index.checksums[i] is not None and st.st_mtime_ns != index.mtimes[i]
-                if why is not None:
-                    result.problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
-                                                         f"it; re-index it (wdsprep index --refresh) or repack"))
-                elif not remote and index.checksums[i] is not None and not hashed:  # remote: checked by the fetch
-                    with naming(path):
-                        if file_sha256(path) != index.checksums[i]:
-                            why = "sha256"
-                            result.problems.append(Problem(path, "its bytes differ from the SHA-256 its index "
-                                                                 "records, with its size and mtime kept: it was "
-                                                                 "changed in place (a bad disk or copy?); copy it "
-                                                                 "again, or repack"))
-                _compare_index(path, index.shard(i), index, shard_samples, result.problems)
-                if why is None:  # a changed shard is named above
-                    _compare_lost(path, int(index.lost[i]), shard_samples, result.problems)
+            _check_listing(path, folder, index, i, shard_samples, result.problems)
     _check_dims(dims_seen, result.problems)
     for rates in rates_seen.values():
         _check_rates(rates, result.problems)
+    _check_pending(pending, indexes, growing, result)
+    _check_listed_exist(indexes, result.problems)
+    return result
+
+
+def _folder_index(folder: str, policy: RetryPolicy, result: VerifyResult,
+                  pending: dict[str, int]) -> FolderIndex | None:
+    """The index of a folder verify meets first (None: it has none, or it is refused, said in
+    ``result``); a local folder a pack is writing in plan order goes into ``pending``, one whose
+    pack did not commit is a problem."""
+    if is_url(folder):
+        return _read_remote_index(folder, policy, result.problems)
+    g = commit.pending_folder(folder)
+    if g is not None and g.followable:
+        pending[folder] = 0
+    else:
+        unfinished = commit.problem(folder)
+        if unfinished is not None:
+            result.problems.append(Problem(folder, f"{unfinished}; the loader refuses these shards"))
+    return _read_index(folder, result.problems)
+
+
+def _check_listing(path: str, folder: str, index: FolderIndex, i: int | None, shard_samples: list[_Sample],
+                   problems: list[Problem]) -> None:
+    """A shard against its folder's index: listed, unchanged since (its size, times or bytes), and
+    holding the samples its entry says."""
+    remote = is_url(path)
+    where = f"{redact(folder)}/{INDEX_NAME}" if remote else Path(folder) / INDEX_NAME
+    if i is None:
+        problems.append(Problem(path, f"not listed in {where}: the index is stale; "
+                                      f"repack the folder, or re-index it (wdsprep index --refresh)"))
+        return
+    st = None if remote else os.stat(path)
+    # A copy's new times: stale_reason judges the shard by its SHA-256 (remote: the size, checked when fetched).
+    why = None if st is None else stale_reason(index, i, st, path)
+    hashed = st is not None and index.checksums[i] is not None and st.st_mtime_ns != index.mtimes[i]
+    if why is not None:
+        problems.append(Problem(path, f"changed since it was indexed ({why}): the loader refuses "
+                                      f"it; re-index it (wdsprep index --refresh) or repack"))
+    elif not remote and index.checksums[i] is not None and not hashed:  # remote: checked by the fetch
+        with naming(path):
+            if file_sha256(path) != index.checksums[i]:
+                why = "sha256"
+                problems.append(Problem(path, "its bytes differ from the SHA-256 its index records, with its size "
+                                              "and mtime kept: it was changed in place (a bad disk or copy?); copy "
+                                              "it again, or repack"))
+    _compare_index(path, index.shard(i), index, shard_samples, problems)
+    if why is None:  # a changed shard is named above
+        _compare_lost(path, int(index.lost[i]), shard_samples, problems)
+
+
+def _check_pending(pending: dict[str, int], indexes: dict[str, FolderIndex | None], growing: bool,
+                   result: VerifyResult) -> None:
+    """Folders a pack is still writing: a note with ``growing``, else a problem (not committed)."""
     for folder, skipped in pending.items():
         g = commit.pending_folder(folder)
         planned = None if g is None else g.planned
@@ -243,15 +265,18 @@ def verify_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
                                                    f"loader refuses it as a complete corpus. A stopped pack: run it "
                                                    f"again with --resume; one still being written: verify --growing "
                                                    f"checks what it published"))
+
+
+def _check_listed_exist(indexes: dict[str, FolderIndex | None], problems: list[Problem]) -> None:
+    """Every shard a local folder's index lists is on disk (a web server cannot list: not looked for)."""
     for folder, index in indexes.items():
         if is_url(folder):
-            continue  # a web server cannot list: shards the patterns do not name are not looked for
+            continue
         for info in index.shards if index else []:
             shard = Path(folder) / info.name
             if not shard.is_file():
-                result.problems.append(Problem(str(shard), f"listed in {Path(folder) / INDEX_NAME} ({info.num_utts} "
-                                                           f"utterances) but missing on disk; restore it or repack"))
-    return result
+                problems.append(Problem(str(shard), f"listed in {Path(folder) / INDEX_NAME} ({info.num_utts} "
+                                                    f"utterances) but missing on disk; restore it or repack"))
 
 
 def _seen(seen: dict[int, tuple[int, str]], value: int, path: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from wdsprep.errors import DataError
 from wdsprep.files import file_sha256
@@ -52,6 +52,9 @@ from wdsprep.format.shardlist import expand_shards, is_url
 from wdsprep.format.tar import member_bytes
 from wdsprep.remote.urls import redact
 from wdsprep.units import fbank_frames
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 def _carried_speakers(old: FolderIndex, keys: Sequence[str]) -> Speakers:
@@ -203,118 +206,177 @@ def index_shards(patterns: str | os.PathLike | Sequence[str | os.PathLike], *, r
     for p in paths:
         by_folder.setdefault(Path(p).resolve().parent, []).append(Path(p).resolve())
     result = IndexResult()
-    bar = tqdm(total=len(paths), desc="index", unit="shard", disable=None if progress is None else not progress)
-    with bar:
+    with tqdm(total=len(paths), desc="index", unit="shard", disable=None if progress is None else not progress) as bar:
         for folder, shards in by_folder.items():
-            notes: list[str] = []
-            try:
-                old = read_index(folder)
-            except DataError as e:
-                if not force:
-                    raise
-                old = None
-                where = f"{e.path}: {e.what}" if isinstance(e, DamagedIndexError) else str(e)
-                notes.append(f"the old index was damaged ({where}), so it was rebuilt from the shards alone "
-                             f"(speakers by the key rule)")
-            entries: dict[str, tuple[ShardInfo, int, int, int]] = {}  # name -> (info, size, mtime, lost)
-            carried: dict[str, tuple[str, ...]] = {}  # name -> the fields its samples carry
-            indexed = list(dict.fromkeys([*index_fields, *(old.columns if old is not None else ())]))
-            stale: list[str] = []
-            lossy: list[str] = []  # shards the old index counts samples lost in
-            gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
-            if gone:
-                notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
-                             f"{', ...' if len(gone) > 3 else ''})")
-            # Version 1 (no sizes), or a field to index that the old index did not: read it all again.
-            version1 = old is not None and bool((old.sizes < 0).any())
-            upgrade = version1 or (old is not None and bool(set(index_fields) - set(old.columns)))
-            if old is not None and not force and not upgrade:
-                for i, name in enumerate(old.names):
-                    if name in gone:
-                        continue
-                    if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
-                        stale.append(name)
-                    elif old.lost[i] > 0:  # read again, so what the loader cannot read is named again, not passed over
-                        lossy.append(name)
-                    else:
-                        entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
-                        carried[name] = old.fields
-                        if entries[name][0].sha256 is None:  # version 2 without checksums: one read adds it
-                            entries[name][0].sha256 = file_sha256(folder / name)
-            # The named shards and the listed ones still there, less those kept: read (again).
-            listed = [] if old is None else [folder / n for n in old.names if n not in gone]
-            todo = list({p.name: p for p in [*shards, *listed] if p.name not in entries}.values())
-            if stale and not refresh and not force:
-                raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
-                                 f"pass --refresh to read them again (or repack the folder)")
-            # Version 2 without a speakers column or checksums is rewritten, without a header read
-            # (the checksums read each shard once).
-            if (not todo and old is not None and not force and not gone and not upgrade and old.has_speakers
-                    and None not in old.checksums):
-                result.folders[str(folder)] = "up to date"
-                result.shards += len(old.names)
-                result.utterances += old.num_utts
-                bar.update(len(shards))
-                continue
-            named = {p.name for p in shards}
-            bar.total += sum(1 for p in todo if p.name not in named)  # listed shards the patterns leave out
-            bar.refresh()
-            layouts, dims, dtypes, rates = set(), set(), set(), set()
-            for path in todo:
-                st = path.stat()
-                scan = scan_shard(path, index_fields=indexed)
-                scan.info.sha256 = file_sha256(path)
-                carried[path.name] = scan.fields
-                result.scanned += 1
-                result.problems.extend(scan.problems)
-                layouts |= scan.layouts
-                dims |= scan.dims
-                dtypes |= scan.dtypes
-                rates |= scan.rates
-                entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
-                bar.update(1)
-            bar.update(sum(1 for p in shards if p.name in entries and p not in todo))
-            if old is not None and entries.keys() - {p.name for p in todo}:
-                layouts.add(old.layout)
-                dtypes.add(old.dtype)
-                if old.dims is not None and old.audio is None:
-                    dims.add(old.dims)
-                if old.audio is not None:
-                    rates.add(old.audio.sample_rate)
-            for what, found in (("layouts", layouts), ("feature dims", dims), ("dtypes", dtypes),
-                                ("sample rates", rates)):
-                if len(found) > 1:
-                    raise ValueError(f"{folder}: shards of different {what} {sorted(map(str, found))}; a folder is "
-                                     f"one shard set: move them apart")
-            names = sorted(entries)
-            infos = [entries[n][0] for n in names]
-            speakers = None  # speakers packed from utt2spk are in no tar: keep them for the utterances still there
-            try:
-                if old is not None and old.speakers().source != FROM_KEYS:
-                    speakers = _carried_speakers(old, [k for i in infos for k in i.keys])
-            except DataError as e:  # damaged keys: the key rule it is
-                notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
-                             f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
-            if lossy:
-                notes.append(f"{len(lossy)} shard(s) read again: the index counts samples in them the loader cannot "
-                             f"read (named below)")
-            what = "indexed" if old is None and not notes else "upgraded from version 1" if version1 else "re-indexed"
-            layout = layouts.pop() if layouts else "cat"
-            audio = _folder_audio(old, layout, rates.pop() if rates else None, notes)
-            common = set().union(*(set(carried[n]) for n in names))
-            missing = sorted(n for n in index_fields if n not in common)
-            if missing:
-                notes.append(f"field(s) {missing} not indexed: no sample carries them")
-            index = FolderIndex.from_shards(layout, audio.num_mel_bins if audio else dims.pop() if dims else None,
-                                            dtypes.pop() if dtypes else "float32", infos,
-                                            sizes=[entries[n][1] for n in names], mtimes=[entries[n][2] for n in names],
-                                            lost=[entries[n][3] for n in names], speakers=speakers, audio=audio,
-                                            fields=sorted(common))
-            write_index(folder, index)
-            result.folders[str(folder)] = "; ".join([f"{what}: {len(names)} shards, {len(todo)} read", *notes])
-            result.shards += len(names)
-            result.utterances += index.num_utts
+            _index_folder(folder, shards, _Reindex(refresh, force, tuple(index_fields)), result, bar)
     return result
+
+
+@dataclass(frozen=True)
+class _Reindex:
+    """How :func:`index_shards` was asked to treat an index that exists."""
+
+    refresh: bool
+    force: bool
+    index_fields: tuple[str, ...]
+
+
+@dataclass
+class _Entries:
+    """A folder's shards as the new index will list them: name -> (entry, size, mtime, samples lost),
+    and the fields each one's samples carry."""
+
+    entries: dict[str, tuple[ShardInfo, int, int, int]] = field(default_factory=dict)
+    carried: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Kinds:
+    """What a folder's shards are: one layout, feature dim, dtype and sample rate, or an error."""
+
+    layouts: set[str] = field(default_factory=set)
+    dims: set[int] = field(default_factory=set)
+    dtypes: set[str] = field(default_factory=set)
+    rates: set[int] = field(default_factory=set)
+
+    def add(self, scan: ShardScan) -> None:
+        self.layouts |= scan.layouts
+        self.dims |= scan.dims
+        self.dtypes |= scan.dtypes
+        self.rates |= scan.rates
+
+    def add_index(self, old: FolderIndex) -> None:
+        """The kinds of the shards an index lists (for the entries kept from it)."""
+        self.layouts.add(old.layout)
+        self.dtypes.add(old.dtype)
+        if old.dims is not None and old.audio is None:
+            self.dims.add(old.dims)
+        if old.audio is not None:
+            self.rates.add(old.audio.sample_rate)
+
+    def check(self, folder: Path) -> None:
+        for what, found in (("layouts", self.layouts), ("feature dims", self.dims), ("dtypes", self.dtypes),
+                            ("sample rates", self.rates)):
+            if len(found) > 1:
+                raise ValueError(f"{folder}: shards of different {what} {sorted(map(str, found))}; a folder is "
+                                 f"one shard set: move them apart")
+
+
+def _index_folder(folder: Path, shards: list[Path], how: _Reindex, result: IndexResult, bar: tqdm) -> None:
+    """One folder of :func:`index_shards`: the entries of its index that still hold kept, the rest
+    (and the shards named) read, the index written; what was done into ``result``."""
+    notes: list[str] = []
+    old = _old_index(folder, how.force, notes)
+    gone = [] if old is None else [n for n in old.names if not (folder / n).is_file()]
+    if gone:
+        notes.append(f"dropped {len(gone)} shard(s) no longer on disk ({', '.join(gone[:3])}"
+                     f"{', ...' if len(gone) > 3 else ''})")
+    # Version 1 (no sizes), or a field to index that the old index did not: read it all again.
+    version1 = old is not None and bool((old.sizes < 0).any())
+    upgrade = version1 or (old is not None and bool(set(how.index_fields) - set(old.columns)))
+    kept, stale, lossy = _Entries(), [], []
+    if old is not None and not how.force and not upgrade:
+        kept, stale, lossy = _kept_entries(old, folder, gone)
+    # The named shards and the listed ones still there, less those kept: read (again).
+    listed = [] if old is None else [folder / n for n in old.names if n not in gone]
+    todo = list({p.name: p for p in [*shards, *listed] if p.name not in kept.entries}.values())
+    if stale and not how.refresh and not how.force:
+        raise ValueError(f"{folder}: {len(stale)} shard(s) changed since they were indexed (e.g. {stale[0]}); "
+                         f"pass --refresh to read them again (or repack the folder)")
+    # Version 2 without a speakers column or checksums is rewritten, without a header read
+    # (the checksums read each shard once).
+    if (not todo and old is not None and not how.force and not gone and not upgrade and old.has_speakers
+            and None not in old.checksums):
+        result.folders[str(folder)] = "up to date"
+        result.shards += len(old.names)
+        result.utterances += old.num_utts
+        bar.update(len(shards))
+        return
+    named = {p.name for p in shards}
+    bar.total += sum(1 for p in todo if p.name not in named)  # listed shards the patterns leave out
+    bar.refresh()
+    kinds = _Kinds()
+    indexed = list(dict.fromkeys([*how.index_fields, *(old.columns if old is not None else ())]))
+    for path in todo:
+        st = path.stat()
+        scan = scan_shard(path, index_fields=indexed)
+        scan.info.sha256 = file_sha256(path)
+        kept.carried[path.name] = scan.fields
+        result.scanned += 1
+        result.problems.extend(scan.problems)
+        kinds.add(scan)
+        kept.entries[path.name] = (scan.info, st.st_size, st.st_mtime_ns, scan.lost)
+        bar.update(1)
+    bar.update(sum(1 for p in shards if p.name in kept.entries and p not in todo))
+    if old is not None and kept.entries.keys() - {p.name for p in todo}:
+        kinds.add_index(old)
+    kinds.check(folder)
+    if lossy:
+        notes.append(f"{len(lossy)} shard(s) read again: the index counts samples in them the loader cannot "
+                     f"read (named below)")
+    what = "indexed" if old is None and not notes else "upgraded from version 1" if version1 else "re-indexed"
+    index = _new_index(folder, old, kept, kinds, how.index_fields, notes)
+    write_index(folder, index)
+    result.folders[str(folder)] = "; ".join([f"{what}: {len(kept.entries)} shards, {len(todo)} read", *notes])
+    result.shards += len(kept.entries)
+    result.utterances += index.num_utts
+
+
+def _old_index(folder: Path, force: bool, notes: list[str]) -> FolderIndex | None:
+    """The folder's index, None where it has none; a damaged one is an error, but for ``force``."""
+    try:
+        return read_index(folder)
+    except DataError as e:
+        if not force:
+            raise
+        where = f"{e.path}: {e.what}" if isinstance(e, DamagedIndexError) else str(e)
+        notes.append(f"the old index was damaged ({where}), so it was rebuilt from the shards alone "
+                     f"(speakers by the key rule)")
+        return None
+
+
+def _kept_entries(old: FolderIndex, folder: Path, gone: list[str]) -> tuple[_Entries, list[str], list[str]]:
+    """The entries of ``old`` still true of their shards; the shards changed since (stale), and
+    those it counts samples lost in (read again, so what the loader cannot read is named again)."""
+    kept, stale, lossy = _Entries(), [], []
+    for i, name in enumerate(old.names):
+        if name in gone:
+            continue
+        if stale_reason(old, i, (folder / name).stat()) is not None or old.mtimes[i] < 0:  # no mtime
+            stale.append(name)
+        elif old.lost[i] > 0:
+            lossy.append(name)
+        else:
+            kept.entries[name] = (old.shard(i), int(old.sizes[i]), int(old.mtimes[i]), int(old.lost[i]))
+            kept.carried[name] = old.fields
+            if kept.entries[name][0].sha256 is None:  # version 2 without checksums: one read adds it
+                kept.entries[name][0].sha256 = file_sha256(folder / name)
+    return kept, stale, lossy
+
+
+def _new_index(folder: Path, old: FolderIndex | None, kept: _Entries, kinds: _Kinds, index_fields: Sequence[str],
+               notes: list[str]) -> FolderIndex:
+    """The folder's index of ``kept``'s entries, in name order, with what the old one knew that no
+    tar holds (its ``utt2spk`` speakers)."""
+    rows = [kept.entries[n] for n in sorted(kept.entries)]
+    infos = [info for info, _, _, _ in rows]
+    speakers = None  # speakers packed from utt2spk are in no tar: keep them for the utterances still there
+    try:
+        if old is not None and old.speakers().source != FROM_KEYS:
+            speakers = _carried_speakers(old, [k for i in infos for k in i.keys])
+    except DataError as e:  # damaged keys: the key rule it is
+        notes.append(f"speakers by the key rule: the old index's utt2spk speakers could not be carried over "
+                     f"({e.path}: {e.what})" if isinstance(e, DamagedIndexError) else str(e))
+    layout = kinds.layouts.pop() if kinds.layouts else "cat"
+    audio = _folder_audio(old, layout, kinds.rates.pop() if kinds.rates else None, notes)
+    common = set().union(*(set(kept.carried[n]) for n in kept.entries))
+    missing = sorted(n for n in index_fields if n not in common)
+    if missing:
+        notes.append(f"field(s) {missing} not indexed: no sample carries them")
+    return FolderIndex.from_shards(layout, audio.num_mel_bins if audio else kinds.dims.pop() if kinds.dims else None,
+                                   kinds.dtypes.pop() if kinds.dtypes else "float32", infos,
+                                   sizes=[r[1] for r in rows], mtimes=[r[2] for r in rows], lost=[r[3] for r in rows],
+                                   speakers=speakers, audio=audio, fields=sorted(common))
 
 
 def _folder_audio(old: FolderIndex | None, layout: str, rate: int | None, notes: list[str]) -> AudioIndex | None:
