@@ -222,7 +222,8 @@ class Corpus:
 
     def to_global(self, local: np.ndarray) -> np.ndarray:
         """This corpus's rows as rows of the loader's shard set."""
-        return local + self.row0 if self.rowmap is None else self.rowmap[local]
+        # int64 first: a plan's rows are int32 (streams.compact_rows), the loader's shard set may have more.
+        return np.asarray(local, np.int64) + self.row0 if self.rowmap is None else self.rowmap[local]
 
     def stream_rows(self, epoch: int, stream: int) -> StreamRows:
         """A stream's rows of ``epoch`` before they are batched (its own rows, in the order its

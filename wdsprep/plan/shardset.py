@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -358,6 +358,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
         warnings.warn(f"{len(unlisted)} of {len(urls)} shards have no index entry (e.g. {redact(urls[unlisted[0]])}): "
                       f"read their headers to plan the epochs ({time.perf_counter() - t0:.1f} s). `wdsprep index` "
                       f"writes the index beside them once", UserWarning, stacklevel=3)
+    del found  # the folders' indexes: each one's mapped columns go once its shards' rows are copied
     return _assemble(list(urls), rows, scanned=len(unlisted), tokens=tokens is not None)  # type: ignore[arg-type]
 
 
@@ -420,29 +421,50 @@ def _scanned_rows(url: str, policy: RetryPolicy, tokens: TokenCounts | None) -> 
 
 
 def _assemble(urls: list[str], rows: list[ShardRows], *, scanned: int, tokens: bool) -> ShardSet:
-    """The shard set of ``rows``, shard after shard: each column concatenated; the set's speakers
-    where every shard has them, the fields every shard carries, the columns every shard's index has."""
+    """The shard set of ``rows``, shard after shard: each column copied into one array; the set's speakers
+    where every shard has them, the fields every shard carries, the columns every shard's index has.
+
+    Each shard's columns are let go once copied (:func:`_taken`): a folder's memory-mapped index
+    files then leave the process's memory as soon as its last shard is copied, instead of all of
+    them staying mapped beside the copies until the end (at 36 M utterances, 288 MB more at the peak)."""
     audio = one_audio({r.where: r.audio for r in rows}, "folder")
     dims = set().union(*(r.dims for r in rows))
     fields = frozenset.intersection(*(r.fields for r in rows)) if rows else frozenset()
     names = [n for n in (rows[0].columns if rows else {}) if all(n in r.columns for r in rows)]
+    utts = np.array([len(r.frames) for r in rows], np.int64)
+    total = int(utts.sum())
 
-    def joined(column: Callable[[ShardRows], np.ndarray]) -> np.ndarray:
-        return np.concatenate([column(r) for r in rows]) if rows else np.zeros(0, np.int32)
+    def joined(column: str) -> np.ndarray:
+        out = np.empty(total, np.int32)
+        at = 0
+        for values in _taken(rows, column):
+            out[at:at + len(values)] = values
+            at += len(values)
+        return out
 
-    def rates(r: ShardRows) -> np.ndarray:
-        return np.full(len(r.frames), 0 if r.audio is None else r.audio.sample_rate, np.int32)
-
-    speakers = [r.speakers for r in rows]
-    return ShardSet(urls, np.array([len(r.frames) for r in rows], np.int64), joined(lambda r: r.frames),
+    rates = None if audio is None else np.repeat(
+        np.array([0 if r.audio is None else r.audio.sample_rate for r in rows], np.int32), utts)
+    has_speakers = bool(rows) and all(r.speakers is not None for r in rows)
+    columns = {n: Values.concat(_taken(rows, "columns", n), total) for n in names}
+    return ShardSet(urls, utts, joined("frames"),
                     [r.digest for r in rows], np.array([r.size for r in rows], np.int64),
                     audio.num_mel_bins if audio else dims.pop() if len(dims) == 1 else None, scanned,
                     np.array([r.lost for r in rows], np.int64),
-                    speakers=Speakers.concat(speakers) if rows and None not in speakers else None,  # type: ignore[arg-type]
-                    checksums=[r.checksum for r in rows], tokens=joined(lambda r: r.tokens) if tokens else None,
-                    audio=audio, samples=None if audio is None else joined(lambda r: r.samples),
-                    rates=None if audio is None else joined(rates), fields=tuple(sorted(fields)),
-                    columns={n: Values.concat([r.columns[n] for r in rows]) for n in names})
+                    speakers=Speakers.concat(_taken(rows, "speakers"), total) if has_speakers else None,
+                    checksums=[r.checksum for r in rows], tokens=joined("tokens") if tokens else None,
+                    audio=audio, samples=None if audio is None else joined("samples"),
+                    rates=rates, fields=tuple(sorted(fields)), columns=columns)
+
+
+def _taken(rows: list[ShardRows], column: str, name: str | None = None) -> Iterator[Any]:
+    """Each shard's ``column`` (of its ``columns``, ``name``'s), in order, each let go as it is handed on."""
+    for r in rows:
+        if name is None:
+            value = getattr(r, column)
+            setattr(r, column, None)
+        else:
+            value = r.columns.pop(name)
+        yield value
 
 
 def _scanned_audio(url: str, scan: ShardScan) -> AudioIndex | None:
