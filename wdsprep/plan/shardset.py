@@ -27,6 +27,7 @@ import json
 import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -64,6 +65,10 @@ class TokenCounts(Protocol):
     def folder(self, folder: str, index: FolderIndex) -> np.ndarray: ...
 
     def shard(self, url: str) -> np.ndarray: ...
+
+
+# Remote folders whose index files are fetched at once when a shard set is built.
+INDEX_REQUESTS = 16
 
 
 class StaleIndexError(DataError):
@@ -315,6 +320,25 @@ class _Indexes:
         index = self.read[folder]
         return folder, index, None if index is None else index.position(name)
 
+    def prefetch(self, urls: Sequence[str]) -> None:
+        """The indexes of every remote folder of ``urls`` fetched at once, :data:`INDEX_REQUESTS` at a
+        time: one after another, 100 folders of ~5 files at 50 ms a request are 25 s of waiting
+        before the first step.  A failure is raised for the first folder (in the order of ``urls``)
+        that has one, the fetches not yet begun cancelled."""
+        folders = [f for f in dict.fromkeys(index_place(u)[0] for u in urls if has_folder(u)) if f not in self.read]
+        if len(folders) < 2:
+            return
+        fetch = partial(fetch_file, policy=self.policy)
+        with ThreadPoolExecutor(min(INDEX_REQUESTS, len(folders)), thread_name_prefix="wdsprep-index") as pool:
+            futures = [pool.submit(read_index_at, f, fetch) for f in folders]
+            try:
+                for folder, future in zip(folders, futures):
+                    self.read[folder] = future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
     def with_keys(self, folder: str) -> FolderIndex:
         """A remote folder's index with its keys (fetched only when the key rule needs them)."""
         index = self.read[folder] = read_index_at(folder, partial(fetch_file, policy=self.policy), keys=True)
@@ -341,6 +365,7 @@ def shard_set(urls: Sequence[str], *, policy: RetryPolicy | None = None, derive_
     folder's, as it stood when an epoch was planned), used instead of reading them."""
     policy = policy or RetryPolicy()
     found = _Indexes(policy, indexes, tokens)
+    found.prefetch(urls)
     started = time.perf_counter()
     retimed: dict[str, int] = {}  # folder -> its shards whose times are not the index's, checked by content
     rows = [_indexed_rows(url, found, retimed, derive_speakers) for url in urls]
