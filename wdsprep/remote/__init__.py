@@ -9,8 +9,9 @@ client (boto3) and one HTTP pool (urllib3) per process and the streams the store
 classifying every failure as worth a retry or not; ``deadline.py`` holds every download to a
 minimum rate; ``fetch.py`` brings a whole object into an anonymous memory file or a file, with
 retries, resuming a cut-off body where it stopped, checked against the size and checksum the
-index recorded; ``cache.py`` is the optional local shard cache, shared safely by the ranks of a
-node.
+index recorded; ``pace.py`` sizes a reader's downloads in flight to the store (its measured
+latency and bandwidth against the pace the reader reads at); ``cache.py`` is the optional local
+shard cache, shared safely by the ranks of a node.
 
 Nothing here knows what a shard holds: the bytes are parsed only by ``wdsprep.format``, which
 reads what the layers above fetched with this package, handed to it as a local copy.

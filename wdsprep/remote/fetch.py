@@ -107,6 +107,17 @@ class RetryPolicy:
         return base * (0.5 + jitter)
 
 
+@dataclass
+class Timing:
+    """How a fetch's last attempt went, for the pace of the reads ahead (:mod:`~wdsprep.remote.pace`):
+    seconds from the request to the response's first byte (its headers), seconds reading the
+    body, and the body's bytes."""
+
+    first_byte: float = 0.0
+    body: float = 0.0
+    size: int = 0
+
+
 class _Held:
     """Fetched copies alive in memory in this process, now and at most (for benchmarks and tests)."""
 
@@ -442,12 +453,13 @@ def with_retries(attempt: Callable[[], T], url: str, policy: RetryPolicy,
 
 def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: str | None = None,
                limit: int | None = None, policy: RetryPolicy = RetryPolicy(),
-               cancel: threading.Event | None = None) -> int:
+               cancel: threading.Event | None = None, timing: Timing | None = None) -> int:
     """Fetch ``url`` whole into ``sink``; the retries it took.
 
     ``expected``: the size the index recorded, ``checksum`` its SHA-256 (hex); a server that sends
     another size or other bytes raises :class:`ChangedError` (no retry: the object changed since it
     was indexed).  ``limit``: the most bytes the object may have (:class:`TooLargeError` beyond).
+    ``timing``: filled with how the attempt that succeeded went.
     """
     name = redact(url)
     state: dict[str, Any] = {"validator": None}  # the version of the bytes kept (ETag or Last-Modified)
@@ -512,8 +524,13 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
             stream = None
             try:
                 watch.expect(0, CHUNK if expected is None else min(CHUNK, expected))
+                asked = time.monotonic()
                 stream = open_stream(url, start=sink.size, validator=state["validator"], timeout=policy.timeout)
+                first = time.monotonic()
                 body(stream, watch)
+                if timing is not None:
+                    timing.first_byte, timing.body = first - asked, time.monotonic() - first
+                    timing.size = sink.size - stream.start
             except FetchError:
                 raise
             except (Retryable, Cancelled) as e:
@@ -542,11 +559,13 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
 
 
 def fetch_shard(url: str, *, expected: int | None = None, checksum: str | None = None,
-                policy: RetryPolicy = RetryPolicy(), cancel: threading.Event | None = None) -> tuple[LocalCopy, int]:
+                policy: RetryPolicy = RetryPolicy(), cancel: threading.Event | None = None,
+                timing: Timing | None = None) -> tuple[LocalCopy, int]:
     """``url`` whole in memory (see :class:`MemorySink`), and the retries it took."""
     sink = MemorySink()
     try:
-        retries = fetch_into(url, sink, expected=expected, checksum=checksum, policy=policy, cancel=cancel)
+        retries = fetch_into(url, sink, expected=expected, checksum=checksum, policy=policy, cancel=cancel,
+                             timing=timing)
         return sink.finish(), retries
     except BaseException:
         sink.discard()
