@@ -31,7 +31,7 @@ from wdsprep.remote.fetch import Cancelled, FetchError, LocalCopy, Timing, fetch
 from wdsprep.remote.pace import Estimate, Gauge, gauge_for, window
 from wdsprep.remote.urls import is_url, redact
 
-# Shards ahead before the pace is measured (and for local shards, asked into the page cache).
+# Local shards asked into the page cache ahead of the one in use.
 LEAST_AHEAD = 2
 # Shards not yet started that the pace looks at, at most (and no more bytes than the budget).
 PACE_HORIZON = 256
@@ -196,8 +196,7 @@ class ShardFetcher:
         queued = sum(self._size(s) for s, f in self.pending.items() if not f.done())
         estimate = self.gauge.estimate if self.gauge is not None else Estimate()
         n = window([(size, batches) for _, size, batches in ahead], estimate,
-                   most=self.options.max_requests, least=LEAST_AHEAD, budget=budget, waiting=self._waiting_bytes(),
-                   queued=queued)
+                   most=self.options.max_requests, budget=budget, waiting=self._waiting_bytes(), queued=queued)
         for s, _, _ in ahead[:n]:
             if is_url(self.urls[s]):
                 self._start(s)

@@ -139,7 +139,7 @@ class MixOptions:
 
 # Read-ahead sized to the store: at most this many bytes started ahead per reader, and this many
 # downloads at once (docs/remote.md: the wait and memory measured through a latency relay).
-READ_AHEAD_BYTES = 512 << 20
+READ_AHEAD_BYTES = 1 << 30
 MAX_REQUESTS = 16
 
 
@@ -152,9 +152,10 @@ class FetchOptions:
               "the rate the reader reads, within --read-ahead-bytes and --max-requests); 0 fetches each when needed",
         metavar="SHARDS",
         doc="shards each reader fetches ahead of the one in use, in the order it reads them (remote: downloaded in "
-            "the background; local: into the page cache). Default (None): sized to the store, as many as cover "
-            "its measured first-byte latency and per-connection bandwidth at the rate this reader reads shard "
-            "bytes (2 until measured), within read_ahead_bytes and max_requests (docs/remote.md); a number fixes "
+            "the background; local: into the page cache, 2 ahead). Default (None): sized to the store: each shard "
+            "is started once it would arrive late otherwise, by the store's measured first-byte latency and "
+            "per-connection bandwidth and the seconds this reader takes per batch (until measured, as many as "
+            "read_ahead_bytes allows), within read_ahead_bytes and max_requests (docs/remote.md); a number fixes "
             "it, 0 fetches each when needed")
     read_ahead_bytes: int | None = option(READ_AHEAD_BYTES, "at most this many bytes of remote shards fetched ahead "
                                                             "(started and not yet opened), per reader; the next "

@@ -21,8 +21,10 @@ that would not arrive ``margin`` times sooner than it is needed, within a byte b
 a count: one 80 MB shard weighs as much as eleven 7 MB ones).  So the shards the first batches of
 a new length pool need together (most of the pool's) are on their way while the pool before is
 read, and a shard needed much later waits, holding no memory.  Slow store or fast reader: more in
-flight; fast store or slow trainer: fewer.  Until a reader has measured all three it keeps
-``least`` ahead.  Pure arithmetic, no I/O: the rule is unit-tested as it is.
+flight; fast store or slow trainer: fewer.  Until a reader has measured all three (its first
+two batches) it starts what the byte budget allows: measured through a latency relay, a start
+that waited for the pace let 80 MB shards arrive late for 10% of the epoch, against 1.3%.  Pure
+arithmetic, no I/O: the rule is unit-tested as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from itertools import takewhile
 from typing import Sequence
 
 # Each new measurement's weight in the moving averages: a few shards to adapt, not one outlier.
@@ -39,9 +40,6 @@ WEIGHT = 0.3
 # A shard is started once its fetch would not arrive this many times sooner than it is needed:
 # bandwidth shared with other readers and a burst of shards needed by one batch eat into it.
 MARGIN = 2.0
-# Until the pace is measured, the shards the next batches up to this many ahead need are started
-# at once, however many (a reader's first batch can need every shard of its first length pool).
-SOON = 1
 
 
 def _average(old: float | None, new: float) -> float:
@@ -62,22 +60,22 @@ class Estimate:
         return None not in (self.latency, self.bandwidth, self.batch_seconds)
 
 
-def window(shards: Sequence[tuple[int, float]], estimate: Estimate, *, most: int, least: int,
-           budget: int | None = None, waiting: int = 0, queued: int = 0, margin: float = MARGIN) -> int:
+def window(shards: Sequence[tuple[int, float]], estimate: Estimate, *, most: int, budget: int | None = None,
+           waiting: int = 0, queued: int = 0, margin: float = MARGIN) -> int:
     """How many of the shards not yet started to start now.
 
     ``shards``: each one's bytes and the batches until the reader first needs it (0: the batch it
     reads now), in the order they are needed.  ``queued``: bytes still downloading ahead of them;
     ``waiting``: bytes started and not yet opened (downloading or downloaded), which with the ones
     started now stay within ``budget`` (None: no bound), though one is always allowed when
-    nothing waits.  Before anything is measured: those needed within :data:`SOON` batches, and at
-    least ``least`` (those there are).
+    nothing waits.  Before the pace is measured: every one, as far as the budget goes.
     """
     n = len(shards)
     if not estimate.known:
-        # Every shard the batch read now and the next one need (a batch may need many at once), and
-        # at least ``least``.
-        want = max(min(n, least), sum(1 for _ in takewhile(lambda x: x[1] <= SOON, shards)))
+        # Until the reader has read two batches, how soon it needs each shard is unknown: all it
+        # will need, as far as the budget goes (a first batch may need a whole length pool's
+        # shards, and one large shard takes seconds on one connection).
+        want = n
     else:
         assert estimate.latency is not None and estimate.bandwidth is not None and estimate.batch_seconds is not None
         bandwidth = max(estimate.bandwidth, 1.0)
