@@ -4,8 +4,9 @@ The assignment tells each reader (a rank's main process or DataLoader worker) wh
 reads and in what order, so it reads ahead along exactly that order and nothing else: under DDP
 each node fetches only its own ranks' shards.  While a shard is in use the next ones are fetched
 in the background (remote: downloaded, into memory or the cache directory; local: asked into the
-page cache).  How many: by default as many as cover the store's first-byte latency and each
-connection's bandwidth at the rate this reader reads (``wdsprep.remote.pace``, measured as it
+page cache, :data:`LEAST_AHEAD` ahead).  When, for remote shards: each is started once it would
+arrive late otherwise, by the batch that first needs it, the store's first-byte latency and
+bandwidth and the seconds this reader takes per batch (``wdsprep.remote.pace``, measured as it
 goes), at most ``max_requests`` downloads at once and ``read_ahead_bytes`` of shards started and
 not yet opened; ``read_ahead=N`` fixes the count instead.  A fetch that fails is retried
 (``wdsprep.remote.fetch``); the retries are handed back with the shard, for the reader's counts.
