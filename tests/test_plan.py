@@ -192,3 +192,19 @@ def test_dev_plans_are_the_same_batches_whatever_the_seed_and_training_plans_are
     dev = [batches(False, seed) for seed in range(4)]
     assert all(d == dev[0] for d in dev) and sum(map(len, dev[0])) == utts.sum()
     assert len({frozenset(batches(True, seed)) for seed in range(4)}) == 4
+
+
+def test_shard_sums_are_each_shards_frames_however_the_rows_are_chunked(monkeypatch):
+    """The frames per shard the streams are dealt by, summed a bounded chunk of rows at a time (no int64
+    copy of the whole column): the same as summing each shard, empty shards included, at any chunk size."""
+    import wdsprep.plan.streams as streams
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        utts = rng.integers(0, 5, int(rng.integers(1, 40)))
+        utts[rng.random(len(utts)) < 0.3] = 0  # empty shards, also at a chunk's edges
+        frames = rng.integers(0, 3000, int(utts.sum())).astype(np.int32)
+        monkeypatch.setattr(streams, "_SUM_ROWS", int(rng.integers(1, 10)))
+        ends = np.cumsum(utts)
+        expected = [int(frames[e - n:e].sum()) for n, e in zip(utts, ends)]
+        assert streams.shard_sums(utts, frames).tolist() == expected

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from relay import relay
 from remote_servers import BUCKET, http_server, s3_server, upload, use_endpoint
 from shardsets import build, train_char_tokenizer
 
@@ -326,6 +327,29 @@ def test_processes_sharing_a_cache_download_a_shard_once(corpus, http, tmp_path)
     outs = sorted(p.communicate(timeout=60)[0].split() for p in procs)
     assert outs == [["False", "True"], ["True", "True"], ["True", "True"]]
     assert http.gets["/0_150/data-00001.tar"] == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_through_a_slow_store_the_reader_keeps_many_requests_in_flight(corpus, local, http, s3_endpoint, monkeypatch,
+                                                                        store):
+    """Through the latency relay (0.2 s before each response's first byte, 1 MB/s a connection), a
+    reader sized to the store has many downloads in flight at once, where read_ahead=2 had at most 3,
+    and the epoch is the local one; the timeout bounds a reader that would fetch one shard at a time."""
+    out, _, tok, names = corpus
+    with relay(http.url if store == "http" else s3_endpoint, latency=0.2, rate=1e6) as slow:
+        if store == "http":
+            trset = brace_pattern(slow.url, names)
+        else:
+            use_endpoint(monkeypatch, slow.url)
+            trset = f"s3://{BUCKET}/corpus/*/data-*.tar"
+        loader = wdsprep.make_loader(trset, tok, max_frames=2500, seed=5, shuffle_buffer=40)
+        loader.set_epoch(0)
+        slow.reset()  # the shards' requests alone, not the index files'
+        got = [(tuple(b.keys), b.feats.numpy().copy()) for b in loader]
+        assert same(got, local[0])
+        assert slow.requests == sum(len(n) for n in names.values())
+        assert slow.peak_in_flight >= 6, slow.peak_in_flight
 
 
 def test_read_ahead_is_bounded_in_shards_and_bytes(corpus, http):

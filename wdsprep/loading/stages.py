@@ -49,7 +49,7 @@ def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, labe
     id's epoch).
 
     The batches come a window at a time (an epoch source deals a long epoch in windows).  Every
-    shard they need is read once, when the first batch needs it (the next ``fetch.read_ahead``
+    shard they need is read once, when the first batch needs it (the next ones
     fetched meanwhile, in the order the batches need them: ``loading/readahead.py``), labelled whole by
     ``label(shard, rows)``, and let go after the last batch that needs it.  The next window is
     looked at before the current one is read, so a shard used on both sides of a boundary is read
@@ -65,7 +65,9 @@ def read_batches(windows: Iterable[Sequence[Planned]], shards: ShardSet, *, labe
             used, first, n = np.unique(np.concatenate(owners), return_index=True, return_counts=True)
             for s, k in zip(used.tolist(), n.tolist()):
                 waiting[s] = waiting.get(s, 0) + k
-            fetcher.extend(used[np.argsort(first, kind="stable")].tolist())  # in the order first needed
+            by_first = np.argsort(first, kind="stable")  # in the order first needed, with the batch that does
+            batch_of = np.repeat(np.arange(len(owners)), [len(o) for o in owners])
+            fetcher.extend(used[by_first].tolist(), batch_of[first[by_first]].tolist(), len(planned))
         return owners
 
     windows = iter(windows)
@@ -87,6 +89,7 @@ def _gather(planned: Sequence[Planned], owners: list[np.ndarray], shards: ShardS
             on_error: str, counts: WorkerTally, block: int, fields: Sequence[str],
             origins: Origins | None) -> Iterator[Rows]:
     for (bid, rows), owner in zip(planned, owners):
+        fetcher.reached()
         within = rows - shards.starts[owner]
         present = list(dict.fromkeys(owner.tolist()))  # the batch's shards, first use first
         for s in present:

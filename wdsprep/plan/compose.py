@@ -29,7 +29,7 @@ from wdsprep.plan.growing import View, published_shards, wait_for
 from wdsprep.plan.options import LoaderOptions
 from wdsprep.plan.shardset import ShardSet, indexed_shards, shard_set, union
 from wdsprep.plan.source import EpochSource, Trset, epoch_source
-from wdsprep.plan.streams import PlanOptions
+from wdsprep.plan.streams import TYPICAL_SAMPLE, PlanOptions
 from wdsprep.plan.tokens import LabelTokens
 from wdsprep.plan.transforms import Transforms, corpus_transforms, split_trset
 from wdsprep.remote.fetch import RetryPolicy
@@ -162,43 +162,63 @@ def build_source(trset: Trset | Corpora, options: LoaderOptions, *, tokenizer: T
     return source
 
 
+# Rows budget_problems looks at per numpy step: its temporaries stay a few MB at any corpus size
+# (whole-corpus int64 and float64 copies cost 1.4 GB at 36 M utterances).
+_BUDGET_CHUNK = 1 << 20
+
+
 def budget_problems(plan: PlanOptions, shards: ShardSet, streams: int) -> list[str]:
     """What a user would want to hear about the batch budget before the epoch: utterances that
     exceed it alone (each a batch of its own, over the budget), and a budget so large that a whole
-    stream is one batch (a max_cost in another unit than the cost model's, say)."""
+    stream is one batch (a max_cost in another unit than the cost model's, say).  The corpus is
+    looked at a chunk at a time, and its 95th percentiles taken from rows at an even stride
+    (:data:`~wdsprep.plan.streams.TYPICAL_SAMPLE`), so its memory does not grow with the corpus."""
     fit, out = plan.fit, []
-    frames = np.asarray(shards.frames, np.int64)
-    tokens = np.asarray(shards.tokens, np.int64) if shards.tokens is not None else np.zeros_like(frames)
-    keep = np.ones(len(frames), bool)
-    if plan.min_frames is not None:
-        keep &= frames >= plan.min_frames
-    if plan.max_utt_frames is not None:
-        keep &= frames <= plan.max_utt_frames
-    frames, tokens = frames[keep], tokens[keep]
-    if not len(frames):
+    kept = over = 0
+    worst = 1.0
+    n = len(shards.frames)
+    for a in range(0, n, _BUDGET_CHUNK):
+        frames, tokens = _budget_rows(plan, shards, slice(a, a + _BUDGET_CHUNK))
+        kept += len(frames)
+        if not len(frames):
+            continue
+        if fit.max_frames is not None:
+            over_frames = frames > fit.max_frames
+            over += int(over_frames.sum())
+            worst = max(worst, int(frames.max()) / fit.max_frames)
+        else:
+            over_frames = np.zeros(len(frames), bool)
+        if fit.cost is not None and fit.max_cost is not None:
+            each = fit.cost.per_utterance(frames, tokens)
+            over += int(((each > fit.max_cost) & ~over_frames).sum())
+            worst = max(worst, float(each.max()) / fit.max_cost)
+    if not kept:
         return out
-    over = np.zeros(len(frames), bool)
-    ratio = np.ones(len(frames))
-    if fit.max_frames is not None:
-        over |= frames > fit.max_frames
-        ratio = np.maximum(ratio, frames / fit.max_frames)
-    if fit.cost is not None and fit.max_cost is not None:
-        each = fit.cost.per_utterance(frames, tokens)
-        over |= each > fit.max_cost
-        ratio = np.maximum(ratio, each / fit.max_cost)
-    if over.any():
+    if over:
         bound = " and ".join(f"{name}={value:g}" for name, value in (("max_frames", fit.max_frames),
                                                                         ("max_cost", fit.max_cost)) if value)
-        out.append(f"{int(over.sum()):,} of {len(frames):,} utterances ({over.mean():.1%}) exceed {bound} alone: each "
-                   f"is a batch of its own, up to {ratio.max():.2f}x the budget (raise it, or drop them with "
-                   f"max_utt_frames)")
-    per_stream = len(frames) / max(1, streams)
-    typical = int(fit.room(int(np.quantile(frames, 0.95)), int(np.quantile(tokens, 0.95))))
+        out.append(f"{over:,} of {kept:,} utterances ({over / kept:.1%}) exceed {bound} alone: each is a batch of "
+                   f"its own, up to {worst:.2f}x the budget (raise it, or drop them with max_utt_frames)")
+    frames, tokens = _budget_rows(plan, shards, slice(None, None, max(1, n // TYPICAL_SAMPLE)))
+    per_stream = kept / max(1, streams)
+    typical = int(fit.room(int(np.quantile(frames, 0.95)), int(np.quantile(tokens, 0.95)))) if len(frames) else 0
     if per_stream > 1 and typical >= per_stream:
         out.append(f"the batch budget fits {typical:,} utterances of the corpus's 95th-percentile length in one "
                    f"batch, more than a stream holds ({per_stream:,.0f}): every stream is a single batch. Is max_cost "
                    f"in the cost model's unit (wdsprep calibrate prints one), or max_frames per rank?")
     return out
+
+
+def _budget_rows(plan: PlanOptions, shards: ShardSet, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+    """(frames, label tokens; 0 where not counted) of ``rows`` that the length filters keep, as int64."""
+    frames = np.asarray(shards.frames[rows], np.int64)
+    tokens = np.asarray(shards.tokens[rows], np.int64) if shards.tokens is not None else np.zeros_like(frames)
+    keep = np.ones(len(frames), bool)
+    if plan.min_frames is not None:
+        keep &= frames >= plan.min_frames
+    if plan.max_utt_frames is not None:
+        keep &= frames <= plan.max_utt_frames
+    return (frames, tokens) if keep.all() else (frames[keep], tokens[keep])
 
 
 def _say_budget(plan: PlanOptions, source: EpochSource, rank: int) -> None:

@@ -35,6 +35,7 @@ from wdsprep.plan.streams import (
     StreamRows,
     layout,
     plan_epoch,
+    plan_streams,
     stream_rows,
     stream_shards,
 )
@@ -70,10 +71,14 @@ class LRU(Generic[K, V]):
 
 @dataclass(frozen=True)
 class EpochBatches:
-    """An epoch's batches per stream, and (in the main process) utterances per batch."""
+    """An epoch's batches per stream, and (in the main process) utterances per batch; tallied
+    stream by stream (:attr:`Corpus.lean`), also what each stream left out and, where asked for,
+    the epoch's utterances per speaker (the shuffle report's population)."""
 
     counts: np.ndarray  # int64 [streams]
     sizes: list[np.ndarray] | None = None  # per stream: utterances in each batch; None where only counts are known
+    dropped: list[dict[str, int]] | None = None  # per stream: reason -> utterances the plan left out
+    speakers: np.ndarray | None = None  # int64 [speaker ids]: the epoch's utterances of each
 
 
 class FixedShards:
@@ -134,6 +139,11 @@ class Corpus:
         self._tallies: LRU[int, EpochBatches] = LRU(4)
         self._dealt: LRU[int, list[np.ndarray]] = LRU(2)  # epoch -> each stream's shards
         self._rows: LRU[tuple[int, int], StreamRows] = LRU(256)  # (epoch, stream) -> its rows before batches
+        # Tally an epoch stream by stream and keep no whole plan: a rank of many needs the batch counts
+        # of every stream but the rows of few (at 36 M utterances the whole plan is 144 MB a rank).
+        self.lean = False
+        # Each row's speaker id, for tallies to count the epoch's utterances per speaker (None: not counted).
+        self.count_speakers: np.ndarray | None = None
 
     @property
     def num_streams(self) -> int:
@@ -200,17 +210,43 @@ class Corpus:
         epoch = self._epoch(epoch)
         got = self._tallies.peek(epoch)
         if got is None or (sizes and got.sizes is None):
-            plan = self.plan(epoch)  # kept: the batches of the epoch dealt now are read next
-            got = EpochBatches(plan.counts, [np.diff(s.starts) for s in plan.streams])
+            if self.lean:
+                got = self._lean_tally(epoch)
+            else:
+                plan = self.plan(epoch)  # kept: the batches of the epoch dealt now are read next
+                got = EpochBatches(plan.counts, [np.diff(s.starts) for s in plan.streams])
             self._tallies.put(epoch, got)
         return got
+
+    def _lean_tally(self, epoch: int) -> EpochBatches:
+        """The tally of ``epoch`` from its streams planned one at a time, each let go once counted."""
+        counts, sizes, dropped = [], [], []
+        ids = self.count_speakers
+        speakers = None if ids is None else np.zeros(int(ids.max(initial=-1)) + 1, np.int64)
+        for plan in plan_streams(self.shards.utts, self.frames(epoch), self.options, seed=self.seed, epoch=epoch,
+                                 speakers=self.speakers, tokens=self.tokens, laid_out=self.layout):
+            counts.append(plan.num_batches)
+            sizes.append(np.diff(plan.starts))
+            dropped.append(dict(plan.dropped))
+            if speakers is not None and ids is not None:
+                speakers += np.bincount(ids[plan.rows], minlength=len(speakers))
+        return EpochBatches(np.array(counts, np.int64), sizes, dropped, speakers)
+
+    def speaker_counts(self, epoch: int) -> np.ndarray | None:
+        """The epoch's utterances per speaker id, where a lean tally counted them (else None)."""
+        return self._tally(epoch, sizes=True).speakers
 
     def dropped(self, epoch: int, stream: int) -> Counter[str]:
         """What the plan of a stream leaves out of ``epoch``: its length filters, and the samples
         of its shards the index says cannot be read."""
-        s = self.stream(epoch, stream)
-        unreadable = int(self.shards.lost[s.shards].sum()) if len(s.shards) else 0
-        return Counter(s.dropped) + Counter({"unreadable": unreadable})  # zero counts drop out
+        tally = self._tallies.peek(self._epoch(epoch))
+        if tally is not None and tally.dropped is not None:
+            left, shards = tally.dropped[stream], self._stream_shards(self._epoch(epoch))[stream]
+        else:
+            s = self.stream(epoch, stream)
+            left, shards = s.dropped, s.shards
+        unreadable = int(self.shards.lost[shards].sum()) if len(shards) else 0
+        return Counter(left) + Counter({"unreadable": unreadable})  # zero counts drop out
 
     def rows(self, epoch: int, stream: int, batch: int) -> np.ndarray:
         """A planned batch's rows in the loader's shard set."""
@@ -222,7 +258,8 @@ class Corpus:
 
     def to_global(self, local: np.ndarray) -> np.ndarray:
         """This corpus's rows as rows of the loader's shard set."""
-        return local + self.row0 if self.rowmap is None else self.rowmap[local]
+        # int64 first: a plan's rows are int32 (streams.compact_rows), the loader's shard set may have more.
+        return np.asarray(local, np.int64) + self.row0 if self.rowmap is None else self.rowmap[local]
 
     def stream_rows(self, epoch: int, stream: int) -> StreamRows:
         """A stream's rows of ``epoch`` before they are batched (its own rows, in the order its

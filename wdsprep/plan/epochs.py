@@ -18,7 +18,7 @@ import numpy as np
 from wdsprep.format.index import Speakers
 from wdsprep.plan.assign import INTERLEAVE, Assignment, epoch_assignment, next_turn, rank_order
 from wdsprep.plan.corpus import LRU, Corpus, FixedShards
-from wdsprep.plan.quality import plan_quality
+from wdsprep.plan.quality import plan_quality, ranks_quality
 from wdsprep.plan.state import (
     MAX_RUNS,
     MAX_WORKERS,
@@ -69,6 +69,9 @@ class CorpusEpochs(FixedShards):
         self.corpora = corpora  # the named corpora of its rows (dev mode plans their union as one)
         self.world_size, self.num_workers = world_size, num_workers
         self.speakers = speakers  # for the shuffle report
+        if world_size > 1:  # a rank reads a share of the streams: no whole plan kept, its tally counts speakers
+            corpus.lean = True
+            corpus.count_speakers = None if speakers is None else speakers.ids
         self.anchor: CorpusPosition | None = None  # a loaded position
         self._runs: LRU[CorpusPosition, CorpusRun] = LRU(2)  # len(loader) and the iteration ask for the same one
 
@@ -227,23 +230,29 @@ class CorpusRun:
     def planned_stats(self, rank: int) -> LoaderStats:
         """The epoch's figures known at its start: its steps, the discarded tail, the shuffle report."""
         s, a, e = self.source, self.assignment, self.at.epoch
-        plan = s.corpus.plan(e)
+        sizes = s.corpus.sizes(e)
         st = LoaderStats(epoch=e, steps=self.at.step, planned_steps=self.steps(rank))
-        total = sum(int(p.starts[-1]) for p in plan.streams)
-        st.discarded = sum(int(plan.streams[t.stream].starts[t.stop] - plan.streams[t.stream].starts[t.start])
-                           for t in a.discarded)
+        total = sum(int(n.sum()) for n in sizes)
+        st.discarded = sum(int(sizes[t.stream][t.start:t.stop].sum()) for t in a.discarded)
         st.discarded_fraction = st.discarded / total if total else 0.0
         if s.speakers is not None:  # from the plan and the index: no feature read
             self.report_shuffle(st, rank)
         return st
 
     def report_shuffle(self, st: LoaderStats, rank: int) -> None:
-        """The shuffle report of ``rank``'s batches, into ``st``."""
+        """The shuffle report of ``rank``'s batches, into ``st`` (a lean corpus plans only the
+        streams they are of, its tally having counted the population)."""
         s = self.source
         assert s.speakers is not None
-        e = self.at.epoch
-        st.shuffle = plan_quality(s.corpus.plan(e), self.assignment, s.speakers.ids, s.corpus.frames(e), ranks=[rank],
-                                  source=s.speakers.source).to_dict()
+        e, corpus = self.at.epoch, s.corpus
+        counts = corpus.speaker_counts(e) if corpus.lean else None
+        if counts is None:
+            q = plan_quality(corpus.plan(e), self.assignment, s.speakers.ids, corpus.frames(e), ranks=[rank],
+                             source=s.speakers.source)
+        else:
+            q = ranks_quality(lambda stream, j: corpus.stream(e, stream).batch(j), self.assignment, counts,
+                              s.speakers.ids, corpus.frames(e), ranks=[rank], source=s.speakers.source)
+        st.shuffle = q.to_dict()
 
     def discarded(self) -> list[BatchId]:
         """The epoch's tail no rank yields (fewer batches than ranks)."""

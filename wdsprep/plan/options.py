@@ -137,17 +137,34 @@ class MixOptions:
                 if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
 
 
+# Read-ahead sized to the store: at most this many bytes started ahead per reader, and this many
+# downloads at once (docs/remote.md: the wait and memory measured through a latency relay).
+READ_AHEAD_BYTES = 1 << 30
+MAX_REQUESTS = 16
+
+
 @dataclass(frozen=True)
 class FetchOptions:
     """How a reader brings its shards: read-ahead, the optional cache, retries (make_loader's options)."""
 
-    read_ahead: int = option(2, "shards each reader fetches ahead of the one in use (remote: downloaded; local: "
-                                "into the page cache); 0 fetches each when needed", metavar="SHARDS",
-                             doc="shards each reader fetches ahead of the one in use, in the order it reads them "
-                                 "(remote: downloaded in the background; local: into the page cache); 0 fetches "
-                                 "each when needed")
-    read_ahead_bytes: int | None = option(None, "at most this many bytes of remote shards fetched ahead and waiting, "
-                                                "per reader (at least one shard is)", metavar="BYTES")
+    read_ahead: int | None = option(
+        None, "shards each reader fetches ahead of the one in use (default: as many as cover the store's latency at "
+              "the rate the reader reads, within --read-ahead-bytes and --max-requests); 0 fetches each when needed",
+        metavar="SHARDS",
+        doc="shards each reader fetches ahead of the one in use, in the order it reads them (remote: downloaded in "
+            "the background; local: into the page cache, 2 ahead). Default (None): sized to the store: each shard "
+            "is started once it would arrive late otherwise, by the store's measured first-byte latency and "
+            "per-connection bandwidth and the seconds this reader takes per batch (until measured, as many as "
+            "read_ahead_bytes allows), within read_ahead_bytes and max_requests (docs/remote.md); a number fixes "
+            "it, 0 fetches each when needed")
+    read_ahead_bytes: int | None = option(READ_AHEAD_BYTES, "at most this many bytes of remote shards fetched ahead "
+                                                            "(started and not yet opened), per reader; the next "
+                                                            "shard always is", metavar="BYTES",
+                                          doc="at most this many bytes of remote shards fetched ahead (downloading "
+                                              "or downloaded, not yet opened) per reader, the next shard always "
+                                              "(None: no bound); what read-ahead may add to a reader's memory")
+    max_requests: int = option(MAX_REQUESTS, "most downloads each reader has in flight at once (a store that "
+                                             "throttles: fewer)", metavar="N")
     cache_dir: str | None = option(None, "keep fetched remote shards in this local directory (shareable by the ranks "
                                          "of a node)", kind=PATH, metavar="DIR",
                                    doc="keep fetched remote shards in this local directory and read them from "
@@ -174,8 +191,10 @@ class FetchOptions:
     def __post_init__(self) -> None:
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.read_ahead < 0:
-            raise ValueError(f"read_ahead must be >= 0 (shards), got {self.read_ahead}")
+        if self.read_ahead is not None and self.read_ahead < 0:
+            raise ValueError(f"read_ahead must be >= 0 (shards) or None (sized to the store), got {self.read_ahead}")
+        if self.max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
         if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
             raise ValueError(f"read_ahead_bytes must be >= 0, got {self.read_ahead_bytes}")
         if self.cache_bytes is not None and self.cache_bytes < 0:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -230,12 +230,26 @@ def plan_quality(plan: EpochPlan, assignment: Assignment, speakers: np.ndarray, 
     """The quality of the batches ``ranks`` get in a planned epoch, each rank's batches a sequence
     in the order it yields them; the population is every utterance of the plan.  ``speakers`` and
     ``lengths`` are per global row (the shard set's)."""
-    counts = np.zeros(int(speakers.max(initial=-1)) + 1, np.int64)  # the epoch's utterances per speaker
+    return ranks_quality(lambda s, j: plan.streams[s].batch(j), assignment, population(plan, speakers), speakers,
+                         lengths, ranks=ranks, ks=ks, source=source)
+
+
+def population(plan: EpochPlan, speakers: np.ndarray) -> np.ndarray:
+    """The epoch's utterances per speaker id (``speakers``: per global row), from every stream's rows."""
+    counts = np.zeros(int(speakers.max(initial=-1)) + 1, np.int64)
     for s in plan.streams:
         counts += np.bincount(speakers[s.rows], minlength=len(counts))
+    return counts
+
+
+def ranks_quality(batch: Callable[[int, int], np.ndarray], assignment: Assignment, counts: np.ndarray,
+                  speakers: np.ndarray, lengths: np.ndarray, *, ranks: Sequence[int],
+                  ks: Sequence[int] = RECURRENCE_STEPS, source: str = "") -> ShuffleQuality:
+    """:func:`plan_quality` with the population given as utterances per speaker id (``counts``) and
+    each batch's rows by ``batch(stream, j)``: a rank that keeps no whole plan plans only its own."""
     out = ShuffleQuality(ks=list(ks), source=source)
     for r in ranks:
-        batches = [plan.streams[s].batch(j) for s, j in rank_order(assignment, r)]
+        batches = [batch(s, j) for s, j in rank_order(assignment, r)]
         out.merge(_batches_quality(batches, speakers, lengths, counts, ks, source))
     out.speakers = int(np.count_nonzero(counts))
     return out

@@ -24,7 +24,7 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -272,7 +272,7 @@ class StreamPlan:
 
     stream: int
     shards: np.ndarray  # shard indices, in the order the stream reads them
-    rows: np.ndarray  # int64: the rows (utterances) of every batch, batch after batch
+    rows: np.ndarray  # the rows (utterances) of every batch, batch after batch (int32 where they fit: compact_rows)
     starts: np.ndarray  # int64 [batches + 1]: batch j is rows[starts[j]:starts[j + 1]]
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> utterances the plan left out
 
@@ -383,11 +383,33 @@ def stream_shards(utts: np.ndarray, frames: np.ndarray, num_streams: int, *, see
                   shuffle: bool) -> list[np.ndarray]:
     """Shard indices of each stream of ``epoch``, in reading order, for shards of ``utts[i]``
     utterances whose frames are ``frames`` (shard after shard): :func:`deal_shards` by their frames."""
+    return deal_shards(shard_sums(utts, frames), num_streams, seed=seed, epoch=epoch, shuffle=shuffle)
+
+
+# Rows summed per numpy step by shard_sums: its int64 copy of them stays 8 MB.
+_SUM_ROWS = 1 << 20
+
+
+def shard_sums(utts: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """int64: each shard's frames, for shards of ``utts[i]`` rows of ``frames`` one after another.
+
+    A shard's rows at a time up to :data:`_SUM_ROWS`: ``np.add.reduceat(frames, ..., dtype=int64)``
+    over the whole column makes an int64 copy of it first (288 MB at 36 M utterances, on every
+    stream a reader plans)."""
+    utts = np.asarray(utts, np.int64)
     starts = np.concatenate([[0], np.cumsum(utts)]).astype(np.int64)
-    shard_frames = (np.add.reduceat(frames, starts[:-1], dtype=np.int64) if len(frames)  # no int64 copy of frames
-                    else np.zeros(len(utts)))
-    shard_frames = np.where(utts > 0, shard_frames, 0)  # reduceat repeats a value for empty shards
-    return deal_shards(shard_frames, num_streams, seed=seed, epoch=epoch, shuffle=shuffle)
+    out = np.zeros(len(utts), np.int64)
+    i = 0
+    while i < len(utts):
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + _SUM_ROWS, side="right")) - 1)
+        j = min(j, len(utts))
+        a, b = int(starts[i]), int(starts[j])
+        full = np.flatnonzero(utts[i:j] > 0)  # reduceat gives an empty shard its neighbour's value: only the others
+        if len(full):
+            part = np.add.reduceat(np.asarray(frames[a:b], np.int64), starts[i:j][full] - a)
+            out[i + full] = part
+        i = j
+    return out
 
 
 def deal_shards(shard_frames: np.ndarray, num_streams: int, *, seed: int, epoch: int,
@@ -498,7 +520,14 @@ def plan_stream(starts: np.ndarray, frames: np.ndarray, shards: np.ndarray, stre
     rows, batch_starts = cut_batches(kept.rows, frames, np.random.default_rng([seed, epoch, stream, _BATCHES]),
                                      options=options, pool=pool or options.pool_size, speakers=speakers,
                                      tokens=tokens)
-    return StreamPlan(stream, shards, rows, batch_starts, kept.dropped)
+    return StreamPlan(stream, shards, compact_rows(rows, len(frames)), batch_starts, kept.dropped)
+
+
+def compact_rows(rows: np.ndarray, num_rows: int) -> np.ndarray:
+    """``rows`` (of a corpus of ``num_rows``) as int32 where every row number fits: a whole epoch's
+    plan is one row number per utterance, which every rank's main process holds (144 MB at 36 M
+    utterances instead of 288)."""
+    return rows.astype(np.int32) if num_rows <= np.iinfo(np.int32).max else rows
 
 
 def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
@@ -510,6 +539,16 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
     ``tokens`` (each label's length in tokens) with a cost model that counts them or a label filter
     (``options.needs_tokens``).  ``laid_out``: the corpus's :func:`layout` (default: from these
     frames; a corpus with speed perturbation lays its epochs out from the index's)."""
+    plans = list(plan_streams(utts, frames, options, seed=seed, epoch=epoch, streams=streams, speakers=speakers,
+                              tokens=tokens, laid_out=laid_out))
+    return EpochPlan(epoch if options.train else 0, plans)
+
+
+def plan_streams(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, seed: int, epoch: int,
+                 streams: Sequence[int] | None = None, speakers: np.ndarray | None = None,
+                 tokens: np.ndarray | None = None, laid_out: Layout | None = None) -> Iterator[StreamPlan]:
+    """:func:`plan_epoch`'s streams one after another, each planned when asked for: a caller that
+    keeps only what it needs of each (its batch counts) holds one stream's rows at a time."""
     if options.needs_tokens and (tokens is None or len(tokens) != len(frames)):
         why = "the cost model counts label tokens" if options.fit.uses_tokens else \
             f"{', '.join(options.token_filters)} count label tokens"
@@ -522,12 +561,10 @@ def plan_epoch(utts: np.ndarray, frames: np.ndarray, options: PlanOptions, *, se
     laid_out = laid_out or layout(options, utts, frames, tokens)
     dealt = stream_shards(utts, frames, laid_out.streams, seed=seed, epoch=epoch, shuffle=options.train)
     wanted = set(range(len(dealt))) if streams is None else set(streams)
-    plans = []
     for s, shards in enumerate(dealt):
         if s in wanted:
-            plans.append(plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options,
-                                     speakers=speakers if options.max_utts_per_speaker is not None else None,
-                                     tokens=tokens if options.needs_tokens else None, pool=laid_out.pool))
+            yield plan_stream(starts, frames, shards, s, seed=seed, epoch=epoch, options=options,
+                              speakers=speakers if options.max_utts_per_speaker is not None else None,
+                              tokens=tokens if options.needs_tokens else None, pool=laid_out.pool)
         else:
-            plans.append(StreamPlan(s, shards, np.zeros(0, np.int64), np.zeros(1, np.int64)))
-    return EpochPlan(epoch, plans)
+            yield StreamPlan(s, shards, np.zeros(0, np.int64), np.zeros(1, np.int64))

@@ -9,8 +9,9 @@ store can list (S3); ``clients.py`` holds one S3 client (boto3) and one HTTP poo
 process and the streams the stores open, classifying every failure as worth a retry or not;
 ``deadline.py`` holds every download to a minimum rate; ``fetch.py`` brings a whole object into an
 anonymous memory file or a file, with retries, resuming a cut-off body where it stopped, checked
-against the size and checksum the index recorded; ``cache.py`` is the optional local shard cache,
-shared safely by the ranks of a node.
+against the size and checksum the index recorded; ``pace.py`` sizes a reader's downloads in flight
+to the store (its measured latency and bandwidth against the pace the reader reads at);
+``cache.py`` is the optional local shard cache, shared safely by the ranks of a node.
 
 Nothing here knows what a shard holds: the bytes are parsed only by ``wdsprep.format``, which
 reads what the layers above fetched with this package, handed to it as a local copy.

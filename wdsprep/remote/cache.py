@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from wdsprep.files import TMP_SUFFIX, atomic_path, file_sha256, make_dir, temp_path
-from wdsprep.remote.fetch import FileSink, LocalCopy, RetryPolicy, fetch_into
+from wdsprep.remote.fetch import FileSink, LocalCopy, RetryPolicy, Timing, fetch_into
 from wdsprep.remote.stores import cache_parts
 
 LOCKS = ".locks"
@@ -96,9 +96,10 @@ class ShardCache:
         return LocalCopy(fd, size, path=str(path))
 
     def fetch(self, url: str, *, expected: int | None = None, checksum: str | None = None,
-              policy: RetryPolicy = RetryPolicy(),
-              cancel: threading.Event | None = None) -> tuple[LocalCopy, int, bool]:
-        """``url`` from the cache, fetching it first if needed: (open copy, retries, was it a hit)."""
+              policy: RetryPolicy = RetryPolicy(), cancel: threading.Event | None = None,
+              timing: Timing | None = None) -> tuple[LocalCopy, int, bool]:
+        """``url`` from the cache, fetching it first if needed: (open copy, retries, was it a hit);
+        ``timing``: how the download went, where there was one."""
         path = self.path_for(url)
         hit = self._hit(path, expected, checksum)
         if hit is not None:
@@ -113,7 +114,7 @@ class ShardCache:
                 with atomic_path(path) as tmp:
                     with open(tmp, "w+b") as f:
                         retries = fetch_into(url, FileSink(f), expected=expected, checksum=checksum, policy=policy,
-                                             cancel=cancel)
+                                             cancel=cancel, timing=timing)
                         f.flush()
                         # Kept open across the rename: an eviction (another thread or process) may
                         # unlink the final name the moment it exists, and this copy must stay readable.

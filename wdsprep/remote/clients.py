@@ -37,6 +37,10 @@ from wdsprep.remote import deadline
 
 _lock = threading.Lock()
 _clients: dict[tuple, Any] = {}
+# Connections kept per host: a reader's downloads in flight (FetchOptions.max_requests) and the
+# index fetches at start-up each hold one, and one kept is one that need not be opened again
+# (a TLS handshake is another round trip or two).
+POOL_CONNECTIONS = 64
 # Statuses worth another attempt: the server or something on the way was busy or failing.
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 _RETRY_S3_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
@@ -161,7 +165,7 @@ def s3_client(timeout: float) -> Any:
 
         client = boto3.session.Session().client(
             "s3", config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=min(timeout, 20),
-                                read_timeout=timeout, max_pool_connections=32))
+                                read_timeout=timeout, max_pool_connections=POOL_CONNECTIONS))
         # botocore's pools are not configurable: its session's scheme -> pool map (one dict, shared
         # by its pool and proxy managers) is made to open watched connections.  Should a botocore
         # release rename it, a trickling S3 response is still cut once its body is read
@@ -186,7 +190,8 @@ def http_pool(url: str, timeout: float) -> Any:
     proxy = None if proxy_bypass(parts.hostname or "") else getproxies().get(parts.scheme)
 
     def make() -> Any:
-        kw = dict(num_pools=16, maxsize=8, timeout=urllib3.Timeout(connect=min(timeout, 20), read=timeout),
+        kw = dict(num_pools=16, maxsize=POOL_CONNECTIONS,
+                  timeout=urllib3.Timeout(connect=min(timeout, 20), read=timeout),
                   retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5,
                                         raise_on_status=False))
         manager = urllib3.ProxyManager(proxy, **kw) if proxy else urllib3.PoolManager(**kw)

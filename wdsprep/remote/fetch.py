@@ -107,6 +107,17 @@ class RetryPolicy:
         return base * (0.5 + jitter)
 
 
+@dataclass
+class Timing:
+    """How a fetch's last attempt went, for the pace of the reads ahead (:mod:`~wdsprep.remote.pace`):
+    seconds from the request to the response's first byte (its headers), seconds reading the
+    body, and the body's bytes."""
+
+    first_byte: float = 0.0
+    body: float = 0.0
+    size: int = 0
+
+
 class _Held:
     """Fetched copies alive in memory in this process, now and at most (for benchmarks and tests)."""
 
@@ -440,26 +451,31 @@ def with_retries(attempt: Callable[[], T], url: str, policy: RetryPolicy,
             raise cls(redact(f"{url}: {e}", url), url=redact(url), retries=retries) from None
 
 
+def _changed(name: str, why: str) -> ChangedError:
+    """The error of an object that is not the one its index recorded (``name``: its redacted URL)."""
+    return ChangedError(f"{name} {why}: it changed since it was indexed. Index a local copy again (wdsprep index "
+                        f"--refresh) and upload the index files, or restore the shard", url=name)
+
+
+def _too_large(name: str, limit: int | None, size: str) -> TooLargeError:
+    """The error of an object of more than ``limit`` bytes (``size``: how many it has, said)."""
+    return TooLargeError(f"{name}: {size} bytes, more than the {limit:,} it can have", url=name)
+
+
 def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: str | None = None,
                limit: int | None = None, policy: RetryPolicy = RetryPolicy(),
-               cancel: threading.Event | None = None) -> int:
+               cancel: threading.Event | None = None, timing: Timing | None = None) -> int:
     """Fetch ``url`` whole into ``sink``; the retries it took.
 
     ``expected``: the size the index recorded, ``checksum`` its SHA-256 (hex); a server that sends
     another size or other bytes raises :class:`ChangedError` (no retry: the object changed since it
     was indexed).  ``limit``: the most bytes the object may have (:class:`TooLargeError` beyond).
+    ``timing``: filled with how the attempt that succeeded went.
     """
     name = redact(url)
     state: dict[str, Any] = {"validator": None}  # the version of the bytes kept (ETag or Last-Modified)
     if checksum is not None:
         sink.track()
-
-    def changed(why: str) -> ChangedError:
-        return ChangedError(f"{name} {why}: it changed since it was indexed. Index a local copy again (wdsprep index "
-                            f"--refresh) and upload the index files, or restore the shard", url=name)
-
-    def too_large(size: str) -> TooLargeError:
-        return TooLargeError(f"{name}: {size} bytes, more than the {limit:,} it can have", url=name)
 
     def body(stream: Any, watch: deadline.Watch) -> None:
         if sink.size and stream.start == sink.size and stream.validator != state["validator"]:
@@ -469,9 +485,9 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
         if stream.start != sink.size:
             sink.reset(stream.start)  # the server sent it from the start (no ranges, or it changed)
         if expected is not None and stream.total is not None and stream.total != expected:
-            raise changed(f"has {stream.total:,} bytes on the server, its index says {expected:,}")
+            raise _changed(name, f"has {stream.total:,} bytes on the server, its index says {expected:,}")
         if limit is not None and stream.total is not None and stream.total > limit:
-            raise too_large(f"{stream.total:,}")
+            raise _too_large(name, limit, f"{stream.total:,}")
         if not sink.size:
             state["validator"] = stream.validator
         want = expected if expected is not None else stream.total
@@ -494,7 +510,7 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
             sink.advance(n)
             received += n
             if limit is not None and sink.size > limit:
-                raise too_large(f"over {limit:,}")
+                raise _too_large(name, limit, f"over {limit:,}")
         if watch.why is not None:  # cut off: the end of the bytes is no end of the object
             raise Retryable(watch.why)
         if want is not None and sink.size != want:
@@ -503,7 +519,7 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
             watch.expect(received, 1)
             if stream.read(1):
                 # No length from the server (chunked): more bytes than the index's means another object.
-                raise changed(f"has more than the {expected:,} bytes its index says")
+                raise _changed(name, f"has more than the {expected:,} bytes its index says")
 
     def attempt() -> None:
         if sink.size and state["validator"] is None:
@@ -512,8 +528,13 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
             stream = None
             try:
                 watch.expect(0, CHUNK if expected is None else min(CHUNK, expected))
+                asked = time.monotonic()
                 stream = open_stream(url, start=sink.size, validator=state["validator"], timeout=policy.timeout)
+                first = time.monotonic()
                 body(stream, watch)
+                if timing is not None:
+                    timing.first_byte, timing.body = first - asked, time.monotonic() - first
+                    timing.size = sink.size - stream.start
             except FetchError:
                 raise
             except (Retryable, Cancelled) as e:
@@ -537,16 +558,19 @@ def fetch_into(url: str, sink: Any, *, expected: int | None = None, checksum: st
 
     retries = with_retries(attempt, url, policy, cancel)[1]
     if checksum is not None and sink.sha256() != checksum:
-        raise changed(f"has other bytes than its index's checksum (SHA-256), at the same size ({sink.size:,} bytes)")
+        raise _changed(name, f"has other bytes than its index's checksum (SHA-256), at the same size "
+                             f"({sink.size:,} bytes)")
     return retries
 
 
 def fetch_shard(url: str, *, expected: int | None = None, checksum: str | None = None,
-                policy: RetryPolicy = RetryPolicy(), cancel: threading.Event | None = None) -> tuple[LocalCopy, int]:
+                policy: RetryPolicy = RetryPolicy(), cancel: threading.Event | None = None,
+                timing: Timing | None = None) -> tuple[LocalCopy, int]:
     """``url`` whole in memory (see :class:`MemorySink`), and the retries it took."""
     sink = MemorySink()
     try:
-        retries = fetch_into(url, sink, expected=expected, checksum=checksum, policy=policy, cancel=cancel)
+        retries = fetch_into(url, sink, expected=expected, checksum=checksum, policy=policy, cancel=cancel,
+                             timing=timing)
         return sink.finish(), retries
     except BaseException:
         sink.discard()

@@ -13,7 +13,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -82,27 +82,38 @@ class Values:
         return type(self)(np.asarray(self.ids)[rows], self.names)
 
     @staticmethod
-    def joined(parts: Sequence[Values]) -> tuple[np.ndarray, list[str]]:
+    def joined(parts: Iterable[Values], total: int | None = None) -> tuple[np.ndarray, list[str]]:
         """(ids, names) of parts one after another (shards, corpora), each name numbered once, in the
-        order the parts' name lists are met (parts of one index share its list: it is numbered once)."""
+        order the parts' name lists are met (parts of one index share its list: it is numbered once).
+        ``total``: the rows of all parts, when ``parts`` is an iterator that lets each go once read."""
+        if total is None:
+            parts = list(parts)
+            total = sum(len(p.ids) for p in parts)
         numbers: dict[str, int] = {}
         mappings: dict[int, np.ndarray] = {}  # id of a names list -> its numbers
-        ids = []
+        # One output filled part by part: a list of per-part copies and their concatenation would
+        # hold the column twice (288 MB at 36 M rows).
+        ids = np.empty(total, np.int32)
+        at = 0
         for p in parts:
             mapping = mappings.get(id(p.names))
             if mapping is None:
                 mapping = mappings[id(p.names)] = np.array([numbers.setdefault(n, len(numbers)) for n in p.names],
                                                            np.int32)
             mine = np.asarray(p.ids)
+            out = ids[at:at + len(mine)]
+            at += len(mine)
             if not len(mine) or not len(mapping):
-                ids.append(np.full(len(mine), -1, np.int32))  # none of its rows has a value (ids -1)
+                out[:] = -1  # none of its rows has a value
             else:
-                ids.append(np.where(mine >= 0, mapping[np.maximum(mine, 0)], -1).astype(np.int32))
-        return (np.concatenate(ids) if ids else np.zeros(0, np.int32)), list(numbers)
+                np.copyto(out, np.where(mine >= 0, mapping[np.maximum(mine, 0)], -1), casting="unsafe")
+        if at != total:
+            raise ValueError(f"parts of {at:,} rows joined as {total:,}")
+        return ids, list(numbers)
 
     @classmethod
-    def concat(cls, parts: Sequence[Values]) -> Values:
-        return cls(*cls.joined(parts))
+    def concat(cls, parts: Iterable[Values], total: int | None = None) -> Values:
+        return cls(*cls.joined(parts, total))
 
     def counts(self) -> dict[str, np.ndarray]:
         """Each value's rows (a boolean mask over the rows), in ``names`` order, for values present."""
@@ -136,10 +147,18 @@ class Speakers(Values):
         return Speakers(np.asarray(self.ids)[rows], self.names, self.source)
 
     @classmethod
-    def concat(cls, parts: Sequence[Speakers]) -> Speakers:  # type: ignore[override]
+    def concat(cls, parts: Iterable[Speakers], total: int | None = None) -> Speakers:  # type: ignore[override]
         """Parts one after another (shards, corpora), each name numbered once (see :meth:`Values.joined`)."""
-        sources = sorted({p.source for p in parts})
-        return cls(*cls.joined(parts), sources[0] if len(sources) == 1 else " + ".join(sources) or FROM_KEYS)
+        found: set[str] = set()
+
+        def seen() -> Iterator[Speakers]:
+            for p in parts:
+                found.add(p.source)
+                yield p
+
+        ids, names = cls.joined(seen(), total)
+        sources = sorted(found)
+        return cls(ids, names, sources[0] if len(sources) == 1 else " + ".join(sources) or FROM_KEYS)
 
 
 @dataclass(frozen=True)
