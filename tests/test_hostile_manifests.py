@@ -144,9 +144,12 @@ def test_r5_item1_audio_paths_are_read_as_audio_only_never_run_nor_copied(tmp_pa
 
 @pytest.mark.timeout(TIMEOUT)
 def test_r5_item4_a_gzip_bomb_manifest_ends_in_one_line_naming_the_file_and_line(tmp_path, capsys):
+    # A cut that packs, then one flat line (a string, not nesting): only the bound on a line's
+    # length can stop it at line 2.
+    first = gzip.decompress(_lhotse_cuts(tmp_path / "one.jsonl.gz", {}).read_bytes()).split(b"\n")[0]
     bomb = tmp_path / "cuts.jsonl.gz"
     with gzip.open(bomb, "wb", compresslevel=1) as f:
-        f.write(b'{"id": "a", "type": "MonoCut"}\n' + b"[" * (17 << 20) + b"\n")
+        f.write(first + b"\n" + b'"' + b"a" * (17 << 20) + b'"\n')
     assert bomb.stat().st_size < 200_000
     err = _cli_error(capsys, "pack-audio", "--from", "lhotse", str(bomb), "--out", str(tmp_path / "o"))
     assert f"{bomb}:2: a line longer than 16,777,216 bytes" in err

@@ -17,12 +17,14 @@ on the topology.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -210,12 +212,35 @@ class ReaderStream(IterableDataset):
                     finish()
             if reader is not None:
                 reader.close()
+            if info is not None:
+                _return_free_heap()
         yield item(None)
 
 
 def identity(x: Any) -> Any:
     """The DataLoader's collate: a reader's items are whole batches already."""
     return x
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    with suppress(OSError, AttributeError):
+        return ctypes.CDLL(None).malloc_trim
+    return None
+
+
+def _return_free_heap() -> None:
+    """Give the free pages inside a worker's heap back to the system, once an epoch has ended.
+
+    An audio epoch's batches are waveforms of every size (speed perturbation; up to ~13 MB a
+    batch); glibc keeps such blocks on its heap once its mmap threshold has risen to them, and the
+    holes they leave stay resident.  Over 30 epochs (``tools/bench/bench_longrun.py``) a worker
+    ends at 262 MB with this against 270 without; it costs a few milliseconds an epoch.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _cores() -> int:
