@@ -103,6 +103,24 @@ def test_plan_benchmark_reports_every_figure(tmp_path) -> None:
     assert len(r["tail"]) == 6 and all(t["discarded_batches"] < t["world_size"] for t in r["tail"])
 
 
+def test_longrun_reads_memory_by_kind_and_tells_a_leak_from_a_band(capsys) -> None:
+    """tools/bench/bench_longrun.py: this process's memory splits into private and shared; the table's
+    high-water growth stays near 0 for a process that moves within a band and shows one that leaks."""
+    import bench_longrun
+
+    m = bench_longrun.memory_mb()
+    assert m["private"] > 0 and m["shared"] >= 0 and m["private"] + m["shared"] <= m["rss"] + 1
+
+    def rows(private: list[float]) -> list[list[dict[str, float]]]:
+        return [[{"rss": p + 10, "private": p, "shared": 10.0}] for p in private]
+
+    bench_longrun.report(rows([195.0, 201.0, 196.0, 201.0] * 5), 20)  # a band: ends high, starts low
+    bench_longrun.report(rows([200.0 + 2 * k for k in range(20)]), 20)  # a leak: 2 MB an epoch
+    band, leak = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| main")]
+    assert band.split(" | ")[2:5] == ["+3.08%", "201.0 / 201.0", "+0.00%"], band
+    assert leak.split(" | ")[2:5] == ["+19.00%", "208.0 / 238.0", "+14.42%"], leak
+
+
 @pytest.mark.parametrize("lhotse", ["as installed", "hidden"])
 def test_audio_bench_reports_every_row(tmp_path, monkeypatch, lhotse):
     """tools/bench/bench_audio.py on 40 s of the demo speech: storage per hour for FLAC, WAV and

@@ -9,18 +9,20 @@ Audio shards (``bench_audio.py``'s corpus: the bundled espeak-ng speech, ``--hou
 workers; with ``--http`` the shards come from a web server (Python's ``http.server``, in a process
 of its own), through the remote read path (downloads into reused memory buffers, read-ahead
 sized to the store).  After every epoch: the resident memory (VmRSS) of the main process and of
-each worker.  A loader that leaks grows epoch after epoch; the figure that matters is the growth
-from the end of epoch 1 (buffers, pools and caches filled) to the end of the last (target: at
-most 2%), and, since what a process holds at an epoch's end moves by a batch or two, the growth
-from the median of the first five epochs after the first to the median of the last five.  One
-run; the machine's other load does not move memory.
+each worker, split into its private memory (RssAnon: heaps, Python objects) and the shared
+memory it has touched (RssShmem: a worker's pool of batch buffers, ``POOL_SLOTS`` slots of at most
+1.125 batches each, touched slot by slot as the trainer's pace lets the rotation deepen; bounded by
+``max_frames``, not by time).  A loader that leaks grows its private memory epoch after epoch; the
+figure that matters is its growth from the end of epoch 1 to the end of the last (target: at most
+2%), and, since what a process holds at an epoch's end moves by a batch or two, the growth of its
+highest value over the first five epochs to the last five's.  One run; the machine's other load
+does not move memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -35,11 +37,14 @@ from bench_audio import audio_shards, make_corpus  # noqa: E402
 AUGMENT = {"speed": {"factors": [0.9, 1.0, 1.1]}, "specaugment": {}}
 
 
-def rss_mb(pid: int | str = "self") -> float:
+def memory_mb(pid: int | str = "self") -> dict[str, float]:
+    """Resident memory of a process in MB: ``rss`` in all, ``private`` (RssAnon), ``shared`` (RssShmem)."""
+    kb = {}
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssShmem"):
+            kb[key] = int(value.split()[0])
+    return {"rss": kb["VmRSS"] / 1024, "private": kb["RssAnon"] / 1024, "shared": kb["RssShmem"] / 1024}
 
 
 def workers_of(pid: int) -> list[int]:
@@ -71,6 +76,27 @@ def serve(folder: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+def report(rows: list[list[dict[str, float]]], epochs: int) -> None:
+    """The table, per process: private memory after epoch 1 and the last, and its growth; what a
+    process holds at an epoch's end moves by a batch or two, so also the growth of its highest
+    value over the first five epochs to the last five's (a leak raises it); the shared pool it has
+    touched; its RSS in all."""
+    names = ["main"] + [f"worker {k}" for k in range(len(rows[-1]) - 1)]
+    span = max(1, min(5, len(rows) // 2))
+    print(f"\n| process | private after epoch 1 / {epochs} (MB) | growth | highest private, epochs 1-{span} / "
+          f"last {span} (MB) | growth | shared pool after epoch 1 / {epochs} (MB) | RSS after epoch 1 / {epochs} "
+          "(MB) | most RSS (MB) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for k, name in enumerate(names):
+        private = [r[k]["private"] for r in rows if k < len(r)]
+        first, last = rows[0][k], rows[-1][k]
+        early, late = max(private[:span]), max(private[-span:])
+        growth, high = (private[-1] - private[0]) / private[0], (late - early) / early
+        print(f"| {name} | {private[0]:.1f} / {private[-1]:.1f} | {growth:+.2%} | {early:.1f} / {late:.1f} | "
+              f"{high:+.2%} | {first['shared']:.1f} / {last['shared']:.1f} | {first['rss']:.1f} / {last['rss']:.1f} | "
+              f"{max(r[k]['rss'] for r in rows if k < len(r)):.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=30)
@@ -99,30 +125,18 @@ def main() -> None:
                                      streams=max(1, args.workers), augment=AUGMENT)
         print(f"[longrun] {hours:.2f} h of FLAC in {n} shards{' over HTTP' if args.http else ''}, speed 0.9/1.0/1.1 "
               f"+ SpecAugment, {args.workers} workers, {args.epochs} epochs", flush=True)
-        rows = []
+        rows: list[list[dict[str, float]]] = []
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             t0 = time.perf_counter()
             utts = sum(len(b.keys) for b in loader)
             workers = [p for p in workers_of(os.getpid()) if server is None or p != server.pid]
-            row = [rss_mb()] + [rss_mb(p) for p in workers]
+            row = [memory_mb()] + [memory_mb(p) for p in workers]
             rows.append(row)
+            shown = ", ".join(f"{m['rss']:.1f} ({m['private']:.1f} + {m['shared']:.1f})" for m in row[1:])
             print(f"[longrun] epoch {epoch + 1:2d}: {utts} utterances in {time.perf_counter() - t0:.1f} s; RSS main "
-                  f"{row[0]:.1f} MB, workers {', '.join(f'{x:.1f}' for x in row[1:])} MB", flush=True)
-        # What a process holds at an epoch's end moves by a batch or two (~10 MB), epoch to epoch: the
-        # trend is read from the medians of the first and the last five epochs after the first.
-        names = ["main"] + [f"worker {k}" for k in range(len(rows[-1]) - 1)]
-        span = max(1, min(5, (len(rows) - 1) // 2))
-        print(f"\n| process | RSS after epoch 1 (MB) | after epoch {args.epochs} (MB) | growth after epoch 1 | median "
-              f"of epochs 2-{span + 1} / of the last {span} (MB) | their growth | most (MB) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for k, name in enumerate(names):
-            first, last = rows[0][k], rows[-1][k]
-            early = statistics.median(r[k] for r in rows[1:1 + span])
-            late = statistics.median(r[k] for r in rows[-span:])
-            most = max(r[k] for r in rows if k < len(r))
-            print(f"| {name} | {first:.1f} | {last:.1f} | {(last - first) / first:+.2%} | {early:.1f} / {late:.1f} "
-                  f"| {(late - early) / early:+.2%} | {most:.1f} |")
+                  f"{row[0]['rss']:.1f} MB, workers (private + shared) {shown} MB", flush=True)
+        report(rows, args.epochs)
     finally:
         if server is not None:
             server.terminate()
