@@ -5,7 +5,7 @@
 #
 # Usage (from anywhere; the recipe runs from egs/audio like a Kaldi recipe):
 #   bash egs/audio/run.sh                        # all stages
-#   bash egs/audio/run.sh --stage 4 --stop-stage 4 --speed "0.9 1.0 1.1"
+#   bash egs/audio/run.sh --stage 3 --stop-stage 4 --speed "0.9 1.0 1.1"
 #
 # Stages:
 #   0  check data/{train,dev} (egs/demo's corpus)

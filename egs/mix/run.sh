@@ -4,7 +4,7 @@
 #
 # Usage (from anywhere; the recipe runs from egs/mix like a Kaldi recipe):
 #   bash egs/mix/run.sh                        # all stages
-#   bash egs/mix/run.sh --stage 5 --stop-stage 5 --ramp 200
+#   bash egs/mix/run.sh --stage 4 --stop-stage 5 --ramp 200
 #
 # Stages:
 #   0  split data/train (egs/demo's corpus) by language: $exp/data/train/{en,zh}

@@ -7,7 +7,7 @@
 #
 # Usage (from anywhere; the recipe runs from egs/multilingual like a Kaldi recipe):
 #   bash egs/multilingual/run.sh                        # all stages
-#   bash egs/multilingual/run.sh --stage 5 --stop-stage 5 --temperature 3
+#   bash egs/multilingual/run.sh --stage 3 --stop-stage 5 --temperature 3
 #
 # Stages:
 #   0  synthesize the Russian utterances (espeak-ng -v ru) -> $exp/data/ru/{train,dev}; combine them

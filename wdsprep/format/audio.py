@@ -1,4 +1,4 @@
-"""Audio members of a shard: 16-bit mono FLAC or WAV, or Ogg Opus; their headers read without decoding, and the codecs.
+"""Audio members of a shard (16-bit FLAC, WAV or Ogg Opus, 1 to 8 channels): headers read undecoded, and the codecs.
 
 An audio shard stores each utterance's samples instead of its features (``KEY.flac``, ``KEY.wav``
 or ``KEY.opus`` beside ``KEY.txt``); the loader computes the features while training.  What the
@@ -67,7 +67,7 @@ Read = Callable[[int, int], bytes]  # (start, stop) within the member -> its byt
 def audio_header(layout: str, head: bytes, size: int, read: Read | None = None) -> AudioHeader:
     """The header of a ``size``-byte audio member of layout ``layout`` whose first bytes are ``head``
     (``read`` fetches more of it when the header is longer); ValueError saying why the readers
-    refuse it (not that format, not 16-bit mono, no samples, data cut short)."""
+    refuse it (not that format, not 16-bit, over 8 channels, no samples, data cut short)."""
     codec = _codec(layout)
 
     def more(start: int, stop: int) -> bytes:
@@ -93,7 +93,7 @@ def audio_header(layout: str, head: bytes, size: int, read: Read | None = None) 
 
 
 class RefusedAudio(ValueError):
-    """A well-formed audio member the readers do not use (not 16-bit mono, a rate no speech has, no
+    """A well-formed audio member the readers do not use (not 16-bit, over 8 channels, a rate no speech has, no
     samples, more than an index counts): its sample alone is left out, counted as unreadable, and
     the shard is read on; the members around it were written whole."""
 

@@ -12,7 +12,7 @@ layout        features (or audio)     transcript
 ``opus``      ``<key>.opus``          ``<key>.txt``
 ============  ======================  ==========================
 
-The audio layouts hold mono audio instead of features (``audio.py``: 16-bit FLAC or WAV, or Ogg
+The audio layouts hold audio (1 to 8 channels) instead of features (``audio.py``: 16-bit FLAC or WAV, or Ogg
 Opus); the loader computes the features while training.
 
 A sample may carry fields besides (``pack --utt2lang``, ``--field NAME=FILE``): each one member

@@ -7,7 +7,7 @@ and its segment table the lengths of the packet pieces in its body.
 
 :func:`mux` lays a codec's packets out as one stream with a fixed serial number and a comment
 packet that is its vendor string alone, so the same packets always make the same bytes, as every
-other member of a shard does.  (libsndfile, which wrote Opus members before, draws a random serial
+other member of a shard does.  (libsndfile, whose Opus members older packs hold, draws a random serial
 and pads its comment packet with ~700 bytes: :func:`normalize` makes its output reproducible.)
 """
 

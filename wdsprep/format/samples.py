@@ -3,7 +3,7 @@
 What counts as a usable sample is decided here once, for the loader and for ``verify``
 (:func:`decode_sample`): one features member and one transcript member of a layout, an
 ``.npy`` header of little-endian float16/32/64, 2-D, at least one frame (in an audio layout: an
-audio header of 16-bit mono PCM with at least one frame's samples, ``audio.py``), a UTF-8
+audio header of 16-bit PCM of 1 to 8 channels with at least one frame's samples, ``audio.py``), a UTF-8
 transcript and a key that percent-decodes.  A sample that fails any of these in a tar that is
 whole (its members all there, the tar's own headers intact) is left out alone and the shard read
 on: a member cut short, empty or of garbage, an Opus stream without its end, an ``.npy`` whose

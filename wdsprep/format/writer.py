@@ -1,7 +1,7 @@
 """Writing one tar shard in a layout, under a temporary name until it is complete.
 
 A features layout (``cat``, ``cat-v3``) takes each utterance's feature matrix (:meth:`ShardWriter.write`);
-an audio layout (``flac``, ``wav``, ``opus``) its 16-bit mono samples at the corpus's rate
+an audio layout (``flac``, ``wav``, ``opus``) its 16-bit samples (1 to 8 channels) at the corpus's rate
 (:meth:`ShardWriter.write_audio`).  The :class:`~wdsprep.format.index.ShardInfo` the writer
 returns is the shard's index entry either way (an audio shard's with its sample counts: for Opus
 the count each member decodes to, which the plan then uses); a folder
@@ -153,9 +153,9 @@ def write_audio_shard(path: str | os.PathLike, utterances: Iterable[tuple[str, n
                       bitrate: int | None = None) -> ShardInfo:
     """One audio shard at ``path`` from ``(uttid, int16 samples, transcript)`` in order; its index entry.
 
-    What ``pack-audio --store flac|wav`` calls per shard: the audio of each utterance as 16-bit
-    mono samples at the corpus's ``sample_rate`` (resampled and its channel picked already), its
-    transcript and id.  The folder's index then comes from the shards' entries::
+    What ``pack-audio --store flac|wav|opus`` calls per shard: the audio of each utterance as
+    16-bit samples ([n] or [n, channels], 1 to 8 channels) at the corpus's ``sample_rate``
+    (resampled already), its transcript and id.  The folder's index then comes from the shards' entries::
 
         infos = [write_audio_shard(d / name, utts, layout="flac", sample_rate=16000) for name, utts in shards]
         audio = AudioIndex("flac", 16000, num_mel_bins=80, dither=0.0, backend="numpy")  # what the loader computes

@@ -3,8 +3,8 @@
 An audio shard's row is decoded, played at the speed factor the plan drew for it, reverberated and
 noised as its draws say, and turned into Kaldi fbank with the options its folder's index records
 (or those the loader was given); SpecAugment then masks these features and, for feature shards,
-the features read from the shard.  Every draw is the batch's corpus's (its seed and the corpus
-epoch of the batch id) for the row's place in that corpus (``augment.py``), so the result is the
+the features read from the shard.  Every draw is the row's corpus's (its seed and the corpus
+epoch the row was planned in) for the row's place in that corpus (``augment.py``), so the result is the
 same whichever reader of whichever rank makes it.  It runs in the reader: a DataLoader worker with
 ``num_workers > 0``.  numpy only, unless the fbank backend asked for is torchaudio's.
 """

@@ -1,11 +1,12 @@
 """make_loader's options, each in the group that uses it: the one home of every loader option.
 
-``LoaderOptions`` holds one value per group: the plan's (``plan.PlanOptions``), how named corpora
+``LoaderOptions`` holds one value per group: the plan's (``streams.PlanOptions``), how named corpora
 mix, how a loader follows growing folders, how readers read and treat the data, how they fetch
-remote shards (``readahead.FetchOptions``) and the worker processes'.  Every field is an
+remote shards (``FetchOptions``, here) and the worker processes'.  Every field is an
 :func:`~wdsprep.options.option`, so the CLI's flags, ``hyper-p.json``'s ``ld`` keys and the
-options table of ``docs/loader.md`` follow from these classes; ``make_loader`` keeps its explicit
-signature (the public face) and hands its arguments to :meth:`LoaderOptions.of`.  Each group checks
+options table of ``docs/loader.md`` follow from these classes; ``make_loader`` takes a
+``LoaderOptions`` or the options by name (``**overrides``, given to :meth:`LoaderOptions.of`), and
+its docstring's options are generated from here.  Each group checks
 its own values when it is made; :meth:`LoaderOptions.of` the rules between groups.  Torch-free.
 """
 

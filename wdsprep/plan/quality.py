@@ -269,8 +269,9 @@ def corpus_quality(sequences: Sequence[Sequence[tuple[int, np.ndarray]]], corpus
     """Per corpus of a mixed loader: the quality of its batches.  ``sequences`` holds each rank's
     batches in the order it yields them, as (corpus, rows); a corpus's batches on a rank are one
     sequence, so "within k steps" counts that corpus's batches.  The random draw takes from the
-    whole corpus (``corpus_rows[c]``, rows of the union): a batch holds one corpus, and a small
-    corpus may loop within a loader epoch."""
+    whole corpus (``corpus_rows[c]``, rows of the union): a batch of several corpora counts for
+    each with its rows of that corpus (the caller splits it), and a small corpus may loop within a
+    loader epoch."""
     out = []
     width = int(speakers.max(initial=-1)) + 1
     for c, rows_c in enumerate(corpus_rows):

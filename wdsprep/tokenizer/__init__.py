@@ -15,10 +15,12 @@ A trained tokenizer is saved as ONE JSON file (never a pickle, so loading it can
 - ``lexicon`` (imported from CAT): ``"units"``, ``"lexicon"`` (word -> unit ids), ``"unk"``,
   ``"segment"`` (``whitespace`` or ``jieba``) and ``"dictionary"``.
 - ``aggregate``: a tokenizer per language, ``"languages"``: each language's tokenizer (its whole
-  file's fields) and the offset its ids start at; ids 0 and 1 shared (``aggregate``).
+  file's fields) and the offset its ids start at; ids 0 and 1 and the special tokens shared
+  (``aggregate``).
 
 ``"version"`` is the lowest file version that holds the tokenizer: 1 unless it needs what version
-2 added (the ``simple`` and ``lexicon`` kinds, jieba's ``"dictionary"`` and ``"whitespace"``).
+2 added (the ``simple`` and ``lexicon`` kinds, jieba's ``"dictionary"`` and ``"whitespace"``) or
+version 3 (``"special_tokens"``: symbols that are one id each, never split).
 CAT's pickled ``.tknz`` is converted once by :func:`import_cat_tokenizer`, which reads the pickle's
 opcodes without unpickling it (``cat``); a sentencepiece ``.model`` loads as it is.
 
