@@ -509,6 +509,16 @@ def s3_put(bucket: str, key: str, body: bytes | str, *, timeout: float, if_absen
     return str(_s3_call(key, lambda: client.put_object(Bucket=bucket, Key=key, Body=body, **extra)).get("ETag", ""))
 
 
+def _s3_found(key: str, call: Any) -> Any:
+    """``_s3_call(key, call)``, or None where the object is not there."""
+    try:
+        return _s3_call(key, call)
+    except Final as e:
+        if e.missing:
+            return None
+        raise
+
+
 def s3_copy(bucket: str, source: str, key: str, *, timeout: float) -> None:
     """Copy object ``source`` to ``key`` in the bucket, server-side (its metadata with it)."""
     from boto3.s3.transfer import TransferConfig
@@ -519,23 +529,17 @@ def s3_copy(bucket: str, source: str, key: str, *, timeout: float) -> None:
 
 def s3_head(bucket: str, key: str, *, timeout: float) -> tuple[int, str, dict[str, str]] | None:
     """(size, ETag, metadata) of object ``key``, or None when there is none."""
-    try:
-        r = _s3_call(key, lambda: s3_client(timeout).head_object(Bucket=bucket, Key=key))
-    except Final as e:
-        if e.missing:
-            return None
-        raise
+    r = _s3_found(key, lambda: s3_client(timeout).head_object(Bucket=bucket, Key=key))
+    if r is None:
+        return None
     return int(r.get("ContentLength", 0)), str(r.get("ETag", "")), dict(r.get("Metadata") or {})
 
 
 def s3_get(bucket: str, key: str, *, timeout: float, limit: int) -> tuple[bytes, str] | None:
     """(bytes, ETag) of a small object, at most ``limit`` bytes (ValueError beyond), or None."""
-    try:
-        r = _s3_call(key, lambda: s3_client(timeout).get_object(Bucket=bucket, Key=key))
-    except Final as e:
-        if e.missing:
-            return None
-        raise
+    r = _s3_found(key, lambda: s3_client(timeout).get_object(Bucket=bucket, Key=key))
+    if r is None:
+        return None
     if int(r.get("ContentLength", 0)) > limit:
         r["Body"].close()
         raise ValueError(f"s3://{bucket}/{key}: {r['ContentLength']:,} bytes, more than the {limit:,} it can have")
