@@ -41,7 +41,9 @@ BUCKET = "bench"
 AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
-SERVERS = r'''
+# A web server and moto's S3 server on 127.0.0.1 (argv[1]: the folder the web server serves), in
+# a process of their own; bench_scale.py puts the latency relay in front of them.
+FILES_AND_S3 = r'''
 import functools, http.server, os, sys, threading
 from moto.server import ThreadedMotoServer
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -59,6 +61,9 @@ threading.Thread(target=h.serve_forever, daemon=True).start()
 s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 s3.start()
 host, port = s3.get_host_and_port()
+'''
+
+SERVERS = FILES_AND_S3 + r'''
 print(f"http://127.0.0.1:{h.server_address[1]} http://{host}:{port}", flush=True)
 sys.stdin.read()  # until the benchmark closes stdin
 '''

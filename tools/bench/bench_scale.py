@@ -37,12 +37,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_remote import AWS, BUCKET, FILES_AND_S3  # the servers, their credentials and bucket
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-       "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
-BUCKET = "bench"
 
 PROBE = r'''
 import json, sys, time, warnings
@@ -93,25 +91,10 @@ print(json.dumps({"make_loader": built, "first_batch": first, "shards": len(load
                   "utterances": int(loader.source.shards.num_utts), "batch": len(batch.keys)}))
 '''
 
-SERVERS = r'''
-import functools, http.server, json, os, sys, threading
+SERVERS = FILES_AND_S3 + r'''
+import json
 sys.path.insert(0, sys.argv[2])
-from moto.server import ThreadedMotoServer
 from relay import relay
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    """Python's file server, sending bodies with sendfile as nginx does."""
-    def log_message(self, *a): pass
-    def copyfile(self, src, dst):
-        dst.flush()
-        size, sent = os.fstat(src.fileno()).st_size, 0
-        while sent < size:
-            sent += os.sendfile(self.connection.fileno(), src.fileno(), sent, size - sent)
-h = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
-h.daemon_threads = True
-threading.Thread(target=h.serve_forever, daemon=True).start()
-s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-s3.start()
-host, port = s3.get_host_and_port()
 latency, rate = float(sys.argv[3]), float(sys.argv[4])
 with relay(f"http://127.0.0.1:{h.server_address[1]}", latency=latency, rate=rate) as rh, \
         relay(f"http://{host}:{port}", latency=latency, rate=rate) as rs:
