@@ -11,23 +11,13 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 import soundfile as sf
-from test_pack_parts import digests
+from test_pack_parts import digests, on_call
 
 pytest.importorskip("distributed")
 
 # Run in one Dask worker: it kills itself (SIGKILL: nothing runs after) while writing its third
 # utterance, in mid-shard; its nanny starts a fresh one and the scheduler runs the task again.
-KILL_ON_THIRD = """
-import os, signal
-from wdsprep.pack import sink
-real, calls = sink.ShardSink.add_audio, [0]
-def add_audio(self, *args, **kwargs):
-    calls[0] += 1
-    if calls[0] == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    real(self, *args, **kwargs)
-sink.ShardSink.add_audio = add_audio
-"""
+KILL_ON_THIRD = on_call("add_audio", 3)
 
 
 @pytest.fixture

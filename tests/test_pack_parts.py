@@ -19,21 +19,32 @@ from wdsprep.pack.output import STAGED_DIR, lock_folder
 IDS = [f"spk{i % 4}-utt{i:03d}" for i in range(46)]
 GROUPS = ["--filter-group", ":200", "200:", "--utts-per-shard", "4"]  # 5 + 7 shards
 
-# A part killed (SIGKILL: no cleanup runs) while it writes its second shard, its first one
-# staged (and published, where it came next): argv as the CLI's.
-KILLED = """
+KILL = "os.kill(os.getpid(), signal.SIGKILL)"  # no cleanup runs
+
+
+def on_call(method: str, n: int, action: str = KILL) -> str:
+    """Code run first in a process: ``ShardSink.METHOD`` does ``action`` on its ``n``-th call."""
+    return f"""
 import os, signal, sys
 from wdsprep.pack import sink
-real, calls = sink.ShardSink.add, [0]
-def add(self, *args, **kwargs):
+real, calls = sink.ShardSink.{method}, [0]
+def {method}(self, *args, **kwargs):
     calls[0] += 1
-    if calls[0] == 6:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if calls[0] == {n}:
+        {action}
     real(self, *args, **kwargs)
-sink.ShardSink.add = add
+sink.ShardSink.{method} = {method}
+"""
+
+
+# The CLI with its argv, after ``on_call``'s patch.
+CLI = """
 from wdsprep.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+# A part killed while it writes its second shard, its first one staged (and published, where it
+# came next).
+KILLED = on_call("add", 6) + CLI
 
 
 @pytest.fixture
@@ -128,7 +139,7 @@ def test_a_part_that_fails_keeps_what_it_staged_and_removes_only_its_half_writte
     spread = tmp_path / "spread"
     out = [*corpus, "--out", str(spread)]
     wdsprep([*out, "--plan-only"])
-    failing = KILLED.replace("os.kill(os.getpid(), signal.SIGKILL)", "raise OSError(28, 'No space left on device')")
+    failing = on_call("add", 6, "raise OSError(28, 'No space left on device')") + CLI
     failed = wdsprep([*out, "--part", "1/3"], script=failing, check=False)
     assert failed.returncode == 1 and "part 1/3 stopped" in failed.stderr and "--part 1/3" in failed.stderr
     assert (spread / "0_200" / STAGED_DIR / "00000001.json").is_file() and (spread / "PACK_INCOMPLETE").exists()
